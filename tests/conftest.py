@@ -1,0 +1,50 @@
+"""Shared fixtures: free ports on 127.0.0.1, a real redis-server, and the gpu marker's skip."""
+
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """A fresh redis-server on 127.0.0.1 and a free port, no persistence; stopped after the test."""
+    exe = shutil.which("redis-server")
+    assert exe, "redis-server is not installed (.ci/run installs it: apt-get install -y redis-server)"
+    port = free_port()
+    proc = subprocess.Popen(
+        [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    # Readiness is the server's own line, not a sleep.
+    for line in proc.stdout:
+        if "Ready to accept connections" in line:
+            break
+    else:
+        raise RuntimeError(f"redis-server exited with {proc.wait()}")
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

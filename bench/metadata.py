@@ -1,0 +1,403 @@
+"""Metadata service benchmark, one run, both baselines measured here.
+
+(a) In-process: the same op stream (Match, BlockStored, BlockRemoved) replayed on GlobalIndex and on a
+    naive dict-of-sets index, from a Mooncake trace over 64 nodes with replicated hot prefixes and
+    per-node LRU eviction. Block-ops = block hashes matched + stored + removed.
+(b) Over gRPC on loopback (server in a subprocess, 8 concurrent clients, prebuilt protobuf requests so
+    the client's cost stays small): batched event ingest, Match saturation QPS, an echo RPC with the
+    same request payload (the gRPC floor), and Match latency at half of saturation, open loop.
+
+Usage: python bench/metadata.py [--trace PATH] [--seconds S]
+Prints the figures, then one JSON object as the last line (also bench/results/metadata.json).
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import grpc
+
+from radixmesh.cluster.index import GlobalIndex, PrefixLengths
+from radixmesh.cluster.membership import NodeInfo
+from radixmesh.cluster.metadata_codec import node_info_to_pb
+from radixmesh.cluster.metadata_server import ServerOptions, create_server, serve_until_signalled
+from radixmesh.cluster.metadata_service import MetadataService, ServiceConfig, ServiceLimits
+from radixmesh.node_agent.block_hash import BlockHash
+from radixmesh.node_agent.events import BlockRemoved, BlockStored, Tier
+from radixmesh.node_agent.ids import NodeId
+from radixmesh.proto import radixmesh_pb2 as pb
+from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYOUT = "bench-layout"
+NODES = [NodeId(f"node-{i:02d}") for i in range(64)]
+TRACE_BLOCK_TOKENS = 512
+HOT_REQUESTS = 8  # a first block seen this often is a hot prefix...
+HOT_REPLICAS = 4  # ...served round-robin by this many nodes
+NODE_CAPACITY = 1000  # blocks per node before LRU eviction
+ECHO_METHOD = "/radixmesh.bench.Echo/Match"
+
+Op = tuple[str, NodeId | None, tuple[BlockHash, ...], BlockHash | None]
+Found = tuple[int, dict[NodeId, PrefixLengths]]
+
+
+def load_trace(path: Path) -> list[list[int]]:
+    """Full-block hash ids of each request (the last, partial block is never shared)."""
+    out = []
+    with path.open() as f:
+        for line in f:
+            r = json.loads(line)
+            out.append(r["hash_ids"][: r["input_length"] // TRACE_BLOCK_TOKENS])
+    return [ids for ids in out if ids]
+
+
+def op_stream(requests: list[list[int]]) -> list[Op]:
+    """Per request: Match, then the serving node stores what it lacked and evicts LRU blocks."""
+    hot = Counter(ids[0] for ids in requests)
+    caches: dict[NodeId, OrderedDict[BlockHash, None]] = {n: OrderedDict() for n in NODES}
+    ops: list[Op] = []
+    for i, ids in enumerate(requests):
+        hashes = tuple(BlockHash(x.to_bytes(16, "little")) for x in ids)
+        base = ids[0] * 2654435761
+        spread = HOT_REPLICAS if hot[ids[0]] >= HOT_REQUESTS else 1
+        node = NODES[(base + i % spread) % len(NODES)]
+        cache = caches[node]
+        ops.append(("match", None, hashes, None))
+        k = 0
+        while k < len(hashes) and hashes[k] in cache:
+            cache.move_to_end(hashes[k])
+            k += 1
+        if k < len(hashes):
+            ops.append(("store", node, hashes[k:], hashes[k - 1] if k else None))
+            cache.update(dict.fromkeys(hashes[k:]))
+        if len(cache) > NODE_CAPACITY:
+            evicted = []
+            while len(cache) > NODE_CAPACITY:
+                evicted.append(cache.popitem(last=False)[0])
+            ops.append(("remove", node, tuple(evicted), None))
+    return ops
+
+
+class NaiveIndex:
+    """The baseline: one dict of holder sets per tier, no structure, no per-node bookkeeping."""
+
+    def __init__(self) -> None:
+        self.tiers: dict[Tier, dict[BlockHash, set[NodeId]]] = {Tier.GPU: {}, Tier.HOST: {}}
+
+    def insert(self, node: NodeId, hashes: Sequence[BlockHash], tier: Tier) -> None:
+        d = self.tiers[tier]
+        for h in hashes:
+            d.setdefault(h, set()).add(node)
+
+    def remove(self, node: NodeId, hashes: Sequence[BlockHash], tier: Tier) -> None:
+        d = self.tiers[tier]
+        for h in hashes:
+            s = d.get(h)
+            if s is not None:
+                s.discard(node)
+                if not s:
+                    del d[h]
+
+    def match(self, hashes: Sequence[BlockHash]) -> tuple[int, dict[NodeId, PrefixLengths]]:
+        gpu, host = self.tiers[Tier.GPU], self.tiers[Tier.HOST]
+        empty: set[NodeId] = set()
+        lengths: dict[NodeId, list[int]] = {}
+        alive = [set(gpu.get(hashes[0], empty)), set(host.get(hashes[0], empty))]
+        alive.append(alive[0] | alive[1])
+        for n in alive[2]:
+            lengths[n] = [0, 0, 0]
+        depth = 0
+        for h in hashes:
+            g, ho = gpu.get(h, empty), host.get(h, empty)
+            if not g and not ho:
+                break
+            for slot, held in ((0, g), (1, ho), (2, g | ho)):
+                for n in alive[slot] - held:
+                    lengths[n][slot] = depth
+                alive[slot] &= held
+            depth += 1
+        for slot in range(3):
+            for n in alive[slot]:
+                lengths[n][slot] = depth
+        return depth, {n: PrefixLengths(*v) for n, v in lengths.items()}
+
+
+def replay_index(ops: list[Op], record: list[Found] | None = None) -> GlobalIndex:
+    index = GlobalIndex()
+    for n in NODES:
+        index.add_node(n, LAYOUT)
+    for kind, node, hashes, parent in ops:
+        if kind == "match":
+            found = index.match(LAYOUT, hashes)
+            if record is not None:
+                record.append((found.cluster_blocks, found.prefixes))
+        elif kind == "store":
+            index.apply(node, [BlockStored(hashes, parent, Tier.GPU)])  # type: ignore[arg-type]
+        else:
+            index.apply(node, [BlockRemoved(hashes, Tier.GPU)])  # type: ignore[arg-type]
+    return index
+
+
+def replay_naive(ops: list[Op], record: list[Found] | None = None) -> NaiveIndex:
+    index = NaiveIndex()
+    for kind, node, hashes, _ in ops:
+        if kind == "match":
+            found = index.match(hashes)
+            if record is not None:
+                record.append(found)
+        elif kind == "store":
+            index.insert(node, hashes, Tier.GPU)  # type: ignore[arg-type]
+        else:
+            index.remove(node, hashes, Tier.GPU)  # type: ignore[arg-type]
+    return index
+
+
+def best_rate(fn: Callable[[], object], work: int, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return work / best
+
+
+def bench_index(ops: list[Op]) -> dict[str, float]:
+    ours: list[Found] = []
+    naive: list[Found] = []
+    replay_index(ops, ours).check_invariants()
+    replay_naive(ops, naive)
+    assert ours == naive, "GlobalIndex and the naive index disagree"
+    block_ops = sum(len(h) for _, _, h, _ in ops)
+    idx = best_rate(lambda: replay_index(ops), block_ops)
+    nai = best_rate(lambda: replay_naive(ops), block_ops)
+    hit = sum(c for c, _ in ours) / max(1, sum(len(h) for k, _, h, _ in ops if k == "match"))
+    return {
+        "block_ops": block_ops,
+        "index_block_ops_per_s": idx,
+        "naive_block_ops_per_s": nai,
+        "ratio_index_vs_naive": idx / nai,
+        "trace_cluster_hit_blocks": hit,
+        "mean_nodes_per_match": statistics.mean(len(p) for _, p in ours),
+    }
+
+
+# ---- (b) over gRPC -------------------------------------------------------------------------------
+
+
+def serve() -> None:
+    """Child process: the metadata server plus the echo baseline, on 127.0.0.1, until SIGTERM."""
+    limits = ServiceLimits(max_blocks_per_batch=1 << 16)
+    service = MetadataService(config=ServiceConfig(lease_ttl_s=3600.0, limits=limits))
+    reply = pb.MatchResponse()
+
+    async def echo(request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> pb.MatchResponse:
+        return reply
+
+    handler = grpc.method_handlers_generic_handler(
+        "radixmesh.bench.Echo",
+        {
+            "Match": grpc.unary_unary_rpc_method_handler(
+                echo, request_deserializer=pb.MatchRequest.FromString, response_serializer=pb.MatchResponse.SerializeToString
+            )
+        },
+    )
+
+    async def run() -> None:
+        server, port = create_server(service, ServerOptions(port=0, upkeep_interval_s=None), handler)
+        await serve_until_signalled(server, 1.0, lambda: print(f"PORT {port}", flush=True))
+
+    asyncio.run(run())
+
+
+async def closed_loop(call: Callable[[pb.MatchRequest], object], requests: list[pb.MatchRequest], seconds: float, clients: int) -> float:
+    """Requests per second with `clients` callers, each waiting for its answer before the next."""
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker(k: int) -> None:
+        nonlocal done
+        i = k
+        while time.perf_counter() < deadline:
+            await call(requests[i % len(requests)])  # type: ignore[misc]
+            done += 1
+            i += clients
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(k) for k in range(clients)))
+    return done / (time.perf_counter() - t0)
+
+
+async def open_loop(call: Callable[[pb.MatchRequest], object], requests: list[pb.MatchRequest], rate: float, seconds: float) -> list[float]:
+    """Latencies (s) of requests sent on a fixed schedule at `rate`, whatever the answers' pace."""
+    latencies: list[float] = []
+
+    async def one(req: pb.MatchRequest) -> None:
+        t0 = time.perf_counter()
+        await call(req)  # type: ignore[misc]
+        latencies.append(time.perf_counter() - t0)
+
+    tasks = []
+    start = time.perf_counter()
+    n = int(rate * seconds)
+    for i in range(n):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(requests[i % len(requests)])))
+    await asyncio.gather(*tasks)
+    return latencies
+
+
+def event_batches(ops: list[Op], rounds: int) -> dict[NodeId, list[pb.EventBatch]]:
+    """Each node's stored/removed events as protobuf batches of about 512 blocks, in order.
+
+    The trace's events repeat `rounds` times, each round but the last ending with the node removing
+    everything it still holds, so the stream is long enough to time and ends with the trace's state.
+    """
+    per_node: dict[NodeId, list[pb.EventBatch]] = {n: [] for n in NODES}
+    pending: dict[NodeId, list[pb.CacheEvent]] = {n: [] for n in NODES}
+    holding: dict[NodeId, set[bytes]] = {n: set() for n in NODES}
+    size: Counter[NodeId] = Counter()
+
+    def flush(n: NodeId) -> None:
+        if pending[n]:
+            per_node[n].append(pb.EventBatch(node_id=n, epoch=1, seq=len(per_node[n]) + 1, events=pending[n]))
+            pending[n], size[n] = [], 0
+
+    def add(n: NodeId, ev: pb.CacheEvent, blocks: int) -> None:
+        pending[n].append(ev)
+        size[n] += blocks
+        if size[n] >= 512:
+            flush(n)
+
+    for r in range(rounds):
+        for kind, node, hashes, parent in ops:
+            if node is None:
+                continue
+            if kind == "store":
+                holding[node].update(hashes)
+                add(node, pb.CacheEvent(stored=pb.BlockStored(hashes=hashes, parent=parent or b"", tier=pb.TIER_GPU)), len(hashes))
+            else:
+                holding[node].difference_update(hashes)
+                add(node, pb.CacheEvent(removed=pb.BlockRemoved(hashes=hashes, tier=pb.TIER_GPU)), len(hashes))
+        for n in NODES:
+            if r < rounds - 1:
+                add(n, pb.CacheEvent(removed=pb.BlockRemoved(hashes=sorted(holding[n]), tier=pb.TIER_GPU)), len(holding[n]))
+                holding[n].clear()
+            flush(n)
+    return per_node
+
+
+async def bench_grpc(ops: list[Op], seconds: float, clients: int = 8) -> dict[str, float]:
+    child = subprocess.Popen(  # noqa: ASYNC220 (started once, before any await)
+        [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.startswith("PORT "), f"server did not start: {line!r}"
+        target = f"127.0.0.1:{int(line.split()[1])}"
+        channels = [grpc.aio.insecure_channel(target) for _ in range(clients)]
+        stubs = [pb_grpc.MetadataServiceStub(c) for c in channels]
+        for n in NODES:
+            await stubs[0].RegisterNode(node_info_to_pb(NodeInfo(n, 1, LAYOUT, TRACE_BLOCK_TOKENS, f"addr-{n}", NODE_CAPACITY)))
+
+        batches = event_batches(ops, rounds=3)
+        blocks = sum(len(e.stored.hashes) + len(e.removed.hashes) for bs in batches.values() for b in bs for e in b.events)
+
+        async def ingest(k: int) -> None:
+            for n in NODES[k::clients]:
+                ack = await stubs[k].PublishEvents(iter(batches[n]))
+                assert ack.status == pb.PublishAck.OK and ack.next_seq == len(batches[n]) + 1, ack
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(ingest(k) for k in range(clients)))
+        events_rate = blocks / (time.perf_counter() - t0)
+
+        queries = [
+            pb.MatchRequest(queries=[pb.MatchQuery(layout_fingerprint=LAYOUT, hashes=h)])
+            for kind, _, h, _ in ops
+            if kind == "match"
+        ][:2000]
+        echo_calls = [c.unary_unary(ECHO_METHOD, pb.MatchRequest.SerializeToString, pb.MatchResponse.FromString) for c in channels]
+        rr = {"m": 0, "e": 0}
+
+        def match_call(req: pb.MatchRequest) -> object:
+            rr["m"] += 1
+            return stubs[rr["m"] % clients].Match(req)
+
+        def echo_call(req: pb.MatchRequest) -> object:
+            rr["e"] += 1
+            return echo_calls[rr["e"] % clients](req)
+
+        await closed_loop(match_call, queries, 0.5, clients)  # warm-up
+        windows = 6  # alternate short windows so drifting machine load hits both sides alike
+        match_qps = echo_qps = 0.0
+        for _ in range(windows):
+            match_qps += await closed_loop(match_call, queries, seconds / windows, clients) / windows
+            echo_qps += await closed_loop(echo_call, queries, seconds / windows, clients) / windows
+        lat = sorted(await open_loop(match_call, queries, match_qps / 2, seconds))
+        for c in channels:
+            await c.close()
+        return {
+            "events_blocks_per_s": events_rate,
+            "match_qps": match_qps,
+            "echo_qps": echo_qps,
+            "ratio_match_vs_echo": match_qps / echo_qps,
+            "match_p50_ms": 1000 * lat[len(lat) // 2],
+            "match_p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+            "half_saturation_qps": match_qps / 2,
+        }
+    finally:
+        child.terminate()
+        child.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", type=Path, default=ROOT.parent / "shared" / "traces" / "synthetic_trace.jsonl")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per gRPC measurement")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve()
+        return
+    ops = op_stream(load_trace(args.trace))
+    # Both sides of each ratio run in this process, back to back; the load average says how
+    # contended the machine was for the absolute figures.
+    result: dict[str, object] = {
+        "bench": "metadata",
+        "trace": args.trace.name,
+        "nodes": len(NODES),
+        "load_avg_1m": os.getloadavg()[0],
+    }
+    result.update(bench_index(ops))
+    print(
+        f"index: {result['index_block_ops_per_s']:.3g} block-ops/s, naive dict-of-sets "
+        f"{result['naive_block_ops_per_s']:.3g}, ratio {result['ratio_index_vs_naive']:.2f}"
+    )
+    result.update(asyncio.run(bench_grpc(ops, args.seconds)))
+    print(
+        f"grpc: events {result['events_blocks_per_s']:.3g} blocks/s, match {result['match_qps']:.0f} qps, "
+        f"echo {result['echo_qps']:.0f} qps, ratio {result['ratio_match_vs_echo']:.2f}, at half saturation "
+        f"p50 {result['match_p50_ms']:.2f} ms p99 {result['match_p99_ms']:.2f} ms"
+    )
+    out = ROOT / "bench" / "results" / "metadata.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Greedy outputs are the same whatever the KV came from: (a) computed, (b) local prefix hits,
+(c) external blocks, (d) swap-out/swap-in or recompute after preemption, (e) host-tier promotion."""
+
+import random
+from collections.abc import Iterator, Sequence
+
+import pytest
+import torch
+
+from radixmesh import kernels
+from radixmesh.node_agent.block_hash import hash_blocks
+from radixmesh.node_agent.engine import Engine, EngineConfig
+from radixmesh.node_agent.model import LlamaForCausalLM
+from radixmesh.node_agent.model_config import named_config
+from radixmesh.node_agent.paged_memory import MemoryConfig
+from radixmesh.node_agent.request import ExternalPrefix, Request, RequestId, RequestOutput, SamplingParams
+from radixmesh.node_agent.scheduler import PreemptMode
+from radixmesh.node_agent.weights import random_model
+
+BS = 8
+REL_TOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    # Two cores are shared by parallel test runs; torch's spinning worker threads make tiny
+    # matmuls ~20x slower under contention, so these tests run single-threaded.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForCausalLM:
+    return random_model(named_config("tiny"), seed=0)
+
+
+def make_requests(seed: int, n: int, prefix_len: int, max_tokens: int = 10) -> list[Request]:
+    """n prompts sharing one random prefix (two groups share a longer one), random suffixes."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(256) for _ in range(prefix_len)]
+    longer = shared + [rng.randrange(256) for _ in range(2 * BS)]
+    out = []
+    for i in range(n):
+        base = longer if i % 2 else shared
+        suffix = [rng.randrange(256) for _ in range(rng.randrange(1, 2 * BS))]
+        out.append(Request(RequestId(f"q{i}"), tuple(base + suffix),
+                           SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+    return out
+
+
+def engine(model: LlamaForCausalLM, *, num_gpu_blocks: int, num_host_blocks: int = 0,
+           caching: bool = True, budget: int = 512, preemption: str = "cost") -> Engine:
+    memory = MemoryConfig(num_gpu_blocks=num_gpu_blocks, num_host_blocks=num_host_blocks,
+                          enable_prefix_caching=caching)
+    return Engine(model, EngineConfig(block_size=BS, keep_logits=True, max_num_batched_tokens=budget,
+                                      preemption=preemption, memory=memory))
+
+
+def run_checked(eng: Engine, requests: Sequence[Request]) -> list[RequestOutput]:
+    """generate(), with every invariant checked after every step."""
+    for r in requests:
+        eng.submit(r)
+    done: dict[str, RequestOutput] = {}
+    while eng.has_work:
+        for out in eng.step():
+            done[out.request_id] = out
+        eng.check_invariants()
+    eng.check_invariants()
+    return [done[r.request_id] for r in requests]
+
+
+def reference(model: LlamaForCausalLM, requests: Sequence[Request]) -> list[RequestOutput]:
+    """(a): every request alone, nothing cached."""
+    eng = engine(model, num_gpu_blocks=64, caching=False)
+    return [eng.generate([r])[0] for r in requests]
+
+
+def assert_same(got: Sequence[RequestOutput], want: Sequence[RequestOutput]) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert g.output_token_ids == w.output_token_ids, g.request_id
+        assert g.logits is not None and w.logits is not None
+        for lg, lw in zip(g.logits, w.logits, strict=True):
+            err = float((lg - lw).abs().max() / lw.abs().max())
+            assert err <= REL_TOL, (g.request_id, err)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_local_prefix_hits_match_no_cache(model: LlamaForCausalLM, seed: int) -> None:
+    requests = make_requests(seed, 5, prefix_len=3 * BS + 3)
+    want = reference(model, requests)
+    eng = engine(model, num_gpu_blocks=64)
+    got = [run_checked(eng, [r])[0] for r in requests]
+    assert_same(got, want)
+    assert got[0].stats.cached_gpu_tokens == 0
+    assert all(o.stats.cached_gpu_tokens >= 3 * BS for o in got[1:])
+    # Hits make the computed work smaller by exactly the cached tokens.
+    for o in got:
+        assert o.stats.computed_tokens == o.stats.prompt_tokens - o.stats.cached_gpu_tokens + 9
+
+
+def test_concurrent_batch_with_chunked_prefill_matches_no_cache(model: LlamaForCausalLM) -> None:
+    requests = make_requests(3, 6, prefix_len=4 * BS)
+    want = reference(model, requests)
+    got = run_checked(engine(model, num_gpu_blocks=96, budget=24), requests)
+    assert_same(got, want)
+
+
+def test_external_prefix_blocks_match_no_cache(model: LlamaForCausalLM) -> None:
+    requests = make_requests(4, 3, prefix_len=3 * BS + 1)
+    want = reference(model, requests)
+    # A peer computes the shared prefix; its blocks are copied into this node's pool the way the
+    # transfer plane does it (gather on the peer, scatter here), then handed in by the hook.
+    peer = engine(model, num_gpu_blocks=32)
+    run_checked(peer, [requests[0]])
+    me = engine(model, num_gpu_blocks=64)
+    outputs = []
+    prefix_hashes = hash_blocks(requests[0].prompt_token_ids[: 3 * BS], BS)
+    for r in requests:
+        peer_ids = peer.memory.gpu.cache.match(prefix_hashes)
+        assert len(peer_ids) == 3
+        mine = me.memory.gpu.pool.allocate(3)
+        kernels.scatter_blocks(kernels.gather_blocks(peer.memory.gpu.kv, peer_ids), me.memory.gpu.kv, mine)
+        peer.memory.gpu.cache.release(peer_ids)
+        ext = ExternalPrefix(tuple(mine), tuple(prefix_hashes))
+        req = Request(r.request_id, r.prompt_token_ids, r.sampling, external_prefix=ext)
+        outputs += run_checked(me, [req])
+    assert_same(outputs, want)
+    assert outputs[0].stats.cached_external_tokens == 3 * BS
+    assert outputs[0].stats.cached_gpu_tokens == 0
+    me.check_invariants()
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_preemption_matches_no_cache(model: LlamaForCausalLM, mode: str) -> None:
+    requests = make_requests(5, 5, prefix_len=2 * BS + 5, max_tokens=24)
+    want = reference(model, requests)
+    eng = engine(model, num_gpu_blocks=16, num_host_blocks=48, caching=False,
+                 budget=32, preemption=mode)
+    got = run_checked(eng, requests)
+    assert_same(got, want)
+    assert eng.scheduler.num_preemptions[PreemptMode(mode)] > 0
+    assert sum(o.stats.preemptions for o in got) == sum(eng.scheduler.num_preemptions.values())
+    if mode == "swap":
+        assert eng.counters.swapped_in_bytes == eng.counters.swapped_out_bytes > 0
+
+
+def test_host_tier_promotion_matches_no_cache(model: LlamaForCausalLM) -> None:
+    requests = make_requests(6, 4, prefix_len=3 * BS + 2, max_tokens=24)
+    eng = engine(model, num_gpu_blocks=16, num_host_blocks=64, budget=32, preemption="swap")
+    run_checked(eng, requests)
+    assert eng.scheduler.num_preemptions[PreemptMode.SWAP] > 0  # swapped blocks are host-cached
+    # Unrelated traffic that needs the whole gpu pool evicts every cached gpu block.
+    filler = Request(RequestId("filler"), tuple(range(100, 100 + 15 * BS)), SamplingParams(max_tokens=BS))
+    run_checked(eng, [filler])
+    again = [Request(RequestId(f"again-{r.request_id}"), r.prompt_token_ids, r.sampling) for r in requests]
+    want = reference(model, again)
+    got = run_checked(eng, again)
+    assert_same(got, want)
+    assert sum(o.stats.cached_host_tokens for o in got) > 0
+    assert eng.counters.promoted_blocks > 0

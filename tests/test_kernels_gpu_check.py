@@ -1,0 +1,52 @@
+"""bench/gpu_check.py as far as a CPU can check it: arguments, shape tables, memory plan, no-CUDA exit."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_arguments_default_to_the_committed_result_path(gpu_check: ModuleType) -> None:
+    args = gpu_check.parse_args([])
+    assert args.out == SCRIPT.parent / "results" / "gpu_check.json" and not args.quick
+    assert gpu_check.parse_args(["--quick", "--seed", "3"]).seed == 3
+
+
+def test_shapes_are_llama3_8b_and_span_the_issue_ranges(gpu_check: ModuleType) -> None:
+    shape = gpu_check.LLAMA3_8B
+    assert (shape.heads, shape.kv_heads, shape.head_dim, shape.block_size) == (32, 8, 128, 16)
+    cases = gpu_check.DECODE_CHECKS + gpu_check.DECODE_BENCH
+    assert {b for b, _ in cases} >= {1, 256} and all(1 <= b <= 256 for b, _ in cases)
+    assert {c for _, c in cases} >= {512, 32768} and all(512 <= c <= 32768 for _, c in cases)
+    # Uniform timing contexts must fill whole blocks: the dense SDPA copy is cut from block rows.
+    assert all(c % shape.block_size == 0 for _, c in gpu_check.DECODE_BENCH)
+    assert all(p % shape.block_size == 0 for _, p, _ in gpu_check.PREFILL_BENCH)
+
+
+def test_memory_plan_fits_an_h200_with_headroom(gpu_check: ModuleType) -> None:
+    planned = gpu_check.planned_bytes()
+    assert 8 * gpu_check.GIB < planned < 100 * gpu_check.GIB
+
+
+@pytest.mark.slow
+def test_without_cuda_it_exits_2_with_a_clear_message() -> None:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick"], check=False, capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "needs a CUDA device" in proc.stderr

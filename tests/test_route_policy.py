@@ -1,0 +1,223 @@
+"""Routing policies, the cost model, bounded load, the registry and the pending index."""
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixmesh.cluster.cost_model import CostModel, Holder
+from radixmesh.cluster.pending_index import PendingIndex
+from radixmesh.cluster.route_policy import (
+    ClusterView,
+    NodeView,
+    PolicyConfig,
+    RouteRequest,
+    make_policy,
+    policy_names,
+    within_load_cap,
+)
+from radixmesh.node_agent.block_hash import BlockHash
+from radixmesh.node_agent.ids import NodeId
+
+# 1 s per host block, free pulls apart from bandwidth; 10-token blocks at 100 tokens/s = 0.1 s a block.
+CFG = PolicyConfig(block_bytes=1000, host_bytes_per_s=1000.0, pull_latency_s=0.0)
+REQ = RouteRequest(prompt_tokens=50, num_blocks=5, block_tokens=10)
+A, B, C, D = (NodeId(x) for x in "abcd")
+
+
+def view(
+    node: NodeId, local: int = 0, *, gpu: int | None = None, queued: int = 0, inflight: int = 0
+) -> NodeView:
+    return NodeView(node, local if gpu is None else gpu, local, queued, inflight, 100.0)
+
+
+def test_cost_model_without_pull_when_the_link_is_slow() -> None:
+    est = CostModel(CFG).estimate(REQ, view(A, 2, gpu=1, queued=100), Holder(B, 4, 1000.0))
+    # queue 1 s + host swap-in of 1 block 1 s + no pull (2 s > 0.2 s recompute) + prefill 30 tokens 0.3 s
+    assert est.pull_blocks == 0
+    assert est.total_s == pytest.approx(2.3)
+
+
+def test_cost_model_pulls_when_cheaper() -> None:
+    est = CostModel(CFG).estimate(REQ, view(A, 2, gpu=1, queued=100), Holder(B, 4, 1e6))
+    assert est.pull_blocks == 2
+    assert (est.queue_s, est.swap_s) == (pytest.approx(1.0), pytest.approx(1.0))
+    assert est.pull_s == pytest.approx(0.002) and est.prefill_s == pytest.approx(0.1)
+
+
+def test_cost_prefers_the_holder_when_idle() -> None:
+    d = make_policy("cost", CFG).route(REQ, ClusterView((view(A, 4), view(B)), default_pull_bytes_per_s=1e6))
+    assert (d.node, d.local_blocks, d.pull_from, d.pull_blocks) == (A, 4, None, 0)
+    assert d.est_ttft_s == pytest.approx(0.1)
+
+
+def test_cost_pulls_to_an_idle_node_when_the_holder_is_busy() -> None:
+    cluster = ClusterView((view(A, 4, queued=1000, inflight=1), view(B)), default_pull_bytes_per_s=1e6)
+    d = make_policy("cost", CFG).route(REQ, cluster)
+    assert (d.node, d.local_blocks, d.pull_from, d.pull_blocks) == (B, 0, A, 4)
+    assert d.est_ttft_s == pytest.approx(0.104)
+    assert "pulled from a" in d.reason
+
+
+def test_cost_uses_the_measured_pair_bandwidth() -> None:
+    nodes = (view(A, 4, queued=1000, inflight=1), view(B))
+    slow = ClusterView(nodes, pull_bytes_per_s={(B, A): 1000.0}, default_pull_bytes_per_s=1e6)
+    d = make_policy("cost", CFG).route(REQ, slow)
+    assert (d.node, d.pull_from, d.est_ttft_s) == (B, None, pytest.approx(0.5))
+
+
+def test_cost_no_pull_never_pulls() -> None:
+    cluster = ClusterView((view(A, 4, queued=1000, inflight=1), view(B)), default_pull_bytes_per_s=1e6)
+    d = make_policy("cost_no_pull", CFG).route(REQ, cluster)
+    assert (d.node, d.pull_from, d.pull_blocks) == (B, None, 0)
+
+
+def test_bounded_load_cap_exact() -> None:
+    nodes = (view(A, inflight=3), view(B), view(C, inflight=1), view(D))
+    # cap = ceil(1.25 * (4 + 1) / 4) = 2: a (3 + 1 > 2) is out, c (1 + 1 <= 2) stays
+    assert [v.node for v in within_load_cap(nodes, 0.25)] == [B, C, D]
+
+
+def test_prefix_affinity_skips_a_node_over_the_cap() -> None:
+    nodes = (view(A, 5, inflight=3), view(B, 2), view(C, 1), view(D))
+    d = make_policy("prefix_affinity", CFG).route(REQ, ClusterView(nodes))
+    assert (d.node, d.local_blocks) == (B, 2)
+    # cap = ceil(1.25 * (3 + 1) / 4) = 2: now a (1 + 1) is within it
+    within = (view(A, 5, inflight=1), view(B, 2, inflight=1), view(C, 1, inflight=1), view(D))
+    d = make_policy("prefix_affinity", CFG).route(REQ, ClusterView(within))
+    assert (d.node, d.local_blocks) == (A, 5)
+
+
+def test_round_robin_cycles_and_least_loaded_picks_fewest_tokens() -> None:
+    cluster = ClusterView((view(A, queued=5), view(B, queued=1), view(C, queued=9)))
+    rr = make_policy("round_robin", CFG)
+    assert [rr.route(REQ, cluster).node for _ in range(4)] == [A, B, C, A]
+    assert make_policy("least_loaded", CFG).route(REQ, cluster).node == B
+
+
+def test_registry_names_and_unknown_policy() -> None:
+    assert policy_names() == ["cost", "cost_no_pull", "least_loaded", "prefix_affinity", "round_robin"]
+    with pytest.raises(ValueError, match="valid: cost, cost_no_pull"):
+        make_policy("random")
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: ClusterView(()),
+        lambda: ClusterView((view(A), view(A))),
+        lambda: NodeView(A, 3, 2),
+        lambda: NodeView(A, prefill_tokens_per_s=0.0),
+        lambda: RouteRequest(prompt_tokens=10, num_blocks=2, block_tokens=10),
+        lambda: PolicyConfig(load_eps=-0.1),
+    ],
+)
+def test_bad_inputs_raise_value_error(build: object) -> None:
+    with pytest.raises(ValueError):
+        build()  # type: ignore[operator]
+
+
+views_st = st.lists(
+    st.tuples(
+        st.integers(0, 5), st.integers(0, 4), st.integers(0, 2000), st.sampled_from([50.0, 100.0, 400.0])
+    ),
+    min_size=1,
+    max_size=6,
+).map(
+    lambda rows: tuple(
+        NodeView(NodeId(f"n{i}"), loc, loc, q, inf, r) for i, (loc, inf, q, r) in enumerate(rows)
+    )
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(nodes=views_st, eps=st.sampled_from([0.0, 0.25, 1.0]))
+def test_load_cap_matches_its_formula(nodes: tuple[NodeView, ...], eps: float) -> None:
+    cap = math.ceil((1 + eps) * (sum(v.inflight for v in nodes) + 1) / len(nodes) - 1e-9)
+    ok = within_load_cap(nodes, eps)
+    assert ok == [v for v in nodes if v.inflight + 1 <= cap]
+    assert min(v.inflight for v in nodes) in {v.inflight for v in ok}
+
+
+@settings(max_examples=60, deadline=None)
+@given(nodes=views_st, bw=st.sampled_from([1e3, 1e5, 1e7]), seed=st.integers(0, 3))
+def test_every_policy_decides_within_the_view(nodes: tuple[NodeView, ...], bw: float, seed: int) -> None:
+    cluster = ClusterView(nodes, default_pull_bytes_per_s=bw)
+    eligible = within_load_cap(nodes, CFG.load_eps)
+    for name in policy_names():
+        d = make_policy(name, CFG, random.Random(seed)).route(REQ, cluster)
+        chosen = next(v for v in nodes if v.node == d.node)
+        assert d.local_blocks == min(chosen.local_blocks, REQ.num_blocks)
+        assert d.local_blocks + d.pull_blocks <= REQ.num_blocks
+        if name in ("prefix_affinity", "cost", "cost_no_pull"):
+            assert chosen in eligible
+        if d.pull_from is not None:
+            assert name == "cost" and d.pull_from != d.node and d.pull_blocks > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(nodes=views_st, bw=st.sampled_from([1e3, 1e5, 1e7]))
+def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float) -> None:
+    cluster = ClusterView(nodes, default_pull_bytes_per_s=bw)
+    model = CostModel(CFG)
+
+    def brute(v: NodeView) -> float:
+        others = [o for o in nodes if o.node != v.node]
+        best = max(others, key=lambda o: o.local_blocks) if others else None
+        holder = Holder(best.node, best.local_blocks, bw) if best else None
+        return model.estimate(REQ, v, holder).total_s
+
+    d = make_policy("cost", CFG).route(REQ, cluster)
+    assert d.est_ttft_s == pytest.approx(min(brute(v) for v in within_load_cap(nodes, CFG.load_eps)))
+
+
+def _h(i: int) -> BlockHash:
+    return BlockHash(i.to_bytes(16, "little"))
+
+
+def test_pending_index_prefix_and_expiry() -> None:
+    now = [0.0]
+    p = PendingIndex(ttl_s=5.0, clock=lambda: now[0])
+    p.add(A, [_h(1), _h(2), _h(3)])
+    now[0] = 2.0
+    p.add(B, [_h(1), _h(4)])
+    assert p.match([_h(1), _h(2), _h(3), _h(9)]) == {A: 3, B: 1}
+    assert p.match([_h(2)]) == {A: 1}
+    now[0] = 5.0  # a's records expire exactly at 5.0
+    assert p.match([_h(1), _h(4)]) == {B: 2}
+    p.check_invariants()
+    now[0] = 7.0
+    assert p.match([_h(1)]) == {} and len(p) == 0
+    p.check_invariants()
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from([A, B, C]), st.lists(st.integers(0, 4), max_size=4), st.floats(0, 3)),
+        max_size=15,
+    ),
+    query=st.lists(st.integers(0, 4), min_size=1, max_size=4),
+)
+def test_pending_index_matches_a_dict_model(
+    ops: list[tuple[NodeId, list[int], float]], query: list[int]
+) -> None:
+    now = [0.0]
+    p = PendingIndex(ttl_s=4.0, clock=lambda: now[0])
+    model: dict[tuple[int, NodeId], float] = {}
+    for node, hs, dt in ops:
+        now[0] += dt
+        p.add(node, [_h(i) for i in hs])
+        model.update({(i, node): now[0] + 4.0 for i in hs})
+        p.check_invariants()
+    expect = {}
+    for n in (A, B, C):
+        k = 0
+        while k < len(query) and model.get((query[k], n), -1.0) > now[0]:
+            k += 1
+        if k:
+            expect[n] = k
+    assert p.match([_h(i) for i in query]) == expect
+    p.check_invariants()

@@ -1,0 +1,149 @@
+"""The simulator on hand-computed traces: exact hit counts, TTFTs, oracles and the CLI.
+
+Timing in these tests: 512 tokens/s and 512-token trace blocks make prefill 1 s a block; 1 KV byte
+a token at 5120 B/s makes a pull 0.1 s a block.
+"""
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixmesh.cluster.cli_sim import sim
+from radixmesh.cluster.sim import SimConfig, SimReport, SimRequest, Simulator, percentile, prepare
+from radixmesh.cluster.trace import TraceRequest
+
+
+def trace(rows: Sequence[tuple[float, list[int]]]) -> list[SimRequest]:
+    return prepare([TraceRequest(t, 512 * len(ids), 1, tuple(ids)) for t, ids in rows])
+
+
+def simulator(nodes: int, capacity: int, policy: str) -> Simulator:
+    config = SimConfig(
+        nodes=nodes,
+        capacity_blocks=capacity,
+        policy=policy,
+        prefill_tokens_per_s=512.0,
+        kv_bytes_per_token=1,
+        pull_bytes_per_s=5120.0,
+        pull_latency_s=0.0,
+        check_every=1,
+    )
+    return Simulator(config)
+
+
+def run(rows: Sequence[tuple[float, list[int]]], nodes: int, capacity: int, policy: str) -> SimReport:
+    return simulator(nodes, capacity, policy).run(trace(rows))
+
+
+def test_one_node_reuses_a_shared_prefix() -> None:
+    r = run([(0, [0, 1, 2]), (10, [0, 1, 3]), (20, [4])], nodes=1, capacity=10, policy="round_robin")
+    assert r.hits_by_source == {"local": 2, "remote": 0, "miss": 5}
+    assert r.hit_rate == pytest.approx(2 / 7)
+    assert r.infinite_bound == pytest.approx(2 / 7) and r.global_lru == pytest.approx(2 / 7)
+    assert (r.ttft_p50_s, r.ttft_p99_s) == (pytest.approx(1.0), pytest.approx(3.0))
+
+
+def test_queued_sibling_starts_after_the_prefix_is_cached() -> None:
+    r = run([(0, [0, 1]), (0, [0, 1, 2])], nodes=1, capacity=10, policy="round_robin")
+    # first: 2 s; second waits 2 s, then reuses 2 blocks and computes 1: TTFT 3 s
+    assert r.hits_by_source == {"local": 2, "remote": 0, "miss": 3}
+    assert (r.ttft_p50_s, r.ttft_p99_s) == (pytest.approx(2.0), pytest.approx(3.0))
+
+
+def test_capacity_limits_hits_like_the_global_lru() -> None:
+    r = run([(0, [0, 1, 2]), (10, [3, 4]), (20, [3, 4])], nodes=1, capacity=3, policy="cost")
+    assert r.hits_by_source == {"local": 2, "remote": 0, "miss": 5}
+    assert r.global_lru == pytest.approx(2 / 7)
+
+
+def test_pending_holder_co_locates_a_burst() -> None:
+    rows = [(0, [0, 1, 2, 3]), (0, [0, 1, 2, 4])]
+    affinity = run(rows, nodes=2, capacity=10, policy="prefix_affinity")
+    # the sibling follows the pending holder, waits 4 s, reuses 3 blocks: TTFT 5 s
+    assert affinity.hits_by_source == {"local": 3, "remote": 0, "miss": 5}
+    assert affinity.ttft_p99_s == pytest.approx(5.0)
+    assert run(rows, nodes=2, capacity=10, policy="least_loaded").hits_by_source["local"] == 0
+
+
+def test_cost_pulls_from_a_busy_holder() -> None:
+    rows = [(0, [0, 1, 2, 3, 4]), (5, [0, 1, 2, 3, 4, *range(30, 40)]), (6, [0, 1, 2, 3, 4, 50])]
+    s = simulator(nodes=2, capacity=20, policy="cost")
+    r = s.run(trace(rows))
+    # r2 stays on the holder (10 s there vs 10.5 s with a pull); r3 pulls 5 blocks (0.5 s) to the idle node
+    assert r.hits_by_source == {"local": 5, "remote": 5, "miss": 16}
+    assert sorted(s.ttfts) == [pytest.approx(1.5), pytest.approx(5.0), pytest.approx(10.0)]
+    no_pull = run(rows, nodes=2, capacity=20, policy="cost_no_pull")
+    assert no_pull.hits_by_source["remote"] == 0
+
+
+requests_st = st.lists(
+    st.tuples(st.floats(0, 5), st.lists(st.integers(0, 6), min_size=1, max_size=6)), min_size=1, max_size=12
+).map(lambda rows: sorted(rows, key=lambda r: r[0]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=requests_st,
+    nodes=st.integers(1, 3),
+    capacity=st.integers(6, 12),
+    policy=st.sampled_from(["round_robin", "prefix_affinity", "cost"]),
+)
+def test_hits_add_up_and_never_beat_the_bound(
+    rows: list[tuple[float, list[int]]], nodes: int, capacity: int, policy: str
+) -> None:
+    r = run(rows, nodes=nodes, capacity=capacity, policy=policy)
+    assert sum(r.hits_by_source.values()) == r.blocks == sum(len(ids) for _, ids in rows)
+    assert r.hit_rate <= r.infinite_bound + 1e-12
+    assert r.global_lru <= r.infinite_bound + 1e-12
+    assert r.requests == len(rows)
+
+
+def test_percentile_nearest_rank() -> None:
+    assert percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0
+    assert percentile([3.0, 1.0, 2.0, 4.0], 99) == 4.0
+    assert percentile([], 50) == 0.0
+
+
+def test_sim_config_validates() -> None:
+    with pytest.raises(ValueError, match="nodes"):
+        SimConfig(nodes=0, capacity_blocks=1)
+    with pytest.raises(ValueError, match="unknown policy"):
+        Simulator(SimConfig(nodes=1, capacity_blocks=1, policy="nope"))
+
+
+def _trace_file(tmp_path: Path) -> Path:
+    p = tmp_path / "t.jsonl"
+    rows = [(0, [0, 1, 2]), (100, [0, 1, 3]), (200, [0, 1, 2])]
+    p.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "input_length": 512 * len(ids), "output_length": 1, "hash_ids": ids})
+            + "\n"
+            for t, ids in rows
+        )
+    )
+    return p
+
+
+def test_cli_json_is_one_object_with_the_contract_keys(tmp_path: Path) -> None:
+    out = CliRunner().invoke(sim, [str(_trace_file(tmp_path)), "--nodes", "2", "--capacity", "8", "--json"])
+    assert out.exit_code == 0, out.output
+    d = json.loads(out.output)
+    for key in ("hit_rate", "hits_by_source", "max_load_over_mean", "infinite_bound", "global_lru"):
+        assert key in d
+    assert d["blocks"] == 9 and d["infinite_bound"] == pytest.approx(5 / 9)
+    assert d["achieved_over_bound"] == pytest.approx(d["hit_rate"] / d["infinite_bound"])
+
+
+def test_cli_table_and_bad_input(tmp_path: Path) -> None:
+    path = str(_trace_file(tmp_path))
+    out = CliRunner().invoke(sim, [path, "--nodes", "1", "--capacity", "8", "--policy", "round_robin"])
+    assert out.exit_code == 0 and "achieved/bound 1.000" in out.output
+    bad = CliRunner().invoke(sim, [path, "--policy", "random"])
+    assert bad.exit_code == 2 and "random" in bad.output
+    bad = CliRunner().invoke(sim, [path, "--speedup", "0"])
+    assert bad.exit_code == 2 and "speedup" in bad.output

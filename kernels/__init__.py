@@ -1,1 +1,92 @@
-"""radixmesh.kernels."""
+"""radixmesh.kernels: the node agent's compute over the paged KV cache.
+
+KV layout (radixmesh.node_agent.kv_layout): one tensor per tier ``[num_blocks, layers, 2, block_size,
+kv_heads, head_dim]``; attention and `write_kv` take per-layer views ``cache_k = kv[:, layer, 0]``,
+``cache_v = kv[:, layer, 1]`` (``[num_blocks, block_size, kv_heads, head_dim]``, strided), while
+`gather_blocks` / `scatter_blocks` move whole blocks across all layers. Block tables are int32
+``[B, max_blocks]`` whose entries past a sequence's blocks are never read; lengths are int32.
+
+Each entry point validates its arguments (ValueError, nothing written) and then runs the
+implementation `dispatch.select` picks: Triton on CUDA, the torch reference otherwise,
+``RADIXMESH_KERNELS=torch|triton`` to force one.
+"""
+
+from collections.abc import Sequence
+
+import torch
+
+from radixmesh.kernels import paged_args
+from radixmesh.kernels.block_copy import gather_blocks_torch, scatter_blocks_torch
+from radixmesh.kernels.dispatch import select
+
+__all__ = [
+    "gather_blocks",
+    "gather_blocks_torch",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "scatter_blocks",
+    "scatter_blocks_torch",
+    "write_kv",
+]
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store new tokens' K/V ``[T, kv_heads, head_dim]`` at ``slot_mapping[t] = block * block_size + offset``.
+
+    Slots must be distinct and inside the cache; only those slots change.
+    """
+    paged_args.check_write_args(k, v, cache_k, cache_v, slot_mapping)
+    select(k, cache_k, slot_mapping).write_kv(k, v, cache_k, cache_v, slot_mapping)
+
+
+def paged_decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of one query token per sequence, q ``[B, heads, head_dim]``, over its cached tokens.
+
+    Sequence b attends to its first ``seq_lens[b]`` tokens (the new token's K/V must already be written),
+    held in blocks ``block_tables[b]``; query head h reads kv head ``h // (heads / kv_heads)``. Returns
+    `out` (``[B, heads, head_dim]`` in q's dtype; allocated when None), every element written.
+    """
+    paged_args.check_decode_args(q, cache_k, cache_v, block_tables, seq_lens)
+    paged_args.check_out(out, q)
+    return select(q, cache_k, block_tables).paged_decode_attention(
+        q, cache_k, cache_v, block_tables, seq_lens, scale, out)
+
+
+def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
+                            cache_v: torch.Tensor, block_tables: torch.Tensor, prefix_lens: torch.Tensor,
+                            cu_seqlens: torch.Tensor, scale: float,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Extend attention: packed new tokens over their cached prefix and, causally, over themselves.
+
+    Sequence b's new tokens are rows ``cu_seqlens[b]:cu_seqlens[b+1]`` of q ``[T, heads, D]`` and of
+    k, v ``[T, kv_heads, D]``; its prefix is the first ``prefix_lens[b]`` tokens of blocks
+    ``block_tables[b]``. New token j attends to the whole prefix and new tokens 0..j. The new tokens'
+    K/V are read from `k`/`v`, not from the cache, so `write_kv` may run before or after. Returns `out`
+    (``[T, heads, D]``), every element written.
+    """
+    paged_args.check_prefill_args(q, k, v, cache_k, cache_v, block_tables, prefix_lens, cu_seqlens)
+    paged_args.check_out(out, q)
+    return select(q, cache_k, block_tables).paged_prefill_attention(
+        q, k, v, cache_k, cache_v, block_tables, prefix_lens, cu_seqlens, scale, out)
+
+
+def gather_blocks(kv: torch.Tensor, block_ids: Sequence[int], out: torch.Tensor | None = None) -> torch.Tensor:
+    """Copy blocks `block_ids` of a tier's cache `kv` (all layers) into one contiguous buffer.
+
+    Buffer row i is block ``block_ids[i]``; `out` may live on another device (a host-tier swap).
+    Returns `out`, allocated on kv's device when None.
+    """
+    ids = [int(b) for b in block_ids]
+    paged_args.check_block_ids(kv, ids, out, distinct=False)
+    tensors = (kv,) if out is None else (kv, out)
+    return select(*tensors).gather_blocks(kv, ids, out)
+
+
+def scatter_blocks(buffer: torch.Tensor, kv: torch.Tensor, block_ids: Sequence[int]) -> None:
+    """Copy buffer row i into block ``block_ids[i]`` of `kv` (all layers); ids must be distinct."""
+    ids = [int(b) for b in block_ids]
+    paged_args.check_block_ids(kv, ids, buffer, distinct=True)
+    select(buffer, kv).scatter_blocks(buffer, kv, ids)

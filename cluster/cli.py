@@ -13,6 +13,7 @@ import redis
 
 from radixmesh.cluster.metadata_server import ServerOptions, TlsFiles, create_server, serve_until_signalled
 from radixmesh.cluster.metadata_service import MetadataService, ServiceConfig
+from radixmesh.cluster.cli_sim import sim
 from radixmesh.cluster.store import open_store
 
 logger = logging.getLogger(__name__)
@@ -70,3 +71,6 @@ def metadata_server(
 
 if __name__ == "__main__":
     main()
+
+
+main.add_command(sim)

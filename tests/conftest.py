@@ -9,6 +9,10 @@ import pytest
 import torch
 
 
+# Two cores are shared by the test process and the servers it starts; intra-op threads only contend.
+torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

@@ -5,7 +5,10 @@ Setup: 256 distinct 64-block chained prefixes are inserted and released, so ever
 each, per CPU second of this process:
 
 - match: ``cache.match(prefix)`` (lookup + pin) then ``cache.release(blocks)`` (unpin, back to
-  the LRU) per prefix, in blocks per second;
+  the LRU) per prefix, in blocks per second. Each release gives back exactly the blocks released
+  together last time, so the pool moves their LRU group to the tail whole (LazyLRU.renew), the
+  path of transfer sources and host promotions; a release that mixes in other blocks (a request's
+  own blocks after its prefix) restamps per block and runs at about half this rate;
 - baseline: a bare ``for h in prefix: if h not in table: break`` loop over a plain dict holding the
   same hashes (no pinning, no LRU), in blocks per second;
 - alloc+free: ``pool.allocate(64)`` then ``pool.free(blocks)`` on a pool with free space, in

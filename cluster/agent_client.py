@@ -1,6 +1,6 @@
 """How the router reaches node agents: one interface, whether the agent is a Ray actor or in-process."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from radixmesh.node_agent.ids import NodeId
@@ -14,14 +14,15 @@ class AgentUnavailable(Exception):
 class AgentClient(Protocol):
     """A handle on one node agent.
 
-    `serve` yields TokenDelta items as tokens are produced and ends with one ServeResult. It raises
+    `serve` yields TokenDelta items as tokens are produced and ends with one ServeResult; closing the
+    generator early (aclose) aborts the request and frees its blocks. It raises
     AgentUnavailable when the agent is gone (before or during the stream) and ValueError when the
     agent refuses the request as invalid; nothing else.
     """
 
     node: NodeId
 
-    def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]: ...
+    def serve(self, plan: ServePlan) -> AsyncGenerator[ServeItem, None]: ...
 
     async def prometheus_text(self) -> str:
         """The agent's metrics (memory of both tiers, engine, transfer) in Prometheus text format."""

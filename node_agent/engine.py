@@ -77,7 +77,7 @@ class Engine:
         start = self._validate(request)
         seed = request.sampling.seed if request.sampling.seed is not None else self._rng.getrandbits(62)
         stats = RequestStats(prompt_tokens=len(request.prompt_token_ids), arrival_s=self._clock())
-        seq = SequenceState(request, seed, stats)
+        seq = SequenceState(request, seed, stats, self.memory.new_sequence(request.prompt_token_ids, request.salt))
         ext = request.external_prefix
         if ext is not None and ext.block_ids:
             self.memory.adopt_external(seq, ext.block_ids, ext.hashes, start)

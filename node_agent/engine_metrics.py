@@ -28,6 +28,7 @@ class EngineCounters:
     swapped_out_bytes: int = 0
     swapped_in_bytes: int = 0
     promoted_blocks: int = 0
+    demoted_blocks: int = 0
     ttft_bucket_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS_S))
     ttft_count: int = 0
     ttft_sum_s: float = 0.0
@@ -59,6 +60,7 @@ class EngineStats:
     engine_swap_out_bytes: int = metric("counter", "KV bytes copied to the host tier by preemption.")
     engine_swap_in_bytes: int = metric("counter", "KV bytes copied back from the host tier.")
     engine_promoted_blocks: int = metric("counter", "Host-tier prefix blocks promoted to the gpu tier.")
+    engine_demoted_blocks: int = metric("counter", "Gpu prefix blocks copied to the host tier on eviction.")
     engine_running_requests: int = metric("gauge", "Requests holding gpu blocks now.")
     engine_waiting_requests: int = metric("gauge", "Requests queued (new or preempted).")
     time_to_first_token_seconds: tuple[list[tuple[str, int]], float] = metric(
@@ -80,6 +82,7 @@ def engine_stats(c: EngineCounters, running: int, waiting: int) -> EngineStats:
         engine_swap_out_bytes=c.swapped_out_bytes,
         engine_swap_in_bytes=c.swapped_in_bytes,
         engine_promoted_blocks=c.promoted_blocks,
+        engine_demoted_blocks=c.demoted_blocks,
         engine_running_requests=running,
         engine_waiting_requests=waiting,
         time_to_first_token_seconds=(buckets, c.ttft_sum_s),

@@ -1,7 +1,8 @@
 """The node's KV memory: the gpu tier, the optional host tier, and every block move between them.
 
 `PagedMemory` is the engine's `BlockSpace`: prefix hits (gpu, then host with promotion), adopted
-external blocks, growth, swap out / in, and insertion of computed blocks into the prefix cache.
+external blocks, growth, swap out / in, insertion of computed blocks into the prefix cache, and
+demotion of evicted gpu prefix blocks to the host tier. Block tables are sequence.SequenceManager's.
 """
 
 import logging
@@ -19,8 +20,10 @@ from radixmesh.node_agent.events import Tier
 from radixmesh.node_agent.ids import BlockId
 from radixmesh.node_agent.kv_layout import KVLayout
 from radixmesh.node_agent.pool_config import PoolConfig
-from radixmesh.node_agent.prefix_cache import PrefixCache
+from radixmesh.node_agent.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
 from radixmesh.node_agent.scheduler import PreemptionPolicy, PreemptMode, SequenceState
+from radixmesh.node_agent.sequence import Sequence as BlockTable
+from radixmesh.node_agent.sequence import SequenceManager
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +39,9 @@ class MemoryConfig:
     """False: nothing is matched or inserted (the "caching off" baseline)."""
     hash_key: bytes = b""
     """The cluster's block-hash key (block_hash.hash_blocks)."""
+    demote_evicted: bool = True
+    """Copy prefix blocks evicted from the gpu tier into the host tier (when there is one) instead
+    of dropping them; the host tier's own LRU makes room."""
     pool: PoolConfig = field(default_factory=PoolConfig)
 
     def __post_init__(self) -> None:
@@ -48,10 +54,10 @@ class TierMemory:
     """One tier: a pool, its prefix cache, and the cache tensor the pool's block ids index."""
 
     def __init__(self, layout: KVLayout, num_blocks: int, tier: Tier, device: str | torch.device,
-                 config: PoolConfig, clock: Callable[[], float]) -> None:
+                 config: PoolConfig, clock: Callable[[], float], on_evict: EvictionHook | None = None) -> None:
         self.kv = layout.new_cache(num_blocks, device)
         self.pool = BlockPool(num_blocks, tier=tier, block_bytes=layout.block_bytes, config=config, clock=clock)
-        self.cache = PrefixCache(self.pool)
+        self.cache = PrefixCache(self.pool, on_evict=on_evict)
 
 
 def copy_blocks(src: TierMemory, src_ids: Sequence[BlockId], dst: TierMemory, dst_ids: Sequence[BlockId]) -> None:
@@ -76,12 +82,18 @@ class PagedMemory:
         self.counters = counters
         self.policy = policy
         self._clock = clock
-        self.gpu = TierMemory(layout, config.num_gpu_blocks, Tier.GPU, device, config.pool, clock)
         self.host = (TierMemory(layout, config.num_host_blocks, Tier.HOST, "cpu", config.pool, clock)
                      if config.num_host_blocks else None)
+        demote = self._demote if self.host is not None and config.demote_evicted else None
+        self.gpu = TierMemory(layout, config.num_gpu_blocks, Tier.GPU, device, config.pool, clock, demote)
+        self.sequences = SequenceManager(self.gpu.cache, self.block_size, key=config.hash_key)
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return self.sequences.blocks_for(num_tokens)
+
+    def new_sequence(self, tokens: Sequence[int], salt: bytes) -> BlockTable:
+        """The block table of a new request, holding no block until admitted."""
+        return self.sequences.create(tokens, salt=salt)
 
     # --- external prefix -----------------------------------------------------------------------
     def adopt_external(self, seq: SequenceState, block_ids: Sequence[BlockId],
@@ -90,7 +102,7 @@ class PagedMemory:
         become cached gpu blocks, matched at admission like local hits (or evicted under pressure,
         then recomputed: correct, only slower)."""
         if self.config.enable_prefix_caching:
-            parent = seq.block_hashes(start, self.block_size, self.config.hash_key)[-1] if start else None
+            parent = self.sequences.block_hashes(seq.sequence, start)[-1] if start else None
             self.gpu.cache.insert(hashes, block_ids, parent)
             seq.external_hashes = frozenset(hashes)
         self.gpu.cache.release(block_ids)
@@ -100,27 +112,22 @@ class PagedMemory:
         if seq.is_swapped:
             return self._swap_in(seq, budget)
         assert seq.num_computed == 0 and not seq.block_ids, seq
-        prefix = self._match_prefix(seq)
-        computed = len(prefix) * self.block_size
+        table = seq.sequence
+        self.sequences.attach_prefix(table, self._match_prefix(seq))
+        computed = table.num_cached_blocks * self.block_size
         n = min(len(seq.tokens) - computed, budget)
         try:
-            fresh = self.gpu.pool.allocate(self.blocks_for(computed + n) - len(prefix),
-                                           seq_len=len(seq.tokens))
+            self.sequences.reserve(table, computed + n)
         except OutOfBlocks:
-            self.gpu.cache.release(prefix)
+            self.sequences.drop_blocks(table)
             return 0
-        seq.block_ids = prefix + fresh
-        seq.num_inserted_blocks = len(prefix)
         seq.num_computed = computed
-        self._count_hits(seq, len(prefix))
+        self._count_hits(seq, table.num_cached_blocks)
         return n
 
     def grow(self, seq: SequenceState, num_tokens: int) -> bool:
-        need = self.blocks_for(num_tokens) - len(seq.block_ids)
-        if need <= 0:
-            return True
         try:
-            seq.block_ids += self.gpu.pool.allocate(need, seq_len=num_tokens)
+            self.sequences.reserve(seq.sequence, num_tokens)
         except OutOfBlocks:
             return False
         return True
@@ -138,27 +145,19 @@ class PagedMemory:
                 swapped_bytes = len(host_ids) * self.layout.block_bytes
         if used is PreemptMode.RECOMPUTE:
             seq.num_computed = 0
-        self.gpu.cache.release(seq.block_ids)
-        seq.block_ids = []
-        seq.num_inserted_blocks = 0
+        self.sequences.drop_blocks(seq.sequence)
         self.gpu.pool.record_preemption(swapped_bytes)
         return used
 
     # --- after a forward pass ----------------------------------------------------------------
     def insert_computed(self, seq: SequenceState) -> None:
         """Offer the sequence's newly completed full blocks to the gpu prefix cache."""
-        full = seq.num_computed // self.block_size
-        done = seq.num_inserted_blocks
-        if not self.config.enable_prefix_caching or full <= done:
-            return
-        hashes = seq.block_hashes(full, self.block_size, self.config.hash_key)
-        self.gpu.cache.insert(hashes[done:full], seq.block_ids[done:full], hashes[done - 1] if done else None)
-        seq.num_inserted_blocks = full
+        if self.config.enable_prefix_caching:
+            self.sequences.commit(seq.sequence, seq.num_computed)
 
     def release(self, seq: SequenceState) -> None:
         """Give back every block a finished (or aborted) sequence holds, on both tiers."""
-        self.gpu.cache.release(seq.block_ids)
-        seq.block_ids = []
+        self.sequences.release(seq.sequence)
         if seq.host_block_ids:
             assert self.host is not None
             self.host.cache.release(seq.host_block_ids)
@@ -177,7 +176,7 @@ class PagedMemory:
         if not self.config.enable_prefix_caching:
             return []
         limit = (len(seq.tokens) - 1) // self.block_size
-        hashes = seq.block_hashes(limit, self.block_size, self.config.hash_key)
+        hashes = self.sequences.block_hashes(seq.sequence, limit)
         blocks: list[BlockId] = []
         seq.host_hit_blocks = 0
         while len(blocks) < limit:
@@ -212,7 +211,7 @@ class PagedMemory:
     def _count_hits(self, seq: SequenceState, num_blocks: int) -> None:
         bs = self.block_size
         host = seq.host_hit_blocks
-        external = sum(1 for h in seq.hashes[:num_blocks] if h in seq.external_hashes)
+        external = sum(1 for h in seq.sequence.hashes[:num_blocks] if h in seq.external_hashes)
         seq.stats.cached_host_tokens += host * bs
         seq.stats.cached_external_tokens += external * bs
         seq.stats.cached_gpu_tokens += (num_blocks - host - external) * bs
@@ -231,7 +230,7 @@ class PagedMemory:
         self.policy.observe_swap(len(written) * self.layout.block_bytes, self._clock() - t0)
         full = min(seq.num_computed // self.block_size, len(host_ids))
         if self.config.enable_prefix_caching and full:
-            hashes = seq.block_hashes(full, self.block_size, self.config.hash_key)
+            hashes = self.sequences.block_hashes(seq.sequence, full)
             self.host.cache.insert(hashes, host_ids[:full], None)
         self.counters.swapped_out_bytes += len(written) * self.layout.block_bytes
         return host_ids
@@ -240,13 +239,44 @@ class PagedMemory:
         assert self.host is not None and not seq.block_ids
         n = min(seq.num_uncomputed, budget)
         try:
-            gpu_ids = self.gpu.pool.allocate(self.blocks_for(seq.num_computed + n), seq_len=len(seq.tokens))
+            self.sequences.reserve(seq.sequence, seq.num_computed + n)
         except OutOfBlocks:
             return 0
         host_ids = seq.host_block_ids
-        copy_blocks(self.host, host_ids, self.gpu, gpu_ids[: len(host_ids)])
+        copy_blocks(self.host, host_ids, self.gpu, seq.block_ids[: len(host_ids)])
         self.host.cache.release(host_ids)
         self.counters.swapped_in_bytes += len(host_ids) * self.layout.block_bytes
         seq.host_block_ids = []
-        seq.block_ids = gpu_ids
         return n
+
+    def _demote(self, evicted: Sequence[EvictedBlock]) -> None:
+        """Copy gpu prefix blocks being evicted into the host tier, where they stay matchable.
+
+        Runs inside a gpu allocation while the evicted blocks still hold their KV, so it must not
+        fail it: it takes only as many host blocks as the host can give (free, or cached ones its
+        LRU evicts), keeping the chain heads, which come last because a chain's tail is evicted
+        first. Hashes the host already holds are not copied again.
+        """
+        host = self.host
+        assert host is not None
+        todo = [e for e in evicted if e.hash not in host.cache]
+        room = host.pool.num_free + host.pool.num_cached
+        todo = todo[max(len(todo) - room, 0):]
+        if not todo:
+            return
+        host_ids = host.pool.allocate(len(todo))
+        copy_blocks(self.gpu, [e.block_id for e in todo], host, host_ids)
+        # Reversed, a batch runs head to tail; consecutive links of one chain go in one insert.
+        chain: list[tuple[EvictedBlock, BlockId]] = []
+        for e, b in reversed(list(zip(todo, host_ids, strict=True))):
+            if chain and e.parent != chain[-1][0].hash:
+                self._insert_chain(host.cache, chain)
+                chain = []
+            chain.append((e, b))
+        self._insert_chain(host.cache, chain)
+        host.cache.release(host_ids)
+        self.counters.demoted_blocks += len(todo)
+
+    @staticmethod
+    def _insert_chain(cache: PrefixCache, chain: list[tuple[EvictedBlock, BlockId]]) -> None:
+        cache.insert([e.hash for e, _ in chain], [b for _, b in chain], chain[0][0].parent)

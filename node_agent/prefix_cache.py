@@ -2,7 +2,8 @@
 that let the global index follow every change."""
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from radixmesh.node_agent.block_hash import BlockHash
 from radixmesh.node_agent.block_pool import BlockPool
@@ -12,15 +13,32 @@ from radixmesh.node_agent.ids import BlockId
 logger = logging.getLogger(__name__)
 
 
+class EvictedBlock(NamedTuple):
+    """A cached block the pool is evicting, as its cache knew it."""
+
+    block_id: BlockId
+    hash: BlockHash
+    parent: BlockHash | None
+    """The hash before `hash` in its chain (None at a chain's start)."""
+
+
+EvictionHook = Callable[[Sequence[EvictedBlock]], None]
+
+
 class PrefixCache:
     """The matchable blocks of one BlockPool, keyed by chained block hash.
 
     A hash is in the table exactly while its block is hashed in the pool (in use or cached); the
     pool's evictions come back through its eviction listener and are emitted as BlockRemoved.
     Because hashes are chained, a table hit at position i implies the whole prefix up to i matches.
+
+    `on_evict`, when given, sees every batch of evicted blocks after they left the table and before
+    the pool hands their slots to anyone: their KV is still intact, so it can copy them elsewhere
+    (demotion to a lower tier). It must not touch this cache's pool, and must not raise: it runs
+    inside the pool's allocate / evict / gc, which cannot be undone at that point.
     """
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: BlockPool, *, on_evict: EvictionHook | None = None) -> None:
         self.pool = pool
         self.tier = pool.tier
         self._table: dict[BlockHash, BlockId] = {}
@@ -28,10 +46,15 @@ class PrefixCache:
         self._events: list[CacheEvent] = []
         self.query_blocks = 0
         self.hit_blocks = 0
+        self._on_evict_hook = on_evict
         pool.set_eviction_listener(self._on_evict)
 
     def __len__(self) -> int:
         return len(self._table)
+
+    def __contains__(self, block_hash: BlockHash) -> bool:
+        """Whether `block_hash` is cached here (pins nothing, counts no query)."""
+        return block_hash in self._table
 
     def match(self, hashes: Sequence[BlockHash]) -> list[BlockId]:
         """Blocks of the longest cached prefix of `hashes`, each pinned (+1 ref); the caller must
@@ -106,10 +129,12 @@ class PrefixCache:
             self._events.append(BlockStored(tuple(run), parent, self.tier))
 
     def _on_evict(self, pairs: Sequence[tuple[BlockId, BlockHash]]) -> None:
+        evicted = [EvictedBlock(b, h, self._parent.pop(h)) for b, h in pairs]
         for _, h in pairs:
             del self._table[h]
-            del self._parent[h]
         self._events.append(BlockRemoved(tuple(h for _, h in pairs), self.tier))
+        if self._on_evict_hook is not None:
+            self._on_evict_hook(evicted)
 
     def check_invariants(self) -> None:
         """Pool invariants, plus: the table names exactly the pool's hashed blocks, one to one."""

@@ -13,9 +13,10 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from radixmesh.node_agent.block_hash import BlockHash, hash_blocks
+from radixmesh.node_agent.block_hash import BlockHash
 from radixmesh.node_agent.ids import BlockId
 from radixmesh.node_agent.request import Request, RequestStats
+from radixmesh.node_agent.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -32,31 +33,33 @@ class SequenceState:
     """The engine's mutable record of one request between submit and finish.
 
     Token ranges: ``tokens[:num_computed]`` have K/V in ``block_ids`` (gpu), the rest are still to be
-    computed; the sequence holds exactly one reference on each block of ``block_ids`` and, while
-    swapped out, on each of ``host_block_ids``.
+    computed. The block table is `sequence`'s (sequence.SequenceManager places it); the sequence
+    holds exactly one reference on each block of ``block_ids`` and, while swapped out, on each of
+    ``host_block_ids``.
     """
 
     request: Request
     seed: int
     stats: RequestStats
+    sequence: Sequence
+    """Tokens (prompt, then sampled), gpu block table, block hashes and how many are committed."""
     admit_order: int = -1
-    tokens: list[int] = field(default_factory=list)
     num_computed: int = 0
-    block_ids: list[BlockId] = field(default_factory=list)
     host_block_ids: list[BlockId] = field(default_factory=list)
-    num_inserted_blocks: int = 0
-    """Leading full blocks already offered to the gpu prefix cache."""
-    hashes: list[BlockHash] = field(default_factory=list)
-    """Chained hashes of the leading full blocks of `tokens`, extended on demand."""
     external_hashes: frozenset[BlockHash] = frozenset()
     """Hashes handed in through Request.external_prefix (stats attribute their hits to "external")."""
     host_hit_blocks: int = 0
     """Blocks of the latest prefix match that were promoted from the host tier."""
     logits: list[torch.Tensor] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        if not self.tokens:
-            self.tokens = list(self.request.prompt_token_ids)
+    @property
+    def tokens(self) -> list[int]:
+        return self.sequence.tokens
+
+    @property
+    def block_ids(self) -> list[BlockId]:
+        """The gpu block table (read-only use: PagedMemory changes it through SequenceManager)."""
+        return self.sequence.block_table
 
     @property
     def num_uncomputed(self) -> int:
@@ -69,16 +72,6 @@ class SequenceState:
     @property
     def is_swapped(self) -> bool:
         return bool(self.host_block_ids)
-
-    def block_hashes(self, num_blocks: int, block_size: int, key: bytes) -> list[BlockHash]:
-        """Hashes of the first `num_blocks` full blocks (all tokens there must exist)."""
-        have = len(self.hashes)
-        if num_blocks > have:
-            parent = self.hashes[-1] if self.hashes else None
-            tail = self.tokens[have * block_size: num_blocks * block_size]
-            self.hashes.extend(hash_blocks(tail, block_size, salt=self.request.salt, key=key, parent=parent))
-        assert len(self.hashes) >= num_blocks, (len(self.hashes), num_blocks)
-        return self.hashes[:num_blocks]
 
 
 class BlockSpace(Protocol):

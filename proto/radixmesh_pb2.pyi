@@ -1,11 +1,9 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -19,7 +17,7 @@ TIER_GPU: Tier
 TIER_HOST: Tier
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("block_size", "capacity_blocks", "epoch", "layout_fingerprint", "node_id", "transfer_address")
+    __slots__ = ("node_id", "epoch", "layout_fingerprint", "block_size", "transfer_address", "capacity_blocks")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -32,10 +30,10 @@ class RegisterNodeRequest(_message.Message):
     block_size: int
     transfer_address: str
     capacity_blocks: int
-    def __init__(self, node_id: str | None = ..., epoch: int | None = ..., layout_fingerprint: str | None = ..., block_size: int | None = ..., transfer_address: str | None = ..., capacity_blocks: int | None = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., layout_fingerprint: _Optional[str] = ..., block_size: _Optional[int] = ..., transfer_address: _Optional[str] = ..., capacity_blocks: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("epoch", "next_seq", "node_id", "snapshot_required", "ttl_s")
+    __slots__ = ("node_id", "epoch", "ttl_s", "next_seq", "snapshot_required")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
@@ -46,17 +44,17 @@ class Lease(_message.Message):
     ttl_s: float
     next_seq: int
     snapshot_required: bool
-    def __init__(self, node_id: str | None = ..., epoch: int | None = ..., ttl_s: float | None = ..., next_seq: int | None = ..., snapshot_required: bool | None = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., ttl_s: _Optional[float] = ..., next_seq: _Optional[int] = ..., snapshot_required: _Optional[bool] = ...) -> None: ...
 
 class NodeLoad(_message.Message):
-    __slots__ = ("free_blocks", "prefill_tokens_per_s", "pull_gbps", "queued_requests", "running_tokens")
+    __slots__ = ("queued_requests", "running_tokens", "free_blocks", "prefill_tokens_per_s", "pull_gbps")
     class PullGbpsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: float
-        def __init__(self, key: str | None = ..., value: float | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -67,10 +65,10 @@ class NodeLoad(_message.Message):
     free_blocks: int
     prefill_tokens_per_s: float
     pull_gbps: _containers.ScalarMap[str, float]
-    def __init__(self, queued_requests: int | None = ..., running_tokens: int | None = ..., free_blocks: int | None = ..., prefill_tokens_per_s: float | None = ..., pull_gbps: _Mapping[str, float] | None = ...) -> None: ...
+    def __init__(self, queued_requests: _Optional[int] = ..., running_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., pull_gbps: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class RequestHits(_message.Message):
-    __slots__ = ("local_gpu_tokens", "local_host_tokens", "prompt_tokens", "remote_tokens", "request_id", "tenant")
+    __slots__ = ("request_id", "tenant", "prompt_tokens", "local_gpu_tokens", "local_host_tokens", "remote_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -83,10 +81,10 @@ class RequestHits(_message.Message):
     local_gpu_tokens: int
     local_host_tokens: int
     remote_tokens: int
-    def __init__(self, request_id: str | None = ..., tenant: str | None = ..., prompt_tokens: int | None = ..., local_gpu_tokens: int | None = ..., local_host_tokens: int | None = ..., remote_tokens: int | None = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., local_gpu_tokens: _Optional[int] = ..., local_host_tokens: _Optional[int] = ..., remote_tokens: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("epoch", "hits", "load", "node_id")
+    __slots__ = ("node_id", "epoch", "load", "hits")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
@@ -95,7 +93,7 @@ class HeartbeatRequest(_message.Message):
     epoch: int
     load: NodeLoad
     hits: _containers.RepeatedCompositeFieldContainer[RequestHits]
-    def __init__(self, node_id: str | None = ..., epoch: int | None = ..., load: NodeLoad | _Mapping | None = ..., hits: _Iterable[RequestHits | _Mapping] | None = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., load: _Optional[_Union[NodeLoad, _Mapping]] = ..., hits: _Optional[_Iterable[_Union[RequestHits, _Mapping]]] = ...) -> None: ...
 
 class BlockStored(_message.Message):
     __slots__ = ("hashes", "parent", "tier")
@@ -105,7 +103,7 @@ class BlockStored(_message.Message):
     hashes: _containers.RepeatedScalarFieldContainer[bytes]
     parent: bytes
     tier: Tier
-    def __init__(self, hashes: _Iterable[bytes] | None = ..., parent: bytes | None = ..., tier: Tier | str | None = ...) -> None: ...
+    def __init__(self, hashes: _Optional[_Iterable[bytes]] = ..., parent: _Optional[bytes] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class BlockRemoved(_message.Message):
     __slots__ = ("hashes", "tier")
@@ -113,24 +111,24 @@ class BlockRemoved(_message.Message):
     TIER_FIELD_NUMBER: _ClassVar[int]
     hashes: _containers.RepeatedScalarFieldContainer[bytes]
     tier: Tier
-    def __init__(self, hashes: _Iterable[bytes] | None = ..., tier: Tier | str | None = ...) -> None: ...
+    def __init__(self, hashes: _Optional[_Iterable[bytes]] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class AllCleared(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class CacheEvent(_message.Message):
-    __slots__ = ("cleared", "removed", "stored")
+    __slots__ = ("stored", "removed", "cleared")
     STORED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     CLEARED_FIELD_NUMBER: _ClassVar[int]
     stored: BlockStored
     removed: BlockRemoved
     cleared: AllCleared
-    def __init__(self, stored: BlockStored | _Mapping | None = ..., removed: BlockRemoved | _Mapping | None = ..., cleared: AllCleared | _Mapping | None = ...) -> None: ...
+    def __init__(self, stored: _Optional[_Union[BlockStored, _Mapping]] = ..., removed: _Optional[_Union[BlockRemoved, _Mapping]] = ..., cleared: _Optional[_Union[AllCleared, _Mapping]] = ...) -> None: ...
 
 class EventBatch(_message.Message):
-    __slots__ = ("epoch", "events", "node_id", "seq")
+    __slots__ = ("node_id", "epoch", "seq", "events")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -139,10 +137,10 @@ class EventBatch(_message.Message):
     epoch: int
     seq: int
     events: _containers.RepeatedCompositeFieldContainer[CacheEvent]
-    def __init__(self, node_id: str | None = ..., epoch: int | None = ..., seq: int | None = ..., events: _Iterable[CacheEvent | _Mapping] | None = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., events: _Optional[_Iterable[_Union[CacheEvent, _Mapping]]] = ...) -> None: ...
 
 class PublishAck(_message.Message):
-    __slots__ = ("next_seq", "status")
+    __slots__ = ("status", "next_seq")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[PublishAck.Status]
@@ -155,10 +153,10 @@ class PublishAck(_message.Message):
     NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
     status: PublishAck.Status
     next_seq: int
-    def __init__(self, status: PublishAck.Status | str | None = ..., next_seq: int | None = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[PublishAck.Status, str]] = ..., next_seq: _Optional[int] = ...) -> None: ...
 
 class NodeSnapshot(_message.Message):
-    __slots__ = ("chains", "epoch", "node_id", "seq")
+    __slots__ = ("node_id", "epoch", "seq", "chains")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -167,10 +165,10 @@ class NodeSnapshot(_message.Message):
     epoch: int
     seq: int
     chains: _containers.RepeatedCompositeFieldContainer[BlockStored]
-    def __init__(self, node_id: str | None = ..., epoch: int | None = ..., seq: int | None = ..., chains: _Iterable[BlockStored | _Mapping] | None = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., chains: _Optional[_Iterable[_Union[BlockStored, _Mapping]]] = ...) -> None: ...
 
 class MatchQuery(_message.Message):
-    __slots__ = ("hashes", "include_all_nodes", "layout_fingerprint", "request_id", "tenant")
+    __slots__ = ("layout_fingerprint", "tenant", "hashes", "request_id", "include_all_nodes")
     LAYOUT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -181,16 +179,16 @@ class MatchQuery(_message.Message):
     hashes: _containers.RepeatedScalarFieldContainer[bytes]
     request_id: str
     include_all_nodes: bool
-    def __init__(self, layout_fingerprint: str | None = ..., tenant: str | None = ..., hashes: _Iterable[bytes] | None = ..., request_id: str | None = ..., include_all_nodes: bool | None = ...) -> None: ...
+    def __init__(self, layout_fingerprint: _Optional[str] = ..., tenant: _Optional[str] = ..., hashes: _Optional[_Iterable[bytes]] = ..., request_id: _Optional[str] = ..., include_all_nodes: _Optional[bool] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
     __slots__ = ("queries",)
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     queries: _containers.RepeatedCompositeFieldContainer[MatchQuery]
-    def __init__(self, queries: _Iterable[MatchQuery | _Mapping] | None = ...) -> None: ...
+    def __init__(self, queries: _Optional[_Iterable[_Union[MatchQuery, _Mapping]]] = ...) -> None: ...
 
 class NodeMatch(_message.Message):
-    __slots__ = ("any_tier_blocks", "gpu_blocks", "host_blocks", "load", "node_id", "transfer_address")
+    __slots__ = ("node_id", "transfer_address", "gpu_blocks", "host_blocks", "any_tier_blocks", "load")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     GPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -203,7 +201,7 @@ class NodeMatch(_message.Message):
     host_blocks: int
     any_tier_blocks: int
     load: NodeLoad
-    def __init__(self, node_id: str | None = ..., transfer_address: str | None = ..., gpu_blocks: int | None = ..., host_blocks: int | None = ..., any_tier_blocks: int | None = ..., load: NodeLoad | _Mapping | None = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., transfer_address: _Optional[str] = ..., gpu_blocks: _Optional[int] = ..., host_blocks: _Optional[int] = ..., any_tier_blocks: _Optional[int] = ..., load: _Optional[_Union[NodeLoad, _Mapping]] = ...) -> None: ...
 
 class MatchResult(_message.Message):
     __slots__ = ("cluster_blocks", "nodes")
@@ -211,20 +209,20 @@ class MatchResult(_message.Message):
     NODES_FIELD_NUMBER: _ClassVar[int]
     cluster_blocks: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeMatch]
-    def __init__(self, cluster_blocks: int | None = ..., nodes: _Iterable[NodeMatch | _Mapping] | None = ...) -> None: ...
+    def __init__(self, cluster_blocks: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeMatch, _Mapping]]] = ...) -> None: ...
 
 class MatchResponse(_message.Message):
     __slots__ = ("results",)
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[MatchResult]
-    def __init__(self, results: _Iterable[MatchResult | _Mapping] | None = ...) -> None: ...
+    def __init__(self, results: _Optional[_Iterable[_Union[MatchResult, _Mapping]]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class HitCounters(_message.Message):
-    __slots__ = ("cluster_cached_tokens", "hit_rate", "index_precision", "local_gpu_tokens", "local_host_tokens", "miss_tokens", "predicted_local_tokens", "prompt_tokens", "realized_local_tokens", "regret_tokens", "remote_tokens", "requests")
+    __slots__ = ("requests", "prompt_tokens", "local_gpu_tokens", "local_host_tokens", "remote_tokens", "miss_tokens", "cluster_cached_tokens", "regret_tokens", "predicted_local_tokens", "realized_local_tokens", "hit_rate", "index_precision")
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_GPU_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -249,24 +247,24 @@ class HitCounters(_message.Message):
     realized_local_tokens: int
     hit_rate: float
     index_precision: float
-    def __init__(self, requests: int | None = ..., prompt_tokens: int | None = ..., local_gpu_tokens: int | None = ..., local_host_tokens: int | None = ..., remote_tokens: int | None = ..., miss_tokens: int | None = ..., cluster_cached_tokens: int | None = ..., regret_tokens: int | None = ..., predicted_local_tokens: int | None = ..., realized_local_tokens: int | None = ..., hit_rate: float | None = ..., index_precision: float | None = ...) -> None: ...
+    def __init__(self, requests: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., local_gpu_tokens: _Optional[int] = ..., local_host_tokens: _Optional[int] = ..., remote_tokens: _Optional[int] = ..., miss_tokens: _Optional[int] = ..., cluster_cached_tokens: _Optional[int] = ..., regret_tokens: _Optional[int] = ..., predicted_local_tokens: _Optional[int] = ..., realized_local_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., index_precision: _Optional[float] = ...) -> None: ...
 
 class ClusterStats(_message.Message):
-    __slots__ = ("indexed_blocks", "live_nodes", "per_node", "per_tenant", "state_store", "total")
+    __slots__ = ("total", "per_node", "per_tenant", "live_nodes", "indexed_blocks", "state_store")
     class PerNodeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: HitCounters
-        def __init__(self, key: str | None = ..., value: HitCounters | _Mapping | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[HitCounters, _Mapping]] = ...) -> None: ...
     class PerTenantEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: HitCounters
-        def __init__(self, key: str | None = ..., value: HitCounters | _Mapping | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[HitCounters, _Mapping]] = ...) -> None: ...
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     PER_NODE_FIELD_NUMBER: _ClassVar[int]
     PER_TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -279,10 +277,10 @@ class ClusterStats(_message.Message):
     live_nodes: int
     indexed_blocks: int
     state_store: str
-    def __init__(self, total: HitCounters | _Mapping | None = ..., per_node: _Mapping[str, HitCounters] | None = ..., per_tenant: _Mapping[str, HitCounters] | None = ..., live_nodes: int | None = ..., indexed_blocks: int | None = ..., state_store: str | None = ...) -> None: ...
+    def __init__(self, total: _Optional[_Union[HitCounters, _Mapping]] = ..., per_node: _Optional[_Mapping[str, HitCounters]] = ..., per_tenant: _Optional[_Mapping[str, HitCounters]] = ..., live_nodes: _Optional[int] = ..., indexed_blocks: _Optional[int] = ..., state_store: _Optional[str] = ...) -> None: ...
 
 class StoredIndex(_message.Message):
     __slots__ = ("nodes",)
     NODES_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSnapshot]
-    def __init__(self, nodes: _Iterable[NodeSnapshot | _Mapping] | None = ...) -> None: ...
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeSnapshot, _Mapping]]] = ...) -> None: ...

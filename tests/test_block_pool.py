@@ -292,3 +292,40 @@ def test_free_runs_agree_with_a_set_of_free_ids(ops: list[tuple[bool, int, bool]
             free |= set(back)
         runs.check_invariants(16)
         assert {b for s, ln in runs.runs() for b in range(s, s + ln)} == free
+
+
+def test_a_group_pinned_and_released_again_moves_to_the_lru_tail_whole() -> None:
+    clock = Clock()
+    pool = BlockPool(6, config=PoolConfig(idle_ttl_s=5.0), clock=clock)
+    a, b = pool.allocate(2), pool.allocate(2)  # [0, 1], [2, 3]
+    cache_blocks(pool, a, base=10)  # group (1, 0), released at t=0
+    cache_blocks(pool, b, base=20)  # group (3, 2), released at t=0
+    clock.now = 10.0
+    pool.pin(a)  # a prefix match of a ...
+    pool.free(a)  # ... released as the same group: renewed at t=10
+    assert pool.num_cached == 4 and pool.num_in_use == 0
+    assert [bl for bl in range(6) if pool.ref_count(BlockId(bl))] == []
+    assert pool.allocate(3) == [4, 5, 3]  # b, released before a's renewal, is evicted first
+    pool.free(ids(4, 5, 3))
+    assert pool.gc() == 1  # idle since t=0: block 2 goes; a was renewed at t=10, so it stays
+    assert pool.hash_of(BlockId(0)) == h(10) and pool.hash_of(BlockId(1)) == h(11)
+    assert pool.allocate(5) == [2, 3, 4, 5, 1]
+    pool.check_invariants()
+
+
+def test_a_renewed_group_released_twice_is_refused_and_unchanged() -> None:
+    pool = BlockPool(4)
+    a = pool.allocate(3)
+    cache_blocks(pool, a)
+    pool.pin(a)
+    pool.free(a)  # renewal: back to ref 0
+    before = (pool.ref_counts(), pool.num_cached, pool.num_in_use)
+    with pytest.raises(ValueError, match="not in use"):
+        pool.free(a)
+    pool.pin(a[:2])
+    with pytest.raises(ValueError, match="not in use"):
+        pool.free(a)  # block 2 is cached, not held
+    pool.free(a[:2])  # a sub-prefix is not the group: released one block at a time, correctly
+    assert (pool.ref_counts(), pool.num_cached, pool.num_in_use) == before
+    assert pool.allocate(2) == [3, 2]  # free block first, then the LRU's oldest: the group's tail
+    pool.check_invariants()

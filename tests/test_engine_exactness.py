@@ -1,5 +1,6 @@
 """Greedy outputs are the same whatever the KV came from: (a) computed, (b) local prefix hits,
-(c) external blocks, (d) swap-out/swap-in or recompute after preemption, (e) host-tier promotion."""
+(c) external blocks, (d) swap-out/swap-in or recompute after preemption, (e) host-tier promotion,
+(f) prefix blocks demoted to the host tier when the gpu tier evicted them."""
 
 import random
 from collections.abc import Iterator, Sequence
@@ -51,9 +52,9 @@ def make_requests(seed: int, n: int, prefix_len: int, max_tokens: int = 10) -> l
 
 
 def engine(model: LlamaForCausalLM, *, num_gpu_blocks: int, num_host_blocks: int = 0,
-           caching: bool = True, budget: int = 512, preemption: str = "cost") -> Engine:
+           caching: bool = True, budget: int = 512, preemption: str = "cost", demote: bool = True) -> Engine:
     memory = MemoryConfig(num_gpu_blocks=num_gpu_blocks, num_host_blocks=num_host_blocks,
-                          enable_prefix_caching=caching)
+                          enable_prefix_caching=caching, demote_evicted=demote)
     return Engine(model, EngineConfig(block_size=BS, keep_logits=True, max_num_batched_tokens=budget,
                                       preemption=preemption, memory=memory))
 
@@ -160,3 +161,37 @@ def test_host_tier_promotion_matches_no_cache(model: LlamaForCausalLM) -> None:
     assert_same(got, want)
     assert sum(o.stats.cached_host_tokens for o in got) > 0
     assert eng.counters.promoted_blocks > 0
+
+
+@pytest.mark.parametrize("demote", [True, False])
+def test_evicted_prefix_demoted_to_host_is_served_from_host(model: LlamaForCausalLM, demote: bool) -> None:
+    requests = make_requests(7, 3, prefix_len=3 * BS + 2, max_tokens=8)
+    eng = engine(model, num_gpu_blocks=16, num_host_blocks=64, demote=demote)
+    for r in requests:  # one at a time: nothing is preempted, so nothing reaches the host by swapping
+        run_checked(eng, [r])
+    prefix = hash_blocks(requests[0].prompt_token_ids[: 3 * BS], BS)
+    assert eng.memory.gpu.cache.longest_prefix(prefix) == 3
+    # Unrelated traffic that needs the whole gpu pool evicts every cached gpu block.
+    filler = Request(RequestId("filler"), tuple(range(100, 100 + 15 * BS)), SamplingParams(max_tokens=BS))
+    run_checked(eng, [filler])
+    assert eng.memory.gpu.cache.longest_prefix(prefix) == 0
+    assert sum(eng.scheduler.num_preemptions.values()) == 0 and eng.counters.swapped_out_bytes == 0
+    host = eng.memory.host
+    assert host is not None
+    assert host.cache.longest_prefix(prefix) == (3 if demote else 0)
+    assert (eng.counters.demoted_blocks > 0) is demote
+    again = [Request(RequestId(f"again-{r.request_id}"), r.prompt_token_ids, r.sampling) for r in requests]
+    got = run_checked(eng, again)
+    assert_same(got, reference(model, again))
+    host_tokens = [o.stats.cached_host_tokens for o in got]
+    if demote:
+        # Every full prompt block (short of the last token, which is always computed) comes back:
+        # from the host for the first request, from the host or the gpu (where an earlier request
+        # promoted it) for the others.
+        reusable = [(o.stats.prompt_tokens - 1) // BS * BS for o in got]
+        assert host_tokens[0] == reusable[0]
+        assert [o.stats.cached_gpu_tokens + o.stats.cached_host_tokens for o in got] == reusable
+    else:
+        assert host_tokens == [0, 0, 0]
+    assert eng.stats().engine_cached_tokens["host"] == sum(o.stats.cached_host_tokens for o in got)
+    assert (eng.counters.promoted_blocks > 0) is demote

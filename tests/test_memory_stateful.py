@@ -154,6 +154,15 @@ class MemoryMachine(RuleBasedStateMachine):
         if got:
             self.holdings.append(got)
 
+    @rule(doc=st.integers(0, DOCS - 1), k=st.integers(1, DOC_LEN))
+    def peek(self, doc: int, k: int) -> None:
+        """Pin a cached prefix and unpin it at once, as a transfer source or a promotion does; the
+        second peek of a prefix releases exactly the group the first one formed (LRU renewal)."""
+        got = self.cache.match([doc_hash(doc, i) for i in range(k)])
+        self.model.pin(got)
+        self.cache.release(got)
+        self.model.release(got, self.now)
+
     @precondition(lambda self: self.holdings)
     @rule(data=st.data(), doc=st.integers(0, DOCS - 1))
     def insert(self, data: st.DataObject, doc: int) -> None:

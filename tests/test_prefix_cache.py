@@ -1,12 +1,14 @@
 """PrefixCache: longest-prefix match with pinning, insert with duplicates, events, lazy eviction."""
 
+from collections.abc import Sequence
+
 import pytest
 
 from radixmesh.node_agent.block_hash import BlockHash, hash_blocks
 from radixmesh.node_agent.block_pool import BlockPool, OutOfBlocks
 from radixmesh.node_agent.events import BlockRemoved, BlockStored, Tier
 from radixmesh.node_agent.ids import BlockId
-from radixmesh.node_agent.prefix_cache import PrefixCache
+from radixmesh.node_agent.prefix_cache import EvictedBlock, PrefixCache
 
 CHAIN = hash_blocks(list(range(64)), 16)  # 4 chained hashes
 OTHER = hash_blocks(list(range(100, 164)), 16)
@@ -136,3 +138,27 @@ def test_match_of_nothing_pins_nothing() -> None:
     cache, _ = filled()
     assert cache.match([]) == [] and cache.match([BlockHash(b"\x00" * 16)]) == []
     assert cache.pool.num_in_use == 4
+
+
+def test_on_evict_sees_each_block_with_its_parent_before_its_slot_is_reused() -> None:
+    pool = BlockPool(4)
+    seen: list[tuple[EvictedBlock, bool, int]] = []
+
+    def hook(evicted: Sequence[EvictedBlock]) -> None:
+        # Called inside allocate: the blocks have left the table but are not free or handed out yet.
+        seen.extend((e, e.hash in cache, pool.num_free) for e in evicted)
+
+    cache = PrefixCache(pool, on_evict=hook)
+    blocks = pool.allocate(4)
+    cache.insert(CHAIN, blocks)
+    cache.release(blocks)
+    assert CHAIN[3] in cache
+    got = pool.allocate(2)  # the chain's tail goes first
+    assert got == [blocks[3], blocks[2]]
+    assert seen == [
+        (EvictedBlock(blocks[3], CHAIN[3], CHAIN[2]), False, 0),
+        (EvictedBlock(blocks[2], CHAIN[2], CHAIN[1]), False, 0),
+    ]
+    assert CHAIN[3] not in cache and cache.longest_prefix(CHAIN) == 2
+    pool.free(got)
+    cache.check_invariants()

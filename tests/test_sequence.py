@@ -92,3 +92,50 @@ def test_bad_input_is_rejected() -> None:
         sm.release(s)
     assert sm.cache.pool.num_free == 16
     sm.cache.check_invariants()
+
+
+def test_sequences_share_a_prefix_only_under_the_same_salt() -> None:
+    sm = manager()
+    a = sm.start(list(range(8)), salt=b"tenant-a")
+    sm.commit(a)
+    assert sm.start(list(range(8)), salt=b"tenant-b").num_cached_blocks == 0
+    assert sm.start(list(range(8)), salt=b"tenant-a").num_cached_blocks == 2
+    assert a.hashes == hash_blocks(list(range(8)), 4, salt=b"tenant-a")
+    sm.cache.check_invariants()
+
+
+def test_chunked_growth_commits_only_the_placed_and_written_blocks() -> None:
+    sm = manager()
+    s = sm.create(list(range(10)))  # 10 tokens, no block yet
+    assert s.block_table == [] and sm.cache.pool.num_in_use == 0
+    sm.reserve(s, 4)  # first chunk: tokens [0, 4)
+    assert s.block_table == [0]
+    sm.commit(s, 4)
+    assert s.num_committed == 1 and sm.cache.longest_prefix(hash_blocks(list(range(8)), 4)) == 1
+    with pytest.raises(ValueError, match="holding 1 blocks"):
+        sm.commit(s, 8)  # tokens [4, 8) have no block yet
+    sm.reserve(s, 10)
+    assert s.block_table == [0, 1, 2]
+    sm.commit(s)
+    assert s.num_committed == 2 and sm.cache.longest_prefix(s.hashes) == 2
+    sm.release(s)
+    sm.cache.check_invariants()
+
+
+def test_dropped_blocks_leave_a_live_sequence_that_can_be_placed_again() -> None:
+    sm = manager()
+    s = sm.start(list(range(9)))
+    sm.commit(s)
+    sm.drop_blocks(s)
+    assert s.block_table == [] and not s.released and s.num_committed == 0
+    assert sm.cache.pool.num_in_use == 0 and sm.cache.pool.num_cached == 2
+    prefix = sm.cache.match(sm.block_hashes(s, 2))
+    sm.attach_prefix(s, prefix)
+    assert (s.block_table, s.num_cached_blocks, s.num_committed) == ([0, 1], 2, 2)
+    with pytest.raises(ValueError, match="already holds"):
+        sm.attach_prefix(s, [])
+    sm.reserve(s, 9)
+    assert len(s.block_table) == 3
+    sm.release(s)
+    assert sm.cache.pool.num_in_use == 0
+    sm.cache.check_invariants()

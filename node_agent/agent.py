@@ -1,0 +1,261 @@
+"""NodeAgent: one node of the cluster, a plain async class (the Ray actor wraps it, see agent_actor).
+
+It owns the engine (on its own thread, see engine_runner), the gpu tier's transfer server and client,
+and optionally an event publisher to the metadata service. `serve` executes a ServePlan:
+
+    prompt blocks  [0, local) | [local, end)          | [end, n)      | last token
+                   local hit  | pulled from plan.peer | computed      | always computed
+                              (recomputed on failure)
+
+`local` is what this node still holds right before the pull (it may differ from the router's view).
+"""
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, replace
+
+from radixmesh.cluster.hit_accounting import RequestHits
+from radixmesh.cluster.membership import NodeInfo, NodeLoad
+from radixmesh.cluster.metadata_client import MetadataClient
+from radixmesh.node_agent.agent_config import AgentConfig
+from radixmesh.node_agent.agent_metrics import AgentCounters, render_agent_metrics
+from radixmesh.node_agent.agent_transfer import AgentTransfer, Pulled, parse_address
+from radixmesh.node_agent.block_hash import hash_blocks, tenant_salt
+from radixmesh.node_agent.engine import Engine, InvalidRequest
+from radixmesh.node_agent.engine_runner import EngineRunner, Finished
+from radixmesh.node_agent.event_publisher import EventPublisher, PublisherConfig, chains
+from radixmesh.node_agent.events import BlockStored, CacheEvent
+from radixmesh.node_agent.ids import NodeId
+from radixmesh.node_agent.kv_layout import KVLayout
+from radixmesh.node_agent.model import LlamaForCausalLM
+from radixmesh.node_agent.paged_memory import TierMemory
+from radixmesh.node_agent.request import ExternalPrefix, Request, RequestId
+from radixmesh.node_agent.serve_plan import ServeItem, ServePlan, ServeResult, ServeStats, TokenDelta
+from radixmesh.node_agent.weights import load_checkpoint, random_model
+
+logger = logging.getLogger(__name__)
+
+
+def new_epoch() -> int:
+    """A fresh incarnation number: microseconds since the epoch, so it rises across restarts."""
+    return time.time_ns() // 1000
+
+
+def build_model(config: AgentConfig) -> tuple[LlamaForCausalLM, str]:
+    """The agent's model and the model id its KV layout carries. A random model's id digests its
+    config and seed, so agents with different random weights never share blocks."""
+    if config.checkpoint is not None:
+        return load_checkpoint(config.checkpoint), config.engine.model_id
+    digest = hashlib.blake2b(json.dumps(asdict(config.model), sort_keys=True).encode(), digest_size=4).hexdigest()
+    return random_model(config.model, config.seed), f"random-{digest}-seed{config.seed}"
+
+
+class NodeAgent:
+    """Executes ServePlans on one node. Use: `await start()`, then `serve(...)`, then `await stop()`.
+
+    `serve` raises ValueError for a plan it refuses (nothing is pulled, taken or queued); it never
+    fails because a peer misbehaved (missing blocks are recomputed, `pull_failed` says so).
+    """
+
+    def __init__(self, config: AgentConfig, *, clock: Callable[[], float] = time.perf_counter,
+                 epoch: int | None = None) -> None:
+        """`clock` times TTFT, decode and pulls (the engine uses it too); `epoch` defaults to new_epoch()."""
+        self.config = config
+        self.node: NodeId = config.node_id
+        self.epoch = epoch if epoch is not None else new_epoch()
+        self._clock = clock
+        self._runner: EngineRunner | None = None
+        self._transfer: AgentTransfer | None = None
+        self.publisher: EventPublisher | None = None
+        self.counters = AgentCounters()
+        self._hits: list[RequestHits] = []
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Build the model and engine (off the event loop), then start the transfer plane."""
+        model, model_id = await asyncio.to_thread(build_model, self.config)
+        engine_config = replace(self.config.engine, model_id=model_id)
+        engine = Engine(model, engine_config, clock=self._clock)
+        self._runner = EngineRunner(engine, clock=self._clock)
+        if self.config.transfer != "none":
+            self._transfer = AgentTransfer(engine.memory.gpu, engine.layout, self.config, self._runner.call)
+            await self._transfer.start()
+        if self.config.metadata_address is not None:
+            client = MetadataClient(self.config.metadata_address, token=self.config.metadata_token)
+            self.publisher = EventPublisher(self, client, PublisherConfig(
+                self.config.publish_interval_s, self.config.heartbeat_interval_s))
+            await self.publisher.start()
+        logger.info("agent %s epoch %d up: layout %s, transfer %s", self.node, self.epoch,
+                    engine.layout.fingerprint(), self.transfer_address or "none")
+
+    async def stop(self) -> None:
+        """Abort what runs, stop the publisher, the transfer plane and the engine thread. Idempotent."""
+        if self.publisher is not None:
+            await self.publisher.stop()
+            self.publisher = None
+        if self._transfer is not None:
+            await self._transfer.stop()
+            self._transfer = None
+        if self._runner is not None:
+            await self._runner.close()
+            self._runner = None
+
+    @property
+    def runner(self) -> EngineRunner:
+        if self._runner is None:
+            raise RuntimeError(f"agent {self.node} is not started")
+        return self._runner
+
+    @property
+    def engine(self) -> Engine:
+        return self.runner.engine
+
+    @property
+    def layout(self) -> KVLayout:
+        return self.engine.layout
+
+    @property
+    def transfer_address(self) -> str:
+        """host:port of the transfer server ("" without a transfer plane)."""
+        return self._transfer.address if self._transfer is not None else ""
+
+    # --- serving -----------------------------------------------------------------------------
+    async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
+        """Yield TokenDelta items as tokens come, then one ServeResult."""
+        t0 = self._clock()
+        self._check(plan)
+        salt = tenant_salt(plan.tenant)
+        pulled = await self._pull(plan, salt)
+        prefix = ExternalPrefix(tuple(pulled.block_ids), tuple(pulled.hashes)) if pulled.block_ids else None
+        rid = RequestId(plan.request_id)
+        try:
+            queue = await self.runner.submit(Request(rid, plan.prompt_token_ids, plan.sampling, salt, prefix))
+        except InvalidRequest:
+            if prefix is not None:  # a refused request leaves the pulled references with us
+                await self.runner.call(self.engine.memory.gpu.cache.release, prefix.block_ids)
+            raise
+        finished = False
+        try:
+            while True:
+                match await queue.get():
+                    case list() as tokens:
+                        yield TokenDelta(plan.request_id, tuple(tokens))
+                    case Finished() as done:
+                        finished = True
+                        if self.publisher is None:  # standalone: nobody drains the events, so they would pile up
+                            await self.runner.call(self._drain_events)
+                        yield self._result(plan, done, pulled, t0)
+                        return
+                    case error:
+                        raise RuntimeError(f"engine of {self.node} failed") from error
+        finally:
+            if not finished:  # the consumer went away (or the engine failed): free the request's blocks
+                await self.runner.abort(rid)
+
+    def _check(self, plan: ServePlan) -> None:
+        """Refuse, before anything is pulled, what the engine would refuse (it checks again)."""
+        cfg = self.engine.model.config
+        prompt = plan.prompt_token_ids
+        if not prompt:
+            raise InvalidRequest("empty prompt")
+        if any(not (isinstance(t, int) and 0 <= t < cfg.vocab_size) for t in prompt):
+            raise InvalidRequest(f"token ids must lie in [0, {cfg.vocab_size})")
+        if len(prompt) + plan.sampling.max_tokens > cfg.max_position_embeddings:
+            raise InvalidRequest(f"prompt + max_tokens exceeds the context limit {cfg.max_position_embeddings}")
+        if self.runner.is_active(RequestId(plan.request_id)):
+            raise InvalidRequest(f"request id {plan.request_id!r} is already being served")
+        if plan.pull is not None:
+            full = len(prompt) // self.layout.block_size
+            if plan.pull.first_block + plan.pull.num_blocks > full:
+                raise InvalidRequest(f"pull of blocks [{plan.pull.first_block}, "
+                                     f"{plan.pull.first_block + plan.pull.num_blocks}) runs past the "
+                                     f"prompt's {full} full blocks")
+            if plan.pull.peer == self.node:
+                raise InvalidRequest("a plan cannot pull from the serving node itself")
+            parse_address(plan.pull.address)
+
+    async def _pull(self, plan: ServePlan, salt: bytes) -> Pulled:
+        if plan.pull is None:
+            return Pulled.nothing()
+        bs = self.layout.block_size
+        # The engine computes the last prompt token itself, so only blocks before it are worth pulling.
+        usable = (len(plan.prompt_token_ids) - 1) // bs
+        end = min(plan.pull.first_block + plan.pull.num_blocks, usable)
+        hashes = hash_blocks(plan.prompt_token_ids[: end * bs], bs, salt=salt,
+                             key=self.engine.memory.config.hash_key)
+        local = await self.runner.call(self.engine.memory.gpu.cache.longest_prefix, hashes)
+        if self._transfer is None or local >= end:
+            # Nothing to pull (already local), or no transfer plane: the planned blocks are recomputed.
+            return Pulled.nothing(failed=self._transfer is None and local < end)
+        result = await self._transfer.pull(plan.pull.peer, plan.pull.address, hashes[local:end],
+                                         hashes[local - 1] if local else None)
+        return result
+
+    def _result(self, plan: ServePlan, done: Finished, pulled: Pulled, t0: float) -> ServeResult:
+        out, hits = done.output, done.hits
+        prompt = len(plan.prompt_token_ids)
+        computed = prompt - hits.gpu - hits.host - hits.external
+        first = out.stats.first_token_s if out.stats.first_token_s is not None else self._clock()
+        stats = ServeStats(prompt_tokens=prompt, local_gpu_tokens=hits.gpu, local_host_tokens=hits.host,
+                           remote_tokens=hits.external, computed_tokens=computed, pull_bytes=pulled.nbytes,
+                           pull_seconds=pulled.seconds, pull_failed=pulled.failed, ttft_s=first - t0,
+                           decode_s=out.stats.decode_s or 0.0, preemptions=out.stats.preemptions)
+        self.counters.count_request(stats)
+        self._hits.append(RequestHits(plan.request_id, plan.tenant, prompt, hits.gpu, hits.host, hits.external))
+        return ServeResult(plan.request_id, self.node, out.output_token_ids, out.finish_reason, stats)
+
+    # --- what the publisher and the metrics read --------------------------------------------
+    def node_info(self) -> NodeInfo:
+        """What RegisterNode declares for this incarnation."""
+        return NodeInfo(self.node, self.epoch, self.layout.fingerprint(), self.layout.block_size,
+                        self.transfer_address, self.engine.memory.config.num_gpu_blocks)
+
+    async def take_events(self) -> list[CacheEvent]:
+        """Drain both tiers' cache events since the last call (gpu first)."""
+        return await self.runner.call(self._drain_events)
+
+    async def snapshot(self) -> tuple[BlockStored, ...]:
+        """Every cached block of both tiers as chains; pending events are drained in the same engine
+        step, so the snapshot covers exactly what they said."""
+        def both() -> tuple[BlockStored, ...]:
+            self._drain_events()
+            return tuple(c for t in self._tiers() for c in chains(t.cache.snapshot(), t.cache.tier))
+        return await self.runner.call(both)
+
+    def _tiers(self) -> list[TierMemory]:
+        memory = self.engine.memory
+        return [memory.gpu] + ([memory.host] if memory.host is not None else [])
+
+    def _drain_events(self) -> list[CacheEvent]:
+        return [e for t in self._tiers() for e in t.cache.take_events()]
+
+    def take_hits(self) -> list[RequestHits]:
+        """Drain the realized hits of the requests finished since the last call."""
+        hits, self._hits = self._hits, []
+        return hits
+
+    async def load(self) -> NodeLoad:
+        """Queue, running tokens, free blocks, measured prefill rate and per-peer pull bandwidth."""
+        def snapshot() -> tuple[int, int, int]:
+            sched, pool = self.engine.scheduler, self.engine.memory.gpu.pool
+            return (len(sched.waiting), sum(len(s.tokens) for s in sched.running), pool.num_free + pool.num_cached)
+        queued, running, free = await self.runner.call(snapshot)
+        gbps = self._transfer.peer_gbps() if self._transfer is not None else {}
+        return NodeLoad(queued, running, free, self.runner.prefill_tokens_per_s, gbps)
+
+    async def prometheus_text(self) -> str:
+        """Memory of both tiers, the engine, the transfer plane and the agent's own counters."""
+        text = await self.runner.call(self.engine.prometheus_text)
+        peers = self._transfer.peer_stats() if self._transfer is not None else {}
+        return text + render_agent_metrics(self.node, self.counters, peers)
+
+    async def check_invariants(self) -> None:
+        """The engine's and both tiers' invariants (raises AssertionError with the numbers)."""
+        await self.runner.call(self.engine.check_invariants)
+
+    def __repr__(self) -> str:
+        return f"NodeAgent({self.node!r}, epoch={self.epoch})"

@@ -1,0 +1,151 @@
+"""Ray fallback transport: a pull is a call to the owner's transfer actor, streamed back in chunks.
+
+Where ucxx cannot load, each node's TransferSource lives in (or next to) a Ray actor named
+`transfer_actor_name(node)`. Its `pull` method is a streaming generator: the header, then one
+(trailer, payload) object per chunk, so the object store moves chunk i while the owner gathers
+i+1. The owner's pins are held inside the generator and released in its `finally`, which Ray runs
+when the stream ends, fails, or its consumer goes away.
+"""
+
+import asyncio
+import logging
+import warnings
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from radixmesh.node_agent.ids import NodeId
+from radixmesh.node_agent.transfer_protocol import (
+    ChunkTrailer,
+    ProtocolError,
+    PullHeader,
+    PullRequest,
+    Status,
+    decode_header,
+    decode_request,
+    decode_trailer,
+    encode_header,
+    encode_request,
+    encode_trailer,
+)
+from radixmesh.node_agent.transfer_source import TransferSource
+from radixmesh.node_agent.transport import TRANSPORTS, Peer, PeerChannel, Transport, TransportError
+
+logger = logging.getLogger(__name__)
+
+
+def transfer_actor_name(node: NodeId) -> str:
+    """The Ray actor name a node's transfer endpoint registers under."""
+    return f"radixmesh-transfer-{node}"
+
+
+class TransferActor:
+    """Serves pulls out of the TransferSource that `make_source()` builds in the actor's process.
+
+    Nothing survives a restart: the source (pool, cache, KV) is rebuilt empty-handed by the factory,
+    and requesters simply miss. `pull` is safe to call concurrently; `state` is read-only.
+    """
+
+    def __init__(self, make_source: Callable[[], TransferSource]):
+        self.source = make_source()
+
+    async def pull(self, request: bytes) -> AsyncIterator[Any]:
+        """Yields encoded header, then (encoded trailer, uint8 payload array) per chunk."""
+        try:
+            req = decode_request(request)
+        except ProtocolError as e:
+            yield encode_header(PullHeader(0, Status.INVALID_ARGUMENT, 0, "", 0, 1, str(e)))
+            return
+        with self.source.open(req) as pull:
+            yield encode_header(pull.header)
+            if pull.header.status is Status.OK:
+                for trailer, payload in pull.chunks():
+                    # Yielding copies the payload into the object store before the generator resumes,
+                    # so the view of pinned blocks is never read after they are released.
+                    yield encode_trailer(trailer), _host_bytes(payload)
+
+    async def state(self) -> dict[str, int]:
+        """Pins held by open pulls and blocks in use, after checking the source's invariants."""
+        self.source.check_invariants()
+        return {"pinned": self.source.pinned_blocks, "in_use": self.source.cache.pool.num_in_use}
+
+
+def make_transfer_actor(node: NodeId, make_source: Callable[[], TransferSource], **options: Any) -> Any:
+    """Start `node`'s TransferActor under its well-known name; `options` go to `.options()`."""
+    cls = ray.remote(TransferActor)
+    return cls.options(name=transfer_actor_name(node), max_concurrency=16, **options).remote(make_source)
+
+
+class RayChannel(PeerChannel):
+    """Pulls from one peer's TransferActor; each pull is one streaming call."""
+
+    def __init__(self, actor: Any):
+        self._actor = actor
+        self._stream: Any = None
+
+    async def request(self, request: PullRequest) -> PullHeader:
+        self._stream = self._actor.pull.options(num_returns="streaming").remote(encode_request(request))
+        try:
+            header = decode_header(await self._next())
+        except ProtocolError as e:
+            raise TransportError(f"bad header from transfer actor: {e}") from e
+        if header.pull_id != request.pull_id and header.status is Status.OK:
+            raise TransportError(f"header for pull {header.pull_id}, expected {request.pull_id}")
+        return header
+
+    async def chunks(self, header: PullHeader) -> AsyncIterator[tuple[ChunkTrailer, torch.Tensor]]:
+        for _ in range((header.found + header.chunk_blocks - 1) // header.chunk_blocks):
+            raw, payload = await self._next()
+            try:
+                trailer = decode_trailer(raw)
+            except ProtocolError as e:
+                raise TransportError(str(e)) from e
+            with warnings.catch_warnings():
+                # Object-store arrays are read-only; the payload is only read (scattered) from.
+                warnings.simplefilter("ignore", UserWarning)
+                yield trailer, torch.from_numpy(payload)
+        # Run the owner's generator to its end, so its `finally` (the unpin) has run when we return.
+        try:
+            await self._stream.__anext__()
+        except StopAsyncIteration:
+            return
+        except ray.exceptions.RayError as e:
+            raise TransportError(f"transfer actor failed: {e}") from e
+        raise TransportError("transfer actor sent more chunks than its header announced")
+
+    async def _next(self) -> Any:
+        try:
+            return await (await self._stream.__anext__())
+        except StopAsyncIteration:
+            raise TransportError("transfer actor ended the stream early") from None
+        except ray.exceptions.RayError as e:
+            raise TransportError(f"transfer actor failed: {e}") from e
+
+    async def close(self) -> None:
+        # Dropping the stream lets Ray cancel the generator; payload lands in Ray-owned objects, never
+        # in the caller's memory, so nothing can arrive late.
+        self._stream = None
+
+
+class RayTransport(Transport):
+    """Channels to peers' TransferActors, found by name in the current Ray cluster."""
+
+    name = "ray"
+
+    async def connect(self, peer: Peer) -> PeerChannel:
+        name = peer.actor_name or transfer_actor_name(peer.node_id)
+        try:
+            actor = await asyncio.to_thread(ray.get_actor, name)
+        except ValueError as e:
+            raise TransportError(f"no transfer actor {name!r}: {e}") from e
+        return RayChannel(actor)
+
+
+def _host_bytes(t: torch.Tensor) -> np.ndarray:
+    return t.reshape(-1).view(torch.uint8).cpu().numpy()
+
+
+TRANSPORTS["ray"] = RayTransport

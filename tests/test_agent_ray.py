@@ -1,0 +1,79 @@
+"""Agent actors on a local Ray cluster (node IP 127.0.0.1): streaming through RayAgentClient, a pull
+between two actors over UCX, refusal as ValueError, restart with a higher epoch, death as
+AgentUnavailable."""
+
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from radixmesh.cluster.agent_client import AgentUnavailable
+from radixmesh.cluster.agent_clients import RayAgentClient, RayAgentDirectory
+from radixmesh.node_agent.agent_actor import AgentPlacement, make_agent_actor, node_resource
+from radixmesh.node_agent.ids import NodeId
+from radixmesh.node_agent.serve_plan import PullPlan, TokenDelta
+from tests.test_agent import agent_config, collect, plan, prompt, reference
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    resources = {node_resource(NodeId(n)): 1.0 for n in ("a", "b")}
+    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=4, resources=resources,
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def actor(node: str) -> RayAgentClient:
+    config = agent_config(node, transfer="ucx", pull_timeout_s=10.0)
+    placement = AgentPlacement.simulated(NodeId(node))
+    return RayAgentClient(NodeId(node), make_agent_actor(config, placement))
+
+
+async def test_actors_stream_pull_restart_and_die(ray_cluster: None) -> None:
+    a, b = actor("a"), actor("b")
+    info_a = await a.start()
+    await b.start()
+    directory = RayAgentDirectory.discover([NodeId("a"), NodeId("b"), NodeId("zz")])
+    assert directory.nodes() == ["a", "b"]
+
+    tokens = prompt(40, 30)
+    deltas, first = await collect(a.serve(plan("r1", tokens)))
+    assert first.output_token_ids == reference(tokens) and first.node == "a"
+    assert tuple(t for d in deltas for t in d.token_ids) == first.output_token_ids
+
+    pull = PullPlan(NodeId("a"), info_a.transfer_address, 0, 7)
+    _, pulled = await collect(b.serve(plan("r2", tokens, pull=pull)))
+    assert pulled.output_token_ids == first.output_token_ids
+    assert (pulled.stats.remote_tokens, pulled.stats.pull_failed) == (28, False)
+    await a.handle.check_invariants.remote()
+    await b.handle.check_invariants.remote()
+    assert "radixmesh_agent_requests_total" in await b.prometheus_text()
+
+    with pytest.raises(ValueError, match="vocabulary|lie in"):
+        await collect(b.serve(plan("bad", (1, 999))))
+
+    ray.kill(a.handle, no_restart=False)  # Ray restarts it: a new incarnation with an empty cache
+    # ray.kill returns before the actor is gone: a call may still reach the old incarnation, so ask
+    # until the new one answers (each ask is a round trip to the actor, bounded by the test timeout).
+    restarted = await a.start()
+    while restarted.epoch == info_a.epoch:
+        restarted = await a.start()
+    assert restarted.epoch > info_a.epoch
+    _, again = await collect(a.serve(plan("r3", tokens)))
+    assert again.stats.local_gpu_tokens == 0 and again.output_token_ids == first.output_token_ids
+
+    stream = b.serve(plan("r4", prompt(41, 12), max_tokens=50))
+    assert isinstance(await anext(stream), TokenDelta)
+    ray.kill(b.handle, no_restart=True)
+    with pytest.raises(AgentUnavailable):
+        await collect(stream)
+    with pytest.raises(AgentUnavailable):
+        await b.prometheus_text()

@@ -1,0 +1,191 @@
+"""EventPublisher against a real in-process metadata gRPC server on 127.0.0.1: registration, batched
+events, RESYNC and re-registration with snapshots, heartbeats with load and realized hits."""
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from radixmesh.cluster.metadata_client import MetadataClient
+from radixmesh.cluster.metadata_messages import MatchQuery
+from radixmesh.cluster.metadata_server import MetadataServer, ServerOptions, create_server
+from radixmesh.cluster.metadata_service import MetadataService, ServiceConfig
+from radixmesh.cluster.store import MemoryStore
+from radixmesh.node_agent.agent import NodeAgent
+from radixmesh.node_agent.block_hash import BlockHash, hash_blocks
+from radixmesh.node_agent.event_publisher import EventPublisher, chains
+from radixmesh.node_agent.events import BlockStored, Tier
+from radixmesh.node_agent.ids import NodeId
+from tests.test_agent import BS, agent_config, collect, plan, prompt
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+QUIET = 3600.0  # the background loops run one round at start, then stay out of the test's way
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Metadata:
+    def __init__(self, server: MetadataServer, port: int, clock: Clock) -> None:
+        self.server, self.clock = server, clock
+        self.address = f"127.0.0.1:{port}"
+        self.service = server.service
+        self.client = MetadataClient(self.address, timeout_s=5.0)
+        self.port = port
+
+    async def restart(self, store: MemoryStore) -> None:
+        """Stop the service and start a new one from `store` on the same port."""
+        await self.server.stop(0)
+        self.service = MetadataService(store, ServiceConfig(lease_ttl_s=10.0), clock=self.clock)
+        self.server, _ = create_server(self.service, ServerOptions(port=self.port, upkeep_interval_s=None))
+        await self.server.start()
+
+
+@pytest.fixture
+async def metadata() -> AsyncIterator[Metadata]:
+    clock = Clock()
+    service = MetadataService(config=ServiceConfig(lease_ttl_s=10.0), clock=clock)
+    server, port = create_server(service, ServerOptions(port=0, upkeep_interval_s=None))
+    await server.start()
+    m = Metadata(server, port, clock)
+    yield m
+    await m.client.close()
+    await m.server.stop(0)
+
+
+async def new_agent(node: str, metadata: Metadata, epoch: int | None = None) -> NodeAgent:
+    a = NodeAgent(agent_config(node, metadata_address=metadata.address, heartbeat_interval_s=QUIET,
+                               publish_interval_s=QUIET), epoch=epoch)
+    await a.start()
+    return a
+
+
+def publisher(agent: NodeAgent) -> EventPublisher:
+    assert agent.publisher is not None
+    return agent.publisher
+
+
+async def held_blocks(metadata: Metadata, agent: NodeAgent, hashes: list[BlockHash]) -> int:
+    [result] = await metadata.client.match([MatchQuery(agent.layout.fingerprint(), tuple(hashes))])
+    return next((n.gpu_blocks for n in result.nodes if n.node_id == agent.node), 0)
+
+
+def test_chains_group_runs_by_parent() -> None:
+    h = [BlockHash(bytes([i]) * 16) for i in range(5)]
+    pairs = [(h[0], None), (h[1], h[0]), (h[2], h[1]), (h[3], h[0]), (h[4], None)]
+    assert chains(pairs, Tier.GPU) == [BlockStored((h[0], h[1], h[2]), None, Tier.GPU),
+                                       BlockStored((h[3],), h[0], Tier.GPU),
+                                       BlockStored((h[4],), None, Tier.GPU)]
+
+
+async def test_registers_and_publishes_cached_prefixes(metadata: Metadata) -> None:
+    agent = await new_agent("a", metadata)
+    try:
+        tokens = prompt(30, 22)
+        await collect(agent.serve(plan("q", tokens)))
+        await publisher(agent).flush()
+        hashes = hash_blocks(tokens, BS)
+        assert await held_blocks(metadata, agent, hashes) == 5
+        member = metadata.service.membership.get(NodeId("a"))
+        assert member is not None and member.info == agent.node_info()
+        assert publisher(agent).registrations == 1
+    finally:
+        await agent.stop()
+
+
+async def test_heartbeat_reports_load_and_realized_hits(metadata: Metadata) -> None:
+    agent = await new_agent("a", metadata)
+    try:
+        tokens = prompt(31, 21)
+        await collect(agent.serve(plan("q1", tokens)))
+        await collect(agent.serve(plan("q2", tokens, tenant="t")))
+        await collect(agent.serve(plan("q3", tokens)))
+        await publisher(agent).heartbeat()
+        total = (await metadata.client.stats()).hits.total
+        assert (total.requests, total.prompt_tokens, total.local_gpu_tokens) == (3, 63, 20)
+        member = metadata.service.membership.get(NodeId("a"))
+        assert member is not None and member.load.prefill_tokens_per_s > 0
+        await publisher(agent).heartbeat()  # hits are counted once
+        assert (await metadata.client.stats()).hits.total.requests == 3
+    finally:
+        await agent.stop()
+
+
+async def test_service_restored_from_older_state_gets_a_snapshot(metadata: Metadata) -> None:
+    agent = await new_agent("a", metadata)
+    try:
+        first, second, third = prompt(32, 17), prompt(33, 13), prompt(34, 9)
+        await collect(agent.serve(plan("q1", first)))
+        await publisher(agent).flush()
+        metadata.service.persist()  # the store now holds the index up to batch 1
+        saved = MemoryStore()
+        for node, record in metadata.service.store.load_nodes().items():
+            saved.save_node(node, record)
+        saved.save_index(metadata.service.store.load_index() or b"")
+        await collect(agent.serve(plan("q2", second)))
+        await publisher(agent).flush()  # batch 2: applied, then lost with the service
+        await metadata.restart(saved)
+        before = publisher(agent).snapshots  # (a fresh registration is answered with one, too)
+        await collect(agent.serve(plan("q3", third)))
+        await publisher(agent).flush()  # batch 3 after 1: RESYNC, answered with a snapshot
+        assert publisher(agent).snapshots == before + 1
+        for tokens in (first, second, third):
+            assert await held_blocks(metadata, agent, hash_blocks(tokens, BS)) == len(tokens) // BS
+    finally:
+        await agent.stop()
+
+
+async def test_reregisters_with_a_snapshot_after_its_lease_ended(metadata: Metadata) -> None:
+    agent = await new_agent("a", metadata)
+    try:
+        tokens = prompt(36, 17)
+        await collect(agent.serve(plan("q", tokens)))
+        await publisher(agent).flush()
+        metadata.clock.now += 60  # the lease ends; the index drops the node
+        assert await held_blocks(metadata, agent, hash_blocks(tokens, BS)) == 0
+        await publisher(agent).heartbeat()  # NOT_FOUND: forget the lease
+        await publisher(agent).heartbeat()  # register again, snapshot, beat
+        assert publisher(agent).registrations == 2
+        assert await held_blocks(metadata, agent, hash_blocks(tokens, BS)) == 4
+    finally:
+        await agent.stop()
+
+
+async def test_older_incarnation_goes_stale(metadata: Metadata) -> None:
+    old = await new_agent("a", metadata, epoch=5)
+    new = await new_agent("a", metadata, epoch=6)
+    try:
+        await publisher(new).flush()
+        await publisher(old).heartbeat()
+        assert publisher(old).stale and not publisher(new).stale
+        member = metadata.service.membership.get(NodeId("a"))
+        assert member is not None and member.info.epoch == 6
+    finally:
+        await old.stop()
+        await new.stop()
+
+
+async def test_unreachable_service_does_not_stop_serving(metadata: Metadata) -> None:
+    address = metadata.address
+    await metadata.server.stop(0)
+    agent = NodeAgent(agent_config("a", metadata_address=address, heartbeat_interval_s=QUIET,
+                                   publish_interval_s=QUIET, ))
+    await agent.start()
+    try:
+        _, result = await collect(agent.serve(plan("q", prompt(37, 14))))
+        assert len(result.output_token_ids) == 6
+        await publisher(agent).flush()
+        await publisher(agent).heartbeat()
+        assert publisher(agent).lease is None and publisher(agent).registrations == 0
+        await agent.check_invariants()
+    finally:
+        await agent.stop()

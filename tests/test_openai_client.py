@@ -1,0 +1,101 @@
+"""The official `openai` Python client, unchanged, against the router's HTTP API on 127.0.0.1."""
+
+from collections.abc import AsyncIterator
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from router_cluster import MODEL_NAME, local_cluster, reference
+
+from radixmesh.cluster.chat_template import ChatMessage, render_prompt
+from radixmesh.cluster.http_api import start_http
+from radixmesh.node_agent.request import SamplingParams
+from radixmesh.node_agent.tokenizer import ByteTokenizer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+TOK = ByteTokenizer()
+SYSTEM = "You are a terse assistant that answers in one line."
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[openai.AsyncOpenAI]:
+    async with local_cluster(2) as cluster:
+        runner, port = await start_http(cluster.router, "127.0.0.1", 0)
+        try:
+            async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
+                                          max_retries=0) as c:
+                yield c
+        finally:
+            await runner.cleanup()
+
+
+def greedy(text: str, max_tokens: int) -> str:
+    return TOK.decode(list(reference(TOK.encode(text), SamplingParams(max_tokens=max_tokens))))
+
+
+async def test_completions(client: openai.AsyncOpenAI) -> None:
+    prompt = "Once upon a time, in a cluster far away,"
+    first = await client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=6, temperature=0)
+    assert first.choices[0].text == greedy(prompt, 6)
+    assert first.usage is not None and first.usage.prompt_tokens == len(prompt)
+    again = await client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=6, temperature=0)
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    # Every full block but the one holding the last token (the engine computes that token itself).
+    assert again.usage.prompt_tokens_details.cached_tokens == ((len(prompt) - 1) // 4) * 4
+
+
+async def test_chat_multi_turn_reuses_the_history(client: openai.AsyncOpenAI) -> None:
+    history: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi!"}]
+    first = await client.chat.completions.create(model=MODEL_NAME, messages=history, max_tokens=5,  # type: ignore[arg-type]
+                                                 temperature=0)
+    reply = first.choices[0].message.content
+    assert first.choices[0].message.role == "assistant"
+    rendered = render_prompt([ChatMessage(m["role"], m["content"]) for m in history])
+    assert reply == greedy(rendered, 5)
+    history += [{"role": "assistant", "content": reply or ""}, {"role": "user", "content": "And then?"}]
+    second = await client.chat.completions.create(model=MODEL_NAME, messages=history, max_tokens=5,  # type: ignore[arg-type]
+                                                  temperature=0)
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    # The first turn's prompt is a prefix of the second's: its full blocks are reused.
+    assert (second.usage.prompt_tokens_details.cached_tokens or 0) >= (len(TOK.encode(rendered)) // 4) * 4
+
+
+async def test_streaming_completions(client: openai.AsyncOpenAI) -> None:
+    prompt = "Streaming tokens one by one:"
+    stream = await client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=9, temperature=0,
+                                             stream=True, stream_options={"include_usage": True})
+    pieces, usage = [], None
+    async for chunk in stream:
+        pieces += [c.text for c in chunk.choices]
+        usage = chunk.usage or usage
+    assert "".join(pieces) == greedy(prompt, 9)
+    expected = reference(TOK.encode(prompt), SamplingParams(max_tokens=9))
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (len(prompt), len(expected))
+
+
+async def test_streaming_chat(client: openai.AsyncOpenAI) -> None:
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say something."}]
+    chat = await client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8,
+                                                temperature=0, stream=True)
+    text, finish = "", None
+    async for chunk in chat:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    assert text == greedy(render_prompt([ChatMessage("user", "Say something.")]), 8)
+    assert finish in ("length", "stop")
+
+
+async def test_errors_surface_as_openai_exceptions(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=4, temperature=5)
+    assert bad.value.status_code == 400 and "temperature" in bad.value.message
+    with pytest.raises(openai.NotFoundError):
+        await client.completions.create(model="gpt-4", prompt="x", max_tokens=4)
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [MODEL_NAME]

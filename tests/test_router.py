@@ -1,0 +1,246 @@
+"""Router: views, in-flight accounting, routing with and without the metadata service, retries that
+never repeat a token, bad input that changes nothing, metrics merging, the chat template."""
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+from router_cluster import BS, local_cluster, reference, start_metadata
+
+from radixmesh.cluster.chat_template import ChatMessage, render_prompt
+from radixmesh.cluster.cluster_view import InflightTable, build_view
+from radixmesh.cluster.membership import NodeLoad
+from radixmesh.cluster.metadata_messages import MatchResult, NodeMatch
+from radixmesh.cluster.route_policy import NodeView
+from radixmesh.cluster.router import GenerateRequest, NoNodeAvailable, RequestRejected, RouterResult
+from radixmesh.cluster.router_metrics import RouterMetrics, merge_expositions
+from radixmesh.node_agent.ids import NodeId
+from radixmesh.node_agent.request import SamplingParams
+from radixmesh.node_agent.serve_plan import TokenDelta
+
+pytestmark = pytest.mark.anyio
+
+A, B, C = NodeId("a"), NodeId("b"), NodeId("c")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def prompt(seed: int, n: int) -> tuple[int, ...]:
+    return tuple((seed * 31 + i * 7) % 250 for i in range(n))
+
+
+def request(rid: str, tokens: tuple[int, ...], max_tokens: int = 6, **kw: object) -> GenerateRequest:
+    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kw)  # type: ignore[arg-type]
+    return GenerateRequest(rid, tokens, sampling)
+
+
+# --- in-flight table and views -------------------------------------------------------------------
+ops = st.lists(st.tuples(st.sampled_from(["start", "prefilled", "finish"]), st.sampled_from([A, B, C]),
+                         st.integers(0, 50), st.integers(0, 30)), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops)
+def test_inflight_table_matches_a_counting_oracle(steps: list[tuple[str, NodeId, int, int]]) -> None:
+    table, tickets = InflightTable(), []
+    oracle: list[list[object]] = []  # [node, tokens, prefilled, finished]
+    for op, node, tokens, pick in steps:
+        if op == "start":
+            tickets.append(table.start(node, tokens))
+            oracle.append([node, tokens, False, False])
+        elif tickets:
+            i = pick % len(tickets)
+            if op == "prefilled":
+                table.prefilled(tickets[i])
+                oracle[i][2] = True
+            else:
+                table.finish(tickets[i])
+                oracle[i][2] = oracle[i][3] = True
+        table.check_invariants()
+        for n in (A, B, C):
+            assert table.inflight(n) == sum(1 for o in oracle if o[0] == n and not o[3])
+            assert table.queued_tokens(n) == sum(o[1] for o in oracle if o[0] == n and not o[2])  # type: ignore[misc]
+
+
+def test_inflight_table_refuses_negative_tokens_and_changes_nothing() -> None:
+    table = InflightTable()
+    with pytest.raises(ValueError):
+        table.start(A, -1)
+    assert table.inflight(A) == 0 and table.queued_tokens(A) == 0
+    table.check_invariants()
+
+
+def test_view_merges_index_pending_and_own_load() -> None:
+    load = NodeLoad(prefill_tokens_per_s=500.0, pull_gbps={"a": 2.0, "c": 0.0})
+    match = MatchResult(5, (NodeMatch(A, "127.0.0.1:1", 3, 1, 5, NodeLoad()),
+                            NodeMatch(B, "127.0.0.1:2", 0, 0, 0, load)))
+    table = InflightTable()
+    table.start(B, 40)
+    view = build_view([A, B, C], match, {C: 2, A: 1}, table, 100.0)
+    assert view.cluster.nodes == (
+        NodeView(A, gpu_blocks=3, local_blocks=5, prefill_tokens_per_s=100.0),
+        NodeView(B, queued_tokens=40, inflight=1, prefill_tokens_per_s=500.0),
+        NodeView(C, gpu_blocks=2, local_blocks=2, prefill_tokens_per_s=100.0),
+    )
+    assert dict(view.cluster.pull_bytes_per_s) == {(B, A): 2e9}
+    assert view.addresses == {A: "127.0.0.1:1", B: "127.0.0.1:2"} and view.cluster_blocks == 5
+    with pytest.raises(ValueError, match="no candidate"):
+        build_view([], match, {}, table, 100.0)
+
+
+# --- routing and serving -------------------------------------------------------------------------
+async def test_without_metadata_routes_least_loaded_and_output_is_exact() -> None:
+    async with local_cluster(2, with_metadata=False) as c:
+        r = c.router
+        assert not r.metadata_available and r.active_policy == "least_loaded"
+        tokens = prompt(1, 23)
+        items = [i async for i in r.generate(request("q1", tokens, temperature=0.9))]
+        result = items[-1]
+        assert isinstance(result, RouterResult)
+        seed = result.routed.plan.sampling.seed
+        assert seed is not None  # the router fixed one
+        expected = reference(tokens, dataclasses.replace(result.routed.plan.sampling))
+        streamed = tuple(t for i in items[:-1] if isinstance(i, TokenDelta) for t in i.token_ids)
+        assert streamed == result.result.output_token_ids == expected
+        assert result.routed.policy == "least_loaded" and not result.routed.metadata_used
+        assert r.metrics.status_counts == {"ok": 1} and r.metrics.total.prompt_tokens == 23
+        assert r.metrics.registry.get_sample_value("radixmesh_metadata_available") == 0
+
+
+async def test_agent_dying_mid_stream_is_retried_without_repeating_tokens() -> None:
+    async with local_cluster(2, with_metadata=False) as c:
+        tokens = prompt(2, 17)
+        stream = c.router.generate(request("q2", tokens, max_tokens=40, temperature=0.8))
+        first = await anext(stream)
+        assert isinstance(first, TokenDelta)
+        [victim] = [a for a in c.agents if c.router.inflight(a.node) == 1]
+        await victim.stop()
+        rest = [i async for i in stream]
+        result = rest[-1]
+        assert isinstance(result, RouterResult)
+        tokens_out = first.token_ids + tuple(t for i in rest[:-1] if isinstance(i, TokenDelta) for t in i.token_ids)
+        assert tokens_out == result.result.output_token_ids == reference(tokens, result.routed.plan.sampling)
+        assert len(tokens_out) == 40 and result.attempts == 2 and result.result.node != victim.node
+        assert c.router.metrics.retries == 1 and c.router.metrics.failed_attempts == {victim.node: 1}
+        assert all(c.router.inflight(a.node) == 0 for a in c.agents)
+
+
+async def test_every_agent_down_raises_no_node_available_and_leaves_no_load() -> None:
+    async with local_cluster(2, with_metadata=False, max_attempts=3) as c:
+        for a in c.agents:
+            await a.stop()
+        with pytest.raises(NoNodeAvailable):
+            await c.router.complete(request("q3", prompt(3, 9)))
+        assert c.router.metrics.status_counts == {"unavailable": 1} and c.router.metrics.retries == 2
+        assert all(c.router.inflight(a.node) == 0 for a in c.agents)
+
+
+@pytest.mark.parametrize("tokens, max_tokens, match", [
+    ((), 4, "empty"), ((1, 2, 999), 4, "vocabulary"), ((1,) * 1000, 100, "context"),
+])
+async def test_bad_requests_are_rejected_and_change_nothing(tokens: tuple[int, ...], max_tokens: int,
+                                                            match: str) -> None:
+    async with local_cluster(1, with_metadata=False) as c:
+        with pytest.raises(RequestRejected, match=match):
+            await c.router.complete(request("bad", tokens, max_tokens))
+        assert c.router.metrics.routed == {} and c.router.metrics.status_counts == {"invalid": 1}
+        assert c.router.inflight(A) == 0
+        ok = await c.router.complete(request("good", prompt(4, 9)))
+        assert ok.result.stats.local_gpu_tokens == 0  # the refused prompt left nothing behind
+
+
+async def test_pending_holder_colocates_a_sibling_before_any_event() -> None:
+    async with local_cluster(3) as c:
+        tokens = prompt(5, 33)
+        first = await c.router.complete(request("s1", tokens))
+        sibling = await c.router.complete(request("s2", tokens + (1, 2, 3, 4, 5)))
+        assert first.routed.policy == sibling.routed.policy == "cost" and sibling.routed.metadata_used
+        assert sibling.result.node == first.result.node
+        assert sibling.routed.decision.local_blocks == 33 // BS
+        assert sibling.result.stats.local_gpu_tokens == (33 // BS) * BS
+
+
+async def test_metadata_outage_degrades_to_least_loaded_and_recovery_resumes_prefix_routing() -> None:
+    async with local_cluster(2) as c:
+        r = c.router
+        before = await r.complete(request("m1", prompt(6, 12)))
+        assert before.routed.metadata_used and r.metadata_available
+        await c.servers[-1].stop(0)
+        during = await r.complete(request("m2", prompt(7, 12)))
+        assert not during.routed.metadata_used and during.routed.policy == "least_loaded"
+        assert not r.metadata_available and r.active_policy == "least_loaded"
+        assert r.metrics.registry.get_sample_value("radixmesh_metadata_available") == 0
+        server, _ = await start_metadata(c.port)
+        c.servers.append(server)
+        # The channel reconnects on gRPC's backoff; each request probes again (metadata_retry_s=0).
+        for i in range(200):
+            after = await r.complete(request(f"m3-{i}", prompt(8, 12)))
+            if after.routed.metadata_used:
+                break
+        assert after.routed.metadata_used and after.routed.policy == "cost" and r.metadata_available
+        assert r.metrics.registry.get_sample_value("radixmesh_metadata_available") == 1
+
+
+async def test_retry_interval_skips_the_metadata_service_until_it_passes() -> None:
+    async with local_cluster(1, metadata_retry_s=30.0) as c:
+        await c.servers[-1].stop(0)
+        assert not (await c.router.complete(request("t1", prompt(9, 8)))).routed.metadata_used
+        server, _ = await start_metadata(c.port)
+        c.servers.append(server)
+        assert not (await c.router.complete(request("t2", prompt(9, 8)))).routed.metadata_used
+        for i in range(200):
+            c.clock.now += 31.0
+            if (await c.router.complete(request(f"t3-{i}", prompt(9, 8)))).routed.metadata_used:
+                break
+        assert c.router.metadata_available
+
+
+# --- metrics --------------------------------------------------------------------------------------
+async def test_metrics_merge_writes_each_family_once_with_node_labels() -> None:
+    async with local_cluster(2, with_metadata=False) as c:
+        await c.router.complete(request("x", prompt(10, 14)))
+        texts = {a.node: await a.prometheus_text() for a in c.agents}
+    merged = merge_expositions(c.router.metrics.render(), texts)
+    types = [line.split()[2] for line in merged.splitlines() if line.startswith("# TYPE")]
+    assert len(types) == len(set(types))
+    families = {f.name: f for f in text_string_to_metric_families(merged)}
+    agent_family = next(iter(text_string_to_metric_families(texts[A]))).name
+    assert {s.labels["node"] for s in families[agent_family].samples} == {"a", "b"}
+    assert families["radixmesh_prompt_tokens"].type == "counter"
+    assert sum(s.value for s in families["radixmesh_prompt_tokens"].samples if s.name.endswith("_total")) == 14
+    for name in ("radixmesh_router_requests", "radixmesh_routing_decisions", "radixmesh_global_hit_rate",
+                 "radixmesh_remote_hit_blocks", "radixmesh_transfer_bytes", "radixmesh_transfer_seconds",
+                 "radixmesh_router_ttft_seconds", "radixmesh_routing_regret_tokens", "radixmesh_metadata_available"):
+        assert name in families, name
+
+
+def test_metrics_merge_rejects_text_that_does_not_parse() -> None:
+    with pytest.raises(ValueError):
+        merge_expositions(RouterMetrics().render(), {A: "this is { not prometheus"})
+
+
+# --- chat template --------------------------------------------------------------------------------
+texts = st.text(st.characters(codec="utf-8"), max_size=20)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), texts), min_size=1, max_size=6),
+       texts, texts)
+def test_chat_history_is_a_growing_shared_prefix(history: list[tuple[str, str]], reply: str, nxt: str) -> None:
+    msgs = [ChatMessage(role, text) for role, text in history]
+    turn = render_prompt(msgs)
+    assert render_prompt([*msgs, ChatMessage("assistant", reply), ChatMessage("user", nxt)]).startswith(turn)
+
+
+def test_chat_template_is_the_documented_text_and_refuses_bad_roles() -> None:
+    msgs = [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi")]
+    assert render_prompt(msgs) == "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
+    with pytest.raises(ValueError, match="role"):
+        ChatMessage("tool", "x")
+    with pytest.raises(ValueError):
+        render_prompt([])

@@ -1,0 +1,60 @@
+"""The Ray fallback transport: the owner's TransferActor in a Ray worker, the requester here."""
+
+import asyncio
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+import transfer_owner
+from transfer_owner import LAYOUT, TOKEN, OwnerSpec, build_source, kv_digest, sequence_hashes
+
+from radixmesh.node_agent.block_pool import BlockPool
+from radixmesh.node_agent.events import Tier
+from radixmesh.node_agent.ids import NodeId
+from radixmesh.node_agent.prefix_cache import PrefixCache
+from radixmesh.node_agent.transfer_client import PullOutcome, TransferClient, TransferConfig
+from radixmesh.node_agent.transport import Peer, transport_by_name
+from radixmesh.node_agent.transport_ray import make_transfer_actor
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def owner_actor() -> Iterator[Any]:
+    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2, log_to_driver=False)
+    # The owner builder lives in tests/, which Ray workers cannot import: ship it by value.
+    ray.cloudpickle.register_pickle_by_value(transfer_owner)
+    actor = make_transfer_actor(NodeId("owner"), functools.partial(build_source, OwnerSpec()))
+    try:
+        yield actor
+    finally:
+        ray.shutdown()
+
+
+def pull_once(token: bytes, n: int) -> tuple[Any, TransferClient]:
+    pool = BlockPool(64, tier=Tier.HOST, block_bytes=LAYOUT.block_bytes)
+    cache = PrefixCache(pool)
+    config = TransferConfig(token=token, chunk_bytes=3 * LAYOUT.block_bytes)
+    client = TransferClient(cache, LAYOUT.new_cache(64), LAYOUT, config, transport_by_name("ray"))
+    return asyncio.run(client.pull(Peer(NodeId("owner")), sequence_hashes(n))), client
+
+
+def test_ray_pull_is_bitwise_equal_and_partial(owner_actor: Any) -> None:
+    result, client = pull_once(TOKEN, 45)  # the owner holds 40 of them
+    assert (result.outcome, result.blocks) == (PullOutcome.OK, 40)
+    replica = build_source(OwnerSpec())
+    assert kv_digest(client.kv, result.block_ids) == kv_digest(replica.kv, replica.cache.match(result.hashes))
+    assert client.stats[NodeId("owner")].transport == "ray"
+    client.cache.release(result.block_ids)
+    client.cache.check_invariants()
+    assert client.cache.pool.num_in_use == 0
+    assert ray.get(owner_actor.state.remote()) == {"pinned": 0, "in_use": 0}
+
+
+def test_ray_wrong_token_is_refused(owner_actor: Any) -> None:
+    result, client = pull_once(b"wrong", 8)
+    assert (result.outcome, result.blocks) == (PullOutcome.UNAUTHENTICATED, 0)
+    assert client.cache.pool.num_in_use == 0
+    assert ray.get(owner_actor.state.remote()) == {"pinned": 0, "in_use": 0}

@@ -1,0 +1,158 @@
+"""The other side of the transfer tests: an owner node (or a requester) in its own process.
+
+`run_owner` builds a seeded pool, cache and KV tensor, serves them with a real TransferServer on
+127.0.0.1 and answers commands over a multiprocessing pipe; its first message ("ready", port) is the
+readiness signal. Faults are injected the way a broken peer behaves, on the owner's real send path.
+"""
+
+import asyncio
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import torch
+
+from radixmesh.node_agent.block_hash import BlockHash, hash_blocks
+from radixmesh.node_agent.block_pool import BlockPool
+from radixmesh.node_agent.events import Tier
+from radixmesh.node_agent.ids import BlockId
+from radixmesh.node_agent.kv_layout import KVLayout
+from radixmesh.node_agent.prefix_cache import PrefixCache
+from radixmesh.node_agent.transfer_protocol import ChunkTrailer, PullRequest
+from radixmesh.node_agent.transfer_source import OpenPull, TransferSource
+
+LAYOUT = KVLayout("tiny-seed0", num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32", block_size=4)
+TOKEN = b"cluster-secret"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerSpec:
+    num_blocks: int = 64
+    cached: int = 40
+    """The owner caches the first `cached` blocks of `sequence_hashes(seed)`."""
+    seed: int = 0
+    send_timeout_s: float = 5.0
+
+
+def sequence_hashes(n: int, seed: int = 0) -> list[BlockHash]:
+    tokens = np.random.default_rng(seed).integers(0, 32000, size=n * LAYOUT.block_size)
+    return hash_blocks(tokens, LAYOUT.block_size)
+
+
+def kv_digest(kv: torch.Tensor, blocks: list[BlockId]) -> str:
+    """Digest of the bytes of `blocks` in order: equal digests mean bitwise-equal KV."""
+    h = hashlib.blake2b(digest_size=16)
+    for b in blocks:
+        h.update(kv[b].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class FaultySource(TransferSource):
+    """A TransferSource whose next pull can be made to misbehave: "corrupt" flips a payload byte of
+    chunk 1 after its checksum was taken; "stall" reports over the pipe after chunk 1 and then blocks
+    the whole process (as a hung or dying peer does) until it is killed."""
+
+    fault: str | None = None
+    pipe: Connection | None = None
+
+    def open(self, request: PullRequest) -> OpenPull:
+        pull = super().open(request)
+        fault, self.fault = self.fault, None
+        if fault is None:
+            return pull
+        return _FaultyPull(self, pull, fault)
+
+
+class _FaultyPull(OpenPull):
+    def __init__(self, source: FaultySource, pull: OpenPull, fault: str):
+        # Takes over the pins of `pull` (which is dropped unclosed): one owner of the pins.
+        super().__init__(source, pull.header, pull.blocks, pull._checksum.name if pull._checksum else "none")
+        self._fault = fault
+        self._pipe = source.pipe
+
+    def chunks(self) -> Iterator[tuple[ChunkTrailer, torch.Tensor]]:
+        for trailer, payload in super().chunks():
+            if trailer.index == 1 and self._fault == "corrupt":
+                payload = payload.clone()
+                payload.reshape(-1).view(torch.uint8)[7] ^= 0x40
+            yield trailer, payload
+            if trailer.index == 1 and self._fault == "stall":
+                assert self._pipe is not None
+                self._pipe.send("stalled")
+                self._pipe.recv()  # blocks the event loop: the owner hangs mid-transfer
+
+
+def build_source(spec: OwnerSpec) -> FaultySource:
+    """Pool, cache and KV holding the first `spec.cached` blocks of the seeded sequence.
+
+    Blocks are placed out of order in the first half (the owner must gather) and in one run in the
+    second half (sent as a view of the cache).
+    """
+    pool = BlockPool(spec.num_blocks, tier=Tier.HOST, block_bytes=LAYOUT.block_bytes)
+    cache = PrefixCache(pool)
+    kv = LAYOUT.new_cache(spec.num_blocks)
+    hashes = sequence_hashes(spec.cached, spec.seed)
+    ids = pool.allocate(spec.cached)
+    half = spec.cached // 2
+    order = [ids[i] for i in np.random.default_rng(spec.seed + 1).permutation(half)] + ids[half:]
+    gen = torch.Generator().manual_seed(spec.seed)
+    for b in order:
+        kv[b] = torch.randn(LAYOUT.block_shape, generator=gen)
+    cache.insert(hashes, order)
+    cache.release(order)
+    return FaultySource(cache, kv, LAYOUT, TOKEN)
+
+
+def run_owner(conn: Connection, spec: OwnerSpec) -> None:
+    """Process entry: serve until told "stop". Commands: ("state",) ("fault", name) ("digest", n)."""
+    asyncio.run(_serve(conn, spec))
+
+
+async def _serve(conn: Connection, spec: OwnerSpec) -> None:
+    from radixmesh.node_agent.transfer_server import TransferServer
+
+    source = build_source(spec)
+    source.pipe = conn
+    server = TransferServer(source, "127.0.0.1", 0, send_timeout_s=spec.send_timeout_s, loopback=True)
+    conn.send(("ready", await server.start()))
+    loop = asyncio.get_running_loop()
+    while True:
+        cmd: tuple[Any, ...] = await loop.run_in_executor(None, conn.recv)
+        if cmd[0] == "stop":
+            await server.stop()
+            conn.send("stopped")
+            return
+        if cmd[0] == "state":
+            await server.wait_idle()
+            source.check_invariants()
+            conn.send({"pinned": source.pinned_blocks, "in_use": source.cache.pool.num_in_use,
+                       "failed": server.pulls_failed})
+        elif cmd[0] == "fault":
+            source.fault = cmd[1]
+            conn.send("ok")
+        elif cmd[0] == "digest":
+            blocks = source.cache.match(sequence_hashes(cmd[1], spec.seed))
+            conn.send(kv_digest(source.kv, blocks))
+            source.cache.release(blocks)
+
+
+def run_vanishing_requester(conn: Connection, port: int, n: int) -> None:
+    """Process entry: ask the owner for `n` blocks, say "asked" after the header, then hang (to be
+    killed) without receiving a byte of payload."""
+    asyncio.run(_vanish(conn, port, n))
+
+
+async def _vanish(conn: Connection, port: int, n: int) -> None:
+    from radixmesh.node_agent.ids import NodeId
+    from radixmesh.node_agent.transport import Peer
+    from radixmesh.node_agent.transport_ucx import UcxTransport
+
+    channel = await UcxTransport(loopback=True).connect(Peer(NodeId("owner"), "127.0.0.1", port))
+    request = PullRequest(1, TOKEN, LAYOUT.fingerprint(), tuple(sequence_hashes(n)), n, 2 * LAYOUT.block_bytes,
+                          "crc32")
+    header = await channel.request(request)
+    conn.send(("asked", header.found))
+    await asyncio.get_running_loop().run_in_executor(None, conn.recv)

@@ -5,8 +5,9 @@ infinite-cache bound and one global LRU of the same total memory, measured in th
 
 Per-node capacity is in trace blocks (512 tokens; 64 MiB of KV each at the simulator's default
 Llama-3-8B layout, so 500 blocks = 32 GiB). Prints a table, the goal check (cost >= 0.95 x global
-LRU with max load <= 1.25 x mean) and Mooncake's published cache ratio beside ours; the last line is
-one JSON object, also written to bench/results/trace_hit_rate.json.
+LRU with max load <= 1.25 x mean, load judged both as prompt tokens routed per node, the measure the
+bounded-load cap uses, and as requests routed per node) and Mooncake's published cache ratio beside
+ours; the last line is one JSON object, also written to bench/results/trace_hit_rate.json.
 """
 
 import argparse
@@ -40,7 +41,7 @@ def main() -> None:
             print(f"\n{name}: {len(requests)} requests, {n} nodes x {args.capacity} blocks")
             print(
                 f"{'policy':<16}{'hit rate':>9}{'local':>8}{'remote':>8}{'/bound':>8}{'/LRU':>7}"
-                f"{'max/mean':>9}{'p50 ms':>9}{'p99 ms':>9}"
+                f"{'req max/mean':>13}{'tok max/mean':>13}{'p50 ms':>9}{'p99 ms':>9}"
             )
             for policy in POLICIES:
                 r = Simulator(SimConfig(nodes=n, capacity_blocks=args.capacity, policy=policy)).run(requests)
@@ -48,6 +49,7 @@ def main() -> None:
                 row[policy] = {
                     "hit_rate": r.hit_rate,
                     "max_load_over_mean": r.max_load_over_mean,
+                    "max_tokens_over_mean": r.max_tokens_over_mean,
                     "hits_by_source": r.hits_by_source,
                     "ttft_p50_s": r.ttft_p50_s,
                     "ttft_p99_s": r.ttft_p99_s,
@@ -57,18 +59,20 @@ def main() -> None:
                 print(
                     f"{policy:<16}{r.hit_rate:>9.3f}{hs['local'] / r.blocks:>8.3f}{hs['remote'] / r.blocks:>8.3f}"
                     f"{d['achieved_over_bound']:>8.3f}{d['achieved_over_global_lru']:>7.3f}"
-                    f"{r.max_load_over_mean:>9.3f}{r.ttft_p50_s * 1e3:>9.0f}{r.ttft_p99_s * 1e3:>9.0f}"
+                    f"{r.max_load_over_mean:>13.3f}{r.max_tokens_over_mean:>13.3f}{r.ttft_p50_s * 1e3:>9.0f}{r.ttft_p99_s * 1e3:>9.0f}"
                 )
                 if policy == "cost":
                     cost_hit = r.hit_rate
-                    ok = r.hit_rate >= 0.95 * r.global_lru and r.max_load_over_mean <= 1.25
+                    hit_ok = r.hit_rate >= 0.95 * r.global_lru
                     goals.append(
                         {
                             "trace": name,
                             "nodes": n,
                             "cost_over_global_lru": d["achieved_over_global_lru"],
                             "max_load_over_mean": r.max_load_over_mean,
-                            "met": ok,
+                            "max_tokens_over_mean": r.max_tokens_over_mean,
+                            "met_tokens": hit_ok and r.max_tokens_over_mean <= 1.25,
+                            "met_requests": hit_ok and r.max_load_over_mean <= 1.25,
                         }
                     )
             print(
@@ -81,11 +85,12 @@ def main() -> None:
                 )
             per_trace[str(n)] = row
         out["traces"][name] = per_trace  # type: ignore[index]
-    print("\ngoal: cost >= 0.95 x global LRU and max load <= 1.25 x mean (requests routed per node)")
+    print("\ngoal: cost >= 0.95 x global LRU and max load <= 1.25 x mean (tokens / requests routed per node)")
     for g in goals:
         print(
             f"  {g['trace']:<20} {g['nodes']:>3} nodes: cost/LRU {g['cost_over_global_lru']:.3f}, "
-            f"max/mean {g['max_load_over_mean']:.3f} -> {'met' if g['met'] else 'NOT met'}"
+            f"max/mean tokens {g['max_tokens_over_mean']:.3f} -> {'met' if g['met_tokens'] else 'NOT met'}, "
+            f"requests {g['max_load_over_mean']:.3f} -> {'met' if g['met_requests'] else 'NOT met'}"
         )
     out["goal"] = goals
     out["mooncake_published_cache_ratio"] = MOONCAKE_PUBLISHED

@@ -188,7 +188,9 @@ async def bench_layout(name: str, layout: KVLayout, max_bytes: int) -> dict[str,
 async def main(max_bytes: int) -> dict[str, Any]:
     import ray
 
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    from radixmesh.cluster.local_ray import init_loopback_ray
+
+    init_loopback_ray(log_to_driver=False)
     try:
         layouts = {name: await bench_layout(name, layout, max_bytes) for name, layout in LAYOUTS.items()}
     finally:

@@ -11,9 +11,12 @@ from pathlib import Path
 import click
 import redis
 
+from radixmesh.cluster.cli_cluster import down, route, stats, up
+from radixmesh.cluster.cli_demo import demo
+from radixmesh.cluster.cli_replay import replay_command
+from radixmesh.cluster.cli_sim import sim
 from radixmesh.cluster.metadata_server import ServerOptions, TlsFiles, create_server, serve_until_signalled
 from radixmesh.cluster.metadata_service import MetadataService, ServiceConfig
-from radixmesh.cluster.cli_sim import sim
 from radixmesh.cluster.store import open_store
 
 logger = logging.getLogger(__name__)
@@ -74,3 +77,9 @@ if __name__ == "__main__":
 
 
 main.add_command(sim)
+main.add_command(up)
+main.add_command(down)
+main.add_command(route)
+main.add_command(stats)
+main.add_command(demo)
+main.add_command(replay_command)

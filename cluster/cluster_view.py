@@ -1,17 +1,20 @@
 """What the router's policy sees: the metadata service's Match answer, the router's own in-flight
 table and its speculative (pending) holders, merged into one ClusterView per request.
 
-Load comes from the router itself, not from heartbeats: its in-flight counts change the moment it
-routes, while a heartbeat is seconds old, and bounded load must hold for the burst in between.
+Load comes from the router itself, not from heartbeats: its in-flight counts and recent work change
+the moment it routes, while a heartbeat is seconds old, and bounded load must hold for the burst in
+between.
 Measured rates (prefill tokens/s, pull GB/s) do come from heartbeats, since only agents see them.
 """
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from radixmesh.cluster.metadata_messages import MatchResult, NodeMatch
-from radixmesh.cluster.route_policy import ClusterView, NodeView
+from radixmesh.cluster.recent_work import RecentWork
+from radixmesh.cluster.route_policy import ClusterView, NodeView, PolicyConfig
 from radixmesh.node_agent.ids import NodeId
 
 logger = logging.getLogger(__name__)
@@ -28,13 +31,17 @@ class Ticket:
 
 
 class InflightTable:
-    """Per node: requests routed and not finished, and prompt tokens routed and not yet prefilled.
+    """Per node: requests routed and not finished, prompt tokens routed and not yet prefilled, and
+    recent work (prompt tokens routed, decayed with `half_life_s` on `clock`; see RecentWork).
 
     Every `start` is matched by one `finish` (which implies `prefilled`); both are idempotent per
     ticket, so a retry path that finishes twice cannot drive a count negative.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, half_life_s: float = PolicyConfig().load_half_life_s
+    ) -> None:
+        self._recent = RecentWork(half_life_s, clock)
         self._inflight: dict[NodeId, int] = {}
         self._queued: dict[NodeId, int] = {}
         self._open: list[Ticket] = []
@@ -62,6 +69,13 @@ class InflightTable:
         self._inflight[ticket.node] -= 1
         self._open.remove(ticket)
 
+    def record_routed(self, node: NodeId, prompt_tokens: int) -> None:
+        """`node` was sent a request of `prompt_tokens` (each attempt counts: each is work there)."""
+        self._recent.add(node, prompt_tokens)
+
+    def recent_tokens(self, node: NodeId) -> float:
+        return self._recent.value(node)
+
     def inflight(self, node: NodeId) -> int:
         return self._inflight.get(node, 0)
 
@@ -70,6 +84,7 @@ class InflightTable:
 
     def check_invariants(self) -> None:
         """Counts equal the open tickets' sums; nothing is negative."""
+        self._recent.check_invariants()
         for node in set(self._inflight) | set(self._queued):
             mine = [t for t in self._open if t.node == node]
             queued = sum(t.queued_tokens for t in mine if not t.prefilled)
@@ -116,6 +131,7 @@ def build_view(
                 local_blocks=max(m.any_tier_blocks if m else 0, gpu),
                 queued_tokens=table.queued_tokens(node),
                 inflight=table.inflight(node),
+                recent_tokens=table.recent_tokens(node),
                 prefill_tokens_per_s=rate,
             )
         )

@@ -72,10 +72,11 @@ class PrefixAffinity:
     def __init__(self, config: PolicyConfig, rng: random.Random) -> None:
         self._model = CostModel(config)
         self._eps = config.load_eps
+        self._floor_s = config.load_floor_s
         self._rng = rng
 
     def route(self, request: RouteRequest, cluster: ClusterView) -> RouteDecision:
-        ok = within_load_cap(cluster.nodes, self._eps)
+        ok = within_load_cap(cluster.nodes, self._eps, request.prompt_tokens, self._floor_s)
         longest = max(v.local_blocks for v in ok)
         if longest == 0:
             view = _least_loaded(ok, self._rng)

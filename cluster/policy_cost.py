@@ -72,13 +72,14 @@ class CostPolicy:
         self.name = name
         self._model = CostModel(config)
         self._eps = config.load_eps
+        self._floor_s = config.load_floor_s
         self._rng = rng
         self._pulls = pulls
 
     def route(self, request: RouteRequest, cluster: ClusterView) -> RouteDecision:
         self._pulls.prepare(cluster)
         scored = []
-        for v in within_load_cap(cluster.nodes, self._eps):
+        for v in within_load_cap(cluster.nodes, self._eps, request.prompt_tokens, self._floor_s):
             holder = self._pulls.holder(v, cluster)
             scored.append((self._model.estimate(request, v, holder), v, holder))
         best = min((est.total_s, v.inflight) for est, v, _ in scored)

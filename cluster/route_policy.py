@@ -51,9 +51,11 @@ class NodeView:
     queued_tokens: int = 0
     """Prompt tokens waiting for (or in) prefill on this node."""
     inflight: int = 0
-    """Requests routed to this node and not finished; the bounded-load measure."""
+    """Requests routed to this node and not finished; bounds load at one moment."""
     prefill_tokens_per_s: float = 1.0
     """Measured prefill rate."""
+    recent_tokens: float = 0.0
+    """Prompt tokens routed to this node, exponentially decayed (`RecentWork`); bounds load over time."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.gpu_blocks <= self.local_blocks:
@@ -62,6 +64,8 @@ class NodeView:
             )
         if self.queued_tokens < 0 or self.inflight < 0:
             raise ValueError("queued_tokens and inflight must be >= 0")
+        if not (math.isfinite(self.recent_tokens) and self.recent_tokens >= 0):
+            raise ValueError(f"recent_tokens must be finite and >= 0, got {self.recent_tokens}")
         if not (math.isfinite(self.prefill_tokens_per_s) and self.prefill_tokens_per_s > 0):
             raise ValueError(f"prefill_tokens_per_s must be finite and > 0, got {self.prefill_tokens_per_s}")
 
@@ -117,8 +121,15 @@ class PolicyConfig:
     """Settings shared by the policies."""
 
     load_eps: float = 0.25
-    """Bounded load: no node is chosen past ceil((1 + eps) x mean in-flight requests) while another
-    node is within it."""
+    """Bounded load: a node is chosen only within (1 + eps) x the mean of both load measures,
+    requests in flight and recent prompt tokens (see `within_load_cap`)."""
+    load_half_life_s: float = 150.0
+    """Half-life of the recent-work measure, seconds: long against one prefill (so the window holds
+    many requests per node even on a large, lightly loaded cluster), short against shifts in
+    traffic (tens of minutes). 150 s was the best of 20-600 s on the bench traces (README)."""
+    load_floor_s: float = 2.0
+    """Recent work below this many seconds of a node's prefill is not load: a node may always take a
+    request that keeps it under the floor, so an idle cluster keeps siblings together."""
     block_bytes: int = 64 * 2**20
     """KV bytes of one block (pull cost)."""
     host_bytes_per_s: float = 25e9
@@ -127,25 +138,47 @@ class PolicyConfig:
     """Fixed cost of one pull (setup, handshake), paid once per request that pulls."""
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.load_floor_s) and self.load_floor_s >= 0):
+            raise ValueError(f"load_floor_s must be a finite number >= 0, got {self.load_floor_s}")
         if not (math.isfinite(self.load_eps) and self.load_eps >= 0):
             raise ValueError(f"load_eps must be a finite number >= 0, got {self.load_eps}")
+        if not (math.isfinite(self.load_half_life_s) and self.load_half_life_s > 0):
+            raise ValueError(f"load_half_life_s must be a finite number > 0, got {self.load_half_life_s}")
         if self.block_bytes < 0:
             raise ValueError(f"block_bytes must be >= 0, got {self.block_bytes}")
         if not self.host_bytes_per_s > 0 or not self.pull_latency_s >= 0:
             raise ValueError("host_bytes_per_s must be > 0 and pull_latency_s >= 0")
 
 
-def within_load_cap(nodes: tuple[NodeView, ...], eps: float) -> list[NodeView]:
-    """Nodes that may take one more request under bounded load (Mirrokni et al., consistent hashing
-    with bounded loads): inflight + 1 <= ceil((1 + eps) x (total inflight + 1) / n).
+def within_load_cap(
+    nodes: tuple[NodeView, ...], eps: float, tokens: int, floor_s: float = 0.0
+) -> list[NodeView]:
+    """Nodes that may take one more request of `tokens` prompt tokens under bounded load
+    (Mirrokni et al., consistent hashing with bounded loads), on both measures:
 
-    Never empty: the least loaded node always fits (its load is at most the mean).
+    - in flight: inflight + 1 <= ceil((1 + eps) x (total inflight + 1) / n);
+    - recent work: recent_tokens + tokens <= (1 + eps) x (total recent_tokens + tokens) / n, or
+      <= floor_s x the node's prefill rate (below that floor work is not load).
+
+    A request too large for any node's work share (one bigger than eps x the mean window) goes to
+    the nodes within the in-flight cap that have the least recent work. Never empty: the node with
+    the fewest requests in flight is always within that cap (its count is at most the mean).
     """
     total = sum(v.inflight for v in nodes)
     cap = math.ceil((1 + eps) * (total + 1) / len(nodes) - 1e-9)
     ok = [v for v in nodes if v.inflight + 1 <= cap]
     assert ok, f"bounded load left no node: cap {cap}, total {total}, n {len(nodes)}"
-    return ok
+    work_cap = (1 + eps) * (sum(v.recent_tokens for v in nodes) + tokens) / len(nodes)
+    # The relative slack absorbs float rounding of decayed sums, so equal loads compare equal.
+    within = [
+        v
+        for v in ok
+        if v.recent_tokens + tokens <= max(work_cap, floor_s * v.prefill_tokens_per_s) * (1 + 1e-9)
+    ]
+    if within:
+        return within
+    least = min(v.recent_tokens for v in ok)
+    return [v for v in ok if v.recent_tokens <= least * (1 + 1e-9)]
 
 
 PolicyFactory = Callable[[PolicyConfig, random.Random], RoutePolicy]

@@ -125,7 +125,7 @@ class Router:
             config.fallback_policy, config.policy_config, random.Random(self._rng.random())
         )
         self._pending = PendingIndex(config.pending_ttl_s, clock)
-        self._inflight = InflightTable()
+        self._inflight = InflightTable(clock, config.policy_config.load_half_life_s)
         self._down_since: float | None = None if metadata is not None else clock()
         self.metrics.metadata_available.set(1 if metadata is not None else 0)
 
@@ -276,6 +276,7 @@ class Router:
             reused = min(routed.decision.local_blocks + routed.decision.pull_blocks, usable)
             expected_local = min(routed.decision.local_blocks, usable) * self.config.block_size
             ticket = self._inflight.start(node, len(request.prompt_token_ids) - reused * self.config.block_size)
+            self._inflight.record_routed(node, len(request.prompt_token_ids))
             stream = client.serve(routed.plan)
             produced = 0
             try:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from radixmesh.cluster.cost_model import CostModel
 from radixmesh.cluster.index import GlobalIndex
 from radixmesh.cluster.pending_index import PendingIndex
+from radixmesh.cluster.recent_work import RecentWork
 from radixmesh.cluster.route_policy import ClusterView, NodeView, PolicyConfig, RouteRequest, make_policy
 from radixmesh.cluster.sim_node import SimJob, SimNode
 from radixmesh.cluster.sim_oracle import global_lru, infinite_bound
@@ -57,6 +58,8 @@ class SimConfig:
     """Pull bandwidth between any two nodes."""
     pull_latency_s: float = 0.002
     load_eps: float = 0.25
+    load_half_life_s: float = PolicyConfig().load_half_life_s
+    """Half-life of the recent-work load measure (`PolicyConfig.load_half_life_s`)."""
     pending_ttl_s: float = 10.0
     seed: int = 0
     check_every: int = 0
@@ -92,6 +95,8 @@ class SimReport:
     global_lru: float
     max_load_over_mean: float
     """Most requests routed to one node / mean per node."""
+    max_tokens_over_mean: float
+    """Most prompt tokens routed to one node / mean per node (the work the load cap bounds)."""
     ttft_p50_s: float
     ttft_p99_s: float
     route_us_mean: float
@@ -128,8 +133,12 @@ class Simulator:
         self.now = 0.0
         self.index = GlobalIndex()
         self.pending = PendingIndex(config.pending_ttl_s, clock=lambda: self.now)
+        self.recent = RecentWork(config.load_half_life_s, clock=lambda: self.now)
         policy_config = PolicyConfig(
-            load_eps=config.load_eps, block_bytes=config.block_bytes, pull_latency_s=config.pull_latency_s
+            load_eps=config.load_eps,
+            load_half_life_s=config.load_half_life_s,
+            block_bytes=config.block_bytes,
+            pull_latency_s=config.pull_latency_s,
         )
         self.policy = make_policy(config.policy, policy_config, random.Random(config.seed))
         self.cost = CostModel(policy_config)
@@ -185,6 +194,7 @@ class Simulator:
                     local_blocks=max(p.any_tier if p else 0, extra),
                     queued_tokens=node.queued_tokens(self.now),
                     inflight=node.inflight,
+                    recent_tokens=self.recent.value(nid),
                     prefill_tokens_per_s=node.rate,
                 )
             )
@@ -193,6 +203,7 @@ class Simulator:
         decision = self.policy.route(request, cluster)
         self._route_s += time.perf_counter() - t0
         self.pending.add(decision.node, r.hashes)
+        self.recent.add(decision.node, r.prompt_tokens)
         reused = decision.local_blocks + decision.pull_blocks
         est = r.prompt_tokens - reused * TRACE_BLOCK_TOKENS
         node = self.nodes[decision.node]
@@ -202,9 +213,14 @@ class Simulator:
 
     def _start(self, node: SimNode) -> None:
         plan = node.waiting[0].decision
-        peer = (
-            self.nodes[plan.pull_from].cache.longest_prefix(node.waiting[0].hashes) if plan.pull_from else 0
-        )
+        peer = 0
+        if plan.pull_from is not None:
+            # As the real transfer source does: pin what the peer still holds, send, release. The
+            # release renews those blocks' recency on the peer; the send itself takes no peer time here.
+            source = self.nodes[plan.pull_from].cache
+            pinned = source.match(node.waiting[0].hashes[: plan.local_blocks + plan.pull_blocks])
+            source.release(pinned)
+            peer = len(pinned)
         job = node.start_next(peer)
         self.index.apply(node.node, node.take_events())  # evictions made room for the new blocks
         computed = len(job.hashes) - job.local_blocks - job.pull_blocks
@@ -229,6 +245,7 @@ class Simulator:
             node.check_invariants()
         self.index.check_invariants()
         self.pending.check_invariants()
+        self.recent.check_invariants()
 
     def _report(self, requests: Sequence[SimRequest]) -> SimReport:
         prompts = [r.hashes for r in requests]
@@ -236,6 +253,8 @@ class Simulator:
         assert sum(self.hits.values()) == blocks, f"hits {self.hits} do not add up to {blocks} blocks"
         routed = [n.routed for n in self.nodes.values()]
         mean = sum(routed) / len(routed)
+        tokens = [n.routed_tokens for n in self.nodes.values()]
+        mean_tokens = sum(tokens) / len(tokens)
         return SimReport(
             policy=self.config.policy,
             nodes=self.config.nodes,
@@ -247,6 +266,7 @@ class Simulator:
             infinite_bound=infinite_bound(prompts),
             global_lru=global_lru(prompts, self.config.nodes * self.config.capacity_blocks),
             max_load_over_mean=max(routed) / mean if mean else 0.0,
+            max_tokens_over_mean=max(tokens) / mean_tokens if mean_tokens else 0.0,
             ttft_p50_s=percentile(self.ttfts, 50),
             ttft_p99_s=percentile(self.ttfts, 99),
             route_us_mean=self._route_s / len(requests) * 1e6 if requests else 0.0,

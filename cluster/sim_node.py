@@ -51,6 +51,7 @@ class SimNode:
         self.busy_until = 0.0
         self.waiting_tokens = 0
         self.routed = 0
+        self.routed_tokens = 0
 
     @property
     def inflight(self) -> int:
@@ -65,6 +66,7 @@ class SimNode:
         self.waiting.append(job)
         self.waiting_tokens += job.est_tokens
         self.routed += 1
+        self.routed_tokens += job.prompt_tokens
 
     def start_next(self, peer_prefix: int) -> SimJob:
         """Begin the next waiting job; `peer_prefix` is how many of its blocks the planned peer holds

@@ -52,9 +52,11 @@ class _AgentCollector(Collector):
                        {"node": node}, c.pull_failures)
         yield _counter("radixmesh_agent_ttft_seconds", "Sum of times to first token, pulls included",
                        {"node": node}, c.ttft_seconds)
-        nbytes = CounterMetricFamily("radixmesh_transfer_bytes", "KV bytes pulled", labels=["node", "peer"])
-        secs = CounterMetricFamily("radixmesh_transfer_seconds", "Time spent pulling", labels=["node", "peer"])
-        pulls = CounterMetricFamily("radixmesh_transfer_pulls", "Pulls by outcome",
+        nbytes = CounterMetricFamily("radixmesh_pull_bytes", "KV bytes pulled from each peer",
+                                     labels=["node", "peer"])
+        secs = CounterMetricFamily("radixmesh_pull_seconds", "Time spent pulling from each peer",
+                                   labels=["node", "peer"])
+        pulls = CounterMetricFamily("radixmesh_pulls", "Pulls by outcome",
                                     labels=["node", "peer", "outcome"])
         for peer, s in sorted(self._peers.items()):
             nbytes.add_metric([node, peer], s.bytes)

@@ -1,8 +1,8 @@
 """Per-peer transfer statistics: the inputs of the router's pull-cost model.
 
 The router estimates a pull of B bytes from peer p as ``latency_s + B / (gbps * 1e9)``, both EWMAs
-of observed pulls. Rendered to Prometheus elsewhere as radixmesh_transfer_bytes_total,
-radixmesh_transfer_seconds_total, radixmesh_transfer_pulls_total{outcome}.
+of observed pulls. Rendered to Prometheus by the agent (agent_metrics) as radixmesh_pull_bytes_total,
+radixmesh_pull_seconds_total, radixmesh_pulls_total{outcome}, per peer.
 """
 
 from dataclasses import dataclass, field

@@ -9,6 +9,7 @@ import ray
 
 from radixmesh.cluster.agent_client import AgentUnavailable
 from radixmesh.cluster.agent_clients import RayAgentClient, RayAgentDirectory
+from radixmesh.cluster.local_ray import init_loopback_ray
 from radixmesh.node_agent.agent_actor import AgentPlacement, make_agent_actor, node_resource
 from radixmesh.node_agent.ids import NodeId
 from radixmesh.node_agent.serve_plan import PullPlan, TokenDelta
@@ -25,8 +26,7 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
     resources = {node_resource(NodeId(n)): 1.0 for n in ("a", "b")}
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=4, resources=resources,
-             log_to_driver=False)
+    init_loopback_ray(num_cpus=4, resources=resources, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -1,5 +1,6 @@
 """Routing policies, the cost model, bounded load, the registry and the pending index."""
 
+import dataclasses
 import math
 import random
 
@@ -77,7 +78,41 @@ def test_cost_no_pull_never_pulls() -> None:
 def test_bounded_load_cap_exact() -> None:
     nodes = (view(A, inflight=3), view(B), view(C, inflight=1), view(D))
     # cap = ceil(1.25 * (4 + 1) / 4) = 2: a (3 + 1 > 2) is out, c (1 + 1 <= 2) stays
-    assert [v.node for v in within_load_cap(nodes, 0.25)] == [B, C, D]
+    assert [v.node for v in within_load_cap(nodes, 0.25, 50)] == [B, C, D]
+
+
+def test_recent_work_cap_exact() -> None:
+    nodes = tuple(NodeView(n, recent_tokens=w) for n, w in zip((A, B, C, D), (300.0, 100.0, 0.0, 150.0)))
+    # in flight all 0; work cap = 1.25 * (550 + 50) / 4 = 187.5: a (350) and d (200) are out
+    assert [v.node for v in within_load_cap(nodes, 0.25, 50)] == [B, C]
+
+
+def test_below_the_floor_work_is_not_load() -> None:
+    # 1 s of prefill at 100 tokens/s: a (40 + 50 <= 100) fits under the floor despite its share.
+    nodes = (
+        NodeView(A, recent_tokens=40.0, prefill_tokens_per_s=100.0),
+        NodeView(B, prefill_tokens_per_s=100.0),
+    )
+    assert [v.node for v in within_load_cap(nodes, 0.25, 50, 1.0)] == [A, B]
+    assert [v.node for v in within_load_cap(nodes, 0.25, 50, 0.0)] == [B]
+
+
+def test_a_request_too_big_for_any_share_goes_to_the_least_recent_work() -> None:
+    nodes = (
+        NodeView(A, recent_tokens=10.0),
+        NodeView(B, recent_tokens=5.0),
+        NodeView(C, recent_tokens=5.0, inflight=1),
+    )
+    # work cap 1.25 * (20 + 1000) / 3 = 425 < 1005; c is out on in-flight (cap ceil(1.25 * 2 / 3) = 1)
+    assert [v.node for v in within_load_cap(nodes, 0.25, 1000)] == [B]
+
+
+def test_cost_leaves_an_idle_holder_with_too_much_recent_work() -> None:
+    # The holder has nothing in flight (the case the in-flight cap alone missed) but took most of
+    # the recent work: the request goes to b and pulls the prefix instead.
+    nodes = (NodeView(A, 4, 4, recent_tokens=400.0, prefill_tokens_per_s=100.0), view(B))
+    d = make_policy("cost", CFG).route(REQ, ClusterView(nodes, default_pull_bytes_per_s=1e6))
+    assert (d.node, d.pull_from, d.pull_blocks) == (B, A, 4)
 
 
 def test_prefix_affinity_skips_a_node_over_the_cap() -> None:
@@ -112,6 +147,10 @@ def test_registry_names_and_unknown_policy() -> None:
         lambda: NodeView(A, prefill_tokens_per_s=0.0),
         lambda: RouteRequest(prompt_tokens=10, num_blocks=2, block_tokens=10),
         lambda: PolicyConfig(load_eps=-0.1),
+        lambda: PolicyConfig(load_half_life_s=0.0),
+        lambda: PolicyConfig(load_floor_s=-1.0),
+        lambda: NodeView(A, recent_tokens=-1.0),
+        lambda: NodeView(A, recent_tokens=math.inf),
     ],
 )
 def test_bad_inputs_raise_value_error(build: object) -> None:
@@ -133,19 +172,36 @@ views_st = st.lists(
 
 
 @settings(max_examples=60, deadline=None)
-@given(nodes=views_st, eps=st.sampled_from([0.0, 0.25, 1.0]))
-def test_load_cap_matches_its_formula(nodes: tuple[NodeView, ...], eps: float) -> None:
+@given(
+    nodes=views_st,
+    work=st.lists(st.sampled_from([0.0, 10.0, 37.5, 200.0]), min_size=6, max_size=6),
+    eps=st.sampled_from([0.0, 0.25, 1.0]),
+    tokens=st.sampled_from([0, 50, 5000]),
+    floor_s=st.sampled_from([0.0, 1.0]),
+)
+def test_load_cap_matches_its_formula(
+    nodes: tuple[NodeView, ...], work: list[float], eps: float, tokens: int, floor_s: float
+) -> None:
+    nodes = tuple(dataclasses.replace(v, recent_tokens=w) for v, w in zip(nodes, work, strict=False))
     cap = math.ceil((1 + eps) * (sum(v.inflight for v in nodes) + 1) / len(nodes) - 1e-9)
-    ok = within_load_cap(nodes, eps)
-    assert ok == [v for v in nodes if v.inflight + 1 <= cap]
-    assert min(v.inflight for v in nodes) in {v.inflight for v in ok}
+    by_count = [v for v in nodes if v.inflight + 1 <= cap]
+    work_cap = (1 + eps) * (sum(v.recent_tokens for v in nodes) + tokens) / len(nodes)
+    by_work = [
+        v
+        for v in by_count
+        if v.recent_tokens + tokens <= max(work_cap, floor_s * v.prefill_tokens_per_s) + 1e-6
+    ]
+    least = min(v.recent_tokens for v in by_count)
+    expect = by_work or [v for v in by_count if v.recent_tokens == least]
+    assert within_load_cap(nodes, eps, tokens, floor_s) == expect
+    assert min(v.inflight for v in nodes) in {v.inflight for v in by_count}
 
 
 @settings(max_examples=60, deadline=None)
 @given(nodes=views_st, bw=st.sampled_from([1e3, 1e5, 1e7]), seed=st.integers(0, 3))
 def test_every_policy_decides_within_the_view(nodes: tuple[NodeView, ...], bw: float, seed: int) -> None:
     cluster = ClusterView(nodes, default_pull_bytes_per_s=bw)
-    eligible = within_load_cap(nodes, CFG.load_eps)
+    eligible = within_load_cap(nodes, CFG.load_eps, REQ.prompt_tokens, CFG.load_floor_s)
     for name in policy_names():
         d = make_policy(name, CFG, random.Random(seed)).route(REQ, cluster)
         chosen = next(v for v in nodes if v.node == d.node)
@@ -170,7 +226,9 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float)
         return model.estimate(REQ, v, holder).total_s
 
     d = make_policy("cost", CFG).route(REQ, cluster)
-    assert d.est_ttft_s == pytest.approx(min(brute(v) for v in within_load_cap(nodes, CFG.load_eps)))
+    assert d.est_ttft_s == pytest.approx(
+        min(brute(v) for v in within_load_cap(nodes, CFG.load_eps, REQ.prompt_tokens, CFG.load_floor_s))
+    )
 
 
 def _h(i: int) -> BlockHash:

@@ -10,6 +10,7 @@ import ray
 import transfer_owner
 from transfer_owner import LAYOUT, TOKEN, OwnerSpec, build_source, kv_digest, sequence_hashes
 
+from radixmesh.cluster.local_ray import init_loopback_ray
 from radixmesh.node_agent.block_pool import BlockPool
 from radixmesh.node_agent.events import Tier
 from radixmesh.node_agent.ids import NodeId
@@ -23,7 +24,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180
 
 @pytest.fixture(scope="module")
 def owner_actor() -> Iterator[Any]:
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2, log_to_driver=False)
+    # address="local": a fresh private instance, never a cluster another test left running here.
+    init_loopback_ray(num_cpus=2, log_to_driver=False)
     # The owner builder lives in tests/, which Ray workers cannot import: ship it by value.
     ray.cloudpickle.register_pickle_by_value(transfer_owner)
     actor = make_transfer_actor(NodeId("owner"), functools.partial(build_source, OwnerSpec()))

@@ -1,0 +1,114 @@
+"""The product, end to end: `launcher.up` on a local Ray cluster (3 agents pinned by custom
+resources, node IP 127.0.0.1), the metadata service on real Redis, the router's HTTP API driven by
+the official `openai` client.
+
+Prefixes are cached on one agent, then requests are forced onto another with a pull plan: the
+blocks arrive over UCX, and every output equals one cache-less engine's output. The router's
+/stats totals equal the sum of the per-request usage the client received.
+"""
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+
+import aiohttp
+import openai
+import pytest
+import ray
+from router_cluster import MODEL, reference
+
+from radixmesh.cluster import launcher
+from radixmesh.cluster.agent_clients import RayAgentClient
+from radixmesh.cluster.launcher_config import LauncherConfig
+from radixmesh.cluster.metadata_client import MetadataClient
+from radixmesh.cluster.metadata_messages import MatchQuery
+from radixmesh.node_agent.block_hash import hash_blocks
+from radixmesh.node_agent.ids import NodeId
+from radixmesh.node_agent.request import SamplingParams
+from radixmesh.node_agent.serve_plan import PullPlan, ServePlan, ServeResult
+from radixmesh.node_agent.tokenizer import ByteTokenizer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
+TOK = ByteTokenizer()
+BS = 4
+SYSTEMS = [f"System {i}: you are assistant {i} of a cluster; answer briefly and truthfully." for i in range(3)]
+CONFIG = LauncherConfig(local_nodes=3, model=MODEL, seed=7, block_size=BS, gpu_blocks=256,
+                        heartbeat_interval_s=0.2, publish_interval_s=0.01, model_name="tiny-test")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    launcher.init_local_ray(CONFIG)
+    yield
+    ray.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def deployed(config: LauncherConfig) -> AsyncIterator[launcher.Deployment]:
+    deployment = await launcher.up(config)
+    try:
+        yield deployment
+    finally:
+        assert await launcher.down()
+
+
+async def serve_forced(node: NodeId, plan: ServePlan) -> ServeResult:
+    """Send `plan` straight to `node`'s agent actor, as the router would."""
+    async for item in RayAgentClient(node, launcher.agent_handle(node)).serve(plan):
+        if isinstance(item, ServeResult):
+            return item
+    raise AssertionError("no result")
+
+
+async def test_cached_on_one_agent_pulled_by_another_outputs_exact(local_ray: None, redis_url: str) -> None:
+    async with deployed(replace(CONFIG, state=redis_url)) as d:
+        assert d.nodes == ("node-0", "node-1", "node-2")
+        sampling = SamplingParams(max_tokens=6)
+        prompts = [f"{s} User {u} asks: what is a prefix cache?" for s in SYSTEMS for u in range(2)]
+        usages = []
+        async with openai.AsyncOpenAI(base_url=f"{d.router_url}/v1", api_key="unused", max_retries=0) as client:
+            # One request at a time: the agents then run batch shape 1, like the reference engine.
+            for text in prompts + prompts:
+                out = await client.completions.create(model="tiny-test", prompt=text, max_tokens=6, temperature=0)
+                assert out.choices[0].text == TOK.decode(list(reference(TOK.encode(text), sampling)))
+                assert out.usage is not None and out.usage.prompt_tokens_details is not None
+                usages.append((out.usage.prompt_tokens, out.usage.prompt_tokens_details.cached_tokens or 0))
+        # The repeat of every prompt found its whole prefix but the block holding the last token.
+        assert [cached for _, cached in usages[len(prompts):]] == [(len(p) - 1) // BS * BS for p in prompts]
+
+        async with aiohttp.ClientSession() as http, http.get(f"{d.router_url}/stats") as r:
+            stats = (await r.json())["router"]
+        assert stats["requests"] == len(usages)
+        assert stats["prompt_tokens"] == sum(total for total, _ in usages)
+        assert stats["prompt_tokens"] - stats["miss"] == sum(cached for _, cached in usages)
+        assert stats["local_gpu"] + stats["remote"] + stats["local_host"] == stats["prompt_tokens"] - stats["miss"]
+
+        # Force each system prompt's requests onto a node that does not hold it: it pulls over UCX.
+        async with MetadataClient(d.metadata_address, timeout_s=5.0) as meta:
+            layout = (await launcher.agent_handle(NodeId("node-0")).node_info.remote()).layout
+            for i, system in enumerate(SYSTEMS):
+                tokens = tuple(TOK.encode(f"{system} A new user {i} asks something else entirely."))
+                hashes = hash_blocks(tokens, BS)
+                [match] = await meta.match([MatchQuery(layout, tuple(hashes))])
+                holder = match.nodes[0]
+                assert holder.gpu_blocks >= len(TOK.encode(system)) // BS
+                target = next(n for n in d.nodes if n != holder.node_id)
+                plan = ServePlan(f"forced-{i}", tokens, sampling,
+                                 pull=PullPlan(holder.node_id, holder.transfer_address, 0, holder.gpu_blocks))
+                result = await serve_forced(target, plan)
+                assert result.node == target and not result.stats.pull_failed
+                # The target may hold a first block or so itself (every system prompt starts "System ").
+                assert result.stats.remote_tokens > 0
+                assert result.stats.local_gpu_tokens + result.stats.remote_tokens == holder.gpu_blocks * BS
+                assert result.stats.pull_bytes > 0
+                assert result.output_token_ids == reference(tokens, sampling)
+                text = await launcher.agent_handle(target).prometheus_text.remote()
+                assert f'peer="{holder.node_id}"' in text
+        for node in d.nodes:
+            await launcher.agent_handle(node).check_invariants.remote()
+

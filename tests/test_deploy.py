@@ -1,0 +1,82 @@
+"""deploy/: both `ray up` configs validate against the autoscaler schema shipped inside the ray
+package, and every metric the Grafana dashboard queries exists in a live /metrics scrape of a
+running router (real agents, real metadata service, one pull between agents)."""
+
+import json
+import re
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from ray.autoscaler._private.util import validate_config
+from router_cluster import MODEL_NAME, local_cluster
+
+from radixmesh.cluster.http_api import start_http
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+REQUIRED_PANELS = ("hit rate", "by source", "ttft", "gb/s", "utilization", "fragmentation", "ghost", "oom")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.parametrize("name", ["cluster.yaml", "local-cluster.yaml"])
+def test_cluster_yaml_validates_against_rays_schema(name: str) -> None:
+    config = yaml.safe_load((DEPLOY / name).read_text())
+    validate_config(config)  # raises jsonschema.ValidationError (or ValueError) when invalid
+    assert "radixmesh up" in " ".join(config["head_start_ray_commands"])
+    assert any("redis-server" in c for c in config["setup_commands"])
+
+
+def test_cluster_yaml_has_head_and_gpu_worker_types() -> None:
+    config = yaml.safe_load((DEPLOY / "cluster.yaml").read_text())
+    types = config["available_node_types"]
+    assert config["head_node_type"] in types
+    assert any(t["resources"].get("GPU", 0) >= 1 for t in types.values())
+
+
+def test_prometheus_scrapes_the_router() -> None:
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    [job] = config["scrape_configs"]
+    assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"]
+
+
+def dashboard_metrics() -> dict[str, set[str]]:
+    """Panel title -> metric names its queries use."""
+    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    return {p["title"]: {m for t in p["targets"] for m in re.findall(r"radixmesh_[a-z_]+", t["expr"])}
+            for p in dash["panels"]}
+
+
+def test_dashboard_has_a_panel_for_every_required_metric() -> None:
+    titles = [t.lower() for t in dashboard_metrics()]
+    for word in REQUIRED_PANELS:
+        assert any(word in t for t in titles), f"no panel about {word!r}"
+    assert all(dashboard_metrics().values())
+
+
+@pytest.mark.anyio
+@pytest.mark.integration
+async def test_every_dashboard_metric_exists_in_a_live_scrape() -> None:
+    async with local_cluster(2, publish=True, transfer="ucx") as c:
+        runner, port = await start_http(c.router, "127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{port}"
+                prompt = "A shared prefix long enough to span several blocks, asked twice."
+                for _ in range(2):
+                    async with http.post(f"{url}/v1/completions",
+                                         json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": 2}) as r:
+                        assert r.status == 200
+                async with http.get(f"{url}/metrics") as r:
+                    text = await r.text()
+        finally:
+            await runner.cleanup()
+    scraped = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    for title, names in dashboard_metrics().items():
+        missing = names - scraped
+        assert not missing, f"panel {title!r} queries {sorted(missing)}, absent from /metrics"

@@ -7,6 +7,8 @@
     the client's cost stays small): batched event ingest, Match saturation QPS, an echo RPC with the
     same request payload (the gRPC floor), and Match latency at half of saturation, open loop.
 
+Both processes (server and this one) run with the server's GC setting, `tune_gc_for_serving`.
+
 Usage: python bench/metadata.py [--trace PATH] [--seconds S]
 Prints the figures, then one JSON object as the last line (also bench/results/metadata.json).
 """
@@ -29,7 +31,12 @@ import grpc
 from radixmesh.cluster.index import GlobalIndex, PrefixLengths
 from radixmesh.cluster.membership import NodeInfo
 from radixmesh.cluster.metadata_codec import node_info_to_pb
-from radixmesh.cluster.metadata_server import ServerOptions, create_server, serve_until_signalled
+from radixmesh.cluster.metadata_server import (
+    ServerOptions,
+    create_server,
+    serve_until_signalled,
+    tune_gc_for_serving,
+)
 from radixmesh.cluster.metadata_service import MetadataService, ServiceConfig, ServiceLimits
 from radixmesh.node_agent.block_hash import BlockHash
 from radixmesh.node_agent.events import BlockRemoved, BlockStored, Tier
@@ -374,6 +381,11 @@ def main() -> None:
         serve()
         return
     ops = op_stream(load_trace(args.trace))
+    # The server process tunes its GC in serve_until_signalled. This process runs the index
+    # in-process (a) and generates the gRPC load (b), so it takes the same setting through the
+    # same function: (a) then runs as the index runs in the server, and (b)'s latencies are not
+    # the load generator's own full collections of the op stream it holds.
+    tune_gc_for_serving()
     # Both sides of each ratio run in this process, back to back; the load average says how
     # contended the machine was for the absolute figures.
     result: dict[str, object] = {

@@ -1,17 +1,27 @@
 """GlobalIndex: which node holds which prefix block, on which tier, partitioned by KV layout.
 
 Chained hashes make a block's hash name its whole prefix, so `match` is a walk over a per-layout
-dict `hash -> entry` (O(len(query) x nodes still matching)), never a tree descent from the root.
-The radix structure (each entry's parent and children) keeps the chains, so a node's blocks can be
-written back as chains for snapshots. An entry exists exactly while some node holds it; a child
-whose parent entry is absent waits in `orphans[parent]` and is adopted when the parent appears.
+dict `hash -> holder mask` (O(len(query)) dict lookups done in C, plus Python work only where the
+set of holders changes along the query), never a tree descent from the root.
+
+The radix tree is kept as parent links (`parents[hash]`): a block's parent is fixed while it is
+indexed, and `check_chains` refuses any event that contradicts it. Child links are derived, not
+stored: only `node_chains` walks downwards, and it builds them for one node's blocks in O(its
+blocks), while storing them cost a set per parent entry (and orphan sets for children whose
+parent was evicted) on the ingest path.
+
+Holders are bit masks over per-layout node slots: a node in slot s holds a block on gpu when bit
+2s is set, on host when bit 2s+1 is. Masks are plain ints, so an entry is two dict values and no
+Python object of its own: no per-block allocation for the garbage collector to track or traverse.
 Each node keeps the set of hashes it holds, so `drop_node` costs only that node's blocks.
 """
 
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from itertools import groupby, islice, repeat, takewhile
+from operator import eq, or_
+from typing import NamedTuple, cast
 
 from radixmesh.node_agent.block_hash import BlockHash
 from radixmesh.node_agent.events import BlockRemoved, BlockStored, CacheEvent, Tier
@@ -19,9 +29,10 @@ from radixmesh.node_agent.ids import NodeId
 
 logger = logging.getLogger(__name__)
 
-TIER_BITS: dict[Tier, int] = {Tier.GPU: 1, Tier.HOST: 2}
-_ALL_TIERS = 3
-_ANY = 4  # match bookkeeping only: "still contiguous on some tier"
+TIER_SHIFT: dict[Tier, int] = {Tier.GPU: 0, Tier.HOST: 1}
+"""Offset of a tier's bit inside a node slot's two bits."""
+
+Chain = tuple[Sequence[BlockHash], BlockHash | None]
 
 
 class PrefixLengths(NamedTuple):
@@ -39,19 +50,43 @@ class IndexMatch(NamedTuple):
     """Every node holding block 0 on some tier."""
 
 
-class _Entry:
-    __slots__ = ("children", "holders", "parent")
+@dataclass(slots=True)
+class _Partition:
+    """One layout's blocks. `masks` and `parents` have the same keys: the indexed blocks."""
 
-    def __init__(self, parent: BlockHash | None) -> None:
-        self.parent = parent
-        self.children: set[BlockHash] | None = None  # most entries are leaves: no set until needed
-        self.holders: dict[NodeId, int] = {}  # node -> TIER_BITS mask, never 0
+    masks: dict[BlockHash, int] = field(default_factory=dict)
+    parents: dict[BlockHash, BlockHash | None] = field(default_factory=dict)
+    slots: list[NodeId | None] = field(default_factory=list)
+    """Node of each slot; None for a slot freed by `drop_node`, reused by the next node."""
+    gpu_bits: int = 0
+    """Bit 2s set for every slot s ever used: folds a mask to one 'either tier' bit per node."""
+
+    def take_slot(self, node: NodeId) -> int:
+        slot = next((s for s, n in enumerate(self.slots) if n is None), len(self.slots))
+        if slot == len(self.slots):
+            self.slots.append(node)
+            self.gpu_bits |= 1 << (2 * slot)
+        else:
+            self.slots[slot] = node
+        return slot
 
 
 @dataclass(slots=True)
-class _Partition:
-    entries: dict[BlockHash, _Entry] = field(default_factory=dict)
-    orphans: dict[BlockHash, set[BlockHash]] = field(default_factory=dict)
+class _Holder:
+    """A node's place in its layout partition, and the blocks it holds."""
+
+    layout: str
+    part: _Partition
+    slot: int
+    held: set[BlockHash] = field(default_factory=set)
+    """Every block the node holds on some tier."""
+
+    @property
+    def both_bits(self) -> int:
+        return 3 << (2 * self.slot)
+
+    def bit(self, tier: Tier) -> int:
+        return 1 << (2 * self.slot + TIER_SHIFT[tier])
 
 
 class GlobalIndex:
@@ -59,45 +94,56 @@ class GlobalIndex:
 
     def __init__(self) -> None:
         self._parts: dict[str, _Partition] = {}
-        self._node_layout: dict[NodeId, str] = {}
-        self._node_blocks: dict[NodeId, set[BlockHash]] = {}
+        self._holders: dict[NodeId, _Holder] = {}
 
     def add_node(self, node: NodeId, layout: str) -> None:
         """Attach `node` to a layout partition. Idempotent; ValueError if it is in another layout."""
-        known = self._node_layout.get(node)
-        if known is not None and known != layout:
-            raise ValueError(f"node {node} is in layout {known}, not {layout}: drop it first")
+        known = self._holders.get(node)
+        if known is not None:
+            if known.layout != layout:
+                raise ValueError(f"node {node} is in layout {known.layout}, not {layout}: drop it first")
+            return
         if not layout:
             raise ValueError("layout fingerprint must be non-empty")
-        self._node_layout[node] = layout
-        self._node_blocks.setdefault(node, set())
-        self._parts.setdefault(layout, _Partition())
+        part = self._parts.setdefault(layout, _Partition())
+        self._holders[node] = _Holder(layout, part, part.take_slot(node))
 
     def nodes(self) -> list[NodeId]:
-        return list(self._node_layout)
+        return list(self._holders)
 
     def node_block_count(self, node: NodeId) -> int:
-        return len(self._node_blocks.get(node, ()))
+        m = self._holders.get(node)
+        return len(m.held) if m is not None else 0
 
     def __len__(self) -> int:
-        return sum(len(p.entries) for p in self._parts.values())
+        return sum(len(p.masks) for p in self._parts.values())
 
-    def check_chains(self, node: NodeId, chains: Iterable[tuple[Sequence[BlockHash], BlockHash | None]]) -> None:
+    def check_chains(self, node: NodeId, chains: Iterable[Chain]) -> None:
         """Raise ValueError if inserting these (hashes, parent) chains for `node` would contradict
-        a known parent link or each other; changes nothing."""
-        part = self._partition_of(node)
-        claimed: dict[BlockHash, BlockHash | None] = {}
+        a known parent link or each other, or make a block its own parent; changes nothing."""
+        parents = self._holder(node).part.parents
+        hs: list[BlockHash] = []
+        prevs: list[BlockHash | None] = []
         for hashes, parent in chains:
-            prev = parent
-            for h in hashes:
-                if h == prev:
-                    raise ValueError("a block cannot be its own parent")
-                entry = part.entries.get(h)
-                known = claimed.get(h, entry.parent if entry is not None else prev)
-                if known != prev:
-                    raise ValueError(f"block {h.hex()} already has another parent in this layout")
-                claimed[h] = prev
-                prev = h
+            if hashes:
+                hs.extend(hashes)
+                prevs.append(parent)
+                prevs.extend(islice(hashes, len(hashes) - 1))
+        # The common case in three C-level passes: no block twice (so none is its own parent
+        # inside a chain), no chain under itself, every known parent link the same. Otherwise the
+        # loop decides and names the culprit: a block twice with the same parent is fine.
+        if (
+            len(set(hs)) == len(hs)
+            and list(map(parents.get, hs, prevs)) == prevs
+            and not any(map(eq, hs, prevs))
+        ):
+            return
+        claimed: dict[BlockHash, BlockHash | None] = {}
+        for h, prev in zip(hs, prevs):
+            if h == prev:
+                raise ValueError("a block cannot be its own parent")
+            if claimed.setdefault(h, parents.get(h, prev)) != prev:
+                raise ValueError(f"block {h.hex()} already has another parent in this layout")
 
     def insert(self, node: NodeId, hashes: Sequence[BlockHash], parent: BlockHash | None, tier: Tier) -> None:
         """`node` holds the chain `hashes` (hashes[0]'s parent is `parent`) on `tier`.
@@ -105,214 +151,190 @@ class GlobalIndex:
         Validates first (`check_chains`), so a refused chain changes nothing.
         """
         self.check_chains(node, [(hashes, parent)])
-        self._insert(node, hashes, parent, tier)
+        self._insert(self._holders[node], hashes, parent, tier)
 
     def apply(self, node: NodeId, events: Sequence[CacheEvent]) -> None:
         """Apply one batch of `node`'s cache events in order, all or nothing (ValueError)."""
         self.check_chains(node, [(e.hashes, e.parent) for e in events if isinstance(e, BlockStored)])
+        holder = self._holders[node]
         for event in events:
             if isinstance(event, BlockStored):
-                self._insert(node, event.hashes, event.parent, event.tier)
+                self._insert(holder, event.hashes, event.parent, event.tier)
             elif isinstance(event, BlockRemoved):
-                self.remove(node, event.hashes, event.tier)
+                self._remove(holder, event.hashes, event.tier)
             else:
-                self.clear_node(node)
+                self._clear(holder)
 
     def replace(self, node: NodeId, chains: Sequence[BlockStored]) -> None:
         """Make `chains` the whole block set of `node`, all or nothing (ValueError)."""
         self.check_chains(node, [(c.hashes, c.parent) for c in chains])
-        self.clear_node(node)
+        holder = self._holders[node]
+        self._clear(holder)
         for c in chains:
-            self._insert(node, c.hashes, c.parent, c.tier)
+            self._insert(holder, c.hashes, c.parent, c.tier)
 
     def remove(self, node: NodeId, hashes: Iterable[BlockHash], tier: Tier) -> None:
         """`node` no longer holds `hashes` on `tier`; blocks it does not hold there are skipped."""
-        part = self._partition_of(node)
-        clear = ~TIER_BITS[tier]
-        held = self._node_blocks[node]
-        for h in hashes:
-            entry = part.entries.get(h)
-            if entry is None or node not in entry.holders:
-                continue
-            bits = entry.holders[node] & clear
-            if bits:
-                entry.holders[node] = bits
-                continue
-            del entry.holders[node]
-            held.discard(h)
-            if not entry.holders:
-                self._delete(part, h, entry)
+        self._remove(self._holder(node), hashes, tier)
 
     def clear_node(self, node: NodeId) -> None:
         """Forget every block of `node`, keeping it attached to its layout."""
-        part = self._partition_of(node)
-        held = self._node_blocks[node]
-        for h in held:
-            entry = part.entries[h]
-            del entry.holders[node]
-            if not entry.holders:
-                self._delete(part, h, entry)
-        held.clear()
+        self._clear(self._holder(node))
 
     def drop_node(self, node: NodeId) -> None:
         """Forget `node` entirely; O(blocks it holds). Unknown nodes are a no-op."""
-        if node not in self._node_layout:
+        holder = self._holders.pop(node, None)
+        if holder is None:
             return
-        self.clear_node(node)
-        del self._node_blocks[node]
-        del self._node_layout[node]
+        self._clear(holder)
+        holder.part.slots[holder.slot] = None  # its bits are clear in every mask: safe to reuse
 
     def match(self, layout: str, hashes: Sequence[BlockHash]) -> IndexMatch:
         """Each node's contiguous prefix of `hashes` by tier, and the cluster-wide prefix."""
         part = self._parts.get(layout)
         if part is None or not hashes:
             return IndexMatch(0, {})
-        entries = part.entries
-        first = entries.get(hashes[0])
+        masks = part.masks
+        first = masks.get(hashes[0])
         if first is None:
             return IndexMatch(0, {})
-        # alive[node] = tiers (plus _ANY) on which the node is still contiguous at this depth.
-        alive = {n: bits | _ANY for n, bits in first.holders.items()}
-        lengths = {n: [0, 0, 0] for n in alive}
-        prev = first.holders
-        depth = 1
-        for h in hashes[1:]:
-            entry = entries.get(h)
-            if entry is None:
-                break
-            holders = entry.holders
-            # Along a chain the holders rarely change; equal holders (compared in C) change no
-            # alive bits, because those are already a subset of the previous holders' bits.
-            if alive and holders != prev:
-                ended = None
-                for n, bits in alive.items():
-                    hb = holders.get(n, 0)
-                    kept = bits & (hb | _ANY) if hb else 0
-                    if kept != bits:
-                        _record(lengths[n], bits & ~kept, depth)
-                        if kept:
-                            alive[n] = kept
-                        elif ended is None:
-                            ended = [n]
-                        else:
-                            ended.append(n)
-                for n in ended or ():
-                    del alive[n]
-            prev = holders
-            depth += 1
-        for n, bits in alive.items():
-            _record(lengths[n], bits, depth)
-        prefixes = {n: PrefixLengths(g, ho, a) for n, (g, ho, a) in lengths.items()}
-        return IndexMatch(depth, prefixes)
+        # The masks of blocks 0..depth-1 (takewhile stops at the first block nobody holds).
+        found = cast(list[int], list(takewhile(bool, map(masks.get, hashes))))
+        depth = len(found)
+        gpu_bits = part.gpu_bits
+        # Where a node's prefix on a tier (bit 2s / 2s+1) or on either tier (bit 2s) ends early.
+        # Along a chain the holders rarely change: most queries see one mask (counted in C) and
+        # skip this; otherwise the walk goes run by run of equal masks, not block by block.
+        tier_end: dict[int, int] = {}
+        any_end: dict[int, int] = {}
+        if found.count(first) != depth:
+            alive_tier, alive_any = first, (first | first >> 1) & gpu_bits
+            pos = 0
+            for mask, run in groupby(found):
+                lost = alive_tier & ~mask
+                if lost:
+                    tier_end.update(dict.fromkeys(_bits(lost), pos))
+                    alive_tier ^= lost
+                lost = alive_any & ~((mask | mask >> 1) & gpu_bits)
+                if lost:
+                    any_end.update(dict.fromkeys(_bits(lost), pos))
+                    alive_any ^= lost
+                pos += len(list(run))
+        slots = part.slots
+        prefixes = {}
+        for b in _bits((first | first >> 1) & gpu_bits):
+            prefixes[slots[b >> 1]] = PrefixLengths(
+                tier_end.get(b, depth) if first >> b & 1 else 0,
+                tier_end.get(b + 1, depth) if first >> b & 2 else 0,
+                any_end.get(b, depth),
+            )
+        return IndexMatch(depth, prefixes)  # type: ignore[arg-type]
 
     def node_chains(self, node: NodeId) -> list[BlockStored]:
         """`node`'s blocks as stored chains (per tier), enough to rebuild them with `insert`."""
-        part = self._partition_of(node)
+        holder = self._holder(node)
+        masks, parents = holder.part.masks, holder.part.parents
         out: list[BlockStored] = []
-        for tier, bit in TIER_BITS.items():
-            on_tier = {h for h in self._node_blocks[node] if part.entries[h].holders[node] & bit}
+        for tier in TIER_SHIFT:
+            bit = holder.bit(tier)
+            on_tier = {h for h in holder.held if masks[h] & bit}
+            kids: dict[BlockHash, list[BlockHash]] = {}
+            roots = []
+            for h in on_tier:
+                p = parents[h]
+                if p in on_tier:
+                    kids.setdefault(p, []).append(h)  # type: ignore[arg-type]
+                else:
+                    roots.append(h)
             seen: set[BlockHash] = set()
-            roots = [h for h in on_tier if part.entries[h].parent not in on_tier]
             while roots:
                 root = roots.pop()
                 chain = [root]
                 seen.add(root)
-                kids = self._kids_on(part, root, on_tier, seen)
-                while kids:
-                    roots.extend(kids[1:])  # a branch starts a chain of its own under this block
-                    chain.append(kids[0])
-                    seen.add(kids[0])
-                    kids = self._kids_on(part, kids[0], on_tier, seen)
-                out.append(BlockStored(tuple(chain), part.entries[root].parent, tier))
+                below = kids.get(root)
+                while below:
+                    roots.extend(below[1:])  # a branch starts a chain of its own under this block
+                    chain.append(below[0])
+                    seen.add(below[0])
+                    below = kids.get(below[0])
+                out.append(BlockStored(tuple(chain), parents[root], tier))
             # Only a parent cycle (impossible with real chained hashes) leaves blocks unseen.
-            out.extend(BlockStored((h,), part.entries[h].parent, tier) for h in on_tier - seen)
+            out.extend(BlockStored((h,), parents[h], tier) for h in on_tier - seen)
         return out
 
     def check_invariants(self) -> None:
         """Raise AssertionError with the numbers if the structure is inconsistent."""
-        counted: dict[NodeId, int] = dict.fromkeys(self._node_blocks, 0)
+        counted: dict[NodeId, int] = dict.fromkeys(self._holders, 0)
         for layout, part in self._parts.items():
-            for h, entry in part.entries.items():
-                assert entry.holders, f"entry {h.hex()} in {layout} has no holder"
-                for n, bits in entry.holders.items():
-                    assert 0 < bits <= _ALL_TIERS, f"holder {n} of {h.hex()} has tier bits {bits}"
-                    assert self._node_layout.get(n) == layout, f"holder {n} not in layout {layout}"
-                    assert h in self._node_blocks[n], f"{h.hex()} missing from {n}'s block set"
+            assert part.masks.keys() == part.parents.keys(), (
+                f"{layout}: {len(part.masks)} masks, {len(part.parents)} parent links"
+            )
+            assert part.gpu_bits == sum(1 << (2 * s) for s in range(len(part.slots))), f"{layout}: gpu_bits"
+            for s, n in enumerate(part.slots):
+                m = self._holders.get(n) if n is not None else None
+                assert n is None or (m is not None and m.slot == s and m.part is part), f"slot {s}: {n}"
+            for h, mask in part.masks.items():
+                assert mask > 0, f"entry {h.hex()} in {layout} has holder mask {mask}"
+                assert part.parents[h] != h, f"{h.hex()} is its own parent"
+                for slot in (b >> 1 for b in _bits((mask | mask >> 1) & part.gpu_bits)):
+                    n = part.slots[slot] if slot < len(part.slots) else None
+                    assert n is not None, f"{h.hex()} held by free slot {slot} in {layout}"
+                    assert h in self._holders[n].held, f"{h.hex()} missing from {n}'s block set"
                     counted[n] += 1
-                p = entry.parent
-                if p is not None and p in part.entries:
-                    assert h in (part.entries[p].children or ()), f"{h.hex()} not linked to parent"
-                elif p is not None:
-                    assert h in part.orphans.get(p, ()), f"{h.hex()} neither linked nor orphaned"
-                for c in entry.children or ():
-                    assert part.entries[c].parent == h, f"child {c.hex()} has another parent"
-            for p, kids in part.orphans.items():
-                assert kids and p not in part.entries, f"orphan set of {p.hex()}: {len(kids)} present"
-                assert all(part.entries[c].parent == p for c in kids), "orphan with another parent"
-        for n, held in self._node_blocks.items():
-            assert counted[n] == len(held), f"node {n}: {counted[n]} holder marks, {len(held)} in set"
+        for n, holder in self._holders.items():
+            assert holder.part is self._parts[holder.layout], f"node {n} attached to another partition"
+            assert counted[n] == len(holder.held), f"{n}: {counted[n]} holder marks, {len(holder.held)} in set"
 
-    def _insert(self, node: NodeId, hashes: Sequence[BlockHash], parent: BlockHash | None, tier: Tier) -> None:
-        part = self._partition_of(node)
-        bit = TIER_BITS[tier]
-        held = self._node_blocks[node]
-        entries, orphans = part.entries, part.orphans
-        prev = parent
-        up = entries.get(parent) if parent is not None else None
-        for h in hashes:
-            entry = entries.get(h)
-            if entry is None:
-                # _create inlined: this loop is the ingest hot path.
-                entry = entries[h] = _Entry(prev)
-                entry.holders[node] = bit
-                if orphans:
-                    entry.children = orphans.pop(h, None)
-                if up is not None:
-                    if up.children is None:
-                        up.children = {h}
-                    else:
-                        up.children.add(h)
-                elif prev is not None:
-                    orphans.setdefault(prev, set()).add(h)
-            else:
-                holders = entry.holders
-                holders[node] = holders.get(node, 0) | bit
-            held.add(h)
-            prev = h
-            up = entry
-
-    def _partition_of(self, node: NodeId) -> _Partition:
-        layout = self._node_layout.get(node)
-        if layout is None:
+    def _holder(self, node: NodeId) -> _Holder:
+        holder = self._holders.get(node)
+        if holder is None:
             raise ValueError(f"node {node} is not in the index: add_node first")
-        return self._parts[layout]
+        return holder
 
     @staticmethod
-    def _delete(part: _Partition, h: BlockHash, entry: _Entry) -> None:
-        del part.entries[h]
-        if entry.children:
-            part.orphans[h] = entry.children
-        p = entry.parent
-        if p is None:
+    def _insert(holder: _Holder, hashes: Sequence[BlockHash], parent: BlockHash | None, tier: Tier) -> None:
+        if not hashes:
             return
-        up = part.entries.get(p)
-        siblings = up.children if up is not None else part.orphans.get(p)
-        assert siblings is not None and h in siblings, f"{h.hex()} unlinked from its parent"
-        siblings.discard(h)
-        if up is None and not siblings:
-            del part.orphans[p]
+        part, bit = holder.part, holder.bit(tier)
+        masks = part.masks
+        # Three C-level passes; check_chains made every new parent link agree with the known ones.
+        part.parents.update(zip(hashes, (parent, *hashes[:-1])))
+        masks.update(zip(hashes, map(or_, map(masks.get, hashes, repeat(0)), repeat(bit))))
+        holder.held.update(hashes)
 
     @staticmethod
-    def _kids_on(part: _Partition, h: BlockHash, on_tier: set[BlockHash], seen: set[BlockHash]) -> list[BlockHash]:
-        kids = part.entries[h].children or ()
-        return [c for c in kids if c in on_tier and c not in seen]
+    def _remove(holder: _Holder, hashes: Iterable[BlockHash], tier: Tier) -> None:
+        part, bit, both = holder.part, holder.bit(tier), holder.both_bits
+        masks, held = part.masks, holder.held
+        for h in hashes:
+            mask = masks.get(h, 0)
+            if not mask & bit:
+                continue
+            mask ^= bit
+            if mask:
+                masks[h] = mask
+                if not mask & both:
+                    held.discard(h)
+            else:
+                del masks[h], part.parents[h]
+                held.discard(h)
+
+    @staticmethod
+    def _clear(holder: _Holder) -> None:
+        part, keep = holder.part, ~holder.both_bits
+        masks = part.masks
+        for h in holder.held:
+            mask = masks[h] & keep
+            if mask:
+                masks[h] = mask
+            else:
+                del masks[h], part.parents[h]
+        holder.held.clear()
 
 
-def _record(lengths: list[int], ended_bits: int, depth: int) -> None:
-    """Write `depth` as the prefix length of every tier slot in `ended_bits`."""
-    if ended_bits & 1:
-        lengths[0] = depth
-    if ended_bits & 2:
-        lengths[1] = depth
-    if ended_bits & _ANY:
-        lengths[2] = depth
+def _bits(mask: int) -> Iterable[int]:
+    """Positions of the set bits of `mask`, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low

@@ -13,7 +13,12 @@ from typing import Any
 import ray
 
 from radixmesh.cluster.launcher_config import NAMESPACE
-from radixmesh.cluster.metadata_server import MetadataServer, ServerOptions, create_server
+from radixmesh.cluster.metadata_server import (
+    MetadataServer,
+    ServerOptions,
+    create_server,
+    tune_gc_for_serving,
+)
 from radixmesh.cluster.metadata_service import MetadataService, ServiceConfig
 from radixmesh.cluster.store import open_store
 
@@ -43,6 +48,7 @@ class MetadataActor:
                 store.close()
                 raise RuntimeError(f"metadata service could not bind {self._host}:{self._port}")
             await server.start()
+            tune_gc_for_serving()  # this Ray worker process serves only the metadata service
             self._server, self._port = server, bound  # a restart binds the same port again
             logger.info("metadata service on %s:%d (state: %s)", self._host, bound, store.describe())
         return self.address()

@@ -8,6 +8,7 @@ is what makes the non-thread-safe service safe.
 """
 
 import asyncio
+import gc
 import hmac
 import logging
 import signal
@@ -236,13 +237,31 @@ def create_server(
     return MetadataServer(server, health_servicer, service, options.upkeep_interval_s), port
 
 
+def tune_gc_for_serving() -> None:
+    """Set the garbage collector of a process that does nothing but serve, once start-up is done.
+
+    What start-up built (modules, grpc, a restored index) lives as long as the process, yet every
+    full collection would traverse it: a pause of tens of ms on the request path, seen as Match
+    p99. `gc.freeze` moves it out of the collector's sight. The young-generation threshold stays
+    at its default on purpose: grpc.aio leaves a few reference cycles per RPC (its handler lookup
+    closure), so collections must run, and a 10x higher threshold measured ~10x longer pauses
+    for the same total. Process-wide and irreversible: call it from a serving process's entry
+    point, never from a library or a test process.
+    """
+    gc.collect()
+    gc.freeze()
+    logger.info("gc: %d start-up objects frozen", gc.get_freeze_count())
+
+
 async def serve_until_signalled(server: MetadataServer, grace_s: float, on_ready: Callable[[], None]) -> None:
-    """Start `server`, call `on_ready`, serve until SIGINT/SIGTERM, then stop gracefully."""
+    """Start `server`, tune this process's GC for serving, call `on_ready`, serve until
+    SIGINT/SIGTERM, then stop gracefully. Meant for a process that only serves (CLI, benchmark)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    tune_gc_for_serving()
     on_ready()
     await stop.wait()
     logger.info("signal received: stopping (grace %.1f s)", grace_s)

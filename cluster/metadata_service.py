@@ -38,6 +38,8 @@ from radixmesh.node_agent.ids import NodeId
 
 logger = logging.getLogger(__name__)
 
+_WRONG_HASH_LENGTH = HASH_BYTES.__ne__
+
 
 class LimitExceeded(ValueError):
     """A request is well-formed but larger than the service accepts."""
@@ -243,7 +245,8 @@ def _check_limit(what: str, n: int, limit: int) -> None:
         raise LimitExceeded(f"{what}: {n} > limit {limit}")
 
 
-def _check_hashes(hashes: Iterable[bytes]) -> None:
-    for h in hashes:
-        if len(h) != HASH_BYTES:
-            raise ValueError(f"block hashes are {HASH_BYTES} bytes, got one of {len(h)}")
+def _check_hashes(hashes: Sequence[bytes]) -> None:
+    # In C: this runs over every hash of every Match and event batch.
+    if any(map(_WRONG_HASH_LENGTH, map(len, hashes))):
+        bad = next(n for n in map(len, hashes) if n != HASH_BYTES)
+        raise ValueError(f"block hashes are {HASH_BYTES} bytes, got one of {bad}")

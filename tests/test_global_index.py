@@ -181,3 +181,52 @@ def test_drop_node_touches_only_its_blocks() -> None:
     index.check_invariants()
     assert len(index) == 2
     assert index.match(LAYOUT, HASH[:3]) == (2, {NodeId("b"): PrefixLengths(0, 2, 2)})
+
+
+def test_dropped_nodes_slot_is_reused_without_its_blocks() -> None:
+    index = GlobalIndex()
+    a, b, c = NodeId("a"), NodeId("b"), NodeId("c")
+    for n in (a, b):
+        index.add_node(n, LAYOUT)
+    index.insert(a, HASH[:3], None, Tier.GPU)
+    index.insert(b, HASH[:1], None, Tier.HOST)
+    index.drop_node(a)
+    index.add_node(c, LAYOUT)  # takes a's freed slot
+    index.check_invariants()
+    assert index.node_block_count(c) == 0
+    assert index.match(LAYOUT, HASH[:3]) == (1, {b: PrefixLengths(0, 1, 1)})
+    index.insert(c, HASH[:2], None, Tier.GPU)
+    assert index.match(LAYOUT, HASH[:3]) == (2, {b: PrefixLengths(0, 1, 1), c: PrefixLengths(2, 0, 2)})
+
+
+def test_many_nodes_each_get_their_own_prefix() -> None:
+    # 70 nodes: holder masks are 140-bit integers, wider than any machine word.
+    index = GlobalIndex()
+    chain = [_h(1000 + i) for i in range(12)]
+    nodes = [NodeId(f"w{i}") for i in range(70)]
+    for i, n in enumerate(nodes):
+        index.add_node(n, LAYOUT)
+        index.insert(n, chain[: i % 12 + 1], None, Tier.GPU if i % 2 else Tier.HOST)
+    for n in nodes[::3]:
+        index.drop_node(n)
+    index.check_invariants()
+    want = {}
+    for i, n in enumerate(nodes):
+        if i % 3:
+            k = i % 12 + 1
+            want[n] = PrefixLengths(k if i % 2 else 0, 0 if i % 2 else k, k)
+    assert index.match(LAYOUT, chain) == (12, want)
+
+
+def test_a_batch_may_store_one_chain_on_both_tiers_but_not_under_two_parents() -> None:
+    index = GlobalIndex()
+    a = NodeId("a")
+    index.add_node(a, LAYOUT)
+    index.apply(a, [BlockStored(tuple(HASH[:3]), None, Tier.GPU), BlockStored(tuple(HASH[:3]), None, Tier.HOST)])
+    assert index.match(LAYOUT, HASH[:3]) == (3, {a: PrefixLengths(3, 3, 3)})
+    with pytest.raises(ValueError, match="parent"):
+        index.apply(a, [BlockStored((HASH[5], HASH[6], HASH[5]), None, Tier.GPU)])
+    with pytest.raises(ValueError, match="own parent"):
+        index.apply(a, [BlockStored((HASH[7],), HASH[7], Tier.GPU)])
+    index.check_invariants()
+    assert len(index) == 3

@@ -349,3 +349,17 @@ def test_cli_bad_state_is_one_line_error() -> None:
     )
     assert proc.returncode != 0
     assert "state must be 'memory' or a redis:// URL" in proc.stderr
+
+
+def test_serving_gc_freezes_start_up_objects_and_keeps_collecting() -> None:
+    # Process-wide and irreversible, so it runs in a process of its own.
+    code = (
+        "import gc\n"
+        "from radixmesh.cluster.metadata_server import tune_gc_for_serving\n"
+        "thresholds = gc.get_threshold()\n"
+        "tune_gc_for_serving()\n"
+        "assert gc.get_freeze_count() > 10000, gc.get_freeze_count()\n"
+        "assert gc.isenabled() and gc.get_threshold() == thresholds, gc.get_threshold()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -29,9 +29,15 @@ A, B, C, D = (NodeId(x) for x in "abcd")
 
 
 def view(
-    node: NodeId, local: int = 0, *, gpu: int | None = None, queued: int = 0, inflight: int = 0
+    node: NodeId,
+    local: int = 0,
+    *,
+    gpu: int | None = None,
+    queued: int = 0,
+    inflight: int = 0,
+    recent: float = 0.0,
 ) -> NodeView:
-    return NodeView(node, local if gpu is None else gpu, local, queued, inflight, 100.0)
+    return NodeView(node, local if gpu is None else gpu, local, queued, inflight, 100.0, recent)
 
 
 def test_cost_model_without_pull_when_the_link_is_slow() -> None:
@@ -75,10 +81,11 @@ def test_cost_no_pull_never_pulls() -> None:
     assert (d.node, d.pull_from, d.pull_blocks) == (B, None, 0)
 
 
-def test_bounded_load_cap_exact() -> None:
-    nodes = (view(A, inflight=3), view(B), view(C, inflight=1), view(D))
-    # cap = ceil(1.25 * (4 + 1) / 4) = 2: a (3 + 1 > 2) is out, c (1 + 1 <= 2) stays
-    assert [v.node for v in within_load_cap(nodes, 0.25, 50)] == [B, C, D]
+def test_requests_in_flight_are_not_a_load_cap() -> None:
+    # Equal recent work: a queue of 3 requests at a (which a cap on requests in flight,
+    # ceil(1.25 x 5 / 3) = 3, would refuse) does not exclude it; queueing there is the cost model's call.
+    nodes = (view(A, inflight=3, recent=90.0), view(B, recent=90.0), view(C, inflight=1, recent=90.0))
+    assert [v.node for v in within_load_cap(nodes, 0.25, 50)] == [A, B, C]
 
 
 def test_recent_work_cap_exact() -> None:
@@ -103,12 +110,13 @@ def test_a_request_too_big_for_any_share_goes_to_the_least_recent_work() -> None
         NodeView(B, recent_tokens=5.0),
         NodeView(C, recent_tokens=5.0, inflight=1),
     )
-    # work cap 1.25 * (20 + 1000) / 3 = 425 < 1005; c is out on in-flight (cap ceil(1.25 * 2 / 3) = 1)
-    assert [v.node for v in within_load_cap(nodes, 0.25, 1000)] == [B]
+    # work cap 1.25 * (20 + 1000) / 3 = 425 < 1005: b and c tie on least work; c's request in
+    # flight does not exclude it.
+    assert [v.node for v in within_load_cap(nodes, 0.25, 1000)] == [B, C]
 
 
 def test_cost_leaves_an_idle_holder_with_too_much_recent_work() -> None:
-    # The holder has nothing in flight (the case the in-flight cap alone missed) but took most of
+    # The holder has nothing in flight (no count at this instant would refuse it) but took most of
     # the recent work: the request goes to b and pulls the prefix instead.
     nodes = (NodeView(A, 4, 4, recent_tokens=400.0, prefill_tokens_per_s=100.0), view(B))
     d = make_policy("cost", CFG).route(REQ, ClusterView(nodes, default_pull_bytes_per_s=1e6))
@@ -116,11 +124,12 @@ def test_cost_leaves_an_idle_holder_with_too_much_recent_work() -> None:
 
 
 def test_prefix_affinity_skips_a_node_over_the_cap() -> None:
-    nodes = (view(A, 5, inflight=3), view(B, 2), view(C, 1), view(D))
+    nodes = (view(A, 5, recent=300.0), view(B, 2, recent=200.0), view(C, 1, recent=200.0), view(D, recent=200.0))
     d = make_policy("prefix_affinity", CFG).route(REQ, ClusterView(nodes))
+    # cap = max(1.25 * (900 + 50) / 4, floor 2 s x 100 tokens/s) = 296.9: a (350) is out, b (250) in
     assert (d.node, d.local_blocks) == (B, 2)
-    # cap = ceil(1.25 * (3 + 1) / 4) = 2: now a (1 + 1) is within it
-    within = (view(A, 5, inflight=1), view(B, 2, inflight=1), view(C, 1, inflight=1), view(D))
+    # cap = 1.25 * (800 + 50) / 4 = 265.6: now a (250) is within it, though 3 requests are in flight
+    within = tuple(view(n, loc, inflight=3 if n == A else 0, recent=200.0) for n, loc in zip((A, B, C, D), (5, 2, 1, 0)))
     d = make_policy("prefix_affinity", CFG).route(REQ, ClusterView(within))
     assert (d.node, d.local_blocks) == (A, 5)
 
@@ -183,18 +192,18 @@ def test_load_cap_matches_its_formula(
     nodes: tuple[NodeView, ...], work: list[float], eps: float, tokens: int, floor_s: float
 ) -> None:
     nodes = tuple(dataclasses.replace(v, recent_tokens=w) for v, w in zip(nodes, work, strict=False))
-    cap = math.ceil((1 + eps) * (sum(v.inflight for v in nodes) + 1) / len(nodes) - 1e-9)
-    by_count = [v for v in nodes if v.inflight + 1 <= cap]
     work_cap = (1 + eps) * (sum(v.recent_tokens for v in nodes) + tokens) / len(nodes)
     by_work = [
         v
-        for v in by_count
+        for v in nodes
         if v.recent_tokens + tokens <= max(work_cap, floor_s * v.prefill_tokens_per_s) + 1e-6
     ]
-    least = min(v.recent_tokens for v in by_count)
-    expect = by_work or [v for v in by_count if v.recent_tokens == least]
+    least = min(v.recent_tokens for v in nodes)
+    expect = by_work or [v for v in nodes if v.recent_tokens == least]
     assert within_load_cap(nodes, eps, tokens, floor_s) == expect
-    assert min(v.inflight for v in nodes) in {v.inflight for v in by_count}
+    # Requests in flight never change eligibility: only recent work does.
+    idle = tuple(dataclasses.replace(v, inflight=0) for v in nodes)
+    assert [v.node for v in within_load_cap(idle, eps, tokens, floor_s)] == [v.node for v in expect]
 
 
 @settings(max_examples=60, deadline=None)

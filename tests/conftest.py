@@ -1,15 +1,15 @@
 """Shared fixtures: free ports on 127.0.0.1, a real redis-server, and the gpu marker's skip."""
 
+import contextlib
 import shutil
-import sys
-import warnings
 import socket
 import subprocess
+import sys
+import warnings
 from collections.abc import Iterator
 
 import pytest
 import torch
-
 
 # Two cores are shared by the test process and the servers it starts; intra-op threads only contend.
 torch.set_num_threads(1)
@@ -46,9 +46,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    """A fresh redis-server on 127.0.0.1 and a free port, no persistence; stopped after the test."""
+@contextlib.contextmanager
+def running_redis() -> Iterator[str]:
+    """A fresh redis-server on 127.0.0.1 and a free port, no persistence; its URL while the block runs."""
     exe = shutil.which("redis-server")
     assert exe, "redis-server is not installed (.ci/run installs it: apt-get install -y redis-server)"
     port = free_port()
@@ -69,3 +69,10 @@ def redis_url() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """A redis-server for one test."""
+    with running_redis() as url:
+        yield url

@@ -9,8 +9,6 @@ No sleeps: every wait polls a condition under a deadline.
 """
 
 import asyncio
-import shutil
-import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -19,7 +17,7 @@ import aiohttp
 import openai
 import pytest
 import ray
-from conftest import free_port
+from conftest import running_redis
 from router_cluster import MODEL, reference
 
 from radixmesh.cluster import launcher
@@ -44,20 +42,8 @@ def anyio_backend() -> str:
 def redis_module() -> Iterator[str]:
     """A redis-server shared by this module's tests (conftest's redis_url is per test, but the
     deployment these tests share outlives one test)."""
-    exe = shutil.which("redis-server")
-    assert exe, "redis-server is not installed"
-    port = free_port()
-    proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "Ready to accept connections" in line:
-            break
-    else:
-        raise RuntimeError(f"redis-server exited with {proc.wait()}")
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    with running_redis() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ from radixmesh.node_agent.kv_layout import KVLayout
 
 
 def _layout(**kw: object) -> KVLayout:
-    base: dict[str, object] = dict(
-        model_id="m", num_layers=2, num_kv_heads=4, head_dim=8, dtype="float16", block_size=16
-    )
+    base: dict[str, object] = {
+        "model_id": "m", "num_layers": 2, "num_kv_heads": 4, "head_dim": 8, "dtype": "float16", "block_size": 16
+    }
     base.update(kw)
     return KVLayout(**base)  # type: ignore[arg-type]
 

@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYOUT = "bench-layout"
 NODES = [NodeId(f"node-{i:02d}") for i in range(64)]
 TRACE_BLOCK_TOKENS = 512
+TRACE_BLOCK_BYTES = 32 * 2 * TRACE_BLOCK_TOKENS * 8 * 128 * 2  # a Llama-3-8B bf16 block of 512 tokens
 HOT_REQUESTS = 8  # a first block seen this often is a hot prefix...
 HOT_REPLICAS = 4  # ...served round-robin by this many nodes
 NODE_CAPACITY = 1000  # blocks per node before LRU eviction
@@ -318,7 +319,8 @@ async def bench_grpc(ops: list[Op], seconds: float, clients: int = 8) -> dict[st
         channels = [grpc.aio.insecure_channel(target) for _ in range(clients)]
         stubs = [pb_grpc.MetadataServiceStub(c) for c in channels]
         for n in NODES:
-            await stubs[0].RegisterNode(node_info_to_pb(NodeInfo(n, 1, LAYOUT, TRACE_BLOCK_TOKENS, f"addr-{n}", NODE_CAPACITY)))
+            await stubs[0].RegisterNode(node_info_to_pb(NodeInfo(n, 1, LAYOUT, TRACE_BLOCK_TOKENS, TRACE_BLOCK_BYTES,
+                                                                  f"addr-{n}", NODE_CAPACITY)))
 
         batches = event_batches(ops, rounds=3)
         blocks = sum(len(e.stored.hashes) + len(e.removed.hashes) for bs in batches.values() for b in bs for e in b.events)

@@ -53,7 +53,7 @@ class LauncherConfig:
     prefix_caching: bool = True
     """False: agents neither reuse nor publish prefixes (the demo's "caching off" baseline)."""
     transfer: str = "ucx"
-    """KV transfer plane of the agents: "ucx" or "none"."""
+    """KV transfer plane of the agents: one of agent_config.TRANSFER_PLANES ("ucx", "ray", "auto", "none")."""
     cluster_token: bytes = b"radixmesh-dev-token"
     heartbeat_interval_s: float = 1.0
     publish_interval_s: float = 0.05

@@ -37,6 +37,8 @@ class NodeInfo:
     """KVLayout fingerprint."""
     block_size: int
     """Tokens per block of that layout."""
+    block_bytes: int
+    """KV bytes of one block of that layout (KVLayout.block_bytes): what the router prices a pull by."""
     transfer_address: str
     capacity_blocks: int
 
@@ -49,6 +51,8 @@ class NodeInfo:
             raise ValueError("layout fingerprint must be non-empty")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.block_bytes < 1:
+            raise ValueError(f"block_bytes must be >= 1, got {self.block_bytes}")
         if self.capacity_blocks < 0:
             raise ValueError(f"capacity_blocks must be >= 0, got {self.capacity_blocks}")
 
@@ -186,11 +190,17 @@ class Membership:
         return json.dumps(record).encode()
 
     def restore(self, node: NodeId, data: bytes) -> None:
-        """Load a record written by `encode`; a lease already ended only restores the epoch fence."""
+        """Load a record written by `encode`; a lease already ended only restores the epoch fence, and
+        so does a lease whose info this version cannot read (the node's next heartbeat then finds no
+        lease and it registers again)."""
         record = json.loads(data)
         self._epochs[node] = max(self._epochs.get(node, 0), int(record["epoch"]))
         if "info" in record and record["deadline"] > self._clock():
-            info = NodeInfo(**record["info"])
+            try:
+                info = NodeInfo(**record["info"])
+            except (TypeError, ValueError) as e:  # a record of an older NodeInfo (no block_bytes)
+                logger.warning("node %s: lease record not restored (%s); it must register again", node, e)
+                return
             member = Member(info, float(record["deadline"]), 0, NodeLoad(**record["load"]))
             self._members[node] = member
             heapq.heappush(self._deadlines, (member.deadline, node))

@@ -55,6 +55,7 @@ def node_info_to_pb(info: NodeInfo) -> pb.RegisterNodeRequest:
         epoch=info.epoch,
         layout_fingerprint=info.layout,
         block_size=info.block_size,
+        block_bytes=info.block_bytes,
         transfer_address=info.transfer_address,
         capacity_blocks=info.capacity_blocks,
     )
@@ -62,7 +63,13 @@ def node_info_to_pb(info: NodeInfo) -> pb.RegisterNodeRequest:
 
 def node_info_from_pb(m: pb.RegisterNodeRequest) -> NodeInfo:
     return NodeInfo(
-        NodeId(m.node_id), m.epoch, m.layout_fingerprint, m.block_size, m.transfer_address, m.capacity_blocks
+        NodeId(m.node_id),
+        m.epoch,
+        m.layout_fingerprint,
+        m.block_size,
+        m.block_bytes,
+        m.transfer_address,
+        m.capacity_blocks,
     )
 
 

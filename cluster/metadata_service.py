@@ -83,8 +83,16 @@ class MetadataService:
         self._restore()
 
     def register(self, info: NodeInfo) -> Lease:
-        """Grant a lease; a new incarnation (or one whose lease ended) starts with no blocks."""
+        """Grant a lease; a new incarnation (or one whose lease ended) starts with no blocks.
+
+        ValueError when another live node of the same layout declared other block_bytes: the layout
+        fingerprint covers the dtype and shape, so equal layouts have equal blocks.
+        """
         self._expire()
+        for peer in (m.info for m in self.membership.members() if m.info.node_id != info.node_id):
+            if peer.layout == info.layout and peer.block_bytes != info.block_bytes:
+                raise ValueError(f"layout {info.layout}: block_bytes {info.block_bytes} differs from "
+                                 f"{peer.block_bytes} of node {peer.node_id}")
         member, fresh = self.membership.register(info)
         if fresh:
             self.index.drop_node(info.node_id)

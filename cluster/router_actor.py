@@ -24,6 +24,7 @@ from aiohttp import web
 from radixmesh.cluster.agent_clients import RayAgentClient, StaticAgentDirectory
 from radixmesh.cluster.http_api import create_app
 from radixmesh.cluster.launcher_config import NAMESPACE, LauncherConfig
+from radixmesh.cluster.membership import NodeInfo
 from radixmesh.cluster.metadata_client import MetadataClient
 from radixmesh.cluster.route_explain import explain
 from radixmesh.cluster.router import GenerateRequest, NoNodeAvailable, Router
@@ -35,6 +36,18 @@ logger = logging.getLogger(__name__)
 
 ROUTER_ACTOR = "radixmesh-router"
 ROUTE_PATH = "/radixmesh/route"
+
+
+def deployment_layout(infos: Sequence[NodeInfo]) -> tuple[str, int]:
+    """The (layout fingerprint, KV bytes per block) that every agent in `infos` registered with.
+
+    The bytes come from the agents (their KVLayout, dtype included), so the router prices a pull of
+    a bf16 block at half a float32 one. ValueError when `infos` is empty or the agents disagree.
+    """
+    kinds = {(i.layout, i.block_bytes) for i in infos}
+    if len(kinds) != 1:
+        raise ValueError(f"agents of one deployment must share one KV layout and bytes per block, got {kinds}")
+    return kinds.pop()
 
 
 class RouterActor:
@@ -64,11 +77,9 @@ class RouterActor:
                                                          placement))
                    for node, host, placement in self._placements]
         infos = await asyncio.gather(*(c.start() for c in clients))
-        layouts = {i.layout for i in infos}
-        assert len(layouts) == 1, f"agents of one deployment disagree on the KV layout: {layouts}"
-        block_bytes = cfg.model.kv_layout("any", cfg.block_size).block_bytes  # random models are float32
+        layout, block_bytes = deployment_layout(infos)
         metadata = MetadataClient(self._metadata_address, timeout_s=5.0)
-        router = Router(cfg.router_config(layouts.pop(), block_bytes), StaticAgentDirectory(clients), metadata)
+        router = Router(cfg.router_config(layout, block_bytes), StaticAgentDirectory(clients), metadata)
         app = create_app(router)
         app.router.add_post(ROUTE_PATH, self._route)
         runner = web.AppRunner(app, access_log=None)

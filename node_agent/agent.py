@@ -17,13 +17,15 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, replace
+from typing import Any
 
 from radixmesh.cluster.hit_accounting import RequestHits
 from radixmesh.cluster.membership import NodeInfo, NodeLoad
 from radixmesh.cluster.metadata_client import MetadataClient
 from radixmesh.node_agent.agent_config import AgentConfig
+from radixmesh.node_agent.agent_endpoint import parse_address
 from radixmesh.node_agent.agent_metrics import AgentCounters, render_agent_metrics
-from radixmesh.node_agent.agent_transfer import AgentTransfer, Pulled, parse_address
+from radixmesh.node_agent.agent_transfer import AgentTransfer, Pulled
 from radixmesh.node_agent.block_hash import hash_blocks, tenant_salt
 from radixmesh.node_agent.engine import Engine, InvalidRequest
 from radixmesh.node_agent.engine_runner import EngineRunner, Finished
@@ -35,6 +37,7 @@ from radixmesh.node_agent.model import LlamaForCausalLM
 from radixmesh.node_agent.paged_memory import TierMemory
 from radixmesh.node_agent.request import ExternalPrefix, Request, RequestId
 from radixmesh.node_agent.serve_plan import ServeItem, ServePlan, ServeResult, ServeStats, TokenDelta
+from radixmesh.node_agent.transport import TransportError
 from radixmesh.node_agent.weights import load_checkpoint, random_model
 
 logger = logging.getLogger(__name__)
@@ -76,19 +79,25 @@ class NodeAgent:
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        """Build the model and engine (off the event loop), then start the transfer plane."""
+        """Build the model and engine (off the event loop), then start the transfer plane. When a
+        part cannot start (ValueError: e.g. transfer="ray" outside an agent actor) the parts already
+        started are stopped again before the error propagates."""
         model, model_id = await asyncio.to_thread(build_model, self.config)
         engine_config = replace(self.config.engine, model_id=model_id)
         engine = Engine(model, engine_config, clock=self._clock)
         self._runner = EngineRunner(engine, clock=self._clock)
-        if self.config.transfer != "none":
-            self._transfer = AgentTransfer(engine.memory.gpu, engine.layout, self.config, self._runner.call)
-            await self._transfer.start()
-        if self.config.metadata_address is not None:
-            client = MetadataClient(self.config.metadata_address, token=self.config.metadata_token)
-            self.publisher = EventPublisher(self, client, PublisherConfig(
-                self.config.publish_interval_s, self.config.heartbeat_interval_s))
-            await self.publisher.start()
+        try:
+            if self.config.transfer != "none":
+                self._transfer = AgentTransfer(engine.memory.gpu, engine.layout, self.config, self._runner.call)
+                await self._transfer.start()
+            if self.config.metadata_address is not None:
+                client = MetadataClient(self.config.metadata_address, token=self.config.metadata_token)
+                self.publisher = EventPublisher(self, client, PublisherConfig(
+                    self.config.publish_interval_s, self.config.heartbeat_interval_s))
+                await self.publisher.start()
+        except BaseException:
+            await self.stop()
+            raise
         logger.info("agent %s epoch %d up: layout %s, transfer %s", self.node, self.epoch,
                     engine.layout.fingerprint(), self.transfer_address or "none")
 
@@ -120,8 +129,17 @@ class NodeAgent:
 
     @property
     def transfer_address(self) -> str:
-        """host:port of the transfer server ("" without a transfer plane)."""
+        """Where peers pull from: host:port of the transfer server, "ray:<actor name>" under the Ray
+        transport, "" without a transfer plane."""
         return self._transfer.address if self._transfer is not None else ""
+
+    async def serve_pull(self, request: bytes) -> AsyncIterator[Any]:
+        """Serve one peer's pull through the object store (the agent actor's `pull`); TransportError
+        unless this agent's transport is ray."""
+        if self._transfer is None:
+            raise TransportError(f"agent {self.node} has no transfer plane")
+        async for item in self._transfer.serve_pull(request):
+            yield item
 
     # --- serving -----------------------------------------------------------------------------
     async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
@@ -176,7 +194,7 @@ class NodeAgent:
                                      f"prompt's {full} full blocks")
             if plan.pull.peer == self.node:
                 raise InvalidRequest("a plan cannot pull from the serving node itself")
-            parse_address(plan.pull.address)
+            parse_address(plan.pull.peer, plan.pull.address)
 
     async def _pull(self, plan: ServePlan, salt: bytes) -> Pulled:
         if plan.pull is None:
@@ -212,7 +230,7 @@ class NodeAgent:
     def node_info(self) -> NodeInfo:
         """What RegisterNode declares for this incarnation."""
         return NodeInfo(self.node, self.epoch, self.layout.fingerprint(), self.layout.block_size,
-                        self.transfer_address, self.engine.memory.config.num_gpu_blocks)
+                        self.layout.block_bytes, self.transfer_address, self.engine.memory.config.num_gpu_blocks)
 
     async def take_events(self) -> list[CacheEvent]:
         """Drain both tiers' cache events since the last call (gpu first)."""

@@ -8,7 +8,8 @@ Requests in flight when the actor died fail with RayActorError (the client says 
 are not retried by Ray (max_task_retries=0): the router retries them elsewhere, with care for tokens
 already streamed.
 
-Idempotent calls: `start`, `stop`, `node_info`, `load`, `prometheus_text`, `check_invariants`.
+Idempotent calls: `start`, `stop`, `node_info`, `load`, `prometheus_text`, `check_invariants`, and
+`pull` (a peer's pull under transfer="ray": it only reads cached blocks; its pins end with the stream).
 `serve` is not: each call runs the request once (a retry must use a new request id or another node).
 """
 
@@ -90,6 +91,14 @@ class AgentActor:
         await self.start()
         assert self._agent is not None
         async for item in self._agent.serve(plan):
+            yield item
+
+    async def pull(self, request: bytes) -> AsyncIterator[Any]:
+        """A peer's pull under the Ray transport (transport_ray.serve_pull's stream; call with
+        num_returns="streaming"). The owner's pins last exactly as long as the stream."""
+        await self.start()
+        assert self._agent is not None
+        async for item in self._agent.serve_pull(request):
             yield item
 
     async def node_info(self) -> NodeInfo:

@@ -9,7 +9,7 @@ from radixmesh.node_agent.model_config import LlamaConfig, named_config
 
 logger = logging.getLogger(__name__)
 
-TRANSFER_PLANES = ("none", "ucx")
+TRANSFER_PLANES = ("none", "ucx", "ray", "auto")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +30,9 @@ class AgentConfig:
     transfer_port: int = 0
     """0: any free port."""
     transfer: str = "ucx"
-    """KV transfer plane: "ucx" (TCP on one machine, RDMA on a cluster) or "none" (never pulls, serves
-    no pulls; planned pulls are recomputed)."""
+    """KV transfer plane: "ucx" (TCP on one machine, RDMA on a cluster), "ray" (the Ray object store,
+    served by the agent's actor: only for agents made by make_agent_actor), "auto" (ucx where `import
+    ucxx` works, else ray) or "none" (never pulls, serves no pulls; planned pulls are recomputed)."""
     cluster_token: bytes = b"radixmesh-dev-token"
     """Shared secret of the transfer and control planes; peers refuse pulls without it."""
     pull_timeout_s: float = 10.0

@@ -96,6 +96,14 @@ class Engine:
         self.memory.release(seq)
         return True
 
+    def sequence(self, request_id: RequestId) -> SequenceState | None:
+        """The live state of a queued or running request (None once it finished or was aborted).
+
+        Read-only for callers: the engine mutates it on every step, so read it between steps, on the
+        thread that steps the engine.
+        """
+        return self._active.get(request_id)
+
     def generate(self, requests: Sequence[Request]) -> list[RequestOutput]:
         """Run `requests` to completion (with whatever else is queued); outputs in request order.
         All requests are validated before any is queued."""

@@ -148,8 +148,7 @@ class EngineRunner:
         items: list[tuple[RequestId, StreamItem]] = []
         for rid, prog in list(self._progress.items()):
             out = outputs.get(rid)
-            # The engine has no public per-request progress yet; its table is read on its own thread.
-            seq = self.engine._active.get(rid)
+            seq = self.engine.sequence(rid)
             stats = out.stats if out is not None else (seq.stats if seq is not None else None)
             if prog.hits is None and stats is not None and (out is not None or (seq and seq.block_ids)):
                 prog.hits = AdmissionHits(stats.cached_gpu_tokens, stats.cached_host_tokens,

@@ -17,7 +17,7 @@ class PullPlan:
 
     peer: NodeId
     address: str
-    """The peer's transfer address, as it registered it (host:port)."""
+    """The peer's transfer address, as it registered it: host:port (ucx) or ray:<actor name> (ray)."""
     first_block: int
     num_blocks: int
 

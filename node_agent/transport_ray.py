@@ -18,6 +18,7 @@ import ray
 import torch
 
 from radixmesh.node_agent.ids import NodeId
+from radixmesh.node_agent.transfer_client import Serial, run_inline
 from radixmesh.node_agent.transfer_protocol import (
     ChunkTrailer,
     ProtocolError,
@@ -31,7 +32,7 @@ from radixmesh.node_agent.transfer_protocol import (
     encode_request,
     encode_trailer,
 )
-from radixmesh.node_agent.transfer_source import TransferSource
+from radixmesh.node_agent.transfer_source import OpenPull, TransferSource
 from radixmesh.node_agent.transport import TRANSPORTS, Peer, PeerChannel, Transport, TransportError
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,27 @@ logger = logging.getLogger(__name__)
 def transfer_actor_name(node: NodeId) -> str:
     """The Ray actor name a node's transfer endpoint registers under."""
     return f"radixmesh-transfer-{node}"
+
+
+async def serve_pull(source: TransferSource, request: bytes, serial: Serial = run_inline) -> AsyncIterator[Any]:
+    """One pull as an actor's streaming generator: the encoded header, then (encoded trailer, uint8
+    payload array) per chunk. Pinning and unpinning run through `serial` (the node agent passes its
+    engine thread); the pins are released however the stream ends, consumer gone included."""
+    try:
+        req = decode_request(request)
+    except ProtocolError as e:
+        yield encode_header(PullHeader(0, Status.INVALID_ARGUMENT, 0, "", 0, 1, str(e)))
+        return
+    pull: OpenPull = await serial(source.open, req)
+    try:
+        yield encode_header(pull.header)
+        if pull.header.status is Status.OK:
+            for trailer, payload in pull.chunks():
+                # Yielding copies the payload into the object store before the generator resumes,
+                # so the view of pinned blocks is never read after they are released.
+                yield encode_trailer(trailer), _host_bytes(payload)
+    finally:
+        await serial(pull.close)
 
 
 class TransferActor:
@@ -53,19 +75,9 @@ class TransferActor:
         self.source = make_source()
 
     async def pull(self, request: bytes) -> AsyncIterator[Any]:
-        """Yields encoded header, then (encoded trailer, uint8 payload array) per chunk."""
-        try:
-            req = decode_request(request)
-        except ProtocolError as e:
-            yield encode_header(PullHeader(0, Status.INVALID_ARGUMENT, 0, "", 0, 1, str(e)))
-            return
-        with self.source.open(req) as pull:
-            yield encode_header(pull.header)
-            if pull.header.status is Status.OK:
-                for trailer, payload in pull.chunks():
-                    # Yielding copies the payload into the object store before the generator resumes,
-                    # so the view of pinned blocks is never read after they are released.
-                    yield encode_trailer(trailer), _host_bytes(payload)
+        """serve_pull's stream of one pull."""
+        async for item in serve_pull(self.source, request):
+            yield item
 
     async def state(self) -> dict[str, int]:
         """Pins held by open pulls and blocks in use, after checking the source's invariants."""

@@ -17,20 +17,22 @@ TIER_GPU: Tier
 TIER_HOST: Tier
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "epoch", "layout_fingerprint", "block_size", "transfer_address", "capacity_blocks")
+    __slots__ = ("node_id", "epoch", "layout_fingerprint", "block_size", "transfer_address", "capacity_blocks", "block_bytes")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
     layout_fingerprint: str
     block_size: int
     transfer_address: str
     capacity_blocks: int
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., layout_fingerprint: _Optional[str] = ..., block_size: _Optional[int] = ..., transfer_address: _Optional[str] = ..., capacity_blocks: _Optional[int] = ...) -> None: ...
+    block_bytes: int
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., layout_fingerprint: _Optional[str] = ..., block_size: _Optional[int] = ..., transfer_address: _Optional[str] = ..., capacity_blocks: _Optional[int] = ..., block_bytes: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("node_id", "epoch", "ttl_s", "next_seq", "snapshot_required")

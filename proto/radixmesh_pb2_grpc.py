@@ -73,7 +73,8 @@ class MetadataServiceServicer:
         """Joins a node, or a restarted incarnation of it (a higher epoch), and grants a lease.
         A new epoch drops everything the index held for the node's older epoch. An epoch lower than
         the highest seen for the node is refused with FAILED_PRECONDITION; the same epoch with a
-        different layout or address is INVALID_ARGUMENT. Idempotent for the same epoch and fields.
+        different layout or address is INVALID_ARGUMENT, and so is block_bytes = 0 or a block_bytes
+        other than that of the live nodes of the same layout. Idempotent for the same epoch and fields.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -110,6 +110,7 @@ async def test_concurrent_requests_are_batched_and_exact(agent: NodeAgent) -> No
     plan("b4", prompt(4, 12), pull=PullPlan(NodeId("z"), "127.0.0.1:1", 2, 5)),
     plan("b5", prompt(4, 12), pull=PullPlan(NodeId("z"), "nowhere", 0, 1)),
     plan("b6", prompt(4, 12), pull=PullPlan(NodeId("a"), "127.0.0.1:1", 0, 1)),
+    plan("b7", prompt(4, 12), pull=PullPlan(NodeId("z"), "ray:", 0, 1)),
 ])
 async def test_bad_plans_raise_value_error_and_change_nothing(agent: NodeAgent, bad: ServePlan) -> None:
     before = await agent.prometheus_text()
@@ -164,6 +165,25 @@ async def test_local_client_and_directory() -> None:
         await client.prometheus_text()
     directory.remove(NodeId("x"))
     assert directory.get(NodeId("x")) is None and directory.nodes() == []
+
+
+async def test_ray_transport_outside_an_agent_actor_is_refused_at_start() -> None:
+    a = NodeAgent(agent_config("r", transfer="ray"))
+    with pytest.raises(ValueError, match="make_agent_actor"):
+        await a.start()
+    with pytest.raises(RuntimeError, match="not started"):  # nothing kept running
+        _ = a.runner
+
+
+@pytest.mark.integration
+async def test_auto_transport_picks_ucx_where_ucxx_loads() -> None:
+    a = NodeAgent(agent_config("u", transfer="auto"))
+    await a.start()
+    try:
+        host, port = a.transfer_address.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+    finally:
+        await a.stop()
 
 
 async def test_stopping_the_agent_mid_stream_surfaces_as_unavailable() -> None:
@@ -246,4 +266,17 @@ async def test_dead_peer_means_recompute_not_failure(pair: tuple[NodeAgent, Node
     assert s.pull_failed and (s.remote_tokens, s.computed_tokens) == (0, 26)
     assert got.output_token_ids == reference(tokens)
     await puller.check_invariants()
+    assert puller.engine.memory.gpu.pool.num_in_use == 0
+
+
+@pytest.mark.integration
+async def test_a_peer_on_another_transport_means_recompute(pair: tuple[NodeAgent, NodeAgent]) -> None:
+    owner, puller = pair
+    tokens = prompt(24, 26)
+    await collect(owner.serve(plan("o", tokens)))
+    pull = PullPlan(owner.node, "ray:radixmesh-agent-owner", 0, 6)  # the ucx puller cannot reach an actor
+    _, got = await collect(puller.serve(plan("p", tokens, pull=pull)))
+    s = got.stats
+    assert s.pull_failed and (s.remote_tokens, s.computed_tokens) == (0, 26)
+    assert got.output_token_ids == reference(tokens)
     assert puller.engine.memory.gpu.pool.num_in_use == 0

@@ -1,6 +1,6 @@
 """Agent actors on a local Ray cluster (node IP 127.0.0.1): streaming through RayAgentClient, a pull
-between two actors over UCX, refusal as ValueError, restart with a higher epoch, death as
-AgentUnavailable."""
+between two actors over UCX and one through the Ray object store, refusal as ValueError, restart with
+a higher epoch, death as AgentUnavailable."""
 
 from collections.abc import Iterator
 
@@ -25,14 +25,14 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    resources = {node_resource(NodeId(n)): 1.0 for n in ("a", "b")}
+    resources = {node_resource(NodeId(n)): 1.0 for n in ("a", "b", "c", "d")}
     init_loopback_ray(num_cpus=4, resources=resources, log_to_driver=False)
     yield
     ray.shutdown()
 
 
-def actor(node: str) -> RayAgentClient:
-    config = agent_config(node, transfer="ucx", pull_timeout_s=10.0)
+def actor(node: str, transfer: str = "ucx") -> RayAgentClient:
+    config = agent_config(node, transfer=transfer, pull_timeout_s=10.0)
     placement = AgentPlacement.simulated(NodeId(node))
     return RayAgentClient(NodeId(node), make_agent_actor(config, placement))
 
@@ -77,3 +77,25 @@ async def test_actors_stream_pull_restart_and_die(ray_cluster: None) -> None:
         await collect(stream)
     with pytest.raises(AgentUnavailable):
         await b.prometheus_text()
+
+
+async def test_ray_transport_pulls_through_the_owners_actor(ray_cluster: None) -> None:
+    owner, puller = actor("c", transfer="ray"), actor("d", transfer="ray")
+    info = await owner.start()
+    await puller.start()
+    assert info.transfer_address == "ray:radixmesh-agent-c"
+    tokens = prompt(43, 30)  # 7 full blocks; 7 usable (the 30th token is computed)
+    _, first = await collect(owner.serve(plan("o", tokens)))
+
+    pull = PullPlan(NodeId("c"), info.transfer_address, 0, 7)
+    _, got = await collect(puller.serve(plan("p", tokens, pull=pull)))
+    assert got.output_token_ids == first.output_token_ids == reference(tokens)
+    s = got.stats
+    assert (s.remote_tokens, s.computed_tokens, s.pull_failed) == (28, 2, False)
+    assert s.pull_bytes > 0 and "c" in (await puller.handle.load.remote()).pull_gbps
+    # The owner's pins ended with the stream: every block is free or cached-evictable again.
+    assert (await owner.handle.load.remote()).free_blocks == 96
+    await owner.handle.check_invariants.remote()
+    await puller.handle.check_invariants.remote()
+    for client in (owner, puller):
+        ray.kill(client.handle, no_restart=True)

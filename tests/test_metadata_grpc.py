@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -19,9 +20,11 @@ from radixmesh.cluster.metadata_client import MetadataClient
 from radixmesh.cluster.metadata_messages import EventBatch, MatchQuery, NodeSnapshot, PublishStatus
 from radixmesh.cluster.metadata_server import ServerOptions, TlsFiles, create_server
 from radixmesh.cluster.metadata_service import MetadataService, ServiceConfig, ServiceLimits
+from radixmesh.cluster.store import MemoryStore
 from radixmesh.node_agent.block_hash import BlockHash
 from radixmesh.node_agent.events import AllCleared, BlockRemoved, BlockStored, Tier
 from radixmesh.node_agent.ids import NodeId
+from radixmesh.node_agent.kv_layout import KVLayout
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
 
@@ -31,6 +34,7 @@ L = "layout-0123456789"
 H = [BlockHash(bytes([i]) * 16) for i in range(1, 33)]
 A, B = NodeId("node-a"), NodeId("node-b")
 TTL = 10.0
+BB = 4096
 
 
 class Clock:
@@ -41,8 +45,8 @@ class Clock:
         return self.now
 
 
-def info(node: NodeId, epoch: int = 1) -> NodeInfo:
-    return NodeInfo(node, epoch, L, 16, f"ucx://{node}", 1000)
+def info(node: NodeId, epoch: int = 1, layout: str = L, block_bytes: int = BB) -> NodeInfo:
+    return NodeInfo(node, epoch, layout, 16, block_bytes, f"ucx://{node}", 1000)
 
 
 def stored(hashes: list[BlockHash], parent: BlockHash | None = None, tier: Tier = Tier.GPU) -> BlockStored:
@@ -199,6 +203,26 @@ def test_hit_accounting_joins_prediction_and_report() -> None:
     run(body)
 
 
+def test_block_bytes_of_each_layout_kept_through_register_and_restart() -> None:
+    f32 = KVLayout("m", num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32", block_size=16)
+    bf16 = dataclasses.replace(f32, dtype="bfloat16")
+    declared = {A: info(A, layout=f32.fingerprint(), block_bytes=f32.block_bytes),
+                B: info(B, layout=bf16.fingerprint(), block_bytes=bf16.block_bytes)}
+
+    async def body() -> None:
+        clock, store = Clock(), MemoryStore()
+        service = MetadataService(store, ServiceConfig(lease_ttl_s=TTL), clock)
+        async with serving(service) as (client, _):
+            for node_info in declared.values():
+                await client.register(node_info)
+        kept = {m.info.node_id: m.info for m in service.membership.members()}
+        assert kept == declared and kept[B].block_bytes * 2 == kept[A].block_bytes
+        restarted = MetadataService(store, ServiceConfig(lease_ttl_s=TTL), clock)
+        assert {m.info.node_id: m.info for m in restarted.membership.members()} == declared
+
+    run(body)
+
+
 def _raw_batch(**event: object) -> pb.EventBatch:
     return pb.EventBatch(node_id=A, epoch=1, seq=2, events=[pb.CacheEvent(**event)])  # type: ignore[arg-type]
 
@@ -219,9 +243,12 @@ BAD_INPUTS: list[tuple[str, str, object, grpc.StatusCode]] = [
     ("seq zero", "PublishEvents", pb.EventBatch(node_id=A, epoch=1, seq=0), grpc.StatusCode.INVALID_ARGUMENT),
     ("unknown node", "PublishEvents", pb.EventBatch(node_id="ghost", epoch=1, seq=1), grpc.StatusCode.NOT_FOUND),
     ("snapshot bad hash", "SyncSnapshot", pb.NodeSnapshot(node_id=A, epoch=1, seq=9, chains=[pb.BlockStored(hashes=[b"s"], tier=pb.TIER_GPU)]), grpc.StatusCode.INVALID_ARGUMENT),
-    ("empty node id", "RegisterNode", pb.RegisterNodeRequest(epoch=1, layout_fingerprint=L, block_size=16), grpc.StatusCode.INVALID_ARGUMENT),
-    ("epoch zero", "RegisterNode", pb.RegisterNodeRequest(node_id="c", layout_fingerprint=L, block_size=16), grpc.StatusCode.INVALID_ARGUMENT),
-    ("changed layout same epoch", "RegisterNode", pb.RegisterNodeRequest(node_id=A, epoch=1, layout_fingerprint="other", block_size=16), grpc.StatusCode.INVALID_ARGUMENT),
+    ("empty node id", "RegisterNode", pb.RegisterNodeRequest(epoch=1, layout_fingerprint=L, block_size=16, block_bytes=BB), grpc.StatusCode.INVALID_ARGUMENT),
+    ("epoch zero", "RegisterNode", pb.RegisterNodeRequest(node_id="c", layout_fingerprint=L, block_size=16, block_bytes=BB), grpc.StatusCode.INVALID_ARGUMENT),
+    ("changed layout same epoch", "RegisterNode", pb.RegisterNodeRequest(node_id=A, epoch=1, layout_fingerprint="other", block_size=16, block_bytes=BB), grpc.StatusCode.INVALID_ARGUMENT),
+    ("zero block bytes", "RegisterNode", pb.RegisterNodeRequest(node_id="c", epoch=1, layout_fingerprint=L, block_size=16, block_bytes=0), grpc.StatusCode.INVALID_ARGUMENT),
+    ("block bytes unlike the layout's", "RegisterNode", pb.RegisterNodeRequest(node_id="c", epoch=1, layout_fingerprint=L, block_size=16, block_bytes=BB // 2), grpc.StatusCode.INVALID_ARGUMENT),
+    ("changed block bytes same epoch", "RegisterNode", pb.RegisterNodeRequest(node_id=A, epoch=1, layout_fingerprint=L, block_size=16, block_bytes=2 * BB, transfer_address=f"ucx://{A}", capacity_blocks=1000), grpc.StatusCode.INVALID_ARGUMENT),
     ("hits above prompt", "Heartbeat", pb.HeartbeatRequest(node_id=A, epoch=1, hits=[pb.RequestHits(prompt_tokens=5, remote_tokens=6)]), grpc.StatusCode.INVALID_ARGUMENT),
     ("too many hits", "Heartbeat", pb.HeartbeatRequest(node_id=A, epoch=1, hits=[pb.RequestHits()] * 5), grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
@@ -247,6 +274,7 @@ def test_bad_input_refused_and_changes_nothing(method: str, request_msg: object,
             assert err.value.code() == code, err.value.details()
             after = (await client.match([MatchQuery(L, tuple(H[:6]))]), await client.stats())
             assert after == before
+            assert [m.info for m in service.membership.members()] == [info(A)]  # nothing registered
             lease = await client.heartbeat(A, 1, NodeLoad())
             assert lease.next_seq == 2  # a refused batch does not use up a sequence number
             service.check_invariants()

@@ -1,6 +1,8 @@
 """The metadata service on a real redis-server: a new service on the same store answers at once."""
 
 import asyncio
+import json
+from dataclasses import asdict
 
 import pytest
 from conftest import free_port
@@ -29,6 +31,7 @@ L = "layout-r"
 H = [BlockHash(bytes([i]) * 16) for i in range(1, 17)]
 A, B = NodeId("a"), NodeId("b")
 TTL = 10.0
+BB = 8192
 
 
 class Clock:
@@ -45,7 +48,7 @@ def service_on(url: str, clock: Clock) -> MetadataService:
 
 async def populate(client: MetadataClient) -> None:
     for n in (A, B):
-        await client.register(NodeInfo(n, 3, L, 16, f"addr-{n}", 100))
+        await client.register(NodeInfo(n, 3, L, 16, BB, f"addr-{n}", 100))
     await client.publish([EventBatch(A, 3, 1, (BlockStored(tuple(H[:4]), None, Tier.GPU),))])
     await client.publish([EventBatch(B, 3, 1, (BlockStored(tuple(H[:2]), None, Tier.HOST),))])
     await client.match([MatchQuery(L, tuple(H[:4]), tenant="t1", request_id="q")])
@@ -90,7 +93,7 @@ def test_restart_serves_match_and_counters_before_any_resync(redis_url: str) -> 
 def test_events_after_last_persist_resync_after_restart(redis_url: str) -> None:
     clock = Clock()
     first = service_on(redis_url, clock)
-    first.register(NodeInfo(A, 1, L, 16, "x", 10))
+    first.register(NodeInfo(A, 1, L, 16, BB, "x", 10))
     first.publish(EventBatch(A, 1, 1, (BlockStored(tuple(H[:2]), None, Tier.GPU),)))
     first.tick()  # periodic persist
     first.publish(EventBatch(A, 1, 2, (BlockStored((H[2],), H[1], Tier.GPU),)))
@@ -110,7 +113,7 @@ def test_events_after_last_persist_resync_after_restart(redis_url: str) -> None:
 def test_epoch_fence_and_lease_end_survive_restart(redis_url: str) -> None:
     clock = Clock()
     first = service_on(redis_url, clock)
-    first.register(NodeInfo(A, 7, L, 16, "x", 10))
+    first.register(NodeInfo(A, 7, L, 16, BB, "x", 10))
     first.publish(EventBatch(A, 7, 1, (BlockStored(tuple(H[:2]), None, Tier.GPU),)))
     first.close()
 
@@ -119,10 +122,28 @@ def test_epoch_fence_and_lease_end_survive_restart(redis_url: str) -> None:
     assert second.match([MatchQuery(L, tuple(H[:2]))])[0].nodes == ()
     assert second.stats().live_nodes == 0
     with pytest.raises(StaleEpoch):
-        second.register(NodeInfo(A, 6, L, 16, "x", 10))
-    assert second.register(NodeInfo(A, 8, L, 16, "x", 10)).snapshot_required
+        second.register(NodeInfo(A, 6, L, 16, BB, "x", 10))
+    assert second.register(NodeInfo(A, 8, L, 16, BB, "x", 10)).snapshot_required
     second.check_invariants()
     second.close()
+
+
+def test_lease_record_without_block_bytes_keeps_only_the_epoch_fence(redis_url: str) -> None:
+    clock = Clock()
+    old_info = {"node_id": A, "epoch": 4, "layout": L, "block_size": 16, "transfer_address": "x",
+                "capacity_blocks": 10}
+    record = {"epoch": 4, "info": old_info, "deadline": clock.now + TTL, "load": asdict(NodeLoad())}
+    store = RedisStore(redis_url)
+    store.save_node(A, json.dumps(record).encode())  # as written before NodeInfo had block_bytes
+    store.close()
+
+    service = service_on(redis_url, clock)
+    assert service.membership.get(A) is None and service.stats().live_nodes == 0
+    with pytest.raises(StaleEpoch):
+        service.register(NodeInfo(A, 3, L, 16, BB, "x", 10))
+    assert service.register(NodeInfo(A, 4, L, 16, BB, "x", 10)).snapshot_required
+    service.check_invariants()
+    service.close()
 
 
 def test_redis_store_round_trip(redis_url: str) -> None:

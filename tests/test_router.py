@@ -11,10 +11,13 @@ from router_cluster import BS, local_cluster, reference, start_metadata
 
 from radixmesh.cluster.chat_template import ChatMessage, render_prompt
 from radixmesh.cluster.cluster_view import InflightTable, build_view
-from radixmesh.cluster.membership import NodeLoad
+from radixmesh.cluster.cost_model import CostModel
+from radixmesh.cluster.launcher_config import LauncherConfig
+from radixmesh.cluster.membership import NodeInfo, NodeLoad
 from radixmesh.cluster.metadata_messages import MatchResult, NodeMatch
 from radixmesh.cluster.route_policy import NodeView
 from radixmesh.cluster.router import GenerateRequest, NoNodeAvailable, RequestRejected, RouterResult
+from radixmesh.cluster.router_actor import deployment_layout
 from radixmesh.cluster.router_metrics import RouterMetrics, merge_expositions
 from radixmesh.node_agent.ids import NodeId
 from radixmesh.node_agent.request import SamplingParams
@@ -37,6 +40,29 @@ def prompt(seed: int, n: int) -> tuple[int, ...]:
 def request(rid: str, tokens: tuple[int, ...], max_tokens: int = 6, **kw: object) -> GenerateRequest:
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kw)  # type: ignore[arg-type]
     return GenerateRequest(rid, tokens, sampling)
+
+
+# --- bytes per block come from the agents --------------------------------------------------------
+def test_router_prices_a_bf16_pull_at_half_the_bytes_of_float32() -> None:
+    config = LauncherConfig()
+    costs = {}
+    for dtype in ("float32", "bfloat16"):
+        layout = config.model.kv_layout("m", config.block_size, dtype)
+        infos = [NodeInfo(n, 1, layout.fingerprint(), layout.block_size, layout.block_bytes, "x", 64) for n in (A, B)]
+        fingerprint, block_bytes = deployment_layout(infos)
+        assert (fingerprint, block_bytes) == (layout.fingerprint(), layout.block_bytes)
+        policy = dataclasses.replace(config.router_config(fingerprint, block_bytes).policy_config, pull_latency_s=0.0)
+        costs[dtype] = CostModel(policy).pull_time(10, bytes_per_s=1e9)
+    assert costs["bfloat16"] * 2 == costs["float32"] > 0
+
+
+def test_deployment_layout_refuses_agents_that_disagree() -> None:
+    layout = LauncherConfig().model.kv_layout("m", 16)
+    a = NodeInfo(A, 1, layout.fingerprint(), 16, layout.block_bytes, "x", 64)
+    with pytest.raises(ValueError, match="one KV layout"):
+        deployment_layout([a, dataclasses.replace(a, node_id=B, block_bytes=layout.block_bytes // 2)])
+    with pytest.raises(ValueError, match="one KV layout"):
+        deployment_layout([])
 
 
 # --- in-flight table and views -------------------------------------------------------------------

@@ -162,6 +162,10 @@ async def test_killed_agent_requests_retried_index_drops_it_hit_rate_recovers(
     for p in warm:  # re-cache what lived on the victim
         await cached(client, p)
     again = [await cached(client, p) for p in warm]
-    rate_after = sum(h for h, _ in again) / sum(t for _, t in again)
-    assert rate_after >= rate_before - 0.02, (rate_before, rate_after)
+    total = sum(t for _, t in again)
+    rate_after = sum(h for h, _ in again) / total
+    # Recovered: the survivors hold the family again. Bounded load may still send a repeat to the
+    # less-worked survivor, where the cost policy recomputes a short tail (cheaper than pulling it),
+    # so up to two blocks per prompt may be computed instead of reused.
+    assert rate_after >= rate_before - 2 * BS * len(warm) / total, (rate_before, rate_after)
     assert (await stats(deployment))["router"]["nodes"][victim]["routed"] == routed_to_victim

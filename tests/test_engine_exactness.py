@@ -3,10 +3,9 @@
 (f) prefix blocks demoted to the host tier when the gpu tier evicted them."""
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
-import torch
 
 from radixmesh import kernels
 from radixmesh.node_agent.block_hash import hash_blocks
@@ -20,16 +19,6 @@ from radixmesh.node_agent.weights import random_model
 
 BS = 8
 REL_TOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # Two cores are shared by parallel test runs; torch's spinning worker threads make tiny
-    # matmuls ~20x slower under contention, so these tests run single-threaded.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,5 @@
 """Scheduling on the real pools: budgets, chunked prefill, preemption choice, no leaks, bad input."""
 
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -22,15 +21,6 @@ CFG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidde
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   bos_token_id=0, eos_token_id=1)
 MODEL = random_model(CFG, seed=11)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # Shared 2-core machine: torch's spinning threads slow tiny matmuls ~20x under contention.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_engine(gpu: int, host: int = 0, budget: int = 16, policy: str = "cost", caching: bool = True,

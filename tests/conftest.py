@@ -24,6 +24,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests (pytest.mark.anyio) run on asyncio: ucxx, grpc.aio and Ray's async API need it."""
+    return "asyncio"
+
+
 @pytest.fixture(autouse=True, scope="module")
 def fresh_ucx_context() -> Iterator[None]:
     """ucxx ties its progress to the first event loop that uses it, and each test module brings its

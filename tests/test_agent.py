@@ -23,11 +23,6 @@ BS = 4
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def agent_config(node: str, **kw: object) -> AgentConfig:
     engine = EngineConfig(block_size=BS, memory=MemoryConfig(num_gpu_blocks=96))
     options: dict[str, object] = {"transfer": "none", **kw}

@@ -18,11 +18,6 @@ from tests.test_agent import agent_config, collect, plan, prompt, reference
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
     resources = {node_resource(NodeId(n)): 1.0 for n in ("a", "b", "c", "d")}

@@ -23,11 +23,6 @@ TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_tr
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RADIXMESH_HOME", str(tmp_path))
     return tmp_path

@@ -33,6 +33,7 @@ BS, LONG = 4, 160
 SYSTEM = "System: you are the assistant of a radixmesh cluster under fault injection; be brief."
 
 
+# Module scope (conftest's is per test): the deployment fixture these tests share is module-scoped.
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "asyncio"

@@ -36,11 +36,6 @@ CONFIG = LauncherConfig(local_nodes=3, model=MODEL, seed=7, block_size=BS, gpu_b
                         heartbeat_interval_s=0.2, publish_interval_s=0.01, model_name="tiny-test")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     launcher.init_local_ray(CONFIG)

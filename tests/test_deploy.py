@@ -19,11 +19,6 @@ DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 REQUIRED_PANELS = ("hit rate", "by source", "ttft", "gb/s", "utilization", "fragmentation", "ghost", "oom")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.parametrize("name", ["cluster.yaml", "local-cluster.yaml"])
 def test_cluster_yaml_validates_against_rays_schema(name: str) -> None:
     config = yaml.safe_load((DEPLOY / name).read_text())

@@ -21,11 +21,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 QUIET = 3600.0  # the background loops run one round at start, then stay out of the test's way
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0

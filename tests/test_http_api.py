@@ -20,11 +20,6 @@ TOK = ByteTokenizer()
 PROMPT = "The quick brown fox jumps over the lazy dog, again and again."
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Api:
     def __init__(self, cluster: Cluster, session: aiohttp.ClientSession, base: str) -> None:
         self.cluster, self.session, self.base = cluster, session, base

@@ -18,11 +18,6 @@ SYSTEM = "You are a terse assistant that answers in one line."
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def client() -> AsyncIterator[openai.AsyncOpenAI]:
     async with local_cluster(2) as cluster:
         runner, port = await start_http(cluster.router, "127.0.0.1", 0)

@@ -28,11 +28,6 @@ pytestmark = pytest.mark.anyio
 A, B, C = NodeId("a"), NodeId("b"), NodeId("c")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def prompt(seed: int, n: int) -> tuple[int, ...]:
     return tuple((seed * 31 + i * 7) % 250 for i in range(n))
 

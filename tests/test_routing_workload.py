@@ -28,11 +28,6 @@ CHATS, TURNS, REPLY, CONCURRENT = 12, 4, 4, 4
 POLICY = PolicyConfig(block_bytes=MODEL.kv_layout("tiny", BS).block_bytes, load_floor_s=0.1)
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def chat(router: Router, c: int, results: list[RouterResult]) -> None:
     """One conversation: each turn's prompt is the last prompt + the reply + the next user message,
     token for token (the reply's bytes go back as the assistant message, as a client would send it)."""

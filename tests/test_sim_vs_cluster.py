@@ -28,11 +28,6 @@ NODES, CAPACITY, BS, TOLERANCE = 3, 48, 4, 0.05
 REPLAY = ReplayConfig(block_size=BS, max_prompt_blocks=24, max_tokens=1, sequential=True, model="tiny-test")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[LauncherConfig]:
     # Capacity plus room for the one running request's prompt and its decode block.

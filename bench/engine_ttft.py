@@ -15,12 +15,13 @@ from pathlib import Path
 
 import torch
 
-from radixmesh.node_agent.engine import Engine, EngineConfig
-from radixmesh.node_agent.model import LlamaForCausalLM
-from radixmesh.node_agent.model_config import DEFAULT_CONFIG, named_config
-from radixmesh.node_agent.paged_memory import MemoryConfig
-from radixmesh.node_agent.request import Request, RequestId, RequestOutput, SamplingParams
-from radixmesh.node_agent.weights import random_model
+from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
+from radixmesh.node_agent.model.config import DEFAULT_CONFIG, named_config
+from radixmesh.node_agent.model.llama import LlamaForCausalLM
+from radixmesh.node_agent.model.weights import random_model
+from radixmesh.proto.serve.sampling import SamplingParams
 
 RESULT = Path(__file__).parent / "results" / "engine_ttft.json"
 

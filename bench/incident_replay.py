@@ -38,12 +38,12 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from radixmesh.node_agent.block_hash import BlockHash, hash_blocks
-from radixmesh.node_agent.block_pool import BlockPool, OOMReason, OutOfBlocks
-from radixmesh.node_agent.kv_layout import KVLayout
-from radixmesh.node_agent.pool_config import PoolConfig
-from radixmesh.node_agent.prefix_cache import PrefixCache
-from radixmesh.node_agent.sequence import Sequence, SequenceManager
+from radixmesh.node_agent.memory.block_pool import BlockPool, OOMReason, OutOfBlocks
+from radixmesh.node_agent.memory.block_table import Sequence, SequenceManager
+from radixmesh.node_agent.memory.pool_config import PoolConfig
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.proto.block_hash import BlockHash, hash_blocks
+from radixmesh.proto.kv_layout import KVLayout
 
 SEED = 20240611
 REQUESTS = 200

@@ -28,21 +28,21 @@ from pathlib import Path
 
 import grpc
 
-from radixmesh.cluster.index import GlobalIndex, PrefixLengths
-from radixmesh.cluster.membership import NodeInfo
-from radixmesh.cluster.metadata_codec import node_info_to_pb
-from radixmesh.cluster.metadata_server import (
+from radixmesh.cluster.metadata.index import GlobalIndex, PrefixLengths
+from radixmesh.cluster.metadata.server import (
     ServerOptions,
     create_server,
     serve_until_signalled,
     tune_gc_for_serving,
 )
-from radixmesh.cluster.metadata_service import MetadataService, ServiceConfig, ServiceLimits
-from radixmesh.node_agent.block_hash import BlockHash
-from radixmesh.node_agent.events import BlockRemoved, BlockStored, Tier
-from radixmesh.node_agent.ids import NodeId
+from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig, ServiceLimits
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import BlockRemoved, BlockStored, Tier
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.codec import node_info_to_pb
+from radixmesh.proto.metadata.nodes import NodeInfo
 
 logger = logging.getLogger(__name__)
 
@@ -375,7 +375,7 @@ async def bench_grpc(ops: list[Op], seconds: float, clients: int = 8) -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", type=Path, default=ROOT.parent / "shared" / "traces" / "synthetic_trace.jsonl")
+    parser.add_argument("--trace", type=Path, default=ROOT / "tests" / "data" / "traces" / "synthetic_trace.jsonl")
     parser.add_argument("--seconds", type=float, default=3.0, help="per gRPC measurement")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from radixmesh.node_agent.block_hash import BlockHash, hash_blocks
-from radixmesh.node_agent.block_pool import BlockPool
-from radixmesh.node_agent.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.block_pool import BlockPool
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.proto.block_hash import BlockHash, hash_blocks
 
 PREFIXES = 256
 PREFIX_BLOCKS = 64

@@ -21,12 +21,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from radixmesh.cluster.index import GlobalIndex
-from radixmesh.cluster.sim import SimConfig, SimRequest, Simulator, prepare
-from radixmesh.cluster.trace import read_trace
-from radixmesh.node_agent.events import Tier
+from radixmesh.cluster.metadata.index import GlobalIndex
+from radixmesh.cluster.sim.simulator import SimConfig, SimRequest, Simulator, prepare
+from radixmesh.cluster.sim.trace import read_trace
+from radixmesh.proto.events import Tier
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "synthetic_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces" / "synthetic_trace.jsonl"
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

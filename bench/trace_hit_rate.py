@@ -15,10 +15,10 @@ import json
 import time
 from pathlib import Path
 
-from radixmesh.cluster.sim import SimConfig, Simulator, prepare
-from radixmesh.cluster.trace import read_trace
+from radixmesh.cluster.sim.simulator import SimConfig, Simulator, prepare
+from radixmesh.cluster.sim.trace import read_trace
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = ["round_robin", "least_loaded", "prefix_affinity", "cost", "cost_no_pull"]
 MOONCAKE_PUBLISHED = 0.66  # average cache ratio, synthetic trace, Mooncake FAST'25 Table 2

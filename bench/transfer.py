@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import multiprocessing as mp
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
@@ -32,17 +33,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixmesh.node_agent.block_hash import BlockHash, hash_blocks
-from radixmesh.node_agent.block_pool import BlockPool
-from radixmesh.node_agent.events import Tier
-from radixmesh.node_agent.ids import NodeId
-from radixmesh.node_agent.kv_layout import KVLayout
-from radixmesh.node_agent.model_config import DEFAULT_CONFIG, named_config
-from radixmesh.node_agent.prefix_cache import PrefixCache
-from radixmesh.node_agent.transfer_checksum import DEFAULT_CHECKSUM
-from radixmesh.node_agent.transfer_client import PullOutcome, TransferClient, TransferConfig
-from radixmesh.node_agent.transfer_source import TransferSource
-from radixmesh.node_agent.transport import Peer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test owner's TransferActor
+import transfer_owner
+
+from radixmesh.node_agent.memory.block_pool import BlockPool
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.model.config import DEFAULT_CONFIG, named_config
+from radixmesh.node_agent.transfer.checksum import DEFAULT_CHECKSUM
+from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.source import TransferSource
+from radixmesh.node_agent.transfer.transport import Peer
+from radixmesh.proto.block_hash import BlockHash, hash_blocks
+from radixmesh.proto.events import Tier
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.kv_layout import KVLayout
 
 SIZES = (1, 16, 256, 4096)
 ROUNDS = 3
@@ -75,8 +79,8 @@ def owner_main(conn: Connection, layout: KVLayout, n: int) -> None:
 
 
 async def _owner(conn: Connection, layout: KVLayout, n: int) -> None:
-    from radixmesh.node_agent.transfer_server import TransferServer
-    from radixmesh.node_agent.transport_ucx import import_ucxx, wire_buffer
+    from radixmesh.node_agent.transfer.server import TransferServer
+    from radixmesh.node_agent.transfer.ucx_transport import import_ucxx, wire_buffer
 
     ucxx = import_ucxx(loopback=True)
     source = seeded_source(layout, n)
@@ -105,9 +109,10 @@ async def best_rate(nbytes: int, reps: int, run: Callable[[], Awaitable[None]]) 
 async def bench_layout(name: str, layout: KVLayout, max_bytes: int) -> dict[str, Any]:
     import ray
 
-    from radixmesh.node_agent.transport_ray import RayTransport, make_transfer_actor
-    from radixmesh.node_agent.transport_ucx import UcxTransport, import_ucxx
+    from radixmesh.node_agent.transfer.ray_transport import RayTransport
+    from radixmesh.node_agent.transfer.ucx_transport import UcxTransport, import_ucxx
 
+    ray.cloudpickle.register_pickle_by_value(transfer_owner)  # Ray workers lack tests/ on their path
     ucxx = import_ucxx(loopback=True)
     sizes = [s for s in SIZES if s * layout.block_bytes <= max_bytes]
     n = max(sizes)
@@ -118,7 +123,7 @@ async def bench_layout(name: str, layout: KVLayout, max_bytes: int) -> dict[str,
     peer = Peer(NodeId(f"owner-{name}"), "127.0.0.1", conn.recv(), actor_name="")
     conn.send(ucxx.get_worker_address().tobytes())
     node = NodeId(f"bench-{name}")
-    actor = make_transfer_actor(node, functools.partial(seeded_source, layout, n))
+    actor = transfer_owner.make_transfer_actor(node, functools.partial(seeded_source, layout, n))
     await actor.state.remote()  # ready: the actor has built its cache
 
     def client(checksum: str, transport: Any) -> TransferClient:
@@ -132,7 +137,7 @@ async def bench_layout(name: str, layout: KVLayout, max_bytes: int) -> dict[str,
     ucx = UcxTransport(loopback=True)
     clients = {"pull": client(DEFAULT_CHECKSUM, ucx), "pull_crc32": client("crc32", ucx),
                "ray": client(DEFAULT_CHECKSUM, RayTransport())}
-    peers = {"pull": peer, "pull_crc32": peer, "ray": Peer(node)}
+    peers = {"pull": peer, "pull_crc32": peer, "ray": Peer(node, actor_name=transfer_owner.transfer_actor_name(node))}
     recv_buf = np.ones(n * layout.block_bytes, dtype=np.uint8)
     tags = iter(range(1, 1 << 40))
     out: dict[str, Any] = {"block_bytes": layout.block_bytes, "sizes": {}}
@@ -188,7 +193,7 @@ async def bench_layout(name: str, layout: KVLayout, max_bytes: int) -> dict[str,
 async def main(max_bytes: int) -> dict[str, Any]:
     import ray
 
-    from radixmesh.cluster.local_ray import init_loopback_ray
+    from radixmesh.cluster.launch.local_ray import init_loopback_ray
 
     init_loopback_ray(log_to_driver=False)
     try:

@@ -1,6 +1,6 @@
 """radixmesh.kernels: the node agent's compute over the paged KV cache.
 
-KV layout (radixmesh.node_agent.kv_layout): one tensor per tier ``[num_blocks, layers, 2, block_size,
+KV layout (radixmesh.proto.kv_layout): one tensor per tier ``[num_blocks, layers, 2, block_size,
 kv_heads, head_dim]``; attention and `write_kv` take per-layer views ``cache_k = kv[:, layer, 0]``,
 ``cache_v = kv[:, layer, 1]`` (``[num_blocks, block_size, kv_heads, head_dim]``, strided), while
 `gather_blocks` / `scatter_blocks` move whole blocks across all layers. Block tables are int32

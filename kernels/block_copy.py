@@ -1,7 +1,7 @@
 """Block gather/scatter over all layers at once: the copies behind transfers and host-tier swaps.
 
 `kv` is a tier's cache ``[num_blocks, num_layers, 2, block_size, kv_heads, head_dim]`` (see
-radixmesh.node_agent.kv_layout); a buffer is ``[n, num_layers, 2, block_size, kv_heads, head_dim]``,
+radixmesh.proto.kv_layout); a buffer is ``[n, num_layers, 2, block_size, kv_heads, head_dim]``,
 contiguous, block i of the buffer being block ``block_ids[i]`` of the cache.
 """
 

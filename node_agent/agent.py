@@ -19,26 +19,26 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, replace
 from typing import Any
 
-from radixmesh.cluster.hit_accounting import RequestHits
-from radixmesh.cluster.membership import NodeInfo, NodeLoad
-from radixmesh.cluster.metadata_client import MetadataClient
-from radixmesh.node_agent.agent_config import AgentConfig
-from radixmesh.node_agent.agent_endpoint import parse_address
-from radixmesh.node_agent.agent_metrics import AgentCounters, render_agent_metrics
-from radixmesh.node_agent.agent_transfer import AgentTransfer, Pulled
-from radixmesh.node_agent.block_hash import hash_blocks, tenant_salt
-from radixmesh.node_agent.engine import Engine, InvalidRequest
-from radixmesh.node_agent.engine_runner import EngineRunner, Finished
-from radixmesh.node_agent.event_publisher import EventPublisher, PublisherConfig, chains
-from radixmesh.node_agent.events import BlockStored, CacheEvent
-from radixmesh.node_agent.ids import NodeId
-from radixmesh.node_agent.kv_layout import KVLayout
-from radixmesh.node_agent.model import LlamaForCausalLM
-from radixmesh.node_agent.paged_memory import TierMemory
-from radixmesh.node_agent.request import ExternalPrefix, Request, RequestId
-from radixmesh.node_agent.serve_plan import ServeItem, ServePlan, ServeResult, ServeStats, TokenDelta
-from radixmesh.node_agent.transport import TransportError
-from radixmesh.node_agent.weights import load_checkpoint, random_model
+from radixmesh.node_agent.config import AgentConfig
+from radixmesh.node_agent.engine.engine import Engine, InvalidRequest
+from radixmesh.node_agent.engine.paged_memory import TierMemory
+from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId
+from radixmesh.node_agent.engine.runner import EngineRunner, Finished
+from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
+from radixmesh.node_agent.model.llama import LlamaForCausalLM
+from radixmesh.node_agent.model.weights import load_checkpoint, random_model
+from radixmesh.node_agent.publisher import EventPublisher, PublisherConfig, chains
+from radixmesh.node_agent.transfer.endpoint import parse_address
+from radixmesh.node_agent.transfer.plane import AgentTransfer, Pulled
+from radixmesh.node_agent.transfer.transport import TransportError
+from radixmesh.proto.block_hash import hash_blocks, tenant_salt
+from radixmesh.proto.events import BlockStored, CacheEvent
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.kv_layout import KVLayout
+from radixmesh.proto.metadata.client import MetadataClient
+from radixmesh.proto.metadata.hits import RequestHits
+from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
+from radixmesh.proto.serve.plan import ServeItem, ServePlan, ServeResult, ServeStats, TokenDelta
 
 logger = logging.getLogger(__name__)
 

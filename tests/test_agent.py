@@ -5,16 +5,17 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from radixmesh.cluster.agent_client import AgentUnavailable
-from radixmesh.cluster.agent_clients import LocalAgentClient, StaticAgentDirectory
+from radixmesh.cluster.router.agent_client import AgentUnavailable
+from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
 from radixmesh.node_agent.agent import NodeAgent, build_model
-from radixmesh.node_agent.agent_config import AgentConfig
-from radixmesh.node_agent.engine import Engine, EngineConfig
-from radixmesh.node_agent.ids import NodeId
-from radixmesh.node_agent.model_config import named_config
-from radixmesh.node_agent.paged_memory import MemoryConfig
-from radixmesh.node_agent.request import Request, RequestId, SamplingParams
-from radixmesh.node_agent.serve_plan import PullPlan, ServeItem, ServePlan, ServeResult, TokenDelta
+from radixmesh.node_agent.config import AgentConfig
+from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.engine.request import Request, RequestId
+from radixmesh.node_agent.model.config import named_config
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.serve.plan import PullPlan, ServeItem, ServePlan, ServeResult, TokenDelta
+from radixmesh.proto.serve.sampling import SamplingParams
 
 MODEL = named_config("tiny", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)

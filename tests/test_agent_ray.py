@@ -7,12 +7,12 @@ from collections.abc import Iterator
 import pytest
 import ray
 
-from radixmesh.cluster.agent_client import AgentUnavailable
-from radixmesh.cluster.agent_clients import RayAgentClient, RayAgentDirectory
-from radixmesh.cluster.local_ray import init_loopback_ray
-from radixmesh.node_agent.agent_actor import AgentPlacement, make_agent_actor, node_resource
-from radixmesh.node_agent.ids import NodeId
-from radixmesh.node_agent.serve_plan import PullPlan, TokenDelta
+from radixmesh.cluster.launch.local_ray import init_loopback_ray
+from radixmesh.cluster.router.agent_client import AgentUnavailable
+from radixmesh.cluster.router.agent_clients import RayAgentClient, RayAgentDirectory
+from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor, node_resource
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.serve.plan import PullPlan, TokenDelta
 from tests.test_agent import agent_config, collect, plan, prompt, reference
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]

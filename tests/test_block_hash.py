@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from radixmesh.node_agent.block_hash import BlockHash, hash_blocks, tenant_salt
+from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 
 ACME = "a3766a565e584aefe956db2e78559a46"  # tenant_salt("acme")
 

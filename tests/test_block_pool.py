@@ -4,12 +4,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.node_agent.block_hash import BlockHash
-from radixmesh.node_agent.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.events import Tier
-from radixmesh.node_agent.free_runs import FreeRuns
-from radixmesh.node_agent.ids import BlockId
-from radixmesh.node_agent.pool_config import PoolConfig
+from radixmesh.node_agent.memory.block_pool import BlockPool, OutOfBlocks
+from radixmesh.node_agent.memory.free_runs import FreeRuns
+from radixmesh.node_agent.memory.pool_config import PoolConfig
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import Tier
+from radixmesh.proto.ids import BlockId
 
 
 class Clock:

@@ -14,12 +14,12 @@ import pytest
 from click.testing import CliRunner
 from router_cluster import BS, MODEL_NAME, local_cluster
 
-from radixmesh.cluster.cli import main
-from radixmesh.cluster.cli_demo import comparison_table
-from radixmesh.cluster.demo import DemoWorkload, run_workload
-from radixmesh.cluster.http_api import start_http
+from radixmesh.cluster.cli.demo import comparison_table
+from radixmesh.cluster.cli.main import main
+from radixmesh.cluster.router.http_api import start_http
+from radixmesh.cluster.sim.demo import DemoWorkload, run_workload
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_trace_1000.jsonl"
+TRACE = Path(__file__).resolve().parent / "data" / "traces" / "mooncake_trace_1000.jsonl"
 
 
 @pytest.fixture

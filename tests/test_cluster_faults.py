@@ -20,12 +20,12 @@ import ray
 from conftest import running_redis
 from router_cluster import MODEL, reference
 
-from radixmesh.cluster import launcher
-from radixmesh.cluster.launcher_config import LauncherConfig
-from radixmesh.cluster.metadata_client import MetadataClient
-from radixmesh.node_agent.ids import NodeId
-from radixmesh.node_agent.request import SamplingParams
-from radixmesh.node_agent.tokenizer import ByteTokenizer
+from radixmesh.cluster.launch import launcher
+from radixmesh.cluster.launch.config import LauncherConfig
+from radixmesh.node_agent.model.tokenizer import ByteTokenizer
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.client import MetadataClient
+from radixmesh.proto.serve.sampling import SamplingParams
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 TOK = ByteTokenizer()

@@ -17,16 +17,16 @@ import pytest
 import ray
 from router_cluster import MODEL, reference
 
-from radixmesh.cluster import launcher
-from radixmesh.cluster.agent_clients import RayAgentClient
-from radixmesh.cluster.launcher_config import LauncherConfig
-from radixmesh.cluster.metadata_client import MetadataClient
-from radixmesh.cluster.metadata_messages import MatchQuery
-from radixmesh.node_agent.block_hash import hash_blocks
-from radixmesh.node_agent.ids import NodeId
-from radixmesh.node_agent.request import SamplingParams
-from radixmesh.node_agent.serve_plan import PullPlan, ServePlan, ServeResult
-from radixmesh.node_agent.tokenizer import ByteTokenizer
+from radixmesh.cluster.launch import launcher
+from radixmesh.cluster.launch.config import LauncherConfig
+from radixmesh.cluster.router.agent_clients import RayAgentClient
+from radixmesh.node_agent.model.tokenizer import ByteTokenizer
+from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.client import MetadataClient
+from radixmesh.proto.metadata.messages import MatchQuery
+from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult
+from radixmesh.proto.serve.sampling import SamplingParams
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 TOK = ByteTokenizer()

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray.autoscaler._private.util import validate_config
 from router_cluster import MODEL_NAME, local_cluster
 
-from radixmesh.cluster.http_api import start_http
+from radixmesh.cluster.router.http_api import start_http
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 REQUIRED_PANELS = ("hit rate", "by source", "ttft", "gb/s", "utilization", "fragmentation", "ghost", "oom")

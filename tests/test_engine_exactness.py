@@ -8,14 +8,15 @@ from collections.abc import Sequence
 import pytest
 
 from radixmesh import kernels
-from radixmesh.node_agent.block_hash import hash_blocks
-from radixmesh.node_agent.engine import Engine, EngineConfig
-from radixmesh.node_agent.model import LlamaForCausalLM
-from radixmesh.node_agent.model_config import named_config
-from radixmesh.node_agent.paged_memory import MemoryConfig
-from radixmesh.node_agent.request import ExternalPrefix, Request, RequestId, RequestOutput, SamplingParams
-from radixmesh.node_agent.scheduler import PreemptMode
-from radixmesh.node_agent.weights import random_model
+from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId, RequestOutput
+from radixmesh.node_agent.engine.scheduler import PreemptMode
+from radixmesh.node_agent.model.config import named_config
+from radixmesh.node_agent.model.llama import LlamaForCausalLM
+from radixmesh.node_agent.model.weights import random_model
+from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.serve.sampling import SamplingParams
 
 BS = 8
 REL_TOL = 1e-5

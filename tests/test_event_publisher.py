@@ -5,16 +5,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from radixmesh.cluster.metadata_client import MetadataClient
-from radixmesh.cluster.metadata_messages import MatchQuery
-from radixmesh.cluster.metadata_server import MetadataServer, ServerOptions, create_server
-from radixmesh.cluster.metadata_service import MetadataService, ServiceConfig
-from radixmesh.cluster.store import MemoryStore
+from radixmesh.cluster.metadata.server import MetadataServer, ServerOptions, create_server
+from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
+from radixmesh.cluster.metadata.store import MemoryStore
 from radixmesh.node_agent.agent import NodeAgent
-from radixmesh.node_agent.block_hash import BlockHash, hash_blocks
-from radixmesh.node_agent.event_publisher import EventPublisher, chains
-from radixmesh.node_agent.events import BlockStored, Tier
-from radixmesh.node_agent.ids import NodeId
+from radixmesh.node_agent.publisher import EventPublisher, chains
+from radixmesh.proto.block_hash import BlockHash, hash_blocks
+from radixmesh.proto.events import BlockStored, Tier
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.client import MetadataClient
+from radixmesh.proto.metadata.messages import MatchQuery
 from tests.test_agent import BS, agent_config, collect, plan, prompt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

@@ -7,10 +7,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from radixmesh.cluster.index import GlobalIndex, PrefixLengths
-from radixmesh.node_agent.block_hash import BlockHash
-from radixmesh.node_agent.events import AllCleared, BlockRemoved, BlockStored, Tier
-from radixmesh.node_agent.ids import NodeId
+from radixmesh.cluster.metadata.index import GlobalIndex, PrefixLengths
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier
+from radixmesh.proto.ids import NodeId
 
 LAYOUT = "layout-a"
 NODES = [NodeId(f"n{i}") for i in range(4)]

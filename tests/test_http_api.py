@@ -10,10 +10,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from router_cluster import MODEL_NAME, Cluster, local_cluster, reference
 
-from radixmesh.cluster.chat_template import ChatMessage, render_prompt
-from radixmesh.cluster.http_api import start_http
-from radixmesh.node_agent.request import SamplingParams
-from radixmesh.node_agent.tokenizer import ByteTokenizer
+from radixmesh.cluster.router.http_api import start_http
+from radixmesh.node_agent.model.chat_template import ChatMessage, render_prompt
+from radixmesh.node_agent.model.tokenizer import ByteTokenizer
+from radixmesh.proto.serve.sampling import SamplingParams
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 TOK = ByteTokenizer()

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixmesh.kernels import gather_blocks, scatter_blocks, write_kv
-from radixmesh.node_agent.kv_layout import KVLayout
+from radixmesh.proto.kv_layout import KVLayout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LAYOUT = KVLayout(model_id="t", num_layers=3, num_kv_heads=2, head_dim=8, dtype="float32", block_size=4)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from radixmesh.node_agent.kv_layout import KVLayout
+from radixmesh.proto.kv_layout import KVLayout
 
 
 def _layout(**kw: object) -> KVLayout:

@@ -5,18 +5,18 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixmesh.node_agent.block_hash import hash_blocks
-from radixmesh.node_agent.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.events import Tier
-from radixmesh.node_agent.ids import BlockId
-from radixmesh.node_agent.memory_metrics import (
+from radixmesh.node_agent.memory.block_pool import BlockPool, OutOfBlocks
+from radixmesh.node_agent.memory.metrics import (
     MemoryStats,
     memory_stats,
     metric,
     render_prometheus,
     seq_len_bucket,
 )
-from radixmesh.node_agent.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.events import Tier
+from radixmesh.proto.ids import BlockId
 
 BB = 1024  # block bytes
 

@@ -10,12 +10,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from radixmesh.node_agent.block_hash import BlockHash
-from radixmesh.node_agent.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.events import BlockRemoved, BlockStored
-from radixmesh.node_agent.ids import BlockId
-from radixmesh.node_agent.pool_config import PoolConfig
-from radixmesh.node_agent.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.block_pool import BlockPool, OutOfBlocks
+from radixmesh.node_agent.memory.pool_config import PoolConfig
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import BlockRemoved, BlockStored
+from radixmesh.proto.ids import BlockId
 
 N = 12
 TTL = 5.0

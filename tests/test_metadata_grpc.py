@@ -14,19 +14,19 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from radixmesh.cluster.hit_accounting import RequestHits
-from radixmesh.cluster.membership import NodeInfo, NodeLoad
-from radixmesh.cluster.metadata_client import MetadataClient
-from radixmesh.cluster.metadata_messages import EventBatch, MatchQuery, NodeSnapshot, PublishStatus
-from radixmesh.cluster.metadata_server import ServerOptions, TlsFiles, create_server
-from radixmesh.cluster.metadata_service import MetadataService, ServiceConfig, ServiceLimits
-from radixmesh.cluster.store import MemoryStore
-from radixmesh.node_agent.block_hash import BlockHash
-from radixmesh.node_agent.events import AllCleared, BlockRemoved, BlockStored, Tier
-from radixmesh.node_agent.ids import NodeId
-from radixmesh.node_agent.kv_layout import KVLayout
+from radixmesh.cluster.metadata.server import ServerOptions, TlsFiles, create_server
+from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig, ServiceLimits
+from radixmesh.cluster.metadata.store import MemoryStore
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.kv_layout import KVLayout
+from radixmesh.proto.metadata.client import MetadataClient
+from radixmesh.proto.metadata.hits import RequestHits
+from radixmesh.proto.metadata.messages import EventBatch, MatchQuery, NodeSnapshot, PublishStatus
+from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
 
 pytestmark = pytest.mark.integration
 
@@ -341,7 +341,7 @@ def test_tls(tmp_path: Path) -> None:
 def test_cli_serves_health_and_stops_gracefully() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radixmesh.cluster.cli", "metadata-server", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "radixmesh.cluster.cli.main", "metadata-server", "--host", "127.0.0.1", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -369,7 +369,7 @@ def test_cli_serves_health_and_stops_gracefully() -> None:
 
 def test_cli_bad_state_is_one_line_error() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "radixmesh.cluster.cli", "metadata-server", "--port", "0", "--state", "mongodb://x"],
+        [sys.executable, "-m", "radixmesh.cluster.cli.main", "metadata-server", "--port", "0", "--state", "mongodb://x"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -383,7 +383,7 @@ def test_serving_gc_freezes_start_up_objects_and_keeps_collecting() -> None:
     # Process-wide and irreversible, so it runs in a process of its own.
     code = (
         "import gc\n"
-        "from radixmesh.cluster.metadata_server import tune_gc_for_serving\n"
+        "from radixmesh.cluster.metadata.server import tune_gc_for_serving\n"
         "thresholds = gc.get_threshold()\n"
         "tune_gc_for_serving()\n"
         "assert gc.get_freeze_count() > 10000, gc.get_freeze_count()\n"

@@ -7,10 +7,16 @@ from dataclasses import asdict
 import pytest
 from conftest import free_port
 
-from radixmesh.cluster.hit_accounting import RequestHits
-from radixmesh.cluster.membership import NodeInfo, NodeLoad, StaleEpoch
-from radixmesh.cluster.metadata_client import MetadataClient
-from radixmesh.cluster.metadata_messages import (
+from radixmesh.cluster.metadata.membership import StaleEpoch
+from radixmesh.cluster.metadata.server import ServerOptions, create_server
+from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
+from radixmesh.cluster.metadata.store import RedisStore, open_store
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import BlockStored, Tier
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.client import MetadataClient
+from radixmesh.proto.metadata.hits import RequestHits
+from radixmesh.proto.metadata.messages import (
     ClusterStats,
     EventBatch,
     MatchQuery,
@@ -18,12 +24,7 @@ from radixmesh.cluster.metadata_messages import (
     NodeSnapshot,
     PublishStatus,
 )
-from radixmesh.cluster.metadata_server import ServerOptions, create_server
-from radixmesh.cluster.metadata_service import MetadataService, ServiceConfig
-from radixmesh.cluster.store import RedisStore, open_store
-from radixmesh.node_agent.block_hash import BlockHash
-from radixmesh.node_agent.events import BlockStored, Tier
-from radixmesh.node_agent.ids import NodeId
+from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
 
 pytestmark = pytest.mark.integration
 

@@ -5,9 +5,9 @@ from typing import Any
 import pytest
 import torch
 
-from radixmesh.node_agent.model import AttentionBatch, LlamaForCausalLM, SeqChunk
-from radixmesh.node_agent.model_config import LlamaConfig, named_config
-from radixmesh.node_agent.weights import random_model
+from radixmesh.node_agent.model.config import LlamaConfig, named_config
+from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
+from radixmesh.node_agent.model.weights import random_model
 
 BS = 4
 

@@ -3,13 +3,13 @@ bit for bit, within the host's room, and never at the cost of the gpu allocation
 
 import torch
 
-from radixmesh.node_agent.block_hash import hash_blocks
-from radixmesh.node_agent.engine_metrics import EngineCounters
-from radixmesh.node_agent.events import BlockRemoved, BlockStored, Tier
-from radixmesh.node_agent.ids import BlockId
-from radixmesh.node_agent.kv_layout import KVLayout
-from radixmesh.node_agent.paged_memory import MemoryConfig, PagedMemory
-from radixmesh.node_agent.scheduler import FixedPolicy, PreemptMode
+from radixmesh.node_agent.engine.metrics import EngineCounters
+from radixmesh.node_agent.engine.paged_memory import MemoryConfig, PagedMemory
+from radixmesh.node_agent.engine.scheduler import FixedPolicy, PreemptMode
+from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.events import BlockRemoved, BlockStored, Tier
+from radixmesh.proto.ids import BlockId
+from radixmesh.proto.kv_layout import KVLayout
 
 BS = 4
 LAYOUT = KVLayout(model_id="t", num_layers=2, num_kv_heads=1, head_dim=4, dtype="float32", block_size=BS)

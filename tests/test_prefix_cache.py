@@ -4,11 +4,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from radixmesh.node_agent.block_hash import BlockHash, hash_blocks
-from radixmesh.node_agent.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.events import BlockRemoved, BlockStored, Tier
-from radixmesh.node_agent.ids import BlockId
-from radixmesh.node_agent.prefix_cache import EvictedBlock, PrefixCache
+from radixmesh.node_agent.memory.block_pool import BlockPool, OutOfBlocks
+from radixmesh.node_agent.memory.prefix_cache import EvictedBlock, PrefixCache
+from radixmesh.proto.block_hash import BlockHash, hash_blocks
+from radixmesh.proto.events import BlockRemoved, BlockStored, Tier
+from radixmesh.proto.ids import BlockId
 
 CHAIN = hash_blocks(list(range(64)), 16)  # 4 chained hashes
 OTHER = hash_blocks(list(range(100, 164)), 16)

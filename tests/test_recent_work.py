@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.cluster.recent_work import RecentWork
-from radixmesh.node_agent.ids import NodeId
+from radixmesh.cluster.policy.recent_work import RecentWork
+from radixmesh.proto.ids import NodeId
 
 A, B = NodeId("a"), NodeId("b")
 

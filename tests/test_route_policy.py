@@ -8,9 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.cluster.cost_model import CostModel, Holder
-from radixmesh.cluster.pending_index import PendingIndex
-from radixmesh.cluster.route_policy import (
+from radixmesh.cluster.policy.base import (
     ClusterView,
     NodeView,
     PolicyConfig,
@@ -19,8 +17,10 @@ from radixmesh.cluster.route_policy import (
     policy_names,
     within_load_cap,
 )
-from radixmesh.node_agent.block_hash import BlockHash
-from radixmesh.node_agent.ids import NodeId
+from radixmesh.cluster.policy.cost_model import CostModel, Holder
+from radixmesh.cluster.router.pending_index import PendingIndex
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.ids import NodeId
 
 # 1 s per host block, free pulls apart from bandwidth; 10-token blocks at 100 tokens/s = 0.1 s a block.
 CFG = PolicyConfig(block_bytes=1000, host_bytes_per_s=1000.0, pull_latency_s=0.0)

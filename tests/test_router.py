@@ -9,19 +9,19 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from router_cluster import BS, local_cluster, reference, start_metadata
 
-from radixmesh.cluster.chat_template import ChatMessage, render_prompt
-from radixmesh.cluster.cluster_view import InflightTable, build_view
-from radixmesh.cluster.cost_model import CostModel
-from radixmesh.cluster.launcher_config import LauncherConfig
-from radixmesh.cluster.membership import NodeInfo, NodeLoad
-from radixmesh.cluster.metadata_messages import MatchResult, NodeMatch
-from radixmesh.cluster.route_policy import NodeView
-from radixmesh.cluster.router import GenerateRequest, NoNodeAvailable, RequestRejected, RouterResult
-from radixmesh.cluster.router_actor import deployment_layout
-from radixmesh.cluster.router_metrics import RouterMetrics, merge_expositions
-from radixmesh.node_agent.ids import NodeId
-from radixmesh.node_agent.request import SamplingParams
-from radixmesh.node_agent.serve_plan import TokenDelta
+from radixmesh.cluster.launch.config import LauncherConfig
+from radixmesh.cluster.launch.router_actor import deployment_layout
+from radixmesh.cluster.policy.base import NodeView
+from radixmesh.cluster.policy.cost_model import CostModel
+from radixmesh.cluster.policy.view import InflightTable, build_view
+from radixmesh.cluster.router.metrics import RouterMetrics, merge_expositions
+from radixmesh.cluster.router.router import GenerateRequest, NoNodeAvailable, RequestRejected, RouterResult
+from radixmesh.node_agent.model.chat_template import ChatMessage, render_prompt
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
+from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
+from radixmesh.proto.serve.plan import TokenDelta
+from radixmesh.proto.serve.sampling import SamplingParams
 
 pytestmark = pytest.mark.anyio
 

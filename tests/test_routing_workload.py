@@ -11,11 +11,17 @@ from collections import Counter
 import pytest
 from router_cluster import BS, MODEL, local_cluster
 
-from radixmesh.cluster.chat_template import END, GENERATION_HEADER, ChatMessage, render_message, render_prompt
-from radixmesh.cluster.route_policy import NodeView, PolicyConfig
-from radixmesh.cluster.router import GenerateRequest, Router, RouterResult
-from radixmesh.node_agent.request import SamplingParams
-from radixmesh.node_agent.tokenizer import ByteTokenizer
+from radixmesh.cluster.policy.base import NodeView, PolicyConfig
+from radixmesh.cluster.router.router import GenerateRequest, Router, RouterResult
+from radixmesh.node_agent.model.chat_template import (
+    END,
+    GENERATION_HEADER,
+    ChatMessage,
+    render_message,
+    render_prompt,
+)
+from radixmesh.node_agent.model.tokenizer import ByteTokenizer
+from radixmesh.proto.serve.sampling import SamplingParams
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow]
 TOK = ByteTokenizer()

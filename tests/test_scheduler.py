@@ -6,15 +6,16 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixmesh.node_agent.block_hash import hash_blocks
-from radixmesh.node_agent.engine import Engine, EngineConfig, InvalidRequest
-from radixmesh.node_agent.model import LlamaForCausalLM
-from radixmesh.node_agent.model_config import LlamaConfig
-from radixmesh.node_agent.paged_memory import MemoryConfig
-from radixmesh.node_agent.request import ExternalPrefix, Request, RequestId, RequestOutput, SamplingParams
-from radixmesh.node_agent.sampler import sample
-from radixmesh.node_agent.scheduler import CostPolicy, FixedPolicy, PreemptMode, make_policy
-from radixmesh.node_agent.weights import random_model
+from radixmesh.node_agent.engine.engine import Engine, EngineConfig, InvalidRequest
+from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId, RequestOutput
+from radixmesh.node_agent.engine.sampler import sample
+from radixmesh.node_agent.engine.scheduler import CostPolicy, FixedPolicy, PreemptMode, make_policy
+from radixmesh.node_agent.model.config import LlamaConfig
+from radixmesh.node_agent.model.llama import LlamaForCausalLM
+from radixmesh.node_agent.model.weights import random_model
+from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.serve.sampling import SamplingParams
 
 BS = 4
 CFG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

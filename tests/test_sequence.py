@@ -2,11 +2,11 @@
 
 import pytest
 
-from radixmesh.node_agent.block_hash import hash_blocks
-from radixmesh.node_agent.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.ids import BlockId
-from radixmesh.node_agent.prefix_cache import PrefixCache
-from radixmesh.node_agent.sequence import BlockCopy, SequenceManager
+from radixmesh.node_agent.memory.block_pool import BlockPool, OutOfBlocks
+from radixmesh.node_agent.memory.block_table import BlockCopy, SequenceManager
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.ids import BlockId
 
 
 def manager(num_blocks: int = 16, bs: int = 4) -> SequenceManager:

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.cluster.cli_sim import sim
-from radixmesh.cluster.sim import SimConfig, SimReport, SimRequest, Simulator, percentile, prepare
-from radixmesh.cluster.trace import TraceRequest
+from radixmesh.cluster.cli.sim import sim
+from radixmesh.cluster.sim.simulator import SimConfig, SimReport, SimRequest, Simulator, percentile, prepare
+from radixmesh.cluster.sim.trace import TraceRequest
 
 
 def trace(rows: Sequence[tuple[float, list[int]]]) -> list[SimRequest]:

@@ -16,14 +16,14 @@ import pytest
 import ray
 from router_cluster import MODEL
 
-from radixmesh.cluster import launcher
-from radixmesh.cluster.launcher_config import LauncherConfig
-from radixmesh.cluster.replay import ReplayConfig, fit, replay
-from radixmesh.cluster.sim import SimConfig, Simulator, prepare
-from radixmesh.cluster.trace import read_trace
+from radixmesh.cluster.launch import launcher
+from radixmesh.cluster.launch.config import LauncherConfig
+from radixmesh.cluster.sim.replay import ReplayConfig, fit, replay
+from radixmesh.cluster.sim.simulator import SimConfig, Simulator, prepare
+from radixmesh.cluster.sim.trace import read_trace
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_trace_1000.jsonl"
+TRACE = Path(__file__).resolve().parent / "data" / "traces" / "mooncake_trace_1000.jsonl"
 NODES, CAPACITY, BS, TOLERANCE = 3, 48, 4, 0.05
 REPLAY = ReplayConfig(block_size=BS, max_prompt_blocks=24, max_tokens=1, sequential=True, model="tiny-test")
 

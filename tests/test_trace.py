@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from radixmesh.cluster.trace import TokenMapping, TraceRequest, read_trace
+from radixmesh.cluster.sim.trace import TokenMapping, TraceRequest, read_trace
 
-SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parent / "data" / "traces"
 
 
 def _write(tmp_path: Path, lines: list[str]) -> Path:
@@ -94,7 +94,7 @@ def test_token_mapping_validates() -> None:
 
 
 def test_reads_the_shared_mooncake_trace() -> None:
-    reqs = read_trace(SHARED_TRACES / "mooncake_trace_1000.jsonl", speedup=10.0)
+    reqs = read_trace(TRACES / "mooncake_trace_1000.jsonl", speedup=10.0)
     assert len(reqs) == 1000
     assert reqs[0].hash_ids[:3] == (0, 1, 2) and reqs[0].input_length == 6755
     assert all(a.arrival_s <= b.arrival_s for a, b in itertools.pairwise(reqs))

@@ -5,14 +5,15 @@ import asyncio
 import pytest
 from transfer_owner import LAYOUT, TOKEN, sequence_hashes
 
-from radixmesh.node_agent.block_hash import BlockHash
-from radixmesh.node_agent.block_pool import BlockPool
-from radixmesh.node_agent.events import Tier
-from radixmesh.node_agent.ids import NodeId
-from radixmesh.node_agent.prefix_cache import PrefixCache
-from radixmesh.node_agent.transfer_client import PullOutcome, TransferClient, TransferConfig
-from radixmesh.node_agent.transport import Peer, transport_by_name
-from radixmesh.node_agent.transport_ucx import UcxTransport
+from radixmesh.node_agent.memory.block_pool import BlockPool
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.transport import Peer
+from radixmesh.node_agent.transfer.transports import transport_by_name
+from radixmesh.node_agent.transfer.ucx_transport import UcxTransport
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import Tier
+from radixmesh.proto.ids import NodeId
 
 # Nothing listens here; a test that reached the network would fail with peer_lost.
 NOWHERE = Peer(NodeId("nowhere"), "127.0.0.1", 9)

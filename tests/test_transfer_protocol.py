@@ -7,9 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.node_agent.block_hash import BlockHash
-from radixmesh.node_agent.transfer_checksum import CHECKSUMS, checksum_by_name, tensor_bytes
-from radixmesh.node_agent.transfer_protocol import (
+from radixmesh.node_agent.transfer.checksum import CHECKSUMS, checksum_by_name, tensor_bytes
+from radixmesh.node_agent.transfer.protocol import (
     ChunkTrailer,
     Kind,
     ProtocolError,
@@ -26,7 +25,8 @@ from radixmesh.node_agent.transfer_protocol import (
     payload_tag,
     read_frame,
 )
-from radixmesh.node_agent.transfer_stats import PeerStats
+from radixmesh.node_agent.transfer.stats import PeerStats
+from radixmesh.proto.block_hash import BlockHash
 
 hashes = st.lists(st.binary(min_size=16, max_size=16).map(BlockHash), max_size=20).map(tuple)
 u32 = st.integers(0, 2**32 - 1)

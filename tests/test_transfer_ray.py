@@ -8,16 +8,25 @@ from typing import Any
 import pytest
 import ray
 import transfer_owner
-from transfer_owner import LAYOUT, TOKEN, OwnerSpec, build_source, kv_digest, sequence_hashes
+from transfer_owner import (
+    LAYOUT,
+    TOKEN,
+    OwnerSpec,
+    build_source,
+    kv_digest,
+    make_transfer_actor,
+    sequence_hashes,
+    transfer_actor_name,
+)
 
-from radixmesh.cluster.local_ray import init_loopback_ray
-from radixmesh.node_agent.block_pool import BlockPool
-from radixmesh.node_agent.events import Tier
-from radixmesh.node_agent.ids import NodeId
-from radixmesh.node_agent.prefix_cache import PrefixCache
-from radixmesh.node_agent.transfer_client import PullOutcome, TransferClient, TransferConfig
-from radixmesh.node_agent.transport import Peer, transport_by_name
-from radixmesh.node_agent.transport_ray import make_transfer_actor
+from radixmesh.cluster.launch.local_ray import init_loopback_ray
+from radixmesh.node_agent.memory.block_pool import BlockPool
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.transport import Peer
+from radixmesh.node_agent.transfer.transports import transport_by_name
+from radixmesh.proto.events import Tier
+from radixmesh.proto.ids import NodeId
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -40,7 +49,7 @@ def pull_once(token: bytes, n: int) -> tuple[Any, TransferClient]:
     cache = PrefixCache(pool)
     config = TransferConfig(token=token, chunk_bytes=3 * LAYOUT.block_bytes)
     client = TransferClient(cache, LAYOUT.new_cache(64), LAYOUT, config, transport_by_name("ray"))
-    return asyncio.run(client.pull(Peer(NodeId("owner")), sequence_hashes(n))), client
+    return asyncio.run(client.pull(Peer(NodeId("owner"), actor_name=transfer_actor_name(NodeId("owner"))), sequence_hashes(n))), client
 
 
 def test_ray_pull_is_bitwise_equal_and_partial(owner_actor: Any) -> None:

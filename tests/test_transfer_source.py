@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from transfer_owner import LAYOUT, TOKEN, OwnerSpec, build_source, kv_digest, sequence_hashes
 
-from radixmesh.node_agent.transfer_protocol import PullRequest, Status
-from radixmesh.node_agent.transfer_source import OpenPull, TransferSource
+from radixmesh.node_agent.transfer.protocol import PullRequest, Status
+from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
 
 SEQ = sequence_hashes(48)  # the owner caches SEQ[:40]
 CACHED = 40

@@ -18,15 +18,15 @@ from transfer_owner import (
     sequence_hashes,
 )
 
-from radixmesh.node_agent.block_hash import BlockHash
-from radixmesh.node_agent.block_pool import BlockPool
-from radixmesh.node_agent.events import BlockStored, Tier
-from radixmesh.node_agent.ids import NodeId
-from radixmesh.node_agent.kv_layout import KVLayout
-from radixmesh.node_agent.prefix_cache import PrefixCache
-from radixmesh.node_agent.transfer_client import PullOutcome, PullResult, TransferClient, TransferConfig
-from radixmesh.node_agent.transport import Peer
-from radixmesh.node_agent.transport_ucx import UcxTransport
+from radixmesh.node_agent.memory.block_pool import BlockPool
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.transfer.client import PullOutcome, PullResult, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.transport import Peer
+from radixmesh.node_agent.transfer.ucx_transport import UcxTransport
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import BlockStored, Tier
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.kv_layout import KVLayout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from radixmesh.node_agent.model import AttentionBatch, LlamaForCausalLM, SeqChunk
-from radixmesh.node_agent.model_config import LlamaConfig
-from radixmesh.node_agent.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
-from radixmesh.node_agent.weights import load_checkpoint, random_model, save_checkpoint
+from radixmesh.node_agent.model.config import LlamaConfig
+from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
+from radixmesh.node_agent.model.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from radixmesh.node_agent.model.weights import load_checkpoint, random_model, save_checkpoint
 
 CFG = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,

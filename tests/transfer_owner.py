@@ -3,26 +3,30 @@
 `run_owner` builds a seeded pool, cache and KV tensor, serves them with a real TransferServer on
 127.0.0.1 and answers commands over a multiprocessing pipe; its first message ("ready", port) is the
 readiness signal. Faults are injected the way a broken peer behaves, on the owner's real send path.
+`TransferActor` is an owner in a Ray worker for the Ray transport's tests and `bench/transfer.py`; in
+production the agent actor itself serves pulls (`NodeAgent.serve_pull`).
 """
 
 import asyncio
 import hashlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 
-from radixmesh.node_agent.block_hash import BlockHash, hash_blocks
-from radixmesh.node_agent.block_pool import BlockPool
-from radixmesh.node_agent.events import Tier
-from radixmesh.node_agent.ids import BlockId
-from radixmesh.node_agent.kv_layout import KVLayout
-from radixmesh.node_agent.prefix_cache import PrefixCache
-from radixmesh.node_agent.transfer_protocol import ChunkTrailer, PullRequest
-from radixmesh.node_agent.transfer_source import OpenPull, TransferSource
+from radixmesh.node_agent.memory.block_pool import BlockPool
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.transfer.protocol import ChunkTrailer, PullRequest
+from radixmesh.node_agent.transfer.ray_transport import serve_pull
+from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
+from radixmesh.proto.block_hash import BlockHash, hash_blocks
+from radixmesh.proto.events import Tier
+from radixmesh.proto.ids import BlockId, NodeId
+from radixmesh.proto.kv_layout import KVLayout
 
 LAYOUT = KVLayout("tiny-seed0", num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32", block_size=4)
 TOKEN = b"cluster-secret"
@@ -112,7 +116,7 @@ def run_owner(conn: Connection, spec: OwnerSpec) -> None:
 
 
 async def _serve(conn: Connection, spec: OwnerSpec) -> None:
-    from radixmesh.node_agent.transfer_server import TransferServer
+    from radixmesh.node_agent.transfer.server import TransferServer
 
     source = build_source(spec)
     source.pipe = conn
@@ -146,9 +150,9 @@ def run_vanishing_requester(conn: Connection, port: int, n: int) -> None:
 
 
 async def _vanish(conn: Connection, port: int, n: int) -> None:
-    from radixmesh.node_agent.ids import NodeId
-    from radixmesh.node_agent.transport import Peer
-    from radixmesh.node_agent.transport_ucx import UcxTransport
+    from radixmesh.node_agent.transfer.transport import Peer
+    from radixmesh.node_agent.transfer.ucx_transport import UcxTransport
+    from radixmesh.proto.ids import NodeId
 
     channel = await UcxTransport(loopback=True).connect(Peer(NodeId("owner"), "127.0.0.1", port))
     request = PullRequest(1, TOKEN, LAYOUT.fingerprint(), tuple(sequence_hashes(n)), n, 2 * LAYOUT.block_bytes,
@@ -156,3 +160,35 @@ async def _vanish(conn: Connection, port: int, n: int) -> None:
     header = await channel.request(request)
     conn.send(("asked", header.found))
     await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+
+
+def transfer_actor_name(node: NodeId) -> str:
+    """The Ray actor name of a test owner (peers reach it as Peer(node, actor_name=...))."""
+    return f"radixmesh-transfer-{node}"
+
+
+class TransferActor:
+    """Serves pulls out of the TransferSource that `make_source()` builds in the actor's process.
+
+    Nothing survives a restart: the source (pool, cache, KV) is rebuilt empty-handed by the factory,
+    and requesters simply miss. `pull` is safe to call concurrently; `state` is read-only.
+    """
+
+    def __init__(self, make_source: Callable[[], TransferSource]):
+        self.source = make_source()
+
+    async def pull(self, request: bytes) -> AsyncIterator[Any]:
+        """serve_pull's stream of one pull."""
+        async for item in serve_pull(self.source, request):
+            yield item
+
+    async def state(self) -> dict[str, int]:
+        """Pins held by open pulls and blocks in use, after checking the source's invariants."""
+        self.source.check_invariants()
+        return {"pinned": self.source.pinned_blocks, "in_use": self.source.cache.pool.num_in_use}
+
+
+def make_transfer_actor(node: NodeId, make_source: Callable[[], TransferSource], **options: Any) -> Any:
+    """Start `node`'s TransferActor under transfer_actor_name(node); `options` go to `.options()`."""
+    cls = ray.remote(TransferActor)
+    return cls.options(name=transfer_actor_name(node), max_concurrency=16, **options).remote(make_source)

@@ -1,0 +1,222 @@
+"""`radixmesh up / down / route / stats`: run a deployment and look at it.
+
+    radixmesh up --local 3                 # this machine, 3 simulated nodes; prints the URL, stays up
+    radixmesh up --address auto            # an existing Ray cluster (`ray up`): one agent per GPU
+    radixmesh route "some prompt"          # the decision, why, and the request's stats
+    radixmesh stats [--watch]              # global hit rate by source and the per-node table
+    radixmesh down
+"""
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import click
+import ray
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from radixmesh.cluster.launch import cluster_record, launcher
+from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
+from radixmesh.cluster.launch.router_actor import ROUTE_PATH
+from radixmesh.cluster.policy.base import policy_names
+from radixmesh.cluster.router.explain import format_report
+from radixmesh.node_agent.model.config import NAMED_CONFIGS, named_config
+
+logger = logging.getLogger(__name__)
+
+
+def _connect(address: str) -> None:
+    ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
+
+
+def _record() -> cluster_record.ClusterRecord:
+    try:
+        record = cluster_record.load()
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    if record is None:
+        raise click.ClickException(f"no running deployment recorded at {cluster_record.record_path()} "
+                                   "(run `radixmesh up` first)")
+    return record
+
+
+@click.command("up")
+@click.option("--local", "local_nodes", type=click.IntRange(1, 64), default=None,
+              help="Run here in the foreground with N simulated nodes (Ctrl-C or `radixmesh down` stops it).")
+@click.option("--address", default="auto", show_default=True, help="Ray cluster to join (without --local).")
+@click.option("--state", default="memory", show_default=True, help="'memory' or a redis:// URL.")
+@click.option("--policy", type=click.Choice(policy_names()), default="cost", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address router and metadata bind.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Router HTTP port.")
+@click.option("--model", type=click.Choice(sorted(NAMED_CONFIGS)), default="tiny", show_default=True)
+@click.option("--checkpoint", default=None, help="Local HF Llama directory (replaces the random model).")
+@click.option("--gpu-blocks", default=1024, show_default=True, type=click.IntRange(min=1))
+@click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
+def up(local_nodes: int | None, address: str, state: str, policy: str, host: str, port: int, model: str,
+       checkpoint: str | None, gpu_blocks: int, lease_ttl: float) -> None:
+    """Start metadata service, node agents and router; print the router URL."""
+    if cluster_record.load() is not None:
+        raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
+                                   "`radixmesh down` first")
+    try:
+        config = LauncherConfig(local_nodes=local_nodes, state=state, policy=policy, host=host, http_port=port,
+                                model=named_config(model), checkpoint=checkpoint, gpu_blocks=gpu_blocks,
+                                lease_ttl_s=lease_ttl)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    if local_nodes is None:
+        _connect(address)
+    else:
+        launcher.init_local_ray(config)
+    try:
+        deployment = asyncio.run(launcher.up(config))
+    except (ValueError, launcher.DeploymentExists) as e:
+        raise click.ClickException(str(e)) from None
+    pid = os.getpid() if local_nodes is not None else None
+    cluster_record.save(cluster_record.ClusterRecord(deployment.router_url, deployment.metadata_address,
+                                                     None if pid else address, pid))
+    click.echo(f"radixmesh is up: {len(deployment.nodes)} agent(s), metadata service {deployment.metadata_address}")
+    click.echo(f"router: {deployment.router_url}   (OpenAI API at {deployment.router_url}/v1)", nl=True)
+    if local_nodes is not None:
+        _serve_until_signalled()
+
+
+def _serve_until_signalled() -> None:
+    """Hold the local deployment (its Ray lives in this process) until SIGINT/SIGTERM, then stop it."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    click.echo("serving; Ctrl-C or `radixmesh down` stops it", err=True)
+    stop.wait()
+    asyncio.run(launcher.down())
+    ray.shutdown()
+    cluster_record.remove()
+    click.echo("radixmesh is down")
+
+
+@click.command("down")
+@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0))
+def down(timeout: float) -> None:
+    """Stop the recorded deployment: router and agents, metadata service (and a local `up`'s Ray)."""
+    record = _record()
+    if record.pid is not None:
+        try:
+            os.kill(record.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            cluster_record.remove()
+            raise click.ClickException(f"the `up` process {record.pid} is gone; the record is cleared") from None
+        deadline = time.monotonic() + timeout
+        while _alive(record.pid):
+            if time.monotonic() > deadline:
+                raise click.ClickException(f"`up` process {record.pid} did not stop within {timeout:.0f} s")
+            time.sleep(0.2)  # polling another process's exit: there is nothing to wait on
+        click.echo("radixmesh is down")
+        return
+    assert record.ray_address is not None
+    try:
+        _connect(record.ray_address)
+    except ConnectionError as e:
+        raise click.ClickException(f"Ray at {record.ray_address} is unreachable: {e}") from None
+    stopped = asyncio.run(launcher.down())
+    cluster_record.remove()
+    click.echo("radixmesh is down" if stopped else "nothing was running; the record is cleared")
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs; an exited process its parent has not reaped yet (a zombie) is gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # no procfs: kill(0) is all we know
+        return True
+
+
+@click.command("route")
+@click.argument("prompt")
+@click.option("--max-tokens", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("--user", default="", help="Tenant (salts the prompt's block hashes).")
+@click.option("--url", default=None, help="Router URL (default: the recorded deployment's).")
+def route(prompt: str, max_tokens: int, user: str, url: str | None) -> None:
+    """Serve PROMPT once and print where it went, why, and where its prompt tokens came from."""
+    base = url or _record().router_url
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "user": user}).encode()
+    req = urllib.request.Request(f"{base}{ROUTE_PATH}", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            doc = json.load(r)
+    except urllib.error.HTTPError as e:
+        raise click.ClickException(json.load(e).get("error", str(e))) from None
+    except (urllib.error.URLError, OSError) as e:
+        raise click.ClickException(f"router at {base} does not answer: {e}") from None
+    click.echo(format_report(doc))
+
+
+@click.command("stats")
+@click.option("--url", default=None, help="Router URL (default: the recorded deployment's).")
+@click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
+@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--json", "as_json", is_flag=True, help="Print the raw /stats JSON once.")
+def stats(url: str | None, watch: bool, interval: float, as_json: bool) -> None:
+    """The cluster table: global hit rate by source, TTFT-relevant load, per-node hits."""
+    base = url or _record().router_url
+    if as_json:
+        click.echo(json.dumps(_fetch(base), indent=1, sort_keys=True))
+        return
+    console = Console()
+    if not watch:
+        console.print(render_stats(_fetch(base)))
+        return
+    with Live(render_stats(_fetch(base)), console=console, refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(interval)  # the refresh period the user asked for
+                live.update(render_stats(_fetch(base)))
+        except KeyboardInterrupt:
+            pass
+
+
+def _fetch(base: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"{base}/stats", timeout=10) as r:
+            body: dict[str, Any] = json.load(r)
+            return body
+    except (urllib.error.URLError, OSError) as e:
+        raise click.ClickException(f"router at {base} does not answer: {e}") from None
+
+
+def render_stats(doc: dict[str, Any]) -> Group:
+    """The /stats document as two rich tables: cluster totals, then one row per node."""
+    r = doc["router"]
+    by = r["hit_rate_by_source"]
+    total = Table(title=f"radixmesh: policy {r['active_policy']}" + (" (DEGRADED: metadata unreachable)"
+                                                                      if r["degraded"] else ""))
+    for col in ("requests", "prompt tokens", "hit rate", "local gpu", "local host", "remote", "miss",
+                "regret tokens", "index precision", "retries"):
+        total.add_column(col, justify="right")
+    total.add_row(str(r["requests"]), str(r["prompt_tokens"]), f"{r['hit_rate']:.1%}", f"{by['local_gpu']:.1%}",
+                  f"{by['local_host']:.1%}", f"{by['remote']:.1%}", f"{by['miss']:.1%}", str(r["regret_tokens"]),
+                  f"{r['index_precision']:.2f}", str(r["retries"]))
+    nodes = Table(title="nodes")
+    for col in ("node", "in flight", "routed", "failed", "requests", "hit rate", "local", "remote", "miss"):
+        nodes.add_column(col, justify="right")
+    for name, n in sorted(r["nodes"].items()):
+        nodes.add_row(name, str(n["inflight"]), str(n["routed"]), str(n["failed_attempts"]), str(n["requests"]),
+                      f"{n['hit_rate']:.1%}", str(n["local_gpu"] + n["local_host"]), str(n["remote"]), str(n["miss"]))
+    meta = doc.get("metadata")
+    footer = Table.grid()
+    footer.add_row("metadata service: " + (f"{meta['live_nodes']} live node(s), {meta['indexed_blocks']} indexed "
+                                           f"block(s), state {meta['state_store']}" if meta else "unreachable"))
+    return Group(total, nodes, footer)

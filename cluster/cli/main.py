@@ -1,0 +1,81 @@
+"""The `radixmesh` console script: a thin click group; each subcommand parses, builds, and hands off.
+
+Errors a user can fix (a bad --state, an unreachable Redis, unreadable TLS files) end as one line on
+stderr and a non-zero exit.
+"""
+
+import asyncio
+import logging
+from pathlib import Path
+
+import click
+import redis
+
+from radixmesh.cluster.cli.cluster import down, route, stats, up
+from radixmesh.cluster.cli.demo import demo
+from radixmesh.cluster.cli.replay import replay_command
+from radixmesh.cluster.cli.sim import sim
+from radixmesh.cluster.metadata.server import ServerOptions, TlsFiles, create_server, serve_until_signalled
+from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
+from radixmesh.cluster.metadata.store import open_store
+
+logger = logging.getLogger(__name__)
+
+
+@click.group()
+@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+def main(log_level: str) -> None:
+    """radixmesh: a distributed prefix KV-cache cluster for LLM serving."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.command("metadata-server")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=50051, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
+@click.option("--state", default="memory", show_default=True, help="'memory' or a redis:// URL.")
+@click.option("--token", envvar="RADIXMESH_TOKEN", default=None, help="Cluster token required on every RPC.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
+@click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--grace", default=5.0, show_default=True, type=click.FloatRange(min=0), help="Seconds to drain.")
+def metadata_server(
+    host: str,
+    port: int,
+    state: str,
+    token: str | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    lease_ttl: float,
+    grace: float,
+) -> None:
+    """Run the global metadata service until SIGINT/SIGTERM."""
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    tls = TlsFiles(tls_cert.read_bytes(), tls_key.read_bytes()) if tls_cert and tls_key else None
+    try:
+        store = open_store(state)
+    except (ValueError, redis.RedisError) as e:
+        raise click.ClickException(str(e)) from e
+    service = MetadataService(store, ServiceConfig(lease_ttl_s=lease_ttl))
+    options = ServerOptions(host=host, port=port, token=token, tls=tls)
+
+    async def serve() -> None:
+        server, bound = create_server(service, options)
+        if bound == 0:
+            raise click.ClickException(f"could not bind {host}:{port}")
+
+        def ready() -> None:
+            click.echo(f"metadata-server listening on {host}:{bound} (state: {store.describe()})")
+
+        await serve_until_signalled(server, grace, ready)
+
+    asyncio.run(serve())
+
+
+main.add_command(sim)
+main.add_command(up)
+main.add_command(down)
+main.add_command(route)
+main.add_command(stats)
+main.add_command(demo)
+main.add_command(replay_command)

@@ -1,0 +1,66 @@
+"""`radixmesh replay TRACE [--local N | --url URL] --speedup X --limit K`: a Mooncake trace through
+the real cluster's router at trace times; hit rate by source, TTFT percentiles, the oracle gap."""
+
+import asyncio
+import json
+import logging
+
+import click
+import ray
+
+from radixmesh.cluster.launch import launcher
+from radixmesh.cluster.launch.config import LauncherConfig
+from radixmesh.cluster.sim.replay import ReplayConfig, ReplayReport, replay
+from radixmesh.cluster.sim.trace import read_trace
+
+logger = logging.getLogger(__name__)
+
+
+def format_report(r: ReplayReport) -> str:
+    hs, d = r.hits_by_source, r.as_dict()
+    return "\n".join([
+        f"{r.requests} requests, {r.prompt_tokens} prompt tokens in {r.wall_s:.1f} s",
+        (f"hit rate        {r.hit_rate:.3f}  (local gpu {hs['local_gpu']}, local host {hs['local_host']}, "
+        f"remote {hs['remote']}, miss {hs['miss']} tokens)"),
+        (f"block hit rate  {r.block_hit_rate:.3f}  infinite-cache bound {r.infinite_bound:.3f}  "
+        f"achieved/bound {d['achieved_over_bound']:.3f}"),
+        f"TTFT p50 {r.ttft_p50_s * 1e3:.1f} ms  p99 {r.ttft_p99_s * 1e3:.1f} ms",
+    ])
+
+
+@click.command("replay")
+@click.argument("trace", type=click.Path(exists=True, dir_okay=False))
+@click.option("--local", "local_nodes", type=click.IntRange(1, 64), default=None,
+              help="Start a local cluster of N agents for the replay (else use --url).")
+@click.option("--url", default=None, help="Router of a running deployment.")
+@click.option("--speedup", type=float, default=1.0, show_default=True, help="Divide trace times by this.")
+@click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True, help="First K requests.")
+@click.option("--sequential", is_flag=True, help="One request after another, ignoring trace times.")
+@click.option("--max-prompt-blocks", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
+              help="The deployment's tokens per block (one trace block = one cluster block).")
+@click.option("--model", default="radixmesh", show_default=True, help="Model name the router serves.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup: float, limit: int,
+                   sequential: bool, max_prompt_blocks: int, block_size: int, model: str, as_json: bool) -> None:
+    """Replay TRACE (Mooncake JSONL) through the cluster's router."""
+    if (local_nodes is None) == (url is None):
+        raise click.UsageError("give exactly one of --local N and --url URL")
+    try:
+        requests = read_trace(trace, speedup=speedup, limit=limit)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    config = ReplayConfig(block_size=block_size, sequential=sequential, max_prompt_blocks=max_prompt_blocks,
+                          model=model)
+    if url is not None:
+        report = asyncio.run(replay(url, requests, config))
+    else:
+        cluster = LauncherConfig(local_nodes=local_nodes, block_size=block_size, model_name=model)
+        launcher.init_local_ray(cluster)
+        try:
+            deployment = asyncio.run(launcher.up(cluster))
+            report = asyncio.run(replay(deployment.router_url, requests, config))
+        finally:
+            asyncio.run(launcher.down())
+            ray.shutdown()
+    click.echo(json.dumps(report.as_dict(), sort_keys=True) if as_json else format_report(report))

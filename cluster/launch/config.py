@@ -1,0 +1,109 @@
+"""Settings of one radixmesh deployment: how many agents, which model, where state lives, how to route.
+
+One frozen dataclass the CLI, the demo and the tests build; the launcher derives each agent's
+AgentConfig and the router's RouterConfig from it, so every agent of a deployment shares one layout.
+"""
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+from radixmesh.cluster.policy.base import PolicyConfig, policy_names
+from radixmesh.cluster.router.config import RouterConfig
+from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
+from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.model.config import LlamaConfig, named_config
+from radixmesh.proto.ids import NodeId
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "radixmesh"
+"""Ray namespace of every actor a deployment creates (named, so `down` and `route` find them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherConfig:
+    """One deployment. Defaults fit a laptop: the `tiny` random model, memory state, UCX on loopback."""
+
+    local_nodes: int | None = None
+    """N simulated nodes on this machine (agents pinned by custom resources); None: one agent per GPU
+    of the Ray cluster."""
+    host: str = "127.0.0.1"
+    """Address the router's HTTP server and the metadata service bind (and advertise)."""
+    http_port: int = 0
+    """Router HTTP port; 0: a free one (the URL is printed)."""
+    metadata_port: int = 0
+    """Metadata gRPC port; 0: a free one."""
+    state: str = "memory"
+    """Metadata state store: "memory" or a redis:// URL."""
+    lease_ttl_s: float = 10.0
+    """A node vanishes from the index this long after its last heartbeat."""
+    policy: str = "cost"
+    """Routing policy (route_policy.policy_names())."""
+    model: LlamaConfig = field(default_factory=lambda: named_config("tiny"))
+    seed: int = 0
+    """Seed of the random weights, the same on every agent."""
+    checkpoint: str | None = None
+    """A local HF Llama directory every node can read; replaces the random model."""
+    block_size: int = 16
+    gpu_blocks: int = 1024
+    """KV blocks of each agent's gpu tier."""
+    host_blocks: int = 0
+    prefix_caching: bool = True
+    """False: agents neither reuse nor publish prefixes (the demo's "caching off" baseline)."""
+    transfer: str = "ucx"
+    """KV transfer plane of the agents: one of agent_config.TRANSFER_PLANES ("ucx", "ray", "auto", "none")."""
+    cluster_token: bytes = b"radixmesh-dev-token"
+    heartbeat_interval_s: float = 1.0
+    publish_interval_s: float = 0.05
+    metadata_retry_s: float = 1.0
+    """How long the router routes without prefixes after a failed Match before asking again."""
+    model_name: str = "radixmesh"
+    """The model id clients name in requests."""
+
+    def __post_init__(self) -> None:
+        if self.local_nodes is not None and not 1 <= self.local_nodes <= 64:
+            raise ValueError(f"local_nodes must be in [1, 64], got {self.local_nodes}")
+        for name in ("http_port", "metadata_port"):
+            if not 0 <= getattr(self, name) < 65536:
+                raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
+        if self.state != "memory" and not self.state.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"state must be 'memory' or a redis:// URL, got {self.state!r}")
+        if self.policy not in policy_names():
+            raise ValueError(f"unknown policy {self.policy!r}; valid: {', '.join(policy_names())}")
+        if self.transfer not in TRANSFER_PLANES:
+            raise ValueError(f"transfer must be one of {TRANSFER_PLANES}, got {self.transfer!r}")
+        for name in ("lease_ttl_s", "heartbeat_interval_s", "publish_interval_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        if self.heartbeat_interval_s >= self.lease_ttl_s:
+            raise ValueError(f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be shorter than "
+                             f"lease_ttl_s ({self.lease_ttl_s}), or every lease would lapse")
+        if self.block_size < 1 or self.gpu_blocks < 1 or self.host_blocks < 0:
+            raise ValueError("need block_size >= 1, gpu_blocks >= 1 and host_blocks >= 0")
+
+    def node_ids(self, count: int) -> list[NodeId]:
+        """Names of `count` nodes: node-0, node-1, ..."""
+        return [NodeId(f"node-{i}") for i in range(count)]
+
+    def agent_config(self, node: NodeId, metadata_address: str, host: str) -> AgentConfig:
+        """The AgentConfig of `node`, whose transfer server binds `host`."""
+        memory = MemoryConfig(num_gpu_blocks=self.gpu_blocks, num_host_blocks=self.host_blocks,
+                              enable_prefix_caching=self.prefix_caching)
+        return AgentConfig(node, model=self.model, seed=self.seed, checkpoint=self.checkpoint,
+                           engine=EngineConfig(block_size=self.block_size, memory=memory), host=host,
+                           transfer=self.transfer, cluster_token=self.cluster_token,
+                           # Without caching there is nothing to publish: agents stay standalone.
+                           metadata_address=metadata_address if self.prefix_caching else None,
+                           heartbeat_interval_s=self.heartbeat_interval_s,
+                           publish_interval_s=self.publish_interval_s)
+
+    def router_config(self, layout: str, block_bytes: int) -> RouterConfig:
+        """The router's settings for agents of `layout` whose blocks hold `block_bytes` of KV."""
+        return RouterConfig(layout, block_size=self.block_size, policy=self.policy,
+                            policy_config=PolicyConfig(block_bytes=block_bytes), model_name=self.model_name,
+                            vocab_size=self.model.vocab_size,
+                            max_context_tokens=self.model.max_position_embeddings,
+                            metadata_retry_s=self.metadata_retry_s)

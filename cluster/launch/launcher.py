@@ -1,0 +1,160 @@
+"""Bring a deployment up and down on a Ray cluster: metadata service, node agents, router.
+
+`up` needs a connected Ray driver (namespace NAMESPACE): `init_local_ray` starts one in this
+process (`radixmesh up --local` and the demo keep it in the foreground), `ray.init(address=...)`
+joins an existing cluster. Placement:
+
+    --local N      N agents on this machine, each pinned to its own custom resource (a simulated
+                   node), transfer servers on 127.0.0.1, UCX over loopback TCP
+    Ray cluster    one agent per GPU (num_gpus=1), pinned to its node by Ray's `node:<ip>`
+                   resource and binding that node's address
+
+Order: the metadata service first (agents register with it on start), then the router actor,
+which creates the agents, waits for them and opens HTTP. `down` reverses it; it is idempotent.
+"""
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
+from radixmesh.cluster.launch.local_ray import init_loopback_ray
+from radixmesh.cluster.launch.metadata_actor import METADATA_ACTOR, make_metadata_actor
+from radixmesh.cluster.launch.router_actor import ROUTER_ACTOR, make_router_actor
+from radixmesh.node_agent.actor import AgentPlacement, agent_actor_name, node_resource
+from radixmesh.proto.ids import NodeId
+
+logger = logging.getLogger(__name__)
+
+Placement = tuple[NodeId, str, AgentPlacement]
+"""(node id, address its transfer server binds, where its actor runs)."""
+
+
+class DeploymentExists(Exception):
+    """A deployment already runs on this Ray cluster (`radixmesh down` first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """What `up` started."""
+
+    router_url: str
+    metadata_address: str
+    nodes: tuple[NodeId, ...]
+
+
+def local_resources(config: LauncherConfig) -> dict[str, float]:
+    """Custom resources that make this machine hold `config.local_nodes` simulated nodes."""
+    assert config.local_nodes is not None
+    return {node_resource(n): 1.0 for n in config.node_ids(config.local_nodes)}
+
+
+def local_cpus(config: LauncherConfig) -> int:
+    """Logical CPUs Ray must offer: one per agent actor, and one spare for tasks."""
+    assert config.local_nodes is not None
+    return config.local_nodes + 1
+
+
+def init_local_ray(config: LauncherConfig) -> None:
+    """Start Ray in this process for `config.local_nodes` simulated nodes (node IP 127.0.0.1, no
+    dashboard); `ray.shutdown()` ends it with the deployment."""
+    init_loopback_ray(namespace=NAMESPACE, num_cpus=local_cpus(config), resources=local_resources(config),
+                      log_to_driver=False, configure_logging=False)
+
+
+def placements(config: LauncherConfig) -> list[Placement]:
+    """Where each agent runs. Raises ValueError when the Ray cluster has no node to put one on."""
+    if config.local_nodes is not None:
+        nodes = config.node_ids(config.local_nodes)
+        missing = [n for n in nodes if ray.cluster_resources().get(node_resource(n), 0) < 1]
+        if missing:
+            raise ValueError(f"the Ray cluster lacks the simulated-node resources of {missing} "
+                             "(start it with init_local_ray or `radixmesh up --local N`)")
+        return [(n, config.host, AgentPlacement.simulated(n)) for n in nodes]
+    out: list[Placement] = []
+    for node in sorted(ray.nodes(), key=lambda n: n["NodeManagerAddress"]):
+        if not node["Alive"]:
+            continue
+        ip = node["NodeManagerAddress"]
+        for gpu in range(int(node["Resources"].get("GPU", 0))):
+            # Ray gives every node a `node:<ip>` resource: a sliver of it pins the actor there.
+            placement = AgentPlacement(num_gpus=1.0, resources=((f"node:{ip}", 0.001),))
+            out.append((NodeId(f"{ip}-gpu{gpu}"), ip, placement))
+    if not out:
+        raise ValueError("the Ray cluster has no GPU; run `radixmesh up --local N` to simulate nodes")
+    return out
+
+
+async def up(config: LauncherConfig) -> Deployment:
+    """Start metadata service, agents and router on the connected Ray cluster.
+
+    Raises DeploymentExists when one runs already, ValueError for a placement that cannot be met;
+    a failure part-way takes down what was started.
+    """
+    if _actor(ROUTER_ACTOR) is not None or _actor(METADATA_ACTOR) is not None:
+        raise DeploymentExists("a radixmesh deployment is already running on this Ray cluster")
+    where = placements(config)
+    try:
+        metadata = make_metadata_actor(config.host, config.metadata_port, config.state, config.lease_ttl_s)
+        address: str = await metadata.start.remote()
+        router = make_router_actor(config, address, where)
+        url: str = await router.start.remote()
+    except BaseException:
+        await down()
+        raise
+    deployment = Deployment(url, address, tuple(n for n, _, _ in where))
+    logger.info("radixmesh up: router %s, metadata %s, %d agent(s)", url, address, len(where))
+    return deployment
+
+
+async def down() -> bool:
+    """Stop router (and the agents it owns) and the metadata service; False if nothing ran."""
+    found = False
+    router = _actor(ROUTER_ACTOR)
+    if router is not None:
+        found = True
+        try:
+            await router.stop.remote()
+        except ray.exceptions.RayError as e:
+            logger.warning("router did not stop cleanly: %s", e)
+        ray.kill(router)
+    metadata = _actor(METADATA_ACTOR)
+    if metadata is not None:
+        found = True
+        try:
+            await metadata.stop.remote()  # persists the index to the state store
+        except ray.exceptions.RayError as e:
+            logger.warning("metadata service did not stop cleanly: %s", e)
+        ray.kill(metadata)
+    return found
+
+
+def router_handle() -> Any:
+    """The running router actor; LookupError when none runs."""
+    return _required(ROUTER_ACTOR)
+
+
+def metadata_handle() -> Any:
+    """The running metadata actor; LookupError when none runs."""
+    return _required(METADATA_ACTOR)
+
+
+def agent_handle(node: NodeId) -> Any:
+    """The agent actor of `node`; LookupError when it does not run."""
+    return _required(agent_actor_name(node))
+
+
+def _required(name: str) -> Any:
+    handle = _actor(name)
+    if handle is None:
+        raise LookupError(f"no actor {name!r} in namespace {NAMESPACE!r}: is radixmesh up?")
+    return handle
+
+
+def _actor(name: str) -> Any:
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None

@@ -1,0 +1,85 @@
+"""Hit accounting: what the cluster really reused, compared with what Match predicted.
+
+Per finished request a node reports prompt tokens served from its gpu, its host tier, a peer (remote
+pull), and the rest recomputed (miss). If the router gave Match a request id, the prediction made
+then is joined with the report:
+
+- routing regret: tokens Match saw cached somewhere in the cluster that were recomputed anyway;
+- index precision: of the prefix Match said the serving node held, the part it really found.
+
+Counters are cumulative token counts per scope ("total", "node:<id>", "tenant:<name>"); `record`
+returns its increments so the service can persist them in the state store.
+"""
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.hits import HitCounters, HitStats, RequestHits
+
+logger = logging.getLogger(__name__)
+
+TOTAL = "total"
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What Match answered for one request, in tokens."""
+
+    cluster_tokens: int
+    """Leading tokens held by some live node."""
+    local_tokens: dict[NodeId, int]
+    """Leading tokens each node held itself (either tier)."""
+
+
+class HitAccounting:
+    """Joins Match predictions with realized hits. Predictions are kept for the newest
+    `max_predictions` request ids only, so a router that never reports cannot grow memory."""
+
+    def __init__(self, max_predictions: int = 65536) -> None:
+        if max_predictions < 1:
+            raise ValueError(f"max_predictions must be >= 1, got {max_predictions}")
+        self._max_predictions = max_predictions
+        self._predictions: OrderedDict[str, Prediction] = OrderedDict()
+        self._counters: dict[str, HitCounters] = {}
+
+    def predict(self, request_id: str, prediction: Prediction) -> None:
+        self._predictions[request_id] = prediction
+        self._predictions.move_to_end(request_id)
+        if len(self._predictions) > self._max_predictions:
+            self._predictions.popitem(last=False)
+
+    def record(self, node: NodeId, hits: RequestHits) -> dict[str, dict[str, int]]:
+        """Count one finished request served by `node`; returns the increments by scope."""
+        delta = {
+            "requests": 1,
+            "prompt_tokens": hits.prompt_tokens,
+            "local_gpu_tokens": hits.local_gpu_tokens,
+            "local_host_tokens": hits.local_host_tokens,
+            "remote_tokens": hits.remote_tokens,
+            "miss_tokens": hits.prompt_tokens - hits.hit_tokens,
+        }
+        prediction = self._predictions.pop(hits.request_id, None) if hits.request_id else None
+        if prediction is not None:
+            cached = min(prediction.cluster_tokens, hits.prompt_tokens)
+            predicted_local = min(prediction.local_tokens.get(node, 0), hits.prompt_tokens)
+            local = hits.local_gpu_tokens + hits.local_host_tokens
+            delta["cluster_cached_tokens"] = cached
+            delta["regret_tokens"] = max(0, cached - hits.hit_tokens)
+            delta["predicted_local_tokens"] = predicted_local
+            delta["realized_local_tokens"] = min(local, predicted_local)
+        deltas = {TOTAL: delta, f"node:{node}": delta, f"tenant:{hits.tenant}": delta}
+        self.add(deltas)
+        return deltas
+
+    def add(self, deltas: dict[str, dict[str, int]]) -> None:
+        """Add increments by scope (from `record`, or counters loaded from the state store)."""
+        for scope, delta in deltas.items():
+            self._counters[scope] = self._counters.get(scope, HitCounters()).plus(delta)
+
+    def stats(self) -> HitStats:
+        def scoped(prefix: str) -> dict[str, HitCounters]:
+            return {s[len(prefix) :]: c for s, c in self._counters.items() if s.startswith(prefix)}
+
+        return HitStats(self._counters.get(TOTAL, HitCounters()), scoped("node:"), scoped("tenant:"))

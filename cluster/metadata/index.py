@@ -1,0 +1,340 @@
+"""GlobalIndex: which node holds which prefix block, on which tier, partitioned by KV layout.
+
+Chained hashes make a block's hash name its whole prefix, so `match` is a walk over a per-layout
+dict `hash -> holder mask` (O(len(query)) dict lookups done in C, plus Python work only where the
+set of holders changes along the query), never a tree descent from the root.
+
+The radix tree is kept as parent links (`parents[hash]`): a block's parent is fixed while it is
+indexed, and `check_chains` refuses any event that contradicts it. Child links are derived, not
+stored: only `node_chains` walks downwards, and it builds them for one node's blocks in O(its
+blocks), while storing them cost a set per parent entry (and orphan sets for children whose
+parent was evicted) on the ingest path.
+
+Holders are bit masks over per-layout node slots: a node in slot s holds a block on gpu when bit
+2s is set, on host when bit 2s+1 is. Masks are plain ints, so an entry is two dict values and no
+Python object of its own: no per-block allocation for the garbage collector to track or traverse.
+Each node keeps the set of hashes it holds, so `drop_node` costs only that node's blocks.
+"""
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import groupby, islice, repeat, takewhile
+from operator import eq, or_
+from typing import NamedTuple, cast
+
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import BlockRemoved, BlockStored, CacheEvent, Tier
+from radixmesh.proto.ids import NodeId
+
+logger = logging.getLogger(__name__)
+
+TIER_SHIFT: dict[Tier, int] = {Tier.GPU: 0, Tier.HOST: 1}
+"""Offset of a tier's bit inside a node slot's two bits."""
+
+Chain = tuple[Sequence[BlockHash], BlockHash | None]
+
+
+class PrefixLengths(NamedTuple):
+    """Blocks 0..n-1 of a query held by one node: all on gpu, all on host, each on either."""
+
+    gpu: int
+    host: int
+    any_tier: int
+
+
+class IndexMatch(NamedTuple):
+    cluster_blocks: int
+    """Blocks 0..n-1 of the query each held by some node."""
+    prefixes: dict[NodeId, PrefixLengths]
+    """Every node holding block 0 on some tier."""
+
+
+@dataclass(slots=True)
+class _Partition:
+    """One layout's blocks. `masks` and `parents` have the same keys: the indexed blocks."""
+
+    masks: dict[BlockHash, int] = field(default_factory=dict)
+    parents: dict[BlockHash, BlockHash | None] = field(default_factory=dict)
+    slots: list[NodeId | None] = field(default_factory=list)
+    """Node of each slot; None for a slot freed by `drop_node`, reused by the next node."""
+    gpu_bits: int = 0
+    """Bit 2s set for every slot s ever used: folds a mask to one 'either tier' bit per node."""
+
+    def take_slot(self, node: NodeId) -> int:
+        slot = next((s for s, n in enumerate(self.slots) if n is None), len(self.slots))
+        if slot == len(self.slots):
+            self.slots.append(node)
+            self.gpu_bits |= 1 << (2 * slot)
+        else:
+            self.slots[slot] = node
+        return slot
+
+
+@dataclass(slots=True)
+class _Holder:
+    """A node's place in its layout partition, and the blocks it holds."""
+
+    layout: str
+    part: _Partition
+    slot: int
+    held: set[BlockHash] = field(default_factory=set)
+    """Every block the node holds on some tier."""
+
+    @property
+    def both_bits(self) -> int:
+        return 3 << (2 * self.slot)
+
+    def bit(self, tier: Tier) -> int:
+        return 1 << (2 * self.slot + TIER_SHIFT[tier])
+
+
+class GlobalIndex:
+    """The cluster's radix index of prefix blocks. Not thread-safe: one event loop owns it."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, _Partition] = {}
+        self._holders: dict[NodeId, _Holder] = {}
+
+    def add_node(self, node: NodeId, layout: str) -> None:
+        """Attach `node` to a layout partition. Idempotent; ValueError if it is in another layout."""
+        known = self._holders.get(node)
+        if known is not None:
+            if known.layout != layout:
+                raise ValueError(f"node {node} is in layout {known.layout}, not {layout}: drop it first")
+            return
+        if not layout:
+            raise ValueError("layout fingerprint must be non-empty")
+        part = self._parts.setdefault(layout, _Partition())
+        self._holders[node] = _Holder(layout, part, part.take_slot(node))
+
+    def nodes(self) -> list[NodeId]:
+        return list(self._holders)
+
+    def node_block_count(self, node: NodeId) -> int:
+        m = self._holders.get(node)
+        return len(m.held) if m is not None else 0
+
+    def __len__(self) -> int:
+        return sum(len(p.masks) for p in self._parts.values())
+
+    def check_chains(self, node: NodeId, chains: Iterable[Chain]) -> None:
+        """Raise ValueError if inserting these (hashes, parent) chains for `node` would contradict
+        a known parent link or each other, or make a block its own parent; changes nothing."""
+        parents = self._holder(node).part.parents
+        hs: list[BlockHash] = []
+        prevs: list[BlockHash | None] = []
+        for hashes, parent in chains:
+            if hashes:
+                hs.extend(hashes)
+                prevs.append(parent)
+                prevs.extend(islice(hashes, len(hashes) - 1))
+        # The common case in three C-level passes: no block twice (so none is its own parent
+        # inside a chain), no chain under itself, every known parent link the same. Otherwise the
+        # loop decides and names the culprit: a block twice with the same parent is fine.
+        if (
+            len(set(hs)) == len(hs)
+            and list(map(parents.get, hs, prevs)) == prevs
+            and not any(map(eq, hs, prevs))
+        ):
+            return
+        claimed: dict[BlockHash, BlockHash | None] = {}
+        for h, prev in zip(hs, prevs):
+            if h == prev:
+                raise ValueError("a block cannot be its own parent")
+            if claimed.setdefault(h, parents.get(h, prev)) != prev:
+                raise ValueError(f"block {h.hex()} already has another parent in this layout")
+
+    def insert(self, node: NodeId, hashes: Sequence[BlockHash], parent: BlockHash | None, tier: Tier) -> None:
+        """`node` holds the chain `hashes` (hashes[0]'s parent is `parent`) on `tier`.
+
+        Validates first (`check_chains`), so a refused chain changes nothing.
+        """
+        self.check_chains(node, [(hashes, parent)])
+        self._insert(self._holders[node], hashes, parent, tier)
+
+    def apply(self, node: NodeId, events: Sequence[CacheEvent]) -> None:
+        """Apply one batch of `node`'s cache events in order, all or nothing (ValueError)."""
+        self.check_chains(node, [(e.hashes, e.parent) for e in events if isinstance(e, BlockStored)])
+        holder = self._holders[node]
+        for event in events:
+            if isinstance(event, BlockStored):
+                self._insert(holder, event.hashes, event.parent, event.tier)
+            elif isinstance(event, BlockRemoved):
+                self._remove(holder, event.hashes, event.tier)
+            else:
+                self._clear(holder)
+
+    def replace(self, node: NodeId, chains: Sequence[BlockStored]) -> None:
+        """Make `chains` the whole block set of `node`, all or nothing (ValueError)."""
+        self.check_chains(node, [(c.hashes, c.parent) for c in chains])
+        holder = self._holders[node]
+        self._clear(holder)
+        for c in chains:
+            self._insert(holder, c.hashes, c.parent, c.tier)
+
+    def remove(self, node: NodeId, hashes: Iterable[BlockHash], tier: Tier) -> None:
+        """`node` no longer holds `hashes` on `tier`; blocks it does not hold there are skipped."""
+        self._remove(self._holder(node), hashes, tier)
+
+    def clear_node(self, node: NodeId) -> None:
+        """Forget every block of `node`, keeping it attached to its layout."""
+        self._clear(self._holder(node))
+
+    def drop_node(self, node: NodeId) -> None:
+        """Forget `node` entirely; O(blocks it holds). Unknown nodes are a no-op."""
+        holder = self._holders.pop(node, None)
+        if holder is None:
+            return
+        self._clear(holder)
+        holder.part.slots[holder.slot] = None  # its bits are clear in every mask: safe to reuse
+
+    def match(self, layout: str, hashes: Sequence[BlockHash]) -> IndexMatch:
+        """Each node's contiguous prefix of `hashes` by tier, and the cluster-wide prefix."""
+        part = self._parts.get(layout)
+        if part is None or not hashes:
+            return IndexMatch(0, {})
+        masks = part.masks
+        first = masks.get(hashes[0])
+        if first is None:
+            return IndexMatch(0, {})
+        # The masks of blocks 0..depth-1 (takewhile stops at the first block nobody holds).
+        found = cast(list[int], list(takewhile(bool, map(masks.get, hashes))))
+        depth = len(found)
+        gpu_bits = part.gpu_bits
+        # Where a node's prefix on a tier (bit 2s / 2s+1) or on either tier (bit 2s) ends early.
+        # Along a chain the holders rarely change: most queries see one mask (counted in C) and
+        # skip this; otherwise the walk goes run by run of equal masks, not block by block.
+        tier_end: dict[int, int] = {}
+        any_end: dict[int, int] = {}
+        if found.count(first) != depth:
+            alive_tier, alive_any = first, (first | first >> 1) & gpu_bits
+            pos = 0
+            for mask, run in groupby(found):
+                lost = alive_tier & ~mask
+                if lost:
+                    tier_end.update(dict.fromkeys(_bits(lost), pos))
+                    alive_tier ^= lost
+                lost = alive_any & ~((mask | mask >> 1) & gpu_bits)
+                if lost:
+                    any_end.update(dict.fromkeys(_bits(lost), pos))
+                    alive_any ^= lost
+                pos += len(list(run))
+        slots = part.slots
+        prefixes = {}
+        for b in _bits((first | first >> 1) & gpu_bits):
+            prefixes[slots[b >> 1]] = PrefixLengths(
+                tier_end.get(b, depth) if first >> b & 1 else 0,
+                tier_end.get(b + 1, depth) if first >> b & 2 else 0,
+                any_end.get(b, depth),
+            )
+        return IndexMatch(depth, prefixes)  # type: ignore[arg-type]
+
+    def node_chains(self, node: NodeId) -> list[BlockStored]:
+        """`node`'s blocks as stored chains (per tier), enough to rebuild them with `insert`."""
+        holder = self._holder(node)
+        masks, parents = holder.part.masks, holder.part.parents
+        out: list[BlockStored] = []
+        for tier in TIER_SHIFT:
+            bit = holder.bit(tier)
+            on_tier = {h for h in holder.held if masks[h] & bit}
+            kids: dict[BlockHash, list[BlockHash]] = {}
+            roots = []
+            for h in on_tier:
+                p = parents[h]
+                if p in on_tier:
+                    kids.setdefault(p, []).append(h)  # type: ignore[arg-type]
+                else:
+                    roots.append(h)
+            seen: set[BlockHash] = set()
+            while roots:
+                root = roots.pop()
+                chain = [root]
+                seen.add(root)
+                below = kids.get(root)
+                while below:
+                    roots.extend(below[1:])  # a branch starts a chain of its own under this block
+                    chain.append(below[0])
+                    seen.add(below[0])
+                    below = kids.get(below[0])
+                out.append(BlockStored(tuple(chain), parents[root], tier))
+            # Only a parent cycle (impossible with real chained hashes) leaves blocks unseen.
+            out.extend(BlockStored((h,), parents[h], tier) for h in on_tier - seen)
+        return out
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError with the numbers if the structure is inconsistent."""
+        counted: dict[NodeId, int] = dict.fromkeys(self._holders, 0)
+        for layout, part in self._parts.items():
+            assert part.masks.keys() == part.parents.keys(), (
+                f"{layout}: {len(part.masks)} masks, {len(part.parents)} parent links"
+            )
+            assert part.gpu_bits == sum(1 << (2 * s) for s in range(len(part.slots))), f"{layout}: gpu_bits"
+            for s, n in enumerate(part.slots):
+                m = self._holders.get(n) if n is not None else None
+                assert n is None or (m is not None and m.slot == s and m.part is part), f"slot {s}: {n}"
+            for h, mask in part.masks.items():
+                assert mask > 0, f"entry {h.hex()} in {layout} has holder mask {mask}"
+                assert part.parents[h] != h, f"{h.hex()} is its own parent"
+                for slot in (b >> 1 for b in _bits((mask | mask >> 1) & part.gpu_bits)):
+                    n = part.slots[slot] if slot < len(part.slots) else None
+                    assert n is not None, f"{h.hex()} held by free slot {slot} in {layout}"
+                    assert h in self._holders[n].held, f"{h.hex()} missing from {n}'s block set"
+                    counted[n] += 1
+        for n, holder in self._holders.items():
+            assert holder.part is self._parts[holder.layout], f"node {n} attached to another partition"
+            assert counted[n] == len(holder.held), f"{n}: {counted[n]} holder marks, {len(holder.held)} in set"
+
+    def _holder(self, node: NodeId) -> _Holder:
+        holder = self._holders.get(node)
+        if holder is None:
+            raise ValueError(f"node {node} is not in the index: add_node first")
+        return holder
+
+    @staticmethod
+    def _insert(holder: _Holder, hashes: Sequence[BlockHash], parent: BlockHash | None, tier: Tier) -> None:
+        if not hashes:
+            return
+        part, bit = holder.part, holder.bit(tier)
+        masks = part.masks
+        # Three C-level passes; check_chains made every new parent link agree with the known ones.
+        part.parents.update(zip(hashes, (parent, *hashes[:-1])))
+        masks.update(zip(hashes, map(or_, map(masks.get, hashes, repeat(0)), repeat(bit))))
+        holder.held.update(hashes)
+
+    @staticmethod
+    def _remove(holder: _Holder, hashes: Iterable[BlockHash], tier: Tier) -> None:
+        part, bit, both = holder.part, holder.bit(tier), holder.both_bits
+        masks, held = part.masks, holder.held
+        for h in hashes:
+            mask = masks.get(h, 0)
+            if not mask & bit:
+                continue
+            mask ^= bit
+            if mask:
+                masks[h] = mask
+                if not mask & both:
+                    held.discard(h)
+            else:
+                del masks[h], part.parents[h]
+                held.discard(h)
+
+    @staticmethod
+    def _clear(holder: _Holder) -> None:
+        part, keep = holder.part, ~holder.both_bits
+        masks = part.masks
+        for h in holder.held:
+            mask = masks[h] & keep
+            if mask:
+                masks[h] = mask
+            else:
+                del masks[h], part.parents[h]
+        holder.held.clear()
+
+
+def _bits(mask: int) -> Iterable[int]:
+    """Positions of the set bits of `mask`, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low

@@ -1,0 +1,262 @@
+"""MetadataService: the plain object behind the gRPC metadata server.
+
+It owns the GlobalIndex, Membership and HitAccounting, and writes what must survive a restart to a
+StateStore: node records on every register/heartbeat, counter increments on every heartbeat with
+hits, and the index (with each node's applied sequence number) on `persist`, which the server calls
+periodically and at shutdown. A new service on the same store serves Match at once from that
+snapshot; a node whose events were applied after it sees a sequence gap and resyncs.
+
+Every method validates its whole input before changing anything: ValueError (LimitExceeded for
+limits) leaves the state as it was. Leases are checked lazily on each call against the injected
+clock, so a node vanishes from Match the moment its lease ends. Not thread-safe: one event loop
+owns the service.
+"""
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from radixmesh.cluster.metadata.hit_accounting import HitAccounting, Prediction
+from radixmesh.cluster.metadata.index import GlobalIndex
+from radixmesh.cluster.metadata.membership import Member, Membership, SeqVerdict
+from radixmesh.cluster.metadata.store import MemoryStore, StateStore
+from radixmesh.proto.block_hash import HASH_BYTES
+from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.codec import decode_stored_index, encode_stored_index
+from radixmesh.proto.metadata.hits import RequestHits
+from radixmesh.proto.metadata.messages import (
+    ClusterStats,
+    EventBatch,
+    MatchQuery,
+    MatchResult,
+    NodeMatch,
+    NodeSnapshot,
+    PublishAck,
+    PublishStatus,
+)
+from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
+
+logger = logging.getLogger(__name__)
+
+_WRONG_HASH_LENGTH = HASH_BYTES.__ne__
+
+
+class LimitExceeded(ValueError):
+    """A request is well-formed but larger than the service accepts."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceLimits:
+    max_hashes_per_query: int = 8192
+    """Block hashes in one Match query (8192 blocks of 16 tokens = 128k tokens)."""
+    max_queries_per_request: int = 256
+    max_blocks_per_batch: int = 16384
+    """Hashes across all events of one EventBatch."""
+    max_snapshot_blocks: int = 1 << 20
+    max_hits_per_heartbeat: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    lease_ttl_s: float = 10.0
+    """A node vanishes this long after its last register/heartbeat."""
+    max_predictions: int = 65536
+    """Match predictions kept for hit accounting (newest request ids)."""
+    limits: ServiceLimits = field(default_factory=ServiceLimits)
+
+
+class MetadataService:
+    """Global index, membership and hit accounting behind one validated API."""
+
+    def __init__(
+        self,
+        store: StateStore | None = None,
+        config: ServiceConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`clock` must be wall time (or a test clock) because lease deadlines are persisted."""
+        self.config = config or ServiceConfig()
+        self.store = store or MemoryStore()
+        self.index = GlobalIndex()
+        self.membership = Membership(self.config.lease_ttl_s, clock)
+        self.hits = HitAccounting(self.config.max_predictions)
+        self._restore()
+
+    def register(self, info: NodeInfo) -> Lease:
+        """Grant a lease; a new incarnation (or one whose lease ended) starts with no blocks.
+
+        ValueError when another live node of the same layout declared other block_bytes: the layout
+        fingerprint covers the dtype and shape, so equal layouts have equal blocks.
+        """
+        self._expire()
+        for peer in (m.info for m in self.membership.members() if m.info.node_id != info.node_id):
+            if peer.layout == info.layout and peer.block_bytes != info.block_bytes:
+                raise ValueError(f"layout {info.layout}: block_bytes {info.block_bytes} differs from "
+                                 f"{peer.block_bytes} of node {peer.node_id}")
+        member, fresh = self.membership.register(info)
+        if fresh:
+            self.index.drop_node(info.node_id)
+            self.index.add_node(info.node_id, info.layout)
+            logger.info("node %s registered, epoch %d, layout %s", info.node_id, info.epoch, info.layout)
+        self.store.save_node(info.node_id, self.membership.encode(info.node_id))
+        return self.membership.lease(member, snapshot_required=fresh)
+
+    def heartbeat(self, node: NodeId, epoch: int, load: NodeLoad, hits: Sequence[RequestHits] = ()) -> Lease:
+        """Renew the lease, record load and realized hits (counted once per call)."""
+        _check_limit("hits per heartbeat", len(hits), self.config.limits.max_hits_per_heartbeat)
+        self._expire()
+        member = self.membership.heartbeat(node, epoch, load)
+        deltas: dict[str, dict[str, int]] = {}
+        for h in hits:
+            for scope, delta in self.hits.record(node, h).items():
+                mine = deltas.setdefault(scope, {})
+                for name, value in delta.items():
+                    mine[name] = mine.get(name, 0) + value
+        if deltas:
+            self.store.add_counters(deltas)
+        self.store.save_node(node, self.membership.encode(node))
+        return self.membership.lease(member, snapshot_required=False)
+
+    def publish(self, batch: EventBatch) -> PublishAck:
+        """Apply one batch in sequence order; duplicates are acknowledged, a gap asks for RESYNC."""
+        blocks = sum(len(e.hashes) for e in batch.events if not isinstance(e, AllCleared))
+        _check_limit("blocks per batch", blocks, self.config.limits.max_blocks_per_batch)
+        if batch.seq < 1:
+            raise ValueError(f"seq counts from 1, got {batch.seq}")
+        for e in batch.events:
+            if isinstance(e, BlockStored | BlockRemoved):
+                _check_hashes(e.hashes)
+            if isinstance(e, BlockStored) and e.parent is not None:
+                _check_hashes((e.parent,))
+        self._expire()
+        member = self.membership.current(batch.node_id, batch.epoch)
+        verdict = self.membership.verdict(member, batch.seq)
+        if verdict is SeqVerdict.GAP:
+            logger.info("node %s: batch %d after %d, asking for resync", batch.node_id, batch.seq, member.last_seq)
+            return PublishAck(PublishStatus.RESYNC, member.last_seq + 1)
+        if verdict is SeqVerdict.APPLY:
+            self.index.apply(batch.node_id, batch.events)
+            member.last_seq = batch.seq
+        return PublishAck(PublishStatus.OK, member.last_seq + 1)
+
+    def sync_snapshot(self, snapshot: NodeSnapshot) -> PublishAck:
+        """Replace the node's block set; a snapshot older than the applied events is ignored."""
+        blocks = sum(len(c.hashes) for c in snapshot.chains)
+        _check_limit("blocks per snapshot", blocks, self.config.limits.max_snapshot_blocks)
+        for c in snapshot.chains:
+            _check_hashes(c.hashes if c.parent is None else (*c.hashes, c.parent))
+        self._expire()
+        member = self.membership.current(snapshot.node_id, snapshot.epoch)
+        if snapshot.seq >= member.last_seq:
+            self.index.replace(snapshot.node_id, snapshot.chains)
+            member.last_seq = snapshot.seq
+        return PublishAck(PublishStatus.OK, member.last_seq + 1)
+
+    def match(self, queries: Sequence[MatchQuery]) -> list[MatchResult]:
+        """Answer each query; remember predictions of queries that carry a request id."""
+        limits = self.config.limits
+        _check_limit("queries per request", len(queries), limits.max_queries_per_request)
+        for q in queries:
+            _check_limit("hashes per query", len(q.hashes), limits.max_hashes_per_query)
+            if not q.layout:
+                raise ValueError("layout fingerprint must be non-empty")
+            _check_hashes(q.hashes)
+        self._expire()
+        return [self._match_one(q) for q in queries]
+
+    def stats(self) -> ClusterStats:
+        self._expire()
+        live = len(self.membership.members())
+        return ClusterStats(self.hits.stats(), live, len(self.index), self.store.describe())
+
+    def tick(self) -> None:
+        """Periodic upkeep: end expired leases and persist the index."""
+        self._expire()
+        self.persist()
+
+    def persist(self) -> None:
+        """Write the index, with each node's applied sequence number, to the state store."""
+        snaps = [
+            NodeSnapshot(m.info.node_id, m.info.epoch, m.last_seq, tuple(self.index.node_chains(m.info.node_id)))
+            for m in self.membership.members()
+        ]
+        self.store.save_index(encode_stored_index(snaps))
+
+    def close(self) -> None:
+        """Persist and release the store; the object is unusable afterwards."""
+        self.persist()
+        self.store.close()
+
+    def check_invariants(self) -> None:
+        self.index.check_invariants()
+        self.membership.check_invariants()
+        live = {m.info.node_id for m in self.membership.members()}
+        assert set(self.index.nodes()) == live, f"index nodes {self.index.nodes()} != live {sorted(live)}"
+
+    def _match_one(self, q: MatchQuery) -> MatchResult:
+        found = self.index.match(q.layout, q.hashes)
+        nodes = []
+        for node, pl in found.prefixes.items():
+            m = self._member(node)
+            nodes.append(NodeMatch(node, m.info.transfer_address, pl.gpu, pl.host, pl.any_tier, m.load))
+        if q.include_all_nodes:
+            nodes.extend(
+                NodeMatch(m.info.node_id, m.info.transfer_address, 0, 0, 0, m.load)
+                for m in self.membership.members()
+                if m.info.layout == q.layout and m.info.node_id not in found.prefixes
+            )
+        nodes.sort(key=lambda n: n.any_tier_blocks, reverse=True)
+        if q.request_id is not None:
+            self.hits.predict(q.request_id, self._prediction(found.cluster_blocks, nodes))
+        return MatchResult(found.cluster_blocks, tuple(nodes))
+
+    def _prediction(self, cluster_blocks: int, nodes: Iterable[NodeMatch]) -> Prediction:
+        local = {}
+        block_size = 0
+        for n in nodes:
+            block_size = self._member(n.node_id).info.block_size  # equal for one layout
+            local[n.node_id] = n.any_tier_blocks * block_size
+        return Prediction(cluster_blocks * block_size, local)
+
+    def _member(self, node: NodeId) -> Member:
+        m = self.membership.get(node)
+        assert m is not None, f"index holds node {node} without a live lease"
+        return m
+
+    def _expire(self) -> None:
+        for node in self.membership.expire():
+            self.index.drop_node(node)
+            self.store.save_node(node, self.membership.encode(node))
+
+    def _restore(self) -> None:
+        for node, record in self.store.load_nodes().items():
+            self.membership.restore(NodeId(node), record)
+        for m in self.membership.members():
+            self.index.add_node(m.info.node_id, m.info.layout)
+        blob = self.store.load_index()
+        for snap in decode_stored_index(blob) if blob else ():
+            m = self.membership.get(snap.node_id)
+            if m is not None and m.info.epoch == snap.epoch:
+                self.index.replace(snap.node_id, snap.chains)
+                m.last_seq = snap.seq
+        self.hits.add(self.store.load_counters())
+        logger.info(
+            "state from %s: %d live nodes, %d indexed blocks",
+            self.store.describe(),
+            len(self.membership.members()),
+            len(self.index),
+        )
+
+
+def _check_limit(what: str, n: int, limit: int) -> None:
+    if n > limit:
+        raise LimitExceeded(f"{what}: {n} > limit {limit}")
+
+
+def _check_hashes(hashes: Sequence[bytes]) -> None:
+    # In C: this runs over every hash of every Match and event batch.
+    if any(map(_WRONG_HASH_LENGTH, map(len, hashes))):
+        bad = next(n for n in map(len, hashes) if n != HASH_BYTES)
+        raise ValueError(f"block hashes are {HASH_BYTES} bytes, got one of {bad}")

@@ -1,0 +1,211 @@
+"""The routing policy interface: what a policy sees, what it decides, bounded load, and the registry.
+
+A policy is pure logic (no I/O, no clock reads of its own) so the HTTP router and the trace
+simulator run the same code. The caller builds a `ClusterView` from the metadata service's Match
+answer plus heartbeated load, calls `route`, and then executes (or simulates) the decision.
+"""
+
+import logging
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from radixmesh.proto.ids import NodeId
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """One prompt as the router sees it."""
+
+    prompt_tokens: int
+    """Tokens of the prompt; the part beyond the reused blocks is prefilled."""
+    num_blocks: int
+    """Full blocks of the prompt (the hashes the index was asked about)."""
+    block_tokens: int
+    """Tokens per block."""
+
+    def __post_init__(self) -> None:
+        if self.block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {self.block_tokens}")
+        if self.num_blocks < 0 or self.prompt_tokens < self.num_blocks * self.block_tokens:
+            raise ValueError(
+                f"{self.num_blocks} blocks of {self.block_tokens} tokens do not fit in a "
+                f"{self.prompt_tokens}-token prompt"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One candidate node: its contiguous prefix of the prompt by tier, and its load."""
+
+    node: NodeId
+    gpu_blocks: int = 0
+    """Blocks 0..gpu_blocks-1 of the prompt are on this node's gpu tier."""
+    local_blocks: int = 0
+    """Blocks 0..local_blocks-1 are on this node on some tier (>= gpu_blocks); the part beyond
+    gpu_blocks is swapped in from host memory."""
+    queued_tokens: int = 0
+    """Prompt tokens waiting for (or in) prefill on this node."""
+    inflight: int = 0
+    """Requests routed to this node and not finished: a tie-break for least_loaded and cost, not a
+    load cap (see `within_load_cap`)."""
+    prefill_tokens_per_s: float = 1.0
+    """Measured prefill rate."""
+    recent_tokens: float = 0.0
+    """Prompt tokens routed to this node, exponentially decayed (`RecentWork`); bounds load over time."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.gpu_blocks <= self.local_blocks:
+            raise ValueError(
+                f"need 0 <= gpu_blocks <= local_blocks, got {self.gpu_blocks}, {self.local_blocks}"
+            )
+        if self.queued_tokens < 0 or self.inflight < 0:
+            raise ValueError("queued_tokens and inflight must be >= 0")
+        if not (math.isfinite(self.recent_tokens) and self.recent_tokens >= 0):
+            raise ValueError(f"recent_tokens must be finite and >= 0, got {self.recent_tokens}")
+        if not (math.isfinite(self.prefill_tokens_per_s) and self.prefill_tokens_per_s > 0):
+            raise ValueError(f"prefill_tokens_per_s must be finite and > 0, got {self.prefill_tokens_per_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Every candidate node, and the measured pull bandwidth between them."""
+
+    nodes: tuple[NodeView, ...]
+    pull_bytes_per_s: Mapping[tuple[NodeId, NodeId], float] = field(default_factory=dict)
+    """(puller, holder) -> measured bytes/s; pairs not measured use the default."""
+    default_pull_bytes_per_s: float = 10e9
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError("no candidate nodes: the cluster has no live node")
+        if len({v.node for v in self.nodes}) != len(self.nodes):
+            raise ValueError("a node appears twice in the cluster view")
+        if not self.default_pull_bytes_per_s > 0:
+            raise ValueError("default_pull_bytes_per_s must be > 0")
+
+    def bandwidth(self, puller: NodeId, holder: NodeId) -> float:
+        return self.pull_bytes_per_s.get((puller, holder), self.default_pull_bytes_per_s)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """Where a request goes and what it reuses: blocks [0, local_blocks) from the node itself,
+    [local_blocks, local_blocks + pull_blocks) pulled from `pull_from`, the rest prefilled."""
+
+    node: NodeId
+    local_blocks: int
+    pull_from: NodeId | None
+    pull_blocks: int
+    est_ttft_s: float
+    reason: str
+
+
+class RoutePolicy(Protocol):
+    """Picks a node for each request.
+
+    `route` must return a node of `cluster.nodes`; it may keep state between calls (a round-robin
+    cursor) but reads no clock and draws randomness only from the source it was built with.
+    """
+
+    name: str
+
+    def route(self, request: RouteRequest, cluster: ClusterView) -> RouteDecision: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Settings shared by the policies."""
+
+    load_eps: float = 0.25
+    """Bounded load: a node is chosen only while its recent prompt tokens, this request included,
+    stay within (1 + eps) x the mean (see `within_load_cap`)."""
+    load_half_life_s: float = 150.0
+    """Half-life of the recent-work measure, seconds: long against one prefill (so the window holds
+    many requests per node even on a large, lightly loaded cluster), short against shifts in
+    traffic (tens of minutes). 150 s was the best of 20-600 s on the bench traces (README)."""
+    load_floor_s: float = 0.5
+    """Recent work below this many seconds of a node's prefill is not load: a node may always take a
+    request that keeps it under the floor, so an idle cluster keeps siblings together. 0.5 s matched
+    no floor on the bench traces where 2 s lost hit rate and balance (README)."""
+    block_bytes: int = 64 * 2**20
+    """KV bytes of one block (pull cost)."""
+    host_bytes_per_s: float = 25e9
+    """Host-to-gpu copy rate for the host-tier part of a local prefix."""
+    pull_latency_s: float = 0.002
+    """Fixed cost of one pull (setup, handshake), paid once per request that pulls."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.load_floor_s) and self.load_floor_s >= 0):
+            raise ValueError(f"load_floor_s must be a finite number >= 0, got {self.load_floor_s}")
+        if not (math.isfinite(self.load_eps) and self.load_eps >= 0):
+            raise ValueError(f"load_eps must be a finite number >= 0, got {self.load_eps}")
+        if not (math.isfinite(self.load_half_life_s) and self.load_half_life_s > 0):
+            raise ValueError(f"load_half_life_s must be a finite number > 0, got {self.load_half_life_s}")
+        if self.block_bytes < 0:
+            raise ValueError(f"block_bytes must be >= 0, got {self.block_bytes}")
+        if not self.host_bytes_per_s > 0 or not self.pull_latency_s >= 0:
+            raise ValueError("host_bytes_per_s must be > 0 and pull_latency_s >= 0")
+
+
+def within_load_cap(
+    nodes: tuple[NodeView, ...], eps: float, tokens: int, floor_s: float = 0.0
+) -> list[NodeView]:
+    """Nodes that may take one more request of `tokens` prompt tokens under bounded load
+    (Mirrokni et al., consistent hashing with bounded loads) on recent work:
+
+        recent_tokens + tokens <= (1 + eps) x (total recent_tokens + tokens) / n,
+        or <= floor_s x the node's prefill rate (below that floor work is not load).
+
+    Requests in flight are deliberately not a second cap: at low concurrency its ceiling (1 for a
+    tiny mean) forbids queueing behind a prefix holder at all and so defeats prefix affinity, while
+    recent work still bounds what each node is given over the run.
+
+    A request too large for any node's work share (one bigger than eps x the mean window) goes to
+    the nodes with the least recent work. Never empty, in the order of `nodes`.
+    """
+    work_cap = (1 + eps) * (sum(v.recent_tokens for v in nodes) + tokens) / len(nodes)
+    # The relative slack absorbs float rounding of decayed sums, so equal loads compare equal.
+    within = [
+        v
+        for v in nodes
+        if v.recent_tokens + tokens <= max(work_cap, floor_s * v.prefill_tokens_per_s) * (1 + 1e-9)
+    ]
+    if within:
+        return within
+    least = min(v.recent_tokens for v in nodes)
+    return [v for v in nodes if v.recent_tokens <= least * (1 + 1e-9)]
+
+
+PolicyFactory = Callable[[PolicyConfig, random.Random], RoutePolicy]
+_REGISTRY: dict[str, PolicyFactory] = {}
+
+
+def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
+    """Decorator: make a policy factory available to `make_policy` under `name`."""
+
+    def add(factory: PolicyFactory) -> PolicyFactory:
+        assert name not in _REGISTRY, f"policy {name} registered twice"
+        _REGISTRY[name] = factory
+        return factory
+
+    return add
+
+
+def policy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_policy(
+    name: str, config: PolicyConfig | None = None, rng: random.Random | None = None
+) -> RoutePolicy:
+    """A fresh policy by registry name; ValueError naming the valid ones for an unknown name."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
+    return factory(config or PolicyConfig(), rng or random.Random(0))
+

@@ -1,0 +1,115 @@
+"""AgentClient / AgentDirectory implementations: in-process agents and Ray actors.
+
+Both clients honour cluster.agent_client's contract: `serve` yields TokenDelta items then one
+ServeResult, raises ValueError for a refused plan and AgentUnavailable when the agent is gone.
+"""
+
+import logging
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import ray
+
+from radixmesh.cluster.router.agent_client import AgentClient, AgentUnavailable
+from radixmesh.node_agent.actor import agent_actor_name
+from radixmesh.node_agent.agent import NodeAgent
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.nodes import NodeInfo
+from radixmesh.proto.serve.plan import ServeItem, ServePlan
+
+logger = logging.getLogger(__name__)
+
+
+class LocalAgentClient:
+    """A NodeAgent in this process (tests, single-process demos)."""
+
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+        self.node: NodeId = agent.node
+
+    async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
+        try:
+            async for item in self.agent.serve(plan):
+                yield item
+        except ValueError:
+            raise
+        except Exception as e:  # a stopped or broken agent: the router retries elsewhere
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+
+    async def prometheus_text(self) -> str:
+        try:
+            return await self.agent.prometheus_text()
+        except RuntimeError as e:
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+
+
+class StaticAgentDirectory:
+    """A fixed set of agent clients; `remove` takes one out (the launcher saw it die)."""
+
+    def __init__(self, clients: Iterable[AgentClient]) -> None:
+        self._clients: dict[NodeId, AgentClient] = {c.node: c for c in clients}
+
+    def get(self, node: NodeId) -> AgentClient | None:
+        return self._clients.get(node)
+
+    def nodes(self) -> list[NodeId]:
+        return sorted(self._clients)
+
+    def add(self, client: AgentClient) -> None:
+        self._clients[client.node] = client
+
+    def remove(self, node: NodeId) -> None:
+        self._clients.pop(node, None)
+
+
+class RayAgentClient:
+    """An agent actor (agent_actor.make_agent_actor) through its handle."""
+
+    def __init__(self, node: NodeId, handle: Any) -> None:
+        self.node = node
+        self.handle = handle
+
+    async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
+        try:
+            stream = self.handle.serve.options(num_returns="streaming").remote(plan)
+            async for ref in stream:
+                yield await ref
+        except ray.exceptions.RayTaskError as e:
+            match e.cause:
+                case ValueError() as refused:  # the agent refused the plan: the caller's error
+                    raise ValueError(str(refused)) from None
+                case cause:
+                    raise AgentUnavailable(f"agent {self.node} failed: {cause!r}") from e
+        except ray.exceptions.RayError as e:  # actor died, or is unreachable
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+
+    async def start(self) -> NodeInfo:
+        """Wait until the agent runs (through a restart, too: start is idempotent, so Ray may retry
+        it); its registration record."""
+        try:
+            info: NodeInfo = await self.handle.start.options(max_task_retries=-1).remote()
+        except ray.exceptions.RayError as e:
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+        return info
+
+    async def prometheus_text(self) -> str:
+        try:
+            text: str = await self.handle.prometheus_text.options(max_task_retries=-1).remote()
+        except ray.exceptions.RayError as e:
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+        return text
+
+
+class RayAgentDirectory(StaticAgentDirectory):
+    """Agent actors by node id; `discover` finds them by their well-known actor names."""
+
+    @classmethod
+    def discover(cls, nodes: Iterable[NodeId], namespace: str | None = None) -> "RayAgentDirectory":
+        """Clients for the named agent actors that exist now (missing ones are left out, and logged)."""
+        clients: list[AgentClient] = []
+        for node in nodes:
+            try:
+                clients.append(RayAgentClient(node, ray.get_actor(agent_actor_name(node), namespace=namespace)))
+            except ValueError:
+                logger.warning("no agent actor for node %s", node)
+        return cls(clients)

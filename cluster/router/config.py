@@ -1,0 +1,74 @@
+"""Settings of the global router, one frozen dataclass validated at construction."""
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+from radixmesh.cluster.policy.base import PolicyConfig, policy_names
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """How the router hashes, asks the metadata service, routes and retries."""
+
+    layout: str
+    """KV layout fingerprint of the agents behind this router; Match is asked for this partition."""
+    block_size: int = 16
+    """Tokens per block of that layout (the agents' engine block size)."""
+    policy: str = "cost"
+    """Routing policy while the metadata service answers (see route_policy.policy_names())."""
+    fallback_policy: str = "least_loaded"
+    """Policy used while the metadata service is unreachable; it sees no prefixes."""
+    policy_config: PolicyConfig = field(default_factory=PolicyConfig)
+    hash_key: bytes = b""
+    """The cluster's block-hash key (empty: unkeyed); must equal the agents' key."""
+    model_name: str = "radixmesh"
+    """The model id served at /v1/models and expected in requests."""
+    vocab_size: int = 258
+    """Token ids a prompt may hold are [0, vocab_size)."""
+    max_context_tokens: int = 4096
+    """prompt + max_tokens must fit; the agents' model context limit."""
+    match_timeout_s: float = 0.5
+    """Deadline of one Match call; past it the request is routed without prefixes."""
+    metadata_retry_s: float = 1.0
+    """After a failed Match, requests skip the metadata service this long before probing it again,
+    so an outage does not add match_timeout_s to every request."""
+    max_match_blocks: int = 8192
+    """Blocks of a prompt sent to Match at most (the service's per-query limit)."""
+    pending_ttl_s: float = 5.0
+    """How long a routed request's blocks count as speculatively held by its node."""
+    default_prefill_tokens_per_s: float = 2000.0
+    """Prefill rate assumed for a node that has not heartbeated a measured one."""
+    max_attempts: int = 3
+    """Nodes tried per request when agents become unavailable (the first try included)."""
+
+    def __post_init__(self) -> None:
+        names = policy_names()
+        for which in (self.policy, self.fallback_policy):
+            if which not in names:
+                raise ValueError(f"unknown policy {which!r}; valid: {', '.join(names)}")
+        if not self.layout:
+            raise ValueError("layout fingerprint must be non-empty")
+        positive = {
+            "block_size": self.block_size,
+            "vocab_size": self.vocab_size,
+            "max_context_tokens": self.max_context_tokens,
+            "max_match_blocks": self.max_match_blocks,
+            "max_attempts": self.max_attempts,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        for name, seconds in (("match_timeout_s", self.match_timeout_s), ("pending_ttl_s", self.pending_ttl_s)):
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {seconds}")
+        if not (math.isfinite(self.metadata_retry_s) and self.metadata_retry_s >= 0):
+            raise ValueError(f"metadata_retry_s must be a finite number >= 0, got {self.metadata_retry_s}")
+        if not (math.isfinite(self.default_prefill_tokens_per_s) and self.default_prefill_tokens_per_s > 0):
+            raise ValueError("default_prefill_tokens_per_s must be a finite number > 0")
+        if len(self.hash_key) > 64:
+            raise ValueError(f"hash key is at most 64 bytes, got {len(self.hash_key)}")
+        if not self.model_name:
+            raise ValueError("model_name must be non-empty")

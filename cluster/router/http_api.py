@@ -1,0 +1,265 @@
+"""The router's HTTP face (aiohttp): OpenAI-compatible completions and chat, plus /stats, /metrics,
+/healthz.
+
+    POST /v1/completions        prompt text or token ids; SSE when "stream": true
+    POST /v1/chat/completions   messages rendered by chat_template; SSE when "stream": true
+    GET  /v1/models             the one model served
+    GET  /stats                 JSON: the router's own counters and the metadata service's GetStats
+    GET  /metrics               Prometheus: the router's metrics and every agent's, labelled `node`
+    GET  /healthz               200 while some agent is known, else 503
+
+Every error is OpenAI's JSON error object with a 4xx/5xx status. A stream whose first token never
+comes answers with a plain error status (the SSE response starts only with the first item); an
+error after that ends the stream with an `error` event, which the openai client raises.
+"""
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from radixmesh.cluster.router.metrics import merge_expositions, stats_document
+from radixmesh.cluster.router.openai_schema import (
+    ApiError,
+    ChatResponseShape,
+    GenerationParams,
+    ResponseShape,
+    parse_chat,
+    parse_completion,
+    usage,
+)
+from radixmesh.cluster.router.router import (
+    GenerateRequest,
+    NoNodeAvailable,
+    RequestRejected,
+    Router,
+    RouterItem,
+    RouterResult,
+)
+from radixmesh.node_agent.model.chat_template import render_prompt
+from radixmesh.proto.serve.plan import TokenDelta
+from radixmesh.proto.serve.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+ROUTER_KEY = web.AppKey("router", Router)
+CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("wall_clock")
+_REPLACEMENT = "\ufffd"
+
+
+def _json_error(e: ApiError) -> web.Response:
+    return web.json_response(e.body(), status=e.status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                  ) -> web.StreamResponse:
+    """Every failure as OpenAI's error object: ours, aiohttp's (404, 405, 413) and unexpected ones."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        if request.path.startswith("/v1/"):
+            request.app[ROUTER_KEY].metrics.record_request("invalid" if e.status < 500 else "unavailable")
+        return _json_error(e)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return _json_error(ApiError(e.status, e.reason, code=str(e.status)))
+    except Exception:
+        logger.exception("unexpected error serving %s %s", request.method, request.path)
+        return _json_error(ApiError(500, "internal error", type_="server_error", code="internal_error"))
+
+
+def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
+               client_max_size: int = 4 << 20) -> web.Application:
+    """The aiohttp application over `router`; `wall_clock` stamps `created` fields."""
+    app = web.Application(middlewares=[_errors], client_max_size=client_max_size)
+    app[ROUTER_KEY] = router
+    app[CLOCK_KEY] = wall_clock
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/stats", _stats)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
+    return app
+
+
+async def start_http(router: Router, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve `router` on host:port (0: a free port); returns the runner (`await runner.cleanup()`
+    stops it) and the bound port."""
+    runner = web.AppRunner(create_app(router), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = int(runner.addresses[0][1])
+    logger.info("router HTTP API on http://%s:%d", host, bound)
+    return runner, bound
+
+
+# --- OpenAI endpoints ---------------------------------------------------------------------------
+async def _body(request: web.Request) -> object:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from e
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    router = request.app[ROUTER_KEY]
+    parsed = parse_completion(await _body(request))
+    prompt = parsed.prompt
+    tokens = tuple(router.tokenizer.encode(prompt)) if isinstance(prompt, str) else prompt
+    return await _generate(request, parsed.params, tokens, "cmpl", ResponseShape())
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    router = request.app[ROUTER_KEY]
+    parsed = parse_chat(await _body(request))
+    tokens = tuple(router.tokenizer.encode(render_prompt(parsed.messages)))
+    return await _generate(request, parsed.params, tokens, "chatcmpl", ChatResponseShape())
+
+
+async def _generate(request: web.Request, params: GenerationParams, tokens: tuple[int, ...], prefix: str,
+                    shape: ResponseShape) -> web.StreamResponse:
+    router = request.app[ROUTER_KEY]
+    if params.model != router.config.model_name:
+        raise ApiError(404, f"model {params.model!r} does not exist; this server serves "
+                            f"{router.config.model_name!r}", param="model", code="model_not_found")
+    rid = f"{prefix}-{uuid.uuid4().hex}"
+    try:
+        sampling = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
+                                  top_p=params.top_p, seed=params.seed)
+        job = GenerateRequest(rid, tokens, sampling, params.user)
+        router.validate(job)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from e
+    ids = (rid, int(request.app[CLOCK_KEY]()), params.model)
+    items = router.generate(job)
+    try:
+        if params.stream:
+            return await _stream(request, router, items, ids, params, shape)
+        result = await _last(items)
+    except RequestRejected as e:
+        raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from e
+    except NoNodeAvailable as e:
+        raise ApiError(503, str(e), type_="server_error", code="no_node_available") from e
+    finally:
+        await items.aclose()
+    text = router.tokenizer.decode(list(result.result.output_token_ids))
+    body = shape.envelope(shape.kind, ids, shape.full_choice(text, result.result.finish_reason.value),
+                          _usage(result))
+    return web.json_response(body)
+
+
+async def _last(items: AsyncIterator[RouterItem]) -> RouterResult:
+    async for item in items:
+        if isinstance(item, RouterResult):
+            return item
+    raise AssertionError("the router's stream ended without a result")
+
+
+def _usage(result: RouterResult) -> dict[str, Any]:
+    return usage(result.result.stats.prompt_tokens, len(result.result.output_token_ids), result.cached_tokens)
+
+
+class _TextStream:
+    """Token ids -> text increments. A byte tokenizer may cut a UTF-8 character in two: trailing
+    replacement characters are held back until the next tokens (or the end) complete them."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self._tokens: list[int] = []
+        self._sent = 0
+
+    def push(self, tokens: tuple[int, ...], final: bool) -> str:
+        self._tokens.extend(tokens)
+        text = self._decode(self._tokens)
+        end = len(text) if final else len(text.rstrip(_REPLACEMENT))
+        piece = text[self._sent : max(end, self._sent)]
+        self._sent += len(piece)
+        return piece
+
+
+async def _stream(request: web.Request, router: Router, items: AsyncGenerator[RouterItem, None],
+                  ids: tuple[str, int, str], params: GenerationParams, shape: ResponseShape
+                  ) -> web.StreamResponse:
+    # The first item is awaited before the response starts, so routing failures keep their status.
+    first = await anext(items)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    usage_obj = None  # chunks carry "usage": null; a last chunk carries it when asked for
+    text = _TextStream(router.tokenizer.decode)
+    opened = False
+
+    async def send(body: dict[str, Any] | str) -> None:
+        data = body if isinstance(body, str) else json.dumps(body)
+        await response.write(f"data: {data}\n\n".encode())
+
+    async def emit(item: RouterItem) -> None:
+        nonlocal opened
+        if isinstance(item, TokenDelta):
+            piece = text.push(item.token_ids, final=False)
+            if piece or not opened:
+                await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice(piece, not opened, None), usage_obj))
+                opened = True
+            return
+        piece = text.push((), final=True)
+        if piece or not opened:
+            await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice(piece, not opened, None), usage_obj))
+            opened = True
+        finish = item.result.finish_reason.value
+        await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice("", False, finish), usage_obj))
+        if params.include_usage:
+            await send(shape.envelope(shape.chunk_kind, ids, None, _usage(item)))
+
+    try:
+        await emit(first)
+        async for item in items:
+            await emit(item)
+    except (NoNodeAvailable, RequestRejected) as e:
+        status, kind = (503, "server_error") if isinstance(e, NoNodeAvailable) else (400, "invalid_request_error")
+        logger.warning("stream %s failed after it started: %s", ids[0], e)
+        await send(ApiError(status, str(e), type_=kind).body())
+    except ConnectionResetError:
+        # The client left; closing `items` (by the caller) aborts the request on its agent.
+        logger.info("client of stream %s disconnected", ids[0])
+        return response
+    await send("[DONE]")
+    await response.write_eof()
+    return response
+
+
+# --- operations ----------------------------------------------------------------------------------
+async def _models(request: web.Request) -> web.Response:
+    router = request.app[ROUTER_KEY]
+    model = {"id": router.config.model_name, "object": "model", "created": 0, "owned_by": "radixmesh"}
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    router = request.app[ROUTER_KEY]
+    nodes = router.directory.nodes()
+    body = {"status": "ok" if nodes else "no_nodes", "nodes": len(nodes),
+            "metadata_available": router.metadata_available, "policy": router.active_policy}
+    return web.json_response(body, status=200 if nodes else 503)
+
+
+async def _stats(request: web.Request) -> web.Response:
+    router = request.app[ROUTER_KEY]
+    cluster = await router.cluster_stats()
+    inflight = {n: router.inflight(n) for n in router.directory.nodes()}
+    body = stats_document(router.metrics, cluster, policy=router.config.policy, active_policy=router.active_policy,
+                          metadata_available=router.metadata_available, inflight=inflight)
+    return web.json_response(body)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    router = request.app[ROUTER_KEY]
+    text = merge_expositions(router.metrics.render(), await router.agent_metrics())
+    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                        headers={"X-Prometheus-Format": "0.0.4"})

@@ -1,0 +1,225 @@
+"""The router's own counters: Prometheus metrics (names fixed: the Grafana dashboard queries them),
+the plain token tables behind /stats, and the merge of the agents' expositions into one scrape.
+
+Every figure here is what the router itself observed in ServeResults it received; the metadata
+service's GetStats (hits reported by agents in heartbeats) is a separate source, kept apart in /stats.
+"""
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.hits import HitCounters
+from radixmesh.proto.metadata.messages import ClusterStats
+from radixmesh.proto.serve.plan import ServeStats
+
+logger = logging.getLogger(__name__)
+
+SOURCES = ("local_gpu", "local_host", "remote", "miss")
+"""Where a prompt token came from: the serving node's gpu or host tier, a peer's pull, or prefill."""
+
+
+@dataclass(slots=True)
+class TokenTable:
+    """Cumulative prompt tokens by source of one scope (all requests, or one node)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    local_gpu: int = 0
+    local_host: int = 0
+    remote: int = 0
+    miss: int = 0
+    regret_tokens: int = 0
+    """Tokens Match saw cached in the cluster that were recomputed anyway."""
+    predicted_local_tokens: int = 0
+    """Local prefix tokens the router expected on the serving node (index and pending holders)."""
+    realized_local_tokens: int = 0
+    """Of those, the tokens the node really served from its own tiers."""
+
+    def add(self, stats: ServeStats, regret: int, predicted_local: int) -> None:
+        local = stats.local_gpu_tokens + stats.local_host_tokens
+        self.requests += 1
+        self.prompt_tokens += stats.prompt_tokens
+        self.local_gpu += stats.local_gpu_tokens
+        self.local_host += stats.local_host_tokens
+        self.remote += stats.remote_tokens
+        self.miss += stats.prompt_tokens - local - stats.remote_tokens
+        self.regret_tokens += regret
+        self.predicted_local_tokens += predicted_local
+        self.realized_local_tokens += min(local, predicted_local)
+
+    @property
+    def hit_rate(self) -> float:
+        """Token-weighted (local + remote) / prompt; 0 before any request."""
+        return (self.prompt_tokens - self.miss) / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def index_precision(self) -> float:
+        """realized / predicted local tokens; 1 before any prediction (nothing was wrong yet)."""
+        return self.realized_local_tokens / self.predicted_local_tokens if self.predicted_local_tokens else 1.0
+
+    def as_dict(self) -> dict[str, object]:
+        d: dict[str, object] = asdict(self)
+        d["hit_rate"] = self.hit_rate
+        d["hit_rate_by_source"] = {
+            s: (getattr(self, s) / self.prompt_tokens if self.prompt_tokens else 0.0) for s in SOURCES
+        }
+        d["index_precision"] = self.index_precision
+        return d
+
+
+class RouterMetrics:
+    """The router's Prometheus registry (one per router, so several can live in one process) and
+    its /stats tables."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("radixmesh_router_requests_total", "Requests answered by the router, by outcome.",
+                                ["status"], registry=r)
+        self.decisions = Counter("radixmesh_routing_decisions_total", "Routing decisions by policy and node.",
+                                 ["policy", "node"], registry=r)
+        self.prompt_tokens = Counter("radixmesh_prompt_tokens_total", "Prompt tokens served, by source.",
+                                     ["source"], registry=r)
+        self.hit_rate = Gauge("radixmesh_global_hit_rate",
+                              "Token-weighted prompt hit rate (local + remote) of requests served via this router.",
+                              registry=r)
+        self.remote_blocks = Counter("radixmesh_remote_hit_blocks_total", "Prompt blocks pulled from peers and used.",
+                                     registry=r)
+        self.transfer_bytes = Counter("radixmesh_transfer_bytes_total", "KV bytes pulled between nodes.", registry=r)
+        self.transfer_seconds = Histogram("radixmesh_transfer_seconds", "Time of one request's pull.", registry=r,
+                                          buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
+        self.ttft = Histogram("radixmesh_router_ttft_seconds", "Time to first token, end to end at the router.",
+                              registry=r,
+                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
+        self.regret = Counter("radixmesh_routing_regret_tokens_total",
+                              "Prompt tokens cached somewhere in the cluster (per Match) but recomputed.", registry=r)
+        self.metadata_available = Gauge("radixmesh_metadata_available",
+                                        "1 while the metadata service answers Match, 0 while routing degrades.",
+                                        registry=r)
+        self.metadata_available.set(1)
+        self.total = TokenTable()
+        self.per_node: dict[NodeId, TokenTable] = {}
+        self.routed: dict[NodeId, int] = {}
+        self.failed_attempts: dict[NodeId, int] = {}
+        self.status_counts: dict[str, int] = {}
+        self.retries = 0
+
+    def record_request(self, status: str) -> None:
+        self.requests.labels(status=status).inc()
+        self.status_counts[status] = self.status_counts.get(status, 0) + 1
+
+    def record_decision(self, policy: str, node: NodeId) -> None:
+        self.decisions.labels(policy=policy, node=node).inc()
+        self.routed[node] = self.routed.get(node, 0) + 1
+
+    def record_failed_attempt(self, node: NodeId) -> None:
+        """`node` became unavailable while serving a request that is retried elsewhere."""
+        self.failed_attempts[node] = self.failed_attempts.get(node, 0) + 1
+        self.retries += 1
+
+    def record_served(self, node: NodeId, stats: ServeStats, block_size: int,
+                      cluster_tokens: int, predicted_local_tokens: int, ttft_s: float) -> None:
+        """Count one finished request; `cluster_tokens` is Match's cluster-wide prefix (0 without it)."""
+        hits = stats.local_gpu_tokens + stats.local_host_tokens + stats.remote_tokens
+        regret = max(0, min(cluster_tokens, stats.prompt_tokens) - hits)
+        self.total.add(stats, regret, predicted_local_tokens)
+        self.per_node.setdefault(node, TokenTable()).add(stats, regret, predicted_local_tokens)
+        miss = stats.prompt_tokens - hits
+        for source, n in zip(SOURCES, (stats.local_gpu_tokens, stats.local_host_tokens, stats.remote_tokens, miss)):
+            self.prompt_tokens.labels(source=source).inc(n)
+        self.hit_rate.set(self.total.hit_rate)
+        self.remote_blocks.inc(stats.remote_tokens // block_size)
+        if stats.pull_bytes or stats.pull_seconds:
+            self.transfer_bytes.inc(stats.pull_bytes)
+            self.transfer_seconds.observe(stats.pull_seconds)
+        self.ttft.observe(ttft_s)
+        self.regret.inc(regret)
+
+    def render(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+def _counters_dict(c: HitCounters) -> dict[str, object]:
+    d: dict[str, object] = asdict(c)
+    d["hit_rate"] = c.hit_rate
+    d["index_precision"] = c.index_precision
+    return d
+
+
+def stats_document(metrics: RouterMetrics, cluster: ClusterStats | None, *, policy: str, active_policy: str,
+                   metadata_available: bool, inflight: Mapping[NodeId, int]) -> dict[str, object]:
+    """The /stats JSON. "router" holds what this router saw in the ServeResults it received;
+    "metadata" holds the metadata service's GetStats (hits the agents reported in heartbeats, joined
+    with Match predictions), or null when the service does not answer."""
+    nodes = sorted(set(inflight) | set(metrics.per_node) | set(metrics.routed))
+    per_node = {
+        n: {"inflight": inflight.get(n, 0), "routed": metrics.routed.get(n, 0),
+            "failed_attempts": metrics.failed_attempts.get(n, 0),
+            **metrics.per_node.get(n, TokenTable()).as_dict()}
+        for n in nodes
+    }
+    router = {
+        "source": "this router's own counters over the ServeResults it received",
+        "policy": policy,
+        "active_policy": active_policy,
+        "metadata_available": metadata_available,
+        "degraded": not metadata_available,
+        "requests_by_status": dict(metrics.status_counts),
+        "retries": metrics.retries,
+        **metrics.total.as_dict(),
+        "nodes": per_node,
+    }
+    meta: dict[str, object] | None = None
+    if cluster is not None:
+        meta = {
+            "source": "metadata service GetStats: hits reported by agents, joined with Match predictions",
+            "live_nodes": cluster.live_nodes,
+            "indexed_blocks": cluster.indexed_blocks,
+            "state_store": cluster.state_store,
+            **_counters_dict(cluster.hits.total),
+            "nodes": {n: _counters_dict(c) for n, c in sorted(cluster.hits.per_node.items())},
+            "tenants": {t: _counters_dict(c) for t, c in sorted(cluster.hits.per_tenant.items())},
+        }
+    return {"router": router, "metadata": meta}
+
+
+class _Families:
+    """A one-shot collector over already merged families (generate_latest wants a registry)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def merge_expositions(own: str, agents: Mapping[NodeId, str]) -> str:
+    """One exposition of the router's text and each agent's, agent samples labelled `node`.
+
+    A family present in several sources is written once (one HELP/TYPE); an agent family whose type
+    disagrees with the first one seen is dropped with a warning rather than producing an invalid scrape.
+    Raises ValueError when a text does not parse.
+    """
+    families: dict[str, Metric] = {}
+    sources: list[tuple[str, NodeId | None]] = [(own, None), *((t, n) for n, t in sorted(agents.items()))]
+    for text, node in sources:
+        for fam in text_string_to_metric_families(text):
+            merged = families.get(fam.name)
+            if merged is None:
+                merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            elif merged.type != fam.type:
+                logger.warning("metric %s is a %s on node %s but a %s elsewhere: dropped", fam.name,
+                               fam.type, node, merged.type)
+                continue
+            for s in fam.samples:
+                labels = dict(s.labels) if node is None else {**s.labels, "node": node}
+                merged.samples.append(Sample(s.name, labels, s.value, s.timestamp, s.exemplar))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(families.values())))  # type: ignore[arg-type]
+    return generate_latest(registry).decode()

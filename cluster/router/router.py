@@ -1,0 +1,344 @@
+"""The global router: one request in, the node where it starts fastest chosen, its tokens streamed back.
+
+Per request: hash the prompt's full blocks with the tenant salt, ask the metadata service `Match`
+(short deadline), merge its answer with the router's own in-flight table and pending holders into a
+ClusterView, let the policy decide, record the decision as pending, and send the agent a ServePlan
+(with a PullPlan when the decision pulls from a peer that has a transfer address).
+
+Degraded mode: when Match fails or times out, requests are routed by the fallback policy
+(least_loaded over the router's own in-flight counts) and the metadata service is probed again
+after `metadata_retry_s`; the first answer resumes prefix routing. Both transitions are logged and
+`metadata_available` says which mode is on.
+
+Retries: an agent that becomes unavailable before or during the stream is excluded and the request
+is routed again. Every request carries a seed fixed here, so the retry reproduces the same tokens;
+the ones already sent are skipped.
+"""
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import TypeAlias
+
+import grpc
+
+from radixmesh.cluster.policy.base import ClusterView, RouteDecision, RoutePolicy, RouteRequest, make_policy
+from radixmesh.cluster.policy.view import InflightTable, build_view
+from radixmesh.cluster.router.agent_client import AgentDirectory, AgentUnavailable
+from radixmesh.cluster.router.config import RouterConfig
+from radixmesh.cluster.router.metrics import RouterMetrics
+from radixmesh.cluster.router.pending_index import PendingIndex
+from radixmesh.node_agent.model.tokenizer import ByteTokenizer, Tokenizer
+from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.client import MetadataClient
+from radixmesh.proto.metadata.messages import ClusterStats, MatchQuery, MatchResult
+from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult, TokenDelta
+from radixmesh.proto.serve.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_SEED_BITS = 62
+
+
+class RequestRejected(ValueError):
+    """The request is invalid (before routing, or as an agent judged it); nothing was served."""
+
+
+class NoNodeAvailable(Exception):
+    """Every candidate node was unavailable (or there was none): the request could not be served."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """One prompt in token ids. `sampling.seed` None: the router fixes one (retries reproduce it)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    tenant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedPlan:
+    """A decision and the plan that executes it."""
+
+    plan: ServePlan
+    decision: RouteDecision
+    policy: str
+    """The policy that decided (the fallback while the metadata service is unreachable)."""
+    cluster_tokens: int
+    """Leading prompt tokens Match saw held somewhere in the cluster (0 without Match)."""
+    metadata_used: bool
+    view: ClusterView
+    """What the policy saw (prefixes and load per candidate node), for explanations and audits."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterResult:
+    """The agent's result of the attempt that finished, and what the router measured."""
+
+    result: ServeResult
+    routed: RoutedPlan
+    attempts: int
+    ttft_s: float
+    """First token (or the result, when no token streamed) minus arrival at the router."""
+
+    @property
+    def cached_tokens(self) -> int:
+        s = self.result.stats
+        return s.local_gpu_tokens + s.local_host_tokens + s.remote_tokens
+
+
+RouterItem: TypeAlias = TokenDelta | RouterResult
+
+
+class Router:
+    """Routes requests over the agents of `directory`. Use from one event loop."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        directory: AgentDirectory,
+        metadata: MetadataClient | None,
+        *,
+        tokenizer: Tokenizer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        """`metadata` None routes by the fallback policy for good (no prefix knowledge at all).
+        `clock` times TTFT, pending expiry and metadata retries; `rng` draws seeds and tie-breaks."""
+        self.config = config
+        self.directory = directory
+        self.metadata = metadata
+        self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
+        self.metrics = RouterMetrics()
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._policy: RoutePolicy = make_policy(config.policy, config.policy_config, random.Random(self._rng.random()))
+        self._fallback: RoutePolicy = make_policy(
+            config.fallback_policy, config.policy_config, random.Random(self._rng.random())
+        )
+        self._pending = PendingIndex(config.pending_ttl_s, clock)
+        self._inflight = InflightTable(clock, config.policy_config.load_half_life_s)
+        self._down_since: float | None = None if metadata is not None else clock()
+        self.metrics.metadata_available.set(1 if metadata is not None else 0)
+
+    # --- state --------------------------------------------------------------------------------
+    @property
+    def metadata_available(self) -> bool:
+        """False while requests are routed without prefix knowledge."""
+        return self._down_since is None
+
+    @property
+    def active_policy(self) -> str:
+        return self._policy.name if self.metadata_available else self._fallback.name
+
+    def inflight(self, node: NodeId) -> int:
+        return self._inflight.inflight(node)
+
+    def check_invariants(self) -> None:
+        self._inflight.check_invariants()
+        self._pending.check_invariants()
+
+    # --- routing ------------------------------------------------------------------------------
+    def block_hashes(self, request: GenerateRequest) -> list[BlockHash]:
+        """The prompt's full-block hashes as the agents compute them (tenant salt, cluster key)."""
+        salt = tenant_salt(request.tenant)
+        return hash_blocks(request.prompt_token_ids, self.config.block_size, salt=salt, key=self.config.hash_key)
+
+    async def plan(self, request: GenerateRequest, exclude: frozenset[NodeId] = frozenset()) -> RoutedPlan:
+        """Decide where `request` goes (never to a node of `exclude`) and record the decision as
+        pending. Raises NoNodeAvailable when no candidate is left."""
+        hashes = self.block_hashes(request)[: self.config.max_match_blocks]
+        match = await self._match(hashes, request)
+        candidates = [n for n in self.directory.nodes() if n not in exclude]
+        if match is not None:
+            live = {m.node_id for m in match.nodes}
+            # The directory says who is reachable, the lease who is alive; agents that never
+            # registered (standalone) are still served rather than refused.
+            candidates = [n for n in candidates if n in live] or candidates
+        if not candidates:
+            raise NoNodeAvailable(f"no node left to serve request {request.request_id}")
+        view = build_view(candidates, match, self._pending.match(hashes), self._inflight,
+                          self.config.default_prefill_tokens_per_s)
+        policy = self._policy if match is not None else self._fallback
+        route_request = RouteRequest(len(request.prompt_token_ids), len(hashes), self.config.block_size)
+        decision = policy.route(route_request, view.cluster)
+        self._pending.add(decision.node, hashes)
+        self.metrics.record_decision(policy.name, decision.node)
+        pull = None
+        address = view.addresses.get(decision.pull_from) if decision.pull_from is not None else None
+        if decision.pull_from is not None and decision.pull_blocks > 0 and address:
+            pull = PullPlan(decision.pull_from, address, decision.local_blocks, decision.pull_blocks)
+        plan = ServePlan(request.request_id, request.prompt_token_ids, request.sampling, request.tenant, pull,
+                         expected_local_blocks=decision.local_blocks)
+        logger.debug("request %s -> %s (%s): %s", request.request_id, decision.node, policy.name, decision.reason)
+        return RoutedPlan(plan, decision, policy.name, view.cluster_blocks * self.config.block_size,
+                          match is not None, view.cluster)
+
+    async def _match(self, hashes: list[BlockHash], request: GenerateRequest) -> MatchResult | None:
+        """Match's answer, or None while the service is (considered) unreachable."""
+        if self.metadata is None:
+            return None
+        now = self._clock()
+        if self._down_since is not None and now - self._down_since < self.config.metadata_retry_s:
+            return None
+        query = MatchQuery(self.config.layout, tuple(hashes), request.tenant, request.request_id,
+                           include_all_nodes=True)
+        try:
+            [result] = await asyncio.wait_for(self.metadata.match([query]), self.config.match_timeout_s)
+        except (grpc.aio.AioRpcError, TimeoutError) as e:
+            if self._down_since is None:
+                logger.warning("metadata service unreachable (%s): routing by %s until it answers",
+                               _why(e), self._fallback.name)
+                self.metrics.metadata_available.set(0)
+            self._down_since = now
+            return None
+        if self._down_since is not None:
+            logger.info("metadata service answers again: routing by %s", self._policy.name)
+            self._down_since = None
+            self.metrics.metadata_available.set(1)
+        return result
+
+    # --- serving ------------------------------------------------------------------------------
+    def validate(self, request: GenerateRequest) -> None:
+        """RequestRejected for an empty or out-of-vocabulary prompt or one past the context limit."""
+        prompt, cfg = request.prompt_token_ids, self.config
+        if not prompt:
+            raise RequestRejected("the prompt is empty")
+        bad = next((t for t in prompt if not (isinstance(t, int) and 0 <= t < cfg.vocab_size)), None)
+        if bad is not None:
+            raise RequestRejected(f"token id {bad!r} is outside the vocabulary [0, {cfg.vocab_size})")
+        if len(prompt) + request.sampling.max_tokens > cfg.max_context_tokens:
+            raise RequestRejected(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({request.sampling.max_tokens}) exceeds the "
+                f"context limit of {cfg.max_context_tokens} tokens"
+            )
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[RouterItem, None]:
+        """Yield TokenDelta items (each token once, in order, across retries), then one RouterResult.
+
+        Raises RequestRejected (nothing routed) or NoNodeAvailable after `max_attempts` nodes failed.
+        """
+        status = "error"
+        try:
+            self.validate(request)
+            async with contextlib.aclosing(self._serve(self._with_seed(request))) as items:
+                async for item in items:
+                    if isinstance(item, RouterResult):
+                        status = "ok"  # counted as served even if the consumer stops reading now
+                    yield item
+        except RequestRejected:
+            status = "invalid"
+            raise
+        except NoNodeAvailable:
+            status = "unavailable"
+            raise
+        except (GeneratorExit, asyncio.CancelledError):
+            status = "ok" if status == "ok" else "cancelled"
+            raise
+        finally:
+            self.metrics.record_request(status)
+
+    async def complete(self, request: GenerateRequest) -> RouterResult:
+        """`generate` run to its end."""
+        async for item in self.generate(request):
+            if isinstance(item, RouterResult):
+                return item
+        raise AssertionError("generate ended without a result")
+
+    def _with_seed(self, request: GenerateRequest) -> GenerateRequest:
+        if request.sampling.seed is not None:
+            return request
+        sampling = dataclasses.replace(request.sampling, seed=self._rng.getrandbits(_SEED_BITS))
+        return dataclasses.replace(request, sampling=sampling)
+
+    async def _serve(self, request: GenerateRequest) -> AsyncGenerator[RouterItem, None]:
+        arrival = self._clock()
+        first_token_at: float | None = None
+        sent: list[int] = []
+        exclude: set[NodeId] = set()
+        for attempt in range(1, self.config.max_attempts + 1):
+            routed = await self.plan(request, frozenset(exclude))
+            node = routed.decision.node
+            client = self.directory.get(node)
+            if client is None:
+                exclude.add(node)
+                continue
+            # The engine always computes the last prompt token, so a block holding it is never reused.
+            usable = (len(request.prompt_token_ids) - 1) // self.config.block_size
+            reused = min(routed.decision.local_blocks + routed.decision.pull_blocks, usable)
+            expected_local = min(routed.decision.local_blocks, usable) * self.config.block_size
+            ticket = self._inflight.start(node, len(request.prompt_token_ids) - reused * self.config.block_size)
+            self._inflight.record_routed(node, len(request.prompt_token_ids))
+            stream = client.serve(routed.plan)
+            produced = 0
+            try:
+                async for item in stream:
+                    self._inflight.prefilled(ticket)
+                    tokens = item.token_ids if isinstance(item, TokenDelta) else item.output_token_ids[produced:]
+                    # This attempt's tokens [produced, produced + len) overlap what was sent up to len(sent).
+                    new = tokens[max(0, len(sent) - produced):]
+                    if tokens[: len(tokens) - len(new)] != tuple(sent[produced : produced + len(tokens) - len(new)]):
+                        logger.warning("request %s: retry on %s diverged from the tokens already sent",
+                                       request.request_id, node)
+                    produced += len(tokens)
+                    if new:
+                        first_token_at = first_token_at if first_token_at is not None else self._clock()
+                        sent.extend(new)
+                        yield TokenDelta(request.request_id, tuple(new))
+                    if isinstance(item, ServeResult):
+                        ttft = (first_token_at if first_token_at is not None else self._clock()) - arrival
+                        self.metrics.record_served(node, item.stats, self.config.block_size,
+                                                   routed.cluster_tokens, expected_local, ttft)
+                        yield RouterResult(item, routed, attempt, ttft)
+                        return
+                raise AgentUnavailable(f"agent {node} ended the stream without a result")
+            except AgentUnavailable as e:
+                logger.warning("request %s: agent %s unavailable (%s); %d token(s) already sent, retrying",
+                               request.request_id, node, e, len(sent))
+                self.metrics.record_failed_attempt(node)
+                exclude.add(node)
+            except ValueError as e:
+                raise RequestRejected(str(e)) from e
+            finally:
+                self._inflight.finish(ticket)
+                # Close the agent's stream now (not at garbage collection) so it frees the request's blocks.
+                await stream.aclose()
+        raise NoNodeAvailable(f"request {request.request_id}: {len(exclude)} node(s) failed: {sorted(exclude)}")
+
+    # --- what /stats and /metrics read ---------------------------------------------------------
+    async def cluster_stats(self) -> ClusterStats | None:
+        """The metadata service's GetStats, or None when it does not answer in time."""
+        if self.metadata is None:
+            return None
+        try:
+            return await asyncio.wait_for(self.metadata.stats(), self.config.match_timeout_s)
+        except (grpc.aio.AioRpcError, TimeoutError) as e:
+            logger.info("GetStats failed: %s", _why(e))
+            return None
+
+    async def agent_metrics(self) -> dict[NodeId, str]:
+        """Each reachable agent's Prometheus text; an agent that fails is left out (and logged)."""
+        out: dict[NodeId, str] = {}
+        for node in self.directory.nodes():
+            client = self.directory.get(node)
+            if client is None:
+                continue
+            try:
+                out[node] = await asyncio.wait_for(client.prometheus_text(), self.config.match_timeout_s * 4)
+            except (AgentUnavailable, TimeoutError) as e:
+                logger.info("metrics of agent %s unavailable: %s", node, e)
+        return out
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, grpc.aio.AioRpcError):
+        return f"{e.code().name}: {e.details()}"
+    return f"no answer in time ({type(e).__name__})"

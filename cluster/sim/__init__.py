@@ -1,0 +1,1 @@
+"""radixmesh.cluster.sim.simulator"""

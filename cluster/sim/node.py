@@ -1,0 +1,111 @@
+"""One virtual node of the simulator: a real PrefixCache over a real BlockPool, and a FIFO prefill queue.
+
+The node prefills one request at a time in arrival order, so a queued sibling starts after the
+request ahead of it has inserted its blocks and finds them cached, as on a real engine.
+Cache timeline of one job::
+
+    start: match (pin) the local prefix, allocate blocks for the rest (evicting LRU blocks)
+    done:  insert the new blocks under their hashes, release everything (cached, evictable)
+"""
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from radixmesh.cluster.policy.base import RouteDecision
+from radixmesh.node_agent.memory.block_pool import BlockPool
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import CacheEvent
+from radixmesh.proto.ids import BlockId, NodeId
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class SimJob:
+    """A routed request while its node works on it."""
+
+    index: int
+    arrival_s: float
+    prompt_tokens: int
+    hashes: tuple[BlockHash, ...]
+    decision: RouteDecision
+    est_tokens: int
+    """Tokens the decision expects to prefill (the queue-delay figure other requests see)."""
+    local_ids: list[BlockId] = field(default_factory=list)
+    new_ids: list[BlockId] = field(default_factory=list)
+    local_blocks: int = 0
+    pull_blocks: int = 0
+
+
+class SimNode:
+    """Queue and cache of one node; the simulator moves jobs through start() and finish()."""
+
+    def __init__(self, node: NodeId, capacity_blocks: int, prefill_tokens_per_s: float) -> None:
+        self.node = node
+        self.cache = PrefixCache(BlockPool(capacity_blocks))
+        self.rate = prefill_tokens_per_s
+        self.waiting: deque[SimJob] = deque()
+        self.current: SimJob | None = None
+        self.busy_until = 0.0
+        self.waiting_tokens = 0
+        self.routed = 0
+        self.routed_tokens = 0
+
+    @property
+    def inflight(self) -> int:
+        return len(self.waiting) + (self.current is not None)
+
+    def queued_tokens(self, now: float) -> int:
+        """Estimated prefill tokens ahead of a new arrival: the waiting jobs plus the current one's rest."""
+        rest = max(0.0, self.busy_until - now) * self.rate if self.current is not None else 0.0
+        return self.waiting_tokens + int(rest)
+
+    def enqueue(self, job: SimJob) -> None:
+        self.waiting.append(job)
+        self.waiting_tokens += job.est_tokens
+        self.routed += 1
+        self.routed_tokens += job.prompt_tokens
+
+    def start_next(self, peer_prefix: int) -> SimJob:
+        """Begin the next waiting job; `peer_prefix` is how many of its blocks the planned peer holds
+        now (0 when it plans no pull). Sets the job's realized local and pulled blocks."""
+        assert self.current is None and self.waiting, "start_next on a busy or empty node"
+        job = self.waiting.popleft()
+        self.waiting_tokens -= job.est_tokens
+        self.current = job
+        job.local_ids = self.cache.match(job.hashes)
+        job.local_blocks = len(job.local_ids)
+        planned_end = job.decision.local_blocks + job.decision.pull_blocks
+        # The peer may have evicted since routing (pull less: recompute the rest), and our own
+        # prefix may have grown (pull only what we still lack).
+        job.pull_blocks = max(0, min(peer_prefix, planned_end) - job.local_blocks)
+        pool = self.cache.pool
+        # A prompt longer than what the pool can spare caches only its first blocks.
+        room = pool.num_free + pool.num_cached
+        job.new_ids = pool.allocate(min(len(job.hashes) - job.local_blocks, room))
+        return job
+
+    def finish(self) -> SimJob:
+        """End the current job: its new blocks become cached. Returns it."""
+        job = self.current
+        assert job is not None, "finish on an idle node"
+        lo = job.local_blocks
+        if job.new_ids:
+            hashes = job.hashes[lo : lo + len(job.new_ids)]
+            self.cache.insert(hashes, job.new_ids, job.hashes[lo - 1] if lo else None)
+        self.cache.release(job.local_ids + job.new_ids)
+        self.current = None
+        return job
+
+    def take_events(self) -> list[CacheEvent]:
+        return self.cache.take_events()
+
+    def check_invariants(self) -> None:
+        self.cache.check_invariants()
+        pinned = 0 if self.current is None else len(self.current.local_ids) + len(self.current.new_ids)
+        assert self.cache.pool.num_in_use == pinned, (
+            f"{self.cache.pool.num_in_use} in use, job holds {pinned}"
+        )
+        assert self.waiting_tokens == sum(j.est_tokens for j in self.waiting), "waiting_tokens drifted"

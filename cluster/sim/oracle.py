@@ -1,0 +1,45 @@
+"""Reference hit rates a routing result is judged against (block-weighted, trace blocks).
+
+- infinite bound: a block is a hit if any earlier request had it (no capacity limit, perfect routing
+  and pulling): no policy can beat it.
+- global LRU: one PrefixCache over one BlockPool of the cluster's total capacity, requests applied
+  in arrival order with no time model: what the same memory achieves as one pooled cache.
+"""
+
+import logging
+from collections.abc import Sequence
+
+from radixmesh.node_agent.memory.block_pool import BlockPool
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.proto.block_hash import BlockHash
+
+logger = logging.getLogger(__name__)
+
+
+def infinite_bound(prompts: Sequence[Sequence[BlockHash]]) -> float:
+    """Fraction of blocks seen in an earlier prompt; 0.0 for no blocks."""
+    seen: set[BlockHash] = set()
+    hits = total = 0
+    for hashes in prompts:
+        hits += sum(1 for h in hashes if h in seen)
+        total += len(hashes)
+        seen.update(hashes)
+    return hits / total if total else 0.0
+
+
+def global_lru(prompts: Sequence[Sequence[BlockHash]], capacity_blocks: int) -> float:
+    """Hit rate of one LRU prefix cache of `capacity_blocks` over the prompts in order."""
+    cache = PrefixCache(BlockPool(capacity_blocks))
+    hits = total = 0
+    for hashes in prompts:
+        local = cache.match(hashes)
+        n_new = min(len(hashes) - len(local), cache.pool.num_free + cache.pool.num_cached)
+        new = cache.pool.allocate(n_new)
+        if new:
+            lo = len(local)
+            cache.insert(hashes[lo : lo + n_new], new, hashes[lo - 1] if lo else None)
+        cache.release(local + new)
+        cache.take_events()
+        hits += len(local)
+        total += len(hashes)
+    return hits / total if total else 0.0

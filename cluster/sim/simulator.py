@@ -1,0 +1,274 @@
+"""Compute-free cluster simulator: the production GlobalIndex, PrefixCache/BlockPool eviction and
+routing policies, driven by a trace on simulated time.
+
+Per arrival: ask the index (fed by every node cache's events) and the pending index for each
+node's prefix, route with the policy, queue the job on the chosen node. Nodes prefill FIFO, one job
+at a time; a job takes pull time (bytes / bandwidth, when the decision pulls) plus prefill time
+(tokens / rate). TTFT = prefill end - arrival (decode is not modelled: it does not delay TTFT here).
+Hit rate is block-weighted over trace blocks: local, pulled from a peer (remote), or computed (miss).
+"""
+
+import heapq
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from radixmesh.cluster.metadata.index import GlobalIndex
+from radixmesh.cluster.policy.base import ClusterView, NodeView, PolicyConfig, RouteRequest, make_policy
+from radixmesh.cluster.policy.cost_model import CostModel
+from radixmesh.cluster.policy.recent_work import RecentWork
+from radixmesh.cluster.router.pending_index import PendingIndex
+from radixmesh.cluster.sim.node import SimJob, SimNode
+from radixmesh.cluster.sim.oracle import global_lru, infinite_bound
+from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceRequest
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.ids import NodeId
+
+logger = logging.getLogger(__name__)
+
+_LAYOUT = "sim"
+_DONE, _ARRIVE = 0, 1  # at equal times a finishing job inserts its blocks before the next routing
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    """A trace request with its block hashes; prompt_tokens is rounded up to whole trace blocks."""
+
+    arrival_s: float
+    prompt_tokens: int
+    hashes: tuple[BlockHash, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulated cluster."""
+
+    nodes: int
+    capacity_blocks: int
+    """Cache capacity of each node, in trace blocks."""
+    policy: str = "cost"
+    prefill_tokens_per_s: float = 20_000.0
+    """Every node's prefill rate (an 8B model on one H100-class GPU, roughly)."""
+    kv_bytes_per_token: int = 128 * 1024
+    """KV bytes per token (Llama-3-8B: 32 layers x 8 KV heads x 128 dims x K,V x bf16)."""
+    pull_bytes_per_s: float = 10e9
+    """Pull bandwidth between any two nodes."""
+    pull_latency_s: float = 0.002
+    load_eps: float = 0.25
+    load_half_life_s: float = PolicyConfig().load_half_life_s
+    """Half-life of the recent-work load measure (`PolicyConfig.load_half_life_s`)."""
+    pending_ttl_s: float = 10.0
+    seed: int = 0
+    check_every: int = 0
+    """Run every node's and the index's check_invariants() every this many arrivals (0: never)."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.capacity_blocks < 1:
+            raise ValueError(
+                f"nodes and capacity_blocks must be >= 1, got {self.nodes}, {self.capacity_blocks}"
+            )
+        if not (math.isfinite(self.prefill_tokens_per_s) and self.prefill_tokens_per_s > 0):
+            raise ValueError("prefill_tokens_per_s must be a finite number > 0")
+        if self.kv_bytes_per_token < 0 or not self.pull_bytes_per_s > 0 or self.check_every < 0:
+            raise ValueError("kv_bytes_per_token and check_every must be >= 0, pull_bytes_per_s > 0")
+
+    @property
+    def block_bytes(self) -> int:
+        return TRACE_BLOCK_TOKENS * self.kv_bytes_per_token
+
+
+@dataclass(frozen=True, slots=True)
+class SimReport:
+    """What one run measured; hit rates are fractions of all trace blocks."""
+
+    policy: str
+    nodes: int
+    capacity_blocks: int
+    requests: int
+    blocks: int
+    hits_by_source: dict[str, int]
+    hit_rate: float
+    infinite_bound: float
+    global_lru: float
+    max_load_over_mean: float
+    """Most requests routed to one node / mean per node."""
+    max_tokens_over_mean: float
+    """Most prompt tokens routed to one node / mean per node (the work the load cap bounds)."""
+    ttft_p50_s: float
+    ttft_p99_s: float
+    route_us_mean: float
+    """Wall time of index match + pending match + policy decision per request (this machine)."""
+    match_us_mean: float
+    """Wall time of the GlobalIndex match alone per request."""
+
+    def as_dict(self) -> dict[str, object]:
+        d = {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        d["achieved_over_bound"] = self.hit_rate / self.infinite_bound if self.infinite_bound else 0.0
+        d["achieved_over_global_lru"] = self.hit_rate / self.global_lru if self.global_lru else 0.0
+        return d
+
+
+def prepare(trace: Sequence[TraceRequest], mapping: TokenMapping | None = None) -> list[SimRequest]:
+    """Hash every request once (the slow part), so several runs can share the result."""
+    m = mapping or TokenMapping()
+    return [SimRequest(r.arrival_s, len(r.hash_ids) * TRACE_BLOCK_TOKENS, tuple(m.hashes(r))) for r in trace]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]); 0.0 for no values."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+class Simulator:
+    """Replays requests through the policy over `config.nodes` virtual nodes. One run per instance."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.now = 0.0
+        self.index = GlobalIndex()
+        self.pending = PendingIndex(config.pending_ttl_s, clock=lambda: self.now)
+        self.recent = RecentWork(config.load_half_life_s, clock=lambda: self.now)
+        policy_config = PolicyConfig(
+            load_eps=config.load_eps,
+            load_half_life_s=config.load_half_life_s,
+            block_bytes=config.block_bytes,
+            pull_latency_s=config.pull_latency_s,
+        )
+        self.policy = make_policy(config.policy, policy_config, random.Random(config.seed))
+        self.cost = CostModel(policy_config)
+        self.nodes: dict[NodeId, SimNode] = {}
+        for i in range(config.nodes):
+            nid = NodeId(f"n{i:03d}")
+            self.nodes[nid] = SimNode(nid, config.capacity_blocks, config.prefill_tokens_per_s)
+            self.index.add_node(nid, _LAYOUT)
+        self.hits = {"local": 0, "remote": 0, "miss": 0}
+        self.ttfts: list[float] = []
+        self._route_s = 0.0
+        self._match_s = 0.0
+        self._events: list[tuple[float, int, int, int | NodeId]] = []
+        self._seq = 0
+
+    def run(self, requests: Sequence[SimRequest]) -> SimReport:
+        """Replay all requests to completion and report."""
+        for i, r in enumerate(requests):
+            self._push(r.arrival_s, _ARRIVE, i)
+        arrivals = 0
+        while self._events:
+            t, kind, _, what = heapq.heappop(self._events)
+            self.now = max(self.now, t)
+            if kind == _ARRIVE:
+                assert isinstance(what, int)
+                self._arrive(what, requests[what])
+                arrivals += 1
+                if self.config.check_every and arrivals % self.config.check_every == 0:
+                    self.check_invariants()
+            else:
+                assert isinstance(what, str)
+                self._finish(self.nodes[NodeId(what)])
+        self.check_invariants()
+        return self._report(requests)
+
+    def _push(self, t: float, kind: int, what: int | NodeId) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, kind, self._seq, what))
+
+    def _arrive(self, i: int, r: SimRequest) -> None:
+        t0 = time.perf_counter()
+        found = self.index.match(_LAYOUT, r.hashes).prefixes
+        self._match_s += time.perf_counter() - t0
+        pending = self.pending.match(r.hashes)
+        views = []
+        for nid, node in self.nodes.items():
+            p = found.get(nid)
+            extra = pending.get(nid, 0)
+            views.append(
+                NodeView(
+                    nid,
+                    gpu_blocks=max(p.gpu if p else 0, extra),
+                    local_blocks=max(p.any_tier if p else 0, extra),
+                    queued_tokens=node.queued_tokens(self.now),
+                    inflight=node.inflight,
+                    recent_tokens=self.recent.value(nid),
+                    prefill_tokens_per_s=node.rate,
+                )
+            )
+        request = RouteRequest(r.prompt_tokens, len(r.hashes), TRACE_BLOCK_TOKENS)
+        cluster = ClusterView(tuple(views), default_pull_bytes_per_s=self.config.pull_bytes_per_s)
+        decision = self.policy.route(request, cluster)
+        self._route_s += time.perf_counter() - t0
+        self.pending.add(decision.node, r.hashes)
+        self.recent.add(decision.node, r.prompt_tokens)
+        reused = decision.local_blocks + decision.pull_blocks
+        est = r.prompt_tokens - reused * TRACE_BLOCK_TOKENS
+        node = self.nodes[decision.node]
+        node.enqueue(SimJob(i, r.arrival_s, r.prompt_tokens, r.hashes, decision, est))
+        if node.current is None:
+            self._start(node)
+
+    def _start(self, node: SimNode) -> None:
+        plan = node.waiting[0].decision
+        peer = 0
+        if plan.pull_from is not None:
+            # As the real transfer source does: pin what the peer still holds, send, release. The
+            # release renews those blocks' recency on the peer; the send itself takes no peer time here.
+            source = self.nodes[plan.pull_from].cache
+            pinned = source.match(node.waiting[0].hashes[: plan.local_blocks + plan.pull_blocks])
+            source.release(pinned)
+            peer = len(pinned)
+        job = node.start_next(peer)
+        self.index.apply(node.node, node.take_events())  # evictions made room for the new blocks
+        computed = len(job.hashes) - job.local_blocks - job.pull_blocks
+        self.hits["local"] += job.local_blocks
+        self.hits["remote"] += job.pull_blocks
+        self.hits["miss"] += computed
+        tokens = job.prompt_tokens - (job.local_blocks + job.pull_blocks) * TRACE_BLOCK_TOKENS
+        duration = self.cost.pull_time(job.pull_blocks, self.config.pull_bytes_per_s) + tokens / node.rate
+        node.busy_until = self.now + duration
+        self._push(node.busy_until, _DONE, node.node)
+
+    def _finish(self, node: SimNode) -> None:
+        job = node.finish()
+        self.index.apply(node.node, node.take_events())
+        self.ttfts.append(self.now - job.arrival_s)
+        if node.waiting:
+            self._start(node)
+
+    def check_invariants(self) -> None:
+        """Every node's cache and queue, the index, and the pending index."""
+        for node in self.nodes.values():
+            node.check_invariants()
+        self.index.check_invariants()
+        self.pending.check_invariants()
+        self.recent.check_invariants()
+
+    def _report(self, requests: Sequence[SimRequest]) -> SimReport:
+        prompts = [r.hashes for r in requests]
+        blocks = sum(len(p) for p in prompts)
+        assert sum(self.hits.values()) == blocks, f"hits {self.hits} do not add up to {blocks} blocks"
+        routed = [n.routed for n in self.nodes.values()]
+        mean = sum(routed) / len(routed)
+        tokens = [n.routed_tokens for n in self.nodes.values()]
+        mean_tokens = sum(tokens) / len(tokens)
+        return SimReport(
+            policy=self.config.policy,
+            nodes=self.config.nodes,
+            capacity_blocks=self.config.capacity_blocks,
+            requests=len(requests),
+            blocks=blocks,
+            hits_by_source=dict(self.hits),
+            hit_rate=(self.hits["local"] + self.hits["remote"]) / blocks if blocks else 0.0,
+            infinite_bound=infinite_bound(prompts),
+            global_lru=global_lru(prompts, self.config.nodes * self.config.capacity_blocks),
+            max_load_over_mean=max(routed) / mean if mean else 0.0,
+            max_tokens_over_mean=max(tokens) / mean_tokens if mean_tokens else 0.0,
+            ttft_p50_s=percentile(self.ttfts, 50),
+            ttft_p99_s=percentile(self.ttfts, 99),
+            route_us_mean=self._route_s / len(requests) * 1e6 if requests else 0.0,
+            match_us_mean=self._match_s / len(requests) * 1e6 if requests else 0.0,
+        )

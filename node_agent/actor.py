@@ -1,0 +1,141 @@
+"""The node agent as a Ray actor: a thin shell over NodeAgent, made by one factory that holds placement
+and restart options.
+
+What survives a restart: only the AgentConfig the actor was created with. Ray re-runs the constructor
+on restart; the next call starts a new NodeAgent with an empty cache and a new, strictly higher epoch
+(time-based), which registers again, so the metadata service drops every block of the old epoch.
+Requests in flight when the actor died fail with RayActorError (the client says AgentUnavailable) and
+are not retried by Ray (max_task_retries=0): the router retries them elsewhere, with care for tokens
+already streamed.
+
+Idempotent calls: `start`, `stop`, `node_info`, `load`, `prometheus_text`, `check_invariants`, and
+`pull` (a peer's pull under transfer="ray": it only reads cached blocks; its pins end with the stream).
+`serve` is not: each call runs the request once (a retry must use a new request id or another node).
+"""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from radixmesh.node_agent.agent import NodeAgent
+from radixmesh.node_agent.config import AgentConfig
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
+from radixmesh.proto.serve.plan import ServeItem, ServePlan
+
+logger = logging.getLogger(__name__)
+
+UCX_LOOPBACK_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo", "UCXPY_PROGRESS_MODE": "blocking",
+                    "UCX_WARN_UNUSED_ENV_VARS": "n"}
+"""UCX settings for agents that talk over 127.0.0.1 (one machine, tests)."""
+
+
+def agent_actor_name(node: NodeId) -> str:
+    """The Ray actor name of `node`'s agent (found with ray.get_actor)."""
+    return f"radixmesh-agent-{node}"
+
+
+def node_resource(node: NodeId) -> str:
+    """The custom resource that pins a simulated node's agent to its Ray node (one machine, tests)."""
+    return f"radixmesh-node-{node}"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPlacement:
+    """Where an agent actor runs and how Ray restarts it."""
+
+    num_gpus: float = 0.0
+    """1 on a GPU cluster: one agent per GPU."""
+    resources: tuple[tuple[str, float], ...] = ()
+    """Custom resources, e.g. ((node_resource(node), 1),) for a simulated node."""
+    max_restarts: int = -1
+    """-1: restart for ever (each restart is a new epoch with an empty cache)."""
+    num_cpus: float = 1.0
+    env_vars: tuple[tuple[str, str], ...] = ()
+    """Extra environment of the actor's process (e.g. UCX_LOOPBACK_ENV items)."""
+
+    @classmethod
+    def gpu(cls) -> "AgentPlacement":
+        return cls(num_gpus=1.0)
+
+    @classmethod
+    def simulated(cls, node: NodeId, *, loopback: bool = True) -> "AgentPlacement":
+        env = tuple(UCX_LOOPBACK_ENV.items()) if loopback else ()
+        return cls(resources=((node_resource(node), 1.0),), env_vars=env)
+
+
+class AgentActor:
+    """The actor body: every method awaits, none blocks its event loop (engine steps run on the
+    agent's own thread)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self._config = config
+        self._agent: NodeAgent | None = None
+        self._starting = asyncio.Lock()
+
+    async def start(self) -> NodeInfo:
+        """Start the agent if it is not running; its registration record."""
+        async with self._starting:
+            if self._agent is None:
+                agent = NodeAgent(self._config)
+                await agent.start()
+                self._agent = agent
+        return self._agent.node_info()
+
+    async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
+        """Stream the plan's TokenDelta items and its ServeResult (call with num_returns="streaming")."""
+        await self.start()
+        assert self._agent is not None
+        async for item in self._agent.serve(plan):
+            yield item
+
+    async def pull(self, request: bytes) -> AsyncIterator[Any]:
+        """A peer's pull under the Ray transport (transport_ray.serve_pull's stream; call with
+        num_returns="streaming"). The owner's pins last exactly as long as the stream."""
+        await self.start()
+        assert self._agent is not None
+        async for item in self._agent.serve_pull(request):
+            yield item
+
+    async def node_info(self) -> NodeInfo:
+        return await self.start()
+
+    async def load(self) -> NodeLoad:
+        await self.start()
+        assert self._agent is not None
+        return await self._agent.load()
+
+    async def prometheus_text(self) -> str:
+        await self.start()
+        assert self._agent is not None
+        return await self._agent.prometheus_text()
+
+    async def check_invariants(self) -> None:
+        await self.start()
+        assert self._agent is not None
+        await self._agent.check_invariants()
+
+    async def stop(self) -> None:
+        async with self._starting:
+            if self._agent is not None:
+                await self._agent.stop()
+                self._agent = None
+
+
+def make_agent_actor(config: AgentConfig, placement: AgentPlacement) -> Any:
+    """Create `config.node_id`'s agent actor under agent_actor_name(node); returns its handle. The
+    agent starts on the first call (call `start` to wait for it)."""
+    cls = ray.remote(AgentActor)
+    return cls.options(
+        name=agent_actor_name(config.node_id),
+        num_cpus=placement.num_cpus,
+        num_gpus=placement.num_gpus,
+        resources=dict(placement.resources),
+        max_restarts=placement.max_restarts,
+        max_task_retries=0,  # serve is not idempotent: the router decides about retries
+        runtime_env={"env_vars": dict(placement.env_vars)} if placement.env_vars else None,
+    ).remote(config)

@@ -1,0 +1,59 @@
+"""Settings of one node agent: which model, how its engine batches, where it listens, whom it tells."""
+
+import logging
+from dataclasses import dataclass, field
+
+from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.model.config import LlamaConfig, named_config
+from radixmesh.proto.ids import NodeId
+
+logger = logging.getLogger(__name__)
+
+TRANSFER_PLANES = ("none", "ucx", "ray", "auto")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """One node agent. Every agent of one layout must share model, seed, checkpoint and engine block size,
+    so that a block hash names the same KV bytes on every node."""
+
+    node_id: NodeId
+    model: LlamaConfig = field(default_factory=lambda: named_config("tiny"))
+    """Model shape (ignored when `checkpoint` is set: the checkpoint's config.json wins)."""
+    seed: int = 0
+    """Seed of the random weights; the same on every agent of a layout."""
+    checkpoint: str | None = None
+    """A local Hugging Face Llama directory to load instead of random weights."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    host: str = "127.0.0.1"
+    """Address the transfer server binds (and advertises)."""
+    transfer_port: int = 0
+    """0: any free port."""
+    transfer: str = "ucx"
+    """KV transfer plane: "ucx" (TCP on one machine, RDMA on a cluster), "ray" (the Ray object store,
+    served by the agent's actor: only for agents made by make_agent_actor), "auto" (ucx where `import
+    ucxx` works, else ray) or "none" (never pulls, serves no pulls; planned pulls are recomputed)."""
+    cluster_token: bytes = b"radixmesh-dev-token"
+    """Shared secret of the transfer and control planes; peers refuse pulls without it."""
+    pull_timeout_s: float = 10.0
+    """Bound on one pull; past it the missing blocks are recomputed."""
+    metadata_address: str | None = None
+    """host:port of the metadata service; None runs standalone (no events, no heartbeats)."""
+    metadata_token: str | None = None
+    """Token the metadata service requires (its --token); None sends none."""
+    heartbeat_interval_s: float = 1.0
+    publish_interval_s: float = 0.05
+    """How long cache events are batched before they are sent."""
+
+    def __post_init__(self) -> None:
+        if not self.node_id:
+            raise ValueError("node_id must be non-empty")
+        if self.transfer not in TRANSFER_PLANES:
+            raise ValueError(f"transfer must be one of {TRANSFER_PLANES}, got {self.transfer!r}")
+        if self.transfer != "none" and not self.cluster_token:
+            raise ValueError("a transfer plane needs a non-empty cluster_token")
+        if not 0 <= self.transfer_port < 65536:
+            raise ValueError(f"transfer_port must be in [0, 65535], got {self.transfer_port}")
+        for name in ("pull_timeout_s", "heartbeat_interval_s", "publish_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

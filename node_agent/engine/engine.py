@@ -1,0 +1,265 @@
+"""The node engine: requests in, tokens out, KV in the paged pool with prefix reuse and preemption.
+
+`Engine` is a plain synchronous class: `submit` validates and queues, `step` runs one scheduling
+round (at most one prefill pass and one decode pass), `generate` loops until a batch is done. The
+Ray actor drives `step` from its own loop; the transfer plane hands pulled blocks in through
+`Request.external_prefix`. Memory moves live in radixmesh.node_agent.engine.paged_memory.
+"""
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from radixmesh.node_agent.engine.metrics import EngineCounters, EngineStats, engine_stats
+from radixmesh.node_agent.engine.paged_memory import MemoryConfig, PagedMemory
+from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput, RequestStats
+from radixmesh.node_agent.engine.sampler import sample
+from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler, SequenceState, make_policy
+from radixmesh.node_agent.memory.metrics import memory_stats, render_prometheus
+from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
+from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.serve.sampling import FinishReason
+
+logger = logging.getLogger(__name__)
+
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses; raised before any block is taken or any state changes."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How one node engine batches and where its KV lives."""
+
+    block_size: int = 16
+    max_num_batched_tokens: int = 512
+    """Token budget of one step: decode tokens plus prefill chunks."""
+    max_num_seqs: int = 64
+    """Running sequences at most."""
+    preemption: str = "cost"
+    """Preemption policy: "cost" (swap or recompute, whichever is estimated cheaper), "swap", "recompute"."""
+    keep_logits: bool = False
+    """Return every sampled position's logits in RequestOutput (exactness tests)."""
+    model_id: str = "seed-0"
+    """Names the weights in the KV layout fingerprint."""
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+
+
+class Engine:
+    """Continuous-batching engine of one node over a Llama model and the paged KV pool."""
+
+    def __init__(self, model: LlamaForCausalLM, config: EngineConfig | None = None, *,
+                 device: str | torch.device = "cpu", clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        """`clock` times TTFT and decode; `rng` draws the seeds of requests that bring none."""
+        self.config = config = config or EngineConfig()
+        self.model = model
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.layout = model.config.kv_layout(config.model_id, config.block_size, dtype)
+        self.counters = EngineCounters()
+        self.policy = make_policy(config.preemption, self.layout.block_bytes)
+        self.memory = PagedMemory(self.layout, config.memory, self.counters, self.policy,
+                                  device=device, clock=clock)
+        self.scheduler = Scheduler(self.memory, self.policy, config.max_num_batched_tokens, config.max_num_seqs)
+        self.device = device
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._active: dict[RequestId, SequenceState] = {}
+
+    # --- requests ----------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        """Queue a request. Raises InvalidRequest (nothing taken; an external prefix stays the
+        caller's) for an empty or out-of-vocabulary prompt, a context or pool it cannot fit, a
+        duplicate id, or an external prefix that is not a run of the prompt's blocks."""
+        start = self._validate(request)
+        seed = request.sampling.seed if request.sampling.seed is not None else self._rng.getrandbits(62)
+        stats = RequestStats(prompt_tokens=len(request.prompt_token_ids), arrival_s=self._clock())
+        seq = SequenceState(request, seed, stats, self.memory.new_sequence(request.prompt_token_ids, request.salt))
+        ext = request.external_prefix
+        if ext is not None and ext.block_ids:
+            self.memory.adopt_external(seq, ext.block_ids, ext.hashes, start)
+        self._active[request.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: RequestId) -> bool:
+        """Drop a queued or running request and its blocks; False when it is not active."""
+        seq = self._active.pop(request_id, None)
+        if seq is None:
+            return False
+        if seq in self.scheduler.running:
+            self.scheduler.finish(seq)
+        else:
+            self.scheduler.waiting.remove(seq)
+        self.memory.release(seq)
+        return True
+
+    def sequence(self, request_id: RequestId) -> SequenceState | None:
+        """The live state of a queued or running request (None once it finished or was aborted).
+
+        Read-only for callers: the engine mutates it on every step, so read it between steps, on the
+        thread that steps the engine.
+        """
+        return self._active.get(request_id)
+
+    def generate(self, requests: Sequence[Request]) -> list[RequestOutput]:
+        """Run `requests` to completion (with whatever else is queued); outputs in request order.
+        All requests are validated before any is queued."""
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids):
+            raise InvalidRequest("duplicate request ids in one generate call")
+        for r in requests:
+            self._validate(r)
+        for r in requests:
+            self.submit(r)
+        done: dict[RequestId, RequestOutput] = {}
+        while any(i not in done for i in ids):
+            for out in self.step():
+                done[out.request_id] = out
+        return [done[i] for i in ids]
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # --- the loop ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One scheduling round: a prefill pass over this step's chunks, a decode pass over the
+        one-token sequences; returns the requests that finished."""
+        plan = self.scheduler.schedule()
+        self.counters.steps += 1
+        finished: list[RequestOutput] = []
+        for group in ([c for c in plan if c.num_tokens > 1], [c for c in plan if c.num_tokens == 1]):
+            if group:
+                finished += self._run(group)
+        return finished
+
+    def _run(self, group: list[ScheduledChunk]) -> list[RequestOutput]:
+        chunks = [SeqChunk(c.seq.block_ids, c.seq.num_computed, c.num_tokens) for c in group]
+        batch, positions = AttentionBatch.build(chunks, self.layout.block_size, self.device)
+        ids = [t for c in group for t in c.seq.tokens[c.seq.num_computed: c.seq.num_computed + c.num_tokens]]
+        last_rows = (batch.cu_seqlens[1:] - 1).long()
+        t0 = self._clock()
+        logits = self.model(torch.tensor(ids, device=self.device), positions, batch, self.memory.gpu.kv,
+                            last_rows).cpu()
+        if not batch.is_decode:
+            self.policy.observe_prefill(len(ids), self._clock() - t0)
+        finished = []
+        for row, (seq, n) in enumerate(group):
+            seq.num_computed += n
+            seq.stats.computed_tokens += n
+            self.counters.computed_tokens += n
+            self.memory.insert_computed(seq)
+            if seq.num_uncomputed == 0:
+                reason = self._append_token(seq, logits[row])
+                if reason is not None:
+                    finished.append(self._finish(seq, reason))
+        return finished
+
+    def _append_token(self, seq: SequenceState, logits: torch.Tensor) -> FinishReason | None:
+        params = seq.request.sampling
+        index = len(seq.output_token_ids)
+        token = sample(logits, params, seq.seed, index)
+        seq.tokens.append(token)
+        self.counters.generated_tokens += 1
+        if self.config.keep_logits:
+            seq.logits.append(logits.clone())
+        if index == 0:
+            seq.stats.first_token_s = self._clock()
+            self.counters.observe_ttft(seq.stats.first_token_s - seq.stats.arrival_s)
+        eos = self.model.config.eos_token_id
+        if token in params.stop_token_ids or (token == eos and not params.ignore_eos):
+            return FinishReason.STOP
+        if index + 1 >= params.max_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, seq: SequenceState, reason: FinishReason) -> RequestOutput:
+        self.memory.release(seq)
+        self.scheduler.finish(seq)
+        del self._active[seq.request.request_id]
+        seq.stats.finish_s = self._clock()
+        c = self.counters
+        c.prompt_tokens += seq.stats.prompt_tokens
+        for source, n in (("gpu", seq.stats.cached_gpu_tokens), ("host", seq.stats.cached_host_tokens),
+                          ("external", seq.stats.cached_external_tokens)):
+            c.count(c.cached_tokens, source, n)
+        c.count(c.finished, reason.value)
+        return RequestOutput(
+            request_id=seq.request.request_id,
+            prompt_token_ids=seq.request.prompt_token_ids,
+            output_token_ids=tuple(seq.output_token_ids),
+            finish_reason=reason,
+            stats=seq.stats,
+            logits=tuple(seq.logits) if self.config.keep_logits else None,
+        )
+
+    # --- validation, invariants, metrics -----------------------------------------------------
+    def _validate(self, request: Request) -> int:
+        """Raise InvalidRequest for a request that cannot be served; returns the block index where
+        its external prefix starts (0 without one)."""
+        prompt = request.prompt_token_ids
+        vocab = self.model.config.vocab_size
+        if request.request_id in self._active:
+            raise InvalidRequest(f"request id {request.request_id!r} is already active")
+        if not prompt:
+            raise InvalidRequest("empty prompt")
+        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise InvalidRequest(f"token ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        total = len(prompt) + request.sampling.max_tokens
+        limit = self.model.config.max_position_embeddings
+        if total > limit:
+            raise InvalidRequest(f"prompt ({len(prompt)}) + max_tokens ({request.sampling.max_tokens}) = "
+                                 f"{total} exceeds the context limit {limit}")
+        need = self.memory.blocks_for(total)
+        if need > self.memory.config.num_gpu_blocks:
+            raise InvalidRequest(f"prompt + max_tokens needs {need} blocks, the whole pool has "
+                                 f"{self.memory.config.num_gpu_blocks}")
+        ext = request.external_prefix
+        if ext is None or not ext.block_ids:
+            return 0
+        pool = self.memory.gpu.pool
+        if len(set(ext.block_ids)) != len(ext.block_ids) or any(
+                not 0 <= b < pool.num_blocks or pool.ref_count(b) < 1 or pool.hash_of(b) not in (None, h)
+                for b, h in zip(ext.block_ids, ext.hashes, strict=True)):
+            raise InvalidRequest("external prefix blocks must be distinct gpu blocks held by the caller "
+                                 "and not cached under another hash")
+        hashes = hash_blocks(prompt, self.layout.block_size, salt=request.salt,
+                             key=self.memory.config.hash_key)
+        try:
+            start = hashes.index(ext.hashes[0])
+        except ValueError:
+            raise InvalidRequest("external prefix does not start at a block of this prompt") from None
+        if list(ext.hashes) != hashes[start: start + len(ext.hashes)]:
+            raise InvalidRequest("external prefix hashes are not a contiguous run of the prompt's blocks")
+        return start
+
+    def check_invariants(self) -> None:
+        """Both tiers' invariants, plus: every reference held on a block is a live sequence's
+        (so a finished or preempted request can leak nothing)."""
+        self.memory.check_invariants()
+        seqs = list(self._active.values())
+        held = sum(len(s.block_ids) for s in seqs)
+        refs = sum(self.memory.gpu.pool.ref_counts())
+        assert refs == held, f"gpu refs {refs} != {held} held by {len(seqs)} active sequences"
+        if self.memory.host is not None:
+            held = sum(len(s.host_block_ids) for s in seqs)
+            refs = sum(self.memory.host.pool.ref_counts())
+            assert refs == held, f"host refs {refs} != {held} held by swapped sequences"
+        queued = len(self.scheduler.waiting) + len(self.scheduler.running)
+        assert queued == len(seqs), f"{queued} queued sequences, {len(seqs)} active"
+
+    def stats(self) -> EngineStats:
+        c = self.counters
+        c.preemptions = {m.value: n for m, n in self.scheduler.num_preemptions.items()}
+        return engine_stats(c, len(self.scheduler.running), len(self.scheduler.waiting))
+
+    def prometheus_text(self) -> str:
+        """Memory metrics of every tier plus the engine's, in one Prometheus exposition."""
+        tiers = [self.memory.gpu] + ([self.memory.host] if self.memory.host is not None else [])
+        snaps: list[object] = [memory_stats(t.pool, t.cache) for t in tiers]
+        return render_prometheus([*snaps, self.stats()])

@@ -1,0 +1,84 @@
+"""What a caller submits to the engine (request, sampling parameters) and what it gets back."""
+
+from dataclasses import dataclass
+from typing import NewType
+
+import torch
+
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.ids import BlockId
+from radixmesh.proto.serve.sampling import FinishReason, SamplingParams
+
+RequestId = NewType("RequestId", str)
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalPrefix:
+    """KV blocks someone (the transfer plane) already wrote into this node's gpu pool for a prompt.
+
+    `hashes[i]` is the chained hash of block `block_ids[i]`; the hashes must be a contiguous run of
+    the prompt's own block hashes. The caller holds one reference on each block; once the engine
+    accepts the request, that reference is the engine's (it adopts the blocks, inserting them into
+    the prefix cache, or frees them when they turn out not to be needed). A refused request leaves
+    the reference with the caller.
+    """
+
+    block_ids: tuple[BlockId, ...]
+    hashes: tuple[BlockHash, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.block_ids) != len(self.hashes):
+            raise ValueError(f"{len(self.block_ids)} block ids but {len(self.hashes)} hashes")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One generation request in token ids (tokenizing is the caller's business)."""
+
+    request_id: RequestId
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = SamplingParams()  # noqa: RUF009  (frozen, so one shared default is safe)
+    salt: bytes = b""
+    """Tenant salt of the block hashes (block_hash.tenant_salt); tenants share only equal salts."""
+    external_prefix: ExternalPrefix | None = None
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """Where a request's tokens came from and how long it took (times from the engine's clock).
+
+    Token counts are summed over admissions: a request recomputed after preemption counts again.
+    """
+
+    prompt_tokens: int
+    arrival_s: float
+    cached_gpu_tokens: int = 0
+    cached_host_tokens: int = 0
+    cached_external_tokens: int = 0
+    computed_tokens: int = 0
+    preemptions: int = 0
+    first_token_s: float | None = None
+    finish_s: float | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def decode_s(self) -> float | None:
+        if self.first_token_s is None or self.finish_s is None:
+            return None
+        return self.finish_s - self.first_token_s
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """A finished request. `logits` holds the float32 logits of every generated token when the
+    engine was built with keep_logits=True (exactness tests), else None."""
+
+    request_id: RequestId
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    stats: RequestStats
+    logits: tuple[torch.Tensor, ...] | None = None

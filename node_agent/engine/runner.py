@@ -1,0 +1,164 @@
+"""EngineRunner: drives one Engine on one dedicated thread and streams each request's tokens.
+
+Why one thread and no lock: Engine, PagedMemory, BlockPool and PrefixCache are not thread-safe, and
+step() is CPU-heavy. Every touch of them (steps, submits, aborts, the transfer plane's pins,
+allocations and inserts, event draining, stats) is a job on the same single-thread executor, so they
+are serialised by construction and the event loop (transfer server, heartbeats) never waits on a
+step; a lock would have made the loop block whenever it wanted the pool during a step.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, NamedTuple, ParamSpec, TypeVar
+
+from radixmesh.node_agent.engine.engine import Engine
+from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+Serial = Callable[..., Awaitable[Any]]
+"""Runs a function on the engine thread and awaits its result (EngineRunner.call)."""
+
+RATE_SMOOTHING = 0.2
+"""Weight of the newest step in the prefill-rate average."""
+
+
+class AdmissionHits(NamedTuple):
+    """Prompt tokens a request reused at its first admission, by source (later admissions after a
+    preemption are not counted: they would count the same prompt twice)."""
+
+    gpu: int
+    host: int
+    external: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The last item of a request stream."""
+
+    output: RequestOutput
+    hits: AdmissionHits
+
+
+StreamItem = list[int] | Finished | BaseException
+"""New output tokens, the end of the request, or the error that ended the engine loop."""
+
+
+@dataclass(slots=True)
+class _Progress:
+    """Engine-thread record of what a request's stream has been told."""
+
+    sent: int = 0
+    hits: AdmissionHits | None = None
+
+
+class EngineRunner:
+    """One engine, one thread. `call` runs any function on that thread; `submit` queues a request and
+    returns the queue its StreamItems arrive on, in order, ending with Finished."""
+
+    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.engine = engine
+        self._clock = clock
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._progress: dict[RequestId, _Progress] = {}  # engine thread only
+        self._queues: dict[RequestId, asyncio.Queue[StreamItem]] = {}  # event loop only
+        self._driver: asyncio.Task[None] | None = None
+        self.prefill_tokens_per_s = 0.0
+        """Measured: tokens computed per second of the steps that ran a prefill (EWMA)."""
+
+    async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run `fn` on the engine thread. The job completes even if the caller is cancelled, so a
+        pool mutation is never skipped half way (its result is then dropped)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+        return await asyncio.shield(fut)
+
+    async def submit(self, request: Request) -> "asyncio.Queue[StreamItem]":
+        """Queue `request`; raises the engine's InvalidRequest (nothing queued) when it is refused."""
+        await self.call(self._submit, request)
+        queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        self._queues[request.request_id] = queue
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.create_task(self._drive(), name="engine-driver")
+        return queue
+
+    async def abort(self, request_id: RequestId) -> bool:
+        """Drop a request and its blocks; False when it already finished."""
+        self._queues.pop(request_id, None)
+        return await self.call(self._abort, request_id)
+
+    def is_active(self, request_id: RequestId) -> bool:
+        """Whether a stream for `request_id` is open."""
+        return request_id in self._queues
+
+    async def close(self) -> None:
+        """Abort every request (its stream ends with an error), stop the driver and the thread."""
+        for rid, q in list(self._queues.items()):
+            q.put_nowait(RuntimeError("the engine was stopped"))
+            await self.abort(rid)
+        if self._driver is not None:
+            self._driver.cancel()
+            await asyncio.gather(self._driver, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    # --- event loop side ---------------------------------------------------------------------
+    async def _drive(self) -> None:
+        while self._queues:
+            try:
+                progress = await self.call(self._step)
+            except Exception as e:  # an engine bug: fail the streams loudly, keep the agent alive
+                logger.exception("engine step failed")
+                for q in self._queues.values():
+                    q.put_nowait(e)
+                self._queues.clear()
+                return
+            for rid, item in progress:
+                if (queue := self._queues.get(rid)) is not None:
+                    queue.put_nowait(item)
+                    if isinstance(item, Finished):
+                        del self._queues[rid]
+
+    # --- engine thread side ------------------------------------------------------------------
+    def _submit(self, request: Request) -> None:
+        self.engine.submit(request)
+        self._progress[request.request_id] = _Progress()
+
+    def _abort(self, request_id: RequestId) -> bool:
+        self._progress.pop(request_id, None)
+        return self.engine.abort(request_id)
+
+    def _step(self) -> list[tuple[RequestId, StreamItem]]:
+        computed = self.engine.counters.computed_tokens
+        running = len(self.engine.scheduler.running)
+        t0 = self._clock()
+        outputs = {o.request_id: o for o in self.engine.step()}
+        seconds = self._clock() - t0
+        tokens = self.engine.counters.computed_tokens - computed
+        if tokens > running and seconds > 0:  # more tokens than one per running sequence: a prefill ran
+            rate = tokens / seconds
+            old = self.prefill_tokens_per_s
+            self.prefill_tokens_per_s = rate if old == 0.0 else old + RATE_SMOOTHING * (rate - old)
+        items: list[tuple[RequestId, StreamItem]] = []
+        for rid, prog in list(self._progress.items()):
+            out = outputs.get(rid)
+            seq = self.engine.sequence(rid)
+            stats = out.stats if out is not None else (seq.stats if seq is not None else None)
+            if prog.hits is None and stats is not None and (out is not None or (seq and seq.block_ids)):
+                prog.hits = AdmissionHits(stats.cached_gpu_tokens, stats.cached_host_tokens,
+                                          stats.cached_external_tokens)
+            produced = out.output_token_ids if out is not None else (seq.output_token_ids if seq else [])
+            if len(produced) > prog.sent:
+                items.append((rid, list(produced[prog.sent:])))
+                prog.sent = len(produced)
+            if out is not None:
+                assert prog.hits is not None
+                items.append((rid, Finished(out, prog.hits)))
+                del self._progress[rid]
+        return items

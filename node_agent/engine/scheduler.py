@@ -1,0 +1,233 @@
+"""Continuous batching: which sequences run this step, with how many tokens, and who is preempted.
+
+The scheduler owns the queues and the policy; the memory moves (matching prefixes, allocating,
+swapping) belong to a `BlockSpace`, so the policy is testable on its own and the engine stays the
+only place that touches KV tensors.
+"""
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple, Protocol
+
+import torch
+
+from radixmesh.node_agent.engine.request import Request, RequestStats
+from radixmesh.node_agent.memory.block_table import Sequence
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.ids import BlockId
+
+logger = logging.getLogger(__name__)
+
+
+class PreemptMode(StrEnum):
+    SWAP = "swap"
+    """Copy the blocks to the host tier; resume by copying them back."""
+    RECOMPUTE = "recompute"
+    """Drop the blocks; resume by prefilling prompt + output again (cached prefix blocks still hit)."""
+
+
+@dataclass(slots=True, eq=False)
+class SequenceState:
+    """The engine's mutable record of one request between submit and finish.
+
+    Token ranges: ``tokens[:num_computed]`` have K/V in ``block_ids`` (gpu), the rest are still to be
+    computed. The block table is `sequence`'s (sequence.SequenceManager places it); the sequence
+    holds exactly one reference on each block of ``block_ids`` and, while swapped out, on each of
+    ``host_block_ids``.
+    """
+
+    request: Request
+    seed: int
+    stats: RequestStats
+    sequence: Sequence
+    """Tokens (prompt, then sampled), gpu block table, block hashes and how many are committed."""
+    admit_order: int = -1
+    num_computed: int = 0
+    host_block_ids: list[BlockId] = field(default_factory=list)
+    external_hashes: frozenset[BlockHash] = frozenset()
+    """Hashes handed in through Request.external_prefix (stats attribute their hits to "external")."""
+    host_hit_blocks: int = 0
+    """Blocks of the latest prefix match that were promoted from the host tier."""
+    logits: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.sequence.tokens
+
+    @property
+    def block_ids(self) -> list[BlockId]:
+        """The gpu block table (read-only use: PagedMemory changes it through SequenceManager)."""
+        return self.sequence.block_table
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.tokens) - self.num_computed
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.tokens[len(self.request.prompt_token_ids):]
+
+    @property
+    def is_swapped(self) -> bool:
+        return bool(self.host_block_ids)
+
+
+class BlockSpace(Protocol):
+    """The memory moves the scheduler asks for; each is all-or-nothing."""
+
+    def admit(self, seq: SequenceState, budget: int) -> int:
+        """Place a waiting sequence (prefix hits, swap-in) and room for its next chunk of at most
+        `budget` tokens; returns that chunk's size, or 0 when it does not fit (then nothing is held)."""
+        ...
+
+    def grow(self, seq: SequenceState, num_tokens: int) -> bool:
+        """Extend the block table to hold `num_tokens` tokens; False (nothing taken) when out of blocks."""
+        ...
+
+    def preempt(self, seq: SequenceState, mode: PreemptMode) -> PreemptMode:
+        """Give up the sequence's gpu blocks by `mode`; returns the mode used (swap falls back to
+        recompute when the host tier is full)."""
+        ...
+
+
+class PreemptionPolicy(Protocol):
+    """Picks how to preempt a sequence of `num_blocks` written blocks holding `num_tokens` tokens,
+    and may learn from the prefill and swap rates the engine observes."""
+
+    def choose(self, num_blocks: int, num_tokens: int) -> PreemptMode: ...
+    def observe_prefill(self, tokens: int, seconds: float) -> None: ...
+    def observe_swap(self, nbytes: int, seconds: float) -> None: ...
+
+
+@dataclass(slots=True)
+class FixedPolicy:
+    """Always the same mode (the "swap" and "recompute" registry entries)."""
+
+    mode: PreemptMode
+
+    def choose(self, num_blocks: int, num_tokens: int) -> PreemptMode:
+        return self.mode
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """A fixed choice learns nothing."""
+
+    def observe_swap(self, nbytes: int, seconds: float) -> None:
+        """A fixed choice learns nothing."""
+
+
+@dataclass(slots=True)
+class CostPolicy:
+    """Swap when moving the blocks out and back costs less time than prefilling the tokens again.
+
+    Rates start at the given estimates and follow measurements (exponential average), so a node
+    with slow host copies or a fast GPU learns to recompute.
+    """
+
+    block_bytes: int
+    swap_bytes_per_s: float = 2e9
+    prefill_tokens_per_s: float = 2e3
+    smoothing: float = 0.2
+
+    def choose(self, num_blocks: int, num_tokens: int) -> PreemptMode:
+        swap_s = 2 * num_blocks * self.block_bytes / self.swap_bytes_per_s
+        recompute_s = num_tokens / self.prefill_tokens_per_s
+        return PreemptMode.SWAP if swap_s < recompute_s else PreemptMode.RECOMPUTE
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens and seconds > 0:
+            rate = tokens / seconds
+            self.prefill_tokens_per_s += self.smoothing * (rate - self.prefill_tokens_per_s)
+
+    def observe_swap(self, nbytes: int, seconds: float) -> None:
+        if nbytes and seconds > 0:
+            rate = nbytes / seconds
+            self.swap_bytes_per_s += self.smoothing * (rate - self.swap_bytes_per_s)
+
+
+def make_policy(name: str, block_bytes: int) -> PreemptionPolicy:
+    """Registry of preemption policies: "cost" (default), "swap", "recompute"."""
+    if name == "cost":
+        return CostPolicy(block_bytes)
+    if name in {m.value for m in PreemptMode}:
+        return FixedPolicy(PreemptMode(name))
+    raise ValueError(f"unknown preemption policy {name!r}; valid: ['cost', 'recompute', 'swap']")
+
+
+class ScheduledChunk(NamedTuple):
+    seq: SequenceState
+    num_tokens: int
+
+
+class Scheduler:
+    """FCFS continuous batching under a per-step token budget, with chunked prefill.
+
+    Each step serves running sequences first (oldest admission first: they hold blocks and finishing
+    them frees memory), then admits waiting ones while budget and room remain. A running sequence
+    that cannot grow preempts the most recently admitted running one (possibly itself), which goes
+    back to the head of the waiting queue; no admission happens in a step that preempted.
+    """
+
+    def __init__(self, space: BlockSpace, policy: PreemptionPolicy, max_num_batched_tokens: int,
+                 max_num_seqs: int) -> None:
+        if max_num_batched_tokens < 1 or max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        self.space = space
+        self.policy = policy
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[SequenceState] = deque()
+        self.running: list[SequenceState] = []
+        self.num_preemptions: dict[PreemptMode, int] = {m: 0 for m in PreemptMode}
+        self._admissions = 0
+
+    def add(self, seq: SequenceState) -> None:
+        self.waiting.append(seq)
+
+    def finish(self, seq: SequenceState) -> None:
+        """Forget a finished running sequence (its blocks are released by the caller)."""
+        self.running.remove(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledChunk]:
+        """This step's chunks; each chunk's blocks are allocated by the time it is returned."""
+        budget = self.max_num_batched_tokens
+        plan: list[ScheduledChunk] = []
+        preempted = False
+        for seq in list(self.running):
+            if budget == 0 or seq not in self.running:
+                break
+            n = min(seq.num_uncomputed, budget)
+            while not self.space.grow(seq, seq.num_computed + n):
+                preempted = True
+                victim = self.running.pop()
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                plan.append(ScheduledChunk(seq, n))
+                budget -= n
+        while not preempted and budget and self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = self.space.admit(seq, budget)
+            if n == 0:
+                break
+            self.waiting.popleft()
+            seq.admit_order = self._admissions
+            self._admissions += 1
+            self.running.append(seq)
+            plan.append(ScheduledChunk(seq, n))
+            budget -= n
+        return plan
+
+    def _preempt(self, seq: SequenceState) -> None:
+        mode = self.policy.choose(len(seq.block_ids), seq.num_computed)
+        used = self.space.preempt(seq, mode)
+        self.num_preemptions[used] += 1
+        seq.stats.preemptions += 1
+        self.waiting.appendleft(seq)
+        logger.debug("preempted %s by %s", seq.request.request_id, used)

@@ -1,0 +1,215 @@
+"""Llama decoder whose attention reads and writes the paged KV pool through radixmesh.kernels.
+
+Module and parameter names mirror Hugging Face's `LlamaForCausalLM` (``model.layers.0.self_attn.q_proj
+.weight`` ...), so a local HF checkpoint's state dict loads without renaming.
+
+One forward pass runs a packed batch of new tokens (``T`` of them, from ``B`` sequences): every
+sequence's new tokens sit after the tokens already in its blocks. The pass writes their K/V into the
+slots named by `AttentionBatch.slot_mapping`, then attends over prefix + new tokens, causally.
+"""
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from radixmesh import kernels
+from radixmesh.node_agent.model.config import LlamaConfig
+
+logger = logging.getLogger(__name__)
+
+
+class SeqChunk(NamedTuple):
+    """One sequence's share of a forward pass: `num_new` tokens after `prefix_len` cached ones."""
+
+    block_ids: Sequence[int]
+    prefix_len: int
+    num_new: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionBatch:
+    """Where the new tokens of one forward pass come from and where their K/V go.
+
+    Sequence i owns packed tokens ``cu_seqlens[i]:cu_seqlens[i+1]``; it already has
+    ``prefix_lens[i]`` tokens in its blocks ``block_tables[i]`` (rows padded with 0).
+    """
+
+    is_decode: bool
+    """Every sequence has exactly one new token: the decode kernel runs instead of prefill."""
+    slot_mapping: torch.Tensor
+    """[T] int64: block * block_size + offset of each new token's K/V."""
+    block_tables: torch.Tensor
+    """[B, max_blocks] int32."""
+    prefix_lens: torch.Tensor
+    """[B] int32: tokens already cached before this pass."""
+    cu_seqlens: torch.Tensor
+    """[B + 1] int32: cumulative new-token counts."""
+
+    @property
+    def seq_lens(self) -> torch.Tensor:
+        """[B] int32: tokens per sequence after this pass."""
+        return self.prefix_lens + (self.cu_seqlens[1:] - self.cu_seqlens[:-1])
+
+    @classmethod
+    def build(cls, chunks: Sequence[SeqChunk], block_size: int,
+              device: str | torch.device = "cpu") -> tuple["AttentionBatch", torch.Tensor]:
+        """The batch for `chunks` and the positions [T] of its packed tokens.
+
+        Each chunk's block table must already cover prefix_len + num_new tokens.
+        """
+        assert chunks, "empty batch"
+        positions: list[int] = []
+        slots: list[int] = []
+        cu = [0]
+        width = max(len(c.block_ids) for c in chunks)
+        for c in chunks:
+            assert len(c.block_ids) * block_size >= c.prefix_len + c.num_new, (c, block_size)
+            pos = range(c.prefix_len, c.prefix_len + c.num_new)
+            positions.extend(pos)
+            slots.extend(c.block_ids[p // block_size] * block_size + p % block_size for p in pos)
+            cu.append(cu[-1] + c.num_new)
+        tables = [list(c.block_ids) + [0] * (width - len(c.block_ids)) for c in chunks]
+
+        def i32(values: Sequence[int] | list[list[int]]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=device)
+
+        batch = cls(
+            is_decode=all(c.num_new == 1 for c in chunks),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            block_tables=i32(tables),
+            prefix_lens=i32([c.prefix_len for c in chunks]),
+            cu_seqlens=i32(cu),
+        )
+        return batch, torch.tensor(positions, dtype=torch.int64, device=device)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 as Llama does."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [T, head_dim] for the HF "rotate half" RoPE convention, in float32."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                             device=positions.device) / head_dim))
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, H, D] by position; cos/sin are [T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query attention over the paged cache."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scale = self.head_dim**-0.5
+        h, d = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch,
+                cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        kernels.write_kv(k, v, cache_k, cache_v, batch.slot_mapping)
+        if batch.is_decode:
+            out = kernels.paged_decode_attention(q, cache_k, cache_v, batch.block_tables,
+                                                 batch.seq_lens, self.scale)
+        else:
+            out = kernels.paged_prefill_attention(q, k, v, cache_k, cache_v, batch.block_tables,
+                                                  batch.prefix_lens, batch.cu_seqlens, self.scale)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm residual block: attention then MLP."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch,
+                cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache_k, cache_v)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers, final norm (HF's `model.` prefix)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The full model: `forward` runs one packed batch against a tier's KV cache tensor."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
+                kv_cache: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [len(logits_indices), vocab] of the packed tokens at `logits_indices`.
+
+        `kv_cache` is ``[num_blocks, layers, 2, block_size, kv_heads, head_dim]`` (KVLayout); this
+        pass writes the new tokens' K/V into it, so those slots must belong to the caller.
+        """
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta)
+        x = self.model.embed_tokens(input_ids)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, batch, kv_cache[:, i, 0], kv_cache[:, i, 1])
+        # Only the rows that will be sampled go through the (vocab-wide) head.
+        x = self.model.norm(x[logits_indices])
+        return self.lm_head(x).float()

@@ -1,0 +1,209 @@
+"""EventPublisher: keeps the metadata service's view of one node current.
+
+It registers the node (id, epoch, layout, transfer address, capacity), sends the node's cache events
+in batches numbered 1, 2, ... per epoch, answers RESYNC (a sequence gap) and a fresh registration
+with a full snapshot, and heartbeats load, measured rates and the realized hits of finished requests.
+When a heartbeat or publish says the lease is unknown (it ended), it registers again; a stale epoch
+(a newer incarnation of this node exists) stops it for good.
+
+Ordering: one lock serialises every call to the service, so batches leave in sequence order and a
+snapshot never overtakes a batch it does not cover.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import BlockStored, CacheEvent, Tier
+from radixmesh.proto.metadata.client import MetadataClient
+from radixmesh.proto.metadata.hits import RequestHits
+from radixmesh.proto.metadata.messages import EventBatch, NodeSnapshot, PublishStatus
+from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
+
+logger = logging.getLogger(__name__)
+
+MAX_HITS_PER_HEARTBEAT = 4096
+"""The service's limit (ServiceLimits.max_hits_per_heartbeat); the rest waits for the next beat."""
+
+
+class PublishedNode(Protocol):
+    """What the publisher reads from its node (NodeAgent implements it)."""
+
+    def node_info(self) -> NodeInfo: ...
+
+    async def take_events(self) -> list[CacheEvent]:
+        """Drain the cache events since the last call."""
+        ...
+
+    async def snapshot(self) -> tuple[BlockStored, ...]:
+        """Every cached block as chains; drains pending events in the same step (the snapshot covers them)."""
+        ...
+
+    async def load(self) -> NodeLoad: ...
+
+    def take_hits(self) -> list[RequestHits]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherConfig:
+    publish_interval_s: float = 0.05
+    heartbeat_interval_s: float = 1.0
+    max_pending_batches: int = 256
+    """Unacknowledged batches kept while the service is unreachable; past it they are dropped and a
+    snapshot is sent once it is back."""
+
+
+def chains(pairs: Iterable[tuple[BlockHash, BlockHash | None]], tier: Tier) -> list[BlockStored]:
+    """(hash, parent) pairs in insertion order as BlockStored chains: a pair whose parent is the hash
+    just before it extends the current chain."""
+    out: list[BlockStored] = []
+    run: list[BlockHash] = []
+    parent: BlockHash | None = None
+    for h, p in pairs:
+        if run and p == run[-1]:
+            run.append(h)
+            continue
+        if run:
+            out.append(BlockStored(tuple(run), parent, tier))
+        run, parent = [h], p
+    if run:
+        out.append(BlockStored(tuple(run), parent, tier))
+    return out
+
+
+class EventPublisher:
+    """Publishes one node's events and heartbeats through `client` (which it closes on stop)."""
+
+    def __init__(self, node: PublishedNode, client: MetadataClient, config: PublisherConfig) -> None:
+        self._node = node
+        self._client = client
+        self.config = config
+        info = node.node_info()
+        self.node_id, self.epoch = info.node_id, info.epoch
+        self._seq = 0
+        """Last sequence number assigned to a batch (or covered by a snapshot)."""
+        self._pending: list[EventBatch] = []
+        self._hits: list[RequestHits] = []
+        self._lease: Lease | None = None
+        self._resync = False
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.stale = False
+        """A newer incarnation of this node registered: nothing more is sent."""
+        self.registrations = 0
+        self.snapshots = 0
+        self.batches = 0
+
+    @property
+    def lease(self) -> Lease | None:
+        return self._lease
+
+    async def start(self) -> None:
+        """Start the publish and heartbeat loops (registration happens on their first round)."""
+        self._tasks = [asyncio.create_task(self._every(self.config.publish_interval_s, self.flush)),
+                       asyncio.create_task(self._every(self.config.heartbeat_interval_s, self.heartbeat))]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self._client.close()
+
+    async def flush(self) -> None:
+        """Drain the node's new events and send every unacknowledged batch. A service that cannot be
+        reached keeps them pending (retried next round); never raises for the service's faults."""
+        async with self._lock:
+            if self.stale:
+                return
+            events = await self._node.take_events()
+            if events:
+                self._seq += 1
+                self._pending.append(EventBatch(self.node_id, self.epoch, self._seq, tuple(events)))
+            if len(self._pending) > self.config.max_pending_batches:
+                self._pending.clear()
+                self._resync = True
+            with self._on_rpc_error("publish"):
+                await self._ensure_registered()
+                if self._resync:
+                    await self._send_snapshot()
+                elif self._pending:
+                    ack = await self._client.publish(self._pending)
+                    self.batches += len(self._pending)
+                    if ack.status is PublishStatus.RESYNC:
+                        await self._send_snapshot()
+                    else:
+                        self._pending = [b for b in self._pending if b.seq >= ack.next_seq]
+
+    async def heartbeat(self) -> None:
+        """Renew the lease with the node's load and the hits of requests finished since the last beat."""
+        async with self._lock:
+            if self.stale:
+                return
+            self._hits += self._node.take_hits()
+            with self._on_rpc_error("heartbeat"):
+                await self._ensure_registered()
+                load = await self._node.load()
+                send = self._hits[:MAX_HITS_PER_HEARTBEAT]
+                self._lease = await self._client.heartbeat(self.node_id, self.epoch, load, send)
+                del self._hits[: len(send)]
+
+    async def _ensure_registered(self) -> None:
+        if self._lease is not None:
+            return
+        self._lease = await self._client.register(self._node.node_info())
+        self.registrations += 1
+        logger.info("node %s registered (epoch %d, snapshot required: %s)", self.node_id, self.epoch,
+                    self._lease.snapshot_required)
+        # The service expects `next_seq`; unless that is exactly our first unacknowledged batch (or the
+        # next one), it lost or never saw some of our batches, and only a snapshot can repair that.
+        first_pending = self._pending[0].seq if self._pending else self._seq + 1
+        if self._lease.snapshot_required or self._lease.next_seq != first_pending:
+            self._seq = max(self._seq, self._lease.next_seq - 1)
+            await self._send_snapshot()
+
+    async def _send_snapshot(self) -> None:
+        snapshot = NodeSnapshot(self.node_id, self.epoch, self._seq, await self._node.snapshot())
+        await self._client.sync_snapshot(snapshot)
+        self.snapshots += 1
+        self._pending.clear()
+        self._resync = False
+
+    @contextlib.contextmanager
+    def _on_rpc_error(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            if code is grpc.StatusCode.NOT_FOUND:
+                logger.info("node %s: lease unknown to the service, registering again", self.node_id)
+                self._lease = None
+                self._resync = True
+            elif code is grpc.StatusCode.FAILED_PRECONDITION:
+                logger.error("node %s epoch %d is stale (a newer incarnation exists): %s", self.node_id,
+                             self.epoch, e.details())
+                self.stale = True
+            elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                # Resending the same batches would fail the same way: start over from a snapshot.
+                logger.error("%s refused by the metadata service: %s %s", what, code, e.details())
+                self._pending.clear()
+                self._resync = True
+            else:
+                logger.warning("%s to the metadata service failed: %s %s", what, code, e.details())
+
+    @staticmethod
+    async def _every(interval_s: float, fn: "_Round") -> None:
+        while True:
+            await fn()
+            await asyncio.sleep(interval_s)
+
+
+class _Round(Protocol):
+    async def __call__(self) -> None: ...
+

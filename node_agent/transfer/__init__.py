@@ -1,0 +1,1 @@
+"""radixmesh.node_agent.transfer"""

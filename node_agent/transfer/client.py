@@ -1,0 +1,234 @@
+"""TransferClient: pull prefix blocks from a peer into the local pool and PrefixCache.
+
+A pull never fails the caller's request: whatever goes wrong (refusal, timeout, dead peer, corrupted
+chunk) it returns the blocks that arrived intact, a prefix of the asked hashes, and an outcome;
+the caller recomputes the rest. Blocks that did not arrive intact go back to the pool.
+"""
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+import torch
+
+from radixmesh.kernels import scatter_blocks
+from radixmesh.node_agent.memory.block_pool import OutOfBlocks
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.transfer.checksum import DEFAULT_CHECKSUM, checksum_by_name
+from radixmesh.node_agent.transfer.protocol import PullHeader, PullRequest, Status, chunk_plan
+from radixmesh.node_agent.transfer.stats import PeerStats
+from radixmesh.node_agent.transfer.transport import Peer, PeerChannel, Transport, TransportError
+from radixmesh.proto.block_hash import HASH_BYTES, BlockHash
+from radixmesh.proto.ids import BlockId, NodeId
+from radixmesh.proto.kv_layout import KVLayout
+
+logger = logging.getLogger(__name__)
+
+_PULL_IDS = itertools.count(1)
+"""Process-wide: pull ids name payload messages on the process's one UCX worker, shared by every client."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransferConfig:
+    """Settings of the requester's side of the transfer plane."""
+
+    token: bytes
+    """The shared cluster token; owners refuse pulls without it."""
+    chunk_bytes: int = 4 << 20
+    """Staging size: pulls move in chunks of this many bytes (at least one block each)."""
+    checksum: str = DEFAULT_CHECKSUM
+    """"none" (default), "crc32" or "adler32"; see transfer_checksum.DEFAULT_CHECKSUM for why."""
+    timeout_s: float = 10.0
+    """Bound on one whole pull; past it the pull returns what arrived intact."""
+    ewma_alpha: float = 0.2
+
+    def __post_init__(self) -> None:
+        checksum_by_name(self.checksum)
+        if not self.token:
+            raise ValueError("token must be non-empty")
+        if self.chunk_bytes <= 0 or self.timeout_s <= 0 or not 0 < self.ewma_alpha <= 1:
+            raise ValueError("chunk_bytes and timeout_s must be positive, ewma_alpha in (0, 1]")
+
+
+Serial = Callable[..., Awaitable[Any]]
+"""`await serial(fn, *args)` runs fn(*args) where the pool may be touched (the node agent's engine thread)."""
+
+
+async def run_inline(fn: Callable[..., Any], *args: Any) -> Any:
+    """The default Serial: the caller owns the pool alone, so call in place."""
+    return fn(*args)
+
+
+class PullOutcome(StrEnum):
+    OK = "ok"
+    """Every block the owner still held arrived (possibly fewer than asked: partial availability)."""
+    UNAUTHENTICATED = "unauthenticated"
+    LAYOUT_MISMATCH = "layout_mismatch"
+    INVALID_ARGUMENT = "invalid_argument"
+    CHECKSUM_MISMATCH = "checksum_mismatch"
+    TIMEOUT = "timeout"
+    PEER_LOST = "peer_lost"
+    NO_SPACE = "no_space"
+
+
+_REFUSALS = {Status.UNAUTHENTICATED: PullOutcome.UNAUTHENTICATED,
+             Status.LAYOUT_MISMATCH: PullOutcome.LAYOUT_MISMATCH,
+             Status.INVALID_ARGUMENT: PullOutcome.INVALID_ARGUMENT}
+
+
+class PullResult(NamedTuple):
+    """`block_ids[i]` holds `hashes[i]`; the caller holds one reference on each and must release it."""
+
+    hashes: list[BlockHash]
+    block_ids: list[BlockId]
+    nbytes: int
+    seconds: float
+    outcome: PullOutcome
+
+    @property
+    def blocks(self) -> int:
+        return len(self.block_ids)
+
+
+class _Refused(Exception):
+    def __init__(self, outcome: PullOutcome, message: str):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class TransferClient:
+    """Pulls into `cache` (its pool) and `kv` (the tensor its block ids index), over `transport`.
+
+    One channel per peer, reused across pulls and reopened after a failure; pulls from one peer
+    are serialised, pulls from different peers run concurrently.
+    """
+
+    def __init__(self, cache: PrefixCache, kv: torch.Tensor, layout: KVLayout, config: TransferConfig,
+                 transport: Transport, *, clock: Callable[[], float] = time.perf_counter,
+                 serial: Serial = run_inline):
+        """`serial` runs every pool and cache touch (allocate, scatter, insert, free); the node agent
+        passes its engine thread, whose pool is not thread-safe."""
+        if tuple(kv.shape[1:]) != layout.block_shape or kv.dtype != layout.torch_dtype:
+            raise ValueError(f"kv {tuple(kv.shape)} {kv.dtype} does not match layout {layout.block_shape}")
+        self.cache = cache
+        self.kv = kv
+        self.layout = layout
+        self.config = config
+        self.transport = transport
+        self._clock = clock
+        self._serial = serial
+        self._checksum = checksum_by_name(config.checksum)
+        self._fingerprint = layout.fingerprint()
+        self._channels: dict[NodeId, PeerChannel] = {}
+        self._locks: dict[NodeId, asyncio.Lock] = {}
+        self.stats: dict[NodeId, PeerStats] = {}
+
+    async def pull(self, peer: Peer, hashes: Sequence[BlockHash], parent: BlockHash | None = None) -> PullResult:
+        """Pull the longest prefix of `hashes` that `peer` holds; insert it into the cache.
+
+        `parent` is the hash before hashes[0] (None at a sequence start). ValueError on malformed
+        hashes, before anything is allocated or sent.
+        """
+        if any(len(h) != HASH_BYTES for h in hashes) or len(set(hashes)) != len(hashes):
+            raise ValueError(f"hashes must be distinct {HASH_BYTES}-byte block hashes")
+        start = self._clock()
+        blocks: list[BlockId] = await self._serial(self._allocate, len(hashes))
+        received, latency = 0, 0.0
+        outcome = PullOutcome.NO_SPACE if hashes else PullOutcome.OK
+        if blocks:
+            lock = self._locks.setdefault(peer.node_id, asyncio.Lock())
+            async with lock:
+                received, latency, outcome = await self._stream(peer, hashes, blocks, start, parent)
+        seconds = self._clock() - start
+        nbytes = received * self.layout.block_bytes
+        stats = self.stats.setdefault(peer.node_id, PeerStats(self.transport.name, self.config.ewma_alpha))
+        stats.record(outcome, received, nbytes, seconds, latency)
+        return PullResult(list(hashes[:received]), blocks[:received], nbytes, seconds, outcome)
+
+    async def _stream(self, peer: Peer, hashes: Sequence[BlockHash], blocks: list[BlockId], start: float,
+                      parent: BlockHash | None) -> tuple[int, float, PullOutcome]:
+        """Request, receive, verify and scatter; returns (blocks received intact, latency, outcome)."""
+        received, latency, outcome = 0, 0.0, PullOutcome.OK
+        drained = False  # the channel is reusable only when nothing of this pull is still in flight
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                channel = await self._channel(peer)
+                header = await channel.request(self._request(hashes, len(blocks)))
+                latency = self._clock() - start
+                drained = header.status is not Status.OK
+                self._accept(header, len(blocks))
+                plan = chunk_plan(header.found, header.chunk_blocks)
+                async for trailer, payload in channel.chunks(header):
+                    first, n = plan[trailer.index]
+                    if trailer.nbytes != payload.numel() or self._checksum.of_tensor(payload) != trailer.checksum:
+                        raise _Refused(PullOutcome.CHECKSUM_MISMATCH, f"chunk {trailer.index} corrupted")
+                    buf = payload.view(self.layout.torch_dtype).view(n, *self.layout.block_shape)
+                    await self._serial(scatter_blocks, buf, self.kv, blocks[first : first + n])
+                    received = first + n
+                drained = True
+        except _Refused as e:
+            outcome = e.outcome
+            logger.warning("pull from %s refused: %s", peer.node_id, e)
+        except TimeoutError:
+            outcome = PullOutcome.TIMEOUT
+        except TransportError as e:
+            outcome = PullOutcome.PEER_LOST
+            logger.warning("pull from %s failed: %s", peer.node_id, e)
+        finally:
+            if not drained:
+                await self._drop_channel(peer.node_id)
+            await self._serial(self._keep, hashes, blocks, received, parent)
+        return received, latency, outcome
+
+    async def close(self) -> None:
+        """Close every channel."""
+        for node in list(self._channels):
+            await self._drop_channel(node)
+
+    def _allocate(self, n: int) -> list[BlockId]:
+        # Allocated before asking, so a pull never stalls mid-stream for space; the owner is told
+        # how many fit (max_blocks) and the surplus is freed once it says how many it holds.
+        try:
+            return self.cache.pool.allocate(n)
+        except OutOfBlocks:
+            room = min(n, self.cache.pool.num_free + self.cache.pool.num_cached)
+            try:
+                return self.cache.pool.allocate(room) if room else []
+            except OutOfBlocks:
+                return []
+
+    def _request(self, hashes: Sequence[BlockHash], max_blocks: int) -> PullRequest:
+        return PullRequest(next(_PULL_IDS), self.config.token, self._fingerprint, tuple(hashes), max_blocks,
+                           self.config.chunk_bytes, self.config.checksum)
+
+    def _accept(self, header: PullHeader, allocated: int) -> None:
+        if header.status is not Status.OK:
+            raise _Refused(_REFUSALS.get(header.status, PullOutcome.INVALID_ARGUMENT), header.message)
+        if header.fingerprint != self._fingerprint or header.block_bytes != self.layout.block_bytes:
+            raise _Refused(PullOutcome.LAYOUT_MISMATCH, f"owner answered layout {header.fingerprint!r}")
+        if header.found > allocated:
+            raise _Refused(PullOutcome.INVALID_ARGUMENT, f"owner sends {header.found} > {allocated} blocks")
+
+    def _keep(self, hashes: Sequence[BlockHash], blocks: list[BlockId], received: int,
+              parent: BlockHash | None) -> None:
+        # [0, received) arrived intact and become matchable; [received, allocated) go back to the pool.
+        self.cache.pool.free(blocks[received:])
+        if received:
+            self.cache.insert(hashes[:received], blocks[:received], parent)
+
+    async def _channel(self, peer: Peer) -> PeerChannel:
+        channel = self._channels.get(peer.node_id)
+        if channel is None:
+            channel = await self.transport.connect(peer)
+            self._channels[peer.node_id] = channel
+        return channel
+
+    async def _drop_channel(self, node: NodeId) -> None:
+        channel = self._channels.pop(node, None)
+        if channel is not None:
+            await channel.close()

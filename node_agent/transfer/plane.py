@@ -1,0 +1,92 @@
+"""The agent's end of the KV transfer plane: an endpoint serving its gpu tier (agent_endpoint) and a
+TransferClient pulling into it over the matching transport, with every pool/cache touch run through
+the agent's engine thread (`serial`)."""
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from radixmesh.node_agent.config import AgentConfig
+from radixmesh.node_agent.engine.paged_memory import TierMemory
+from radixmesh.node_agent.transfer.client import PullOutcome, Serial, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.endpoint import ENDPOINTS, RayEndpoint, parse_address
+from radixmesh.node_agent.transfer.source import TransferSource
+from radixmesh.node_agent.transfer.stats import PeerStats
+from radixmesh.node_agent.transfer.transport import TransportError
+from radixmesh.node_agent.transfer.transports import transport_by_name
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.ids import BlockId, NodeId
+from radixmesh.proto.kv_layout import KVLayout
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Pulled:
+    """What one planned pull delivered: `block_ids[i]` holds `hashes[i]`, one reference each, ours."""
+
+    hashes: tuple[BlockHash, ...]
+    block_ids: tuple[BlockId, ...]
+    nbytes: int
+    seconds: float
+    failed: bool
+    """Fewer blocks arrived than were asked for (the rest are recomputed)."""
+
+    @classmethod
+    def nothing(cls, failed: bool = False) -> "Pulled":
+        return cls((), (), 0, 0.0, failed)
+
+
+class AgentTransfer:
+    """Serves pulls of the tier's cached blocks and pulls peers' blocks into it, over config.transfer
+    ("auto" resolves to ucx where ucxx loads, else ray)."""
+
+    def __init__(self, tier: TierMemory, layout: KVLayout, config: AgentConfig, serial: Serial, *,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        transport = transport_by_name(config.transfer)
+        source = TransferSource(tier.cache, tier.kv, layout, config.cluster_token)
+        self._endpoint = ENDPOINTS[transport.name](source, config.host, config.transfer_port, serial)
+        client_config = TransferConfig(config.cluster_token, timeout_s=config.pull_timeout_s)
+        self._client = TransferClient(tier.cache, tier.kv, layout, client_config, transport,
+                                      clock=clock, serial=serial)
+        self.transport = transport.name
+        self.address = ""
+
+    async def start(self) -> None:
+        self.address = await self._endpoint.start()
+
+    async def stop(self) -> None:
+        await self._client.close()
+        await self._endpoint.stop()
+
+    async def pull(self, peer: NodeId, address: str, hashes: list[BlockHash], parent: BlockHash | None) -> Pulled:
+        """Pull `hashes` (a run of one prompt's blocks after `parent`) from `peer`; never raises for a
+        peer's fault: what did not arrive intact is reported missing. ValueError for a malformed address."""
+        endpoint = parse_address(peer, address)
+        if bool(endpoint.actor_name) != (self.transport == "ray"):
+            logger.warning("peer %s serves pulls at %r, out of reach of transport %s: recomputing",
+                           peer, address, self.transport)
+            return Pulled.nothing(failed=True)
+        result = await self._client.pull(endpoint, hashes, parent)
+        failed = result.blocks < len(hashes) or result.outcome is not PullOutcome.OK
+        if failed:
+            logger.info("pull of %d blocks from %s delivered %d (%s)", len(hashes), peer, result.blocks,
+                        result.outcome)
+        return Pulled(tuple(result.hashes), tuple(result.block_ids), result.nbytes, result.seconds, failed)
+
+    async def serve_pull(self, request: bytes) -> AsyncIterator[Any]:
+        """One pull through the object store (transport_ray.serve_pull); TransportError unless this
+        agent's transport is ray."""
+        if not isinstance(self._endpoint, RayEndpoint):
+            raise TransportError(f"this agent serves pulls over {self.transport}, not through its actor")
+        async for item in self._endpoint.serve_pull(request):
+            yield item
+
+    def peer_stats(self) -> Mapping[NodeId, PeerStats]:
+        return self._client.stats
+
+    def peer_gbps(self) -> dict[str, float]:
+        """Measured pull bandwidth by peer (GB/s), for heartbeats."""
+        return {peer: s.ewma_gbps for peer, s in self._client.stats.items() if s.ewma_gbps > 0}

@@ -1,0 +1,192 @@
+"""Messages of the KV transfer plane and their byte encoding.
+
+A pull, from the requester's side::
+
+    requester                                   owner
+      PullRequest(token, fingerprint, hashes) ->
+                                               <- PullHeader(status, found, payload length)
+                                               <- chunk 0 payload + ChunkTrailer(checksum)
+                                               <- ...       (chunks of `chunk_blocks` blocks)
+
+Payload bytes travel on the transport's data path (UCX tagged messages, Ray objects); these small
+messages travel on its control path. Every field has a fixed width, so a decoder can reject a
+malformed or truncated message with `ProtocolError` before acting on it.
+"""
+
+import asyncio
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+from radixmesh.proto.block_hash import HASH_BYTES, BlockHash
+
+MAX_FRAME_BYTES = 64 << 20
+"""Largest control message accepted (a request of ~4M hashes); larger ones are refused unread."""
+
+
+class ProtocolError(ValueError):
+    """A message that cannot be decoded: wrong kind, truncated, or fields out of range."""
+
+
+class Status(IntEnum):
+    """The owner's answer to a request, mirrored on gRPC codes where one fits."""
+
+    OK = 0
+    UNAUTHENTICATED = 16
+    LAYOUT_MISMATCH = 9  # FAILED_PRECONDITION: the peer's blocks are not byte-compatible
+    INVALID_ARGUMENT = 3
+
+
+class Kind(IntEnum):
+    """First byte of every control frame."""
+
+    HELLO = 1
+    HELLO_OK = 2
+    REQUEST = 3
+    HEADER = 4
+    TRAILER = 5
+
+
+@dataclass(frozen=True, slots=True)
+class PullRequest:
+    """Ask a peer for the longest prefix of `hashes` it holds, at most `max_blocks` of it."""
+
+    pull_id: int
+    """Unique among the requester's pulls; names the payload messages (UCX tags)."""
+    token: bytes
+    fingerprint: str
+    """KVLayout.fingerprint() of the requester; the owner refuses any other layout."""
+    hashes: tuple[BlockHash, ...]
+    max_blocks: int
+    chunk_bytes: int
+    """The requester's staging size; the owner sends chunks of max(1, chunk_bytes // block_bytes) blocks."""
+    checksum: str
+
+
+@dataclass(frozen=True, slots=True)
+class PullHeader:
+    """The owner's reply: `found` blocks follow in `chunk_blocks`-block chunks (none unless status OK)."""
+
+    pull_id: int
+    status: Status
+    found: int
+    fingerprint: str
+    block_bytes: int
+    chunk_blocks: int
+    message: str = ""
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.found * self.block_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTrailer:
+    """Sent with chunk `index` of a pull: its length and its checksum."""
+
+    pull_id: int
+    index: int
+    nbytes: int
+    checksum: int
+
+
+def chunk_plan(found: int, chunk_blocks: int) -> list[tuple[int, int]]:
+    """(first block, block count) of each chunk: [0, c) [c, 2c) ... [k*c, found)."""
+    if chunk_blocks <= 0:
+        raise ValueError(f"chunk_blocks must be positive, got {chunk_blocks}")
+    return [(s, min(chunk_blocks, found - s)) for s in range(0, found, chunk_blocks)]
+
+
+def payload_tag(pull_id: int, index: int) -> int:
+    """64-bit tag of chunk `index`: pull ids own the high 44 bits, chunk indexes the low 20."""
+    return ((pull_id & ((1 << 44) - 1)) << 20) | (index & ((1 << 20) - 1))
+
+
+# Fixed-width heads; variable parts (token, strings, hashes) follow with their lengths in the head.
+_REQUEST = struct.Struct("<QIIQHBB")  # pull_id, n_hashes, max_blocks, chunk_bytes, len(token/fp/checksum)
+_HEADER = struct.Struct("<QBIQIBH")  # pull_id, status, found, block_bytes, chunk_blocks, len(fp), len(msg)
+_TRAILER = struct.Struct("<QIQQ")
+_FRAME = struct.Struct("<IB")
+
+
+def encode_request(r: PullRequest) -> bytes:
+    fp, ck = r.fingerprint.encode(), r.checksum.encode()
+    if any(len(h) != HASH_BYTES for h in r.hashes):
+        raise ValueError(f"every block hash is {HASH_BYTES} bytes")
+    head = _REQUEST.pack(r.pull_id, len(r.hashes), r.max_blocks, r.chunk_bytes, len(r.token), len(fp), len(ck))
+    return b"".join((head, r.token, fp, ck, *r.hashes))
+
+
+def decode_request(data: bytes) -> PullRequest:
+    pull_id, n, max_blocks, chunk_bytes, lt, lf, lc = _unpack(_REQUEST, data)
+    body = memoryview(data)[_REQUEST.size :]
+    if len(body) != lt + lf + lc + n * HASH_BYTES:
+        raise ProtocolError(f"request body is {len(body)} bytes, its head announces {lt + lf + lc + n * 16}")
+    token, fp, ck = bytes(body[:lt]), bytes(body[lt : lt + lf]), bytes(body[lt + lf : lt + lf + lc])
+    raw = bytes(body[lt + lf + lc :])
+    hashes = tuple(BlockHash(raw[i : i + HASH_BYTES]) for i in range(0, len(raw), HASH_BYTES))
+    return PullRequest(pull_id, token, _text(fp), hashes, max_blocks, chunk_bytes, _text(ck))
+
+
+def encode_header(h: PullHeader) -> bytes:
+    fp, msg = h.fingerprint.encode(), h.message.encode()[:4096]
+    head = _HEADER.pack(h.pull_id, h.status, h.found, h.block_bytes, h.chunk_blocks, len(fp), len(msg))
+    return head + fp + msg
+
+
+def decode_header(data: bytes) -> PullHeader:
+    pull_id, status, found, block_bytes, chunk_blocks, lf, lm = _unpack(_HEADER, data)
+    body = data[_HEADER.size :]
+    if len(body) != lf + lm:
+        raise ProtocolError(f"header body is {len(body)} bytes, its head announces {lf + lm}")
+    try:
+        st = Status(status)
+    except ValueError:
+        raise ProtocolError(f"unknown status {status}") from None
+    if st is Status.OK and (chunk_blocks <= 0 or block_bytes <= 0):
+        raise ProtocolError(f"chunk_blocks {chunk_blocks} and block_bytes {block_bytes} must be positive")
+    return PullHeader(pull_id, st, found, _text(body[:lf]), block_bytes, chunk_blocks, _text(body[lf:]))
+
+
+def encode_trailer(t: ChunkTrailer) -> bytes:
+    return _TRAILER.pack(t.pull_id, t.index, t.nbytes, t.checksum)
+
+
+def decode_trailer(data: bytes) -> ChunkTrailer:
+    if len(data) != _TRAILER.size:
+        raise ProtocolError(f"trailer is {len(data)} bytes, expected {_TRAILER.size}")
+    return ChunkTrailer(*_TRAILER.unpack(data))
+
+
+async def write_frame(writer: asyncio.StreamWriter, kind: Kind, body: bytes) -> None:
+    """Send one control frame: u32 length, u8 kind, body."""
+    writer.write(_FRAME.pack(len(body), kind) + body)
+    await writer.drain()
+
+
+async def read_frame(reader: asyncio.StreamReader, expect: Kind) -> bytes:
+    """Read one frame of kind `expect`; ProtocolError on another kind or an oversized frame.
+
+    asyncio.IncompleteReadError (a subclass of EOFError) means the peer closed the connection.
+    """
+    n, kind = _FRAME.unpack(await reader.readexactly(_FRAME.size))
+    if n > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {n} bytes exceeds {MAX_FRAME_BYTES}")
+    body = await reader.readexactly(n)
+    if kind != expect:
+        raise ProtocolError(f"expected a {expect.name} frame, got kind {kind}")
+    return body
+
+
+def _unpack(s: struct.Struct, data: bytes) -> tuple[int, ...]:
+    if len(data) < s.size:
+        raise ProtocolError(f"message of {len(data)} bytes is shorter than its {s.size}-byte head")
+    return s.unpack_from(data)
+
+
+def _text(raw: bytes | Sequence[int]) -> str:
+    try:
+        return bytes(raw).decode()
+    except UnicodeDecodeError:
+        raise ProtocolError("text field is not UTF-8") from None

@@ -1,0 +1,131 @@
+"""Ray fallback transport: a pull is a call to the owner's transfer actor, streamed back in chunks.
+
+Where ucxx cannot load, the owner's agent actor serves its TransferSource: peers find that actor
+by the name in its transfer address ("ray:<actor name>"), and its `pull` method is a streaming
+generator (`serve_pull`): the header, then one
+(trailer, payload) object per chunk, so the object store moves chunk i while the owner gathers
+i+1. The owner's pins are held inside the generator and released in its `finally`, which Ray runs
+when the stream ends, fails, or its consumer goes away.
+"""
+
+import asyncio
+import logging
+import warnings
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from radixmesh.node_agent.transfer.client import Serial, run_inline
+from radixmesh.node_agent.transfer.protocol import (
+    ChunkTrailer,
+    ProtocolError,
+    PullHeader,
+    PullRequest,
+    Status,
+    decode_header,
+    decode_request,
+    decode_trailer,
+    encode_header,
+    encode_request,
+    encode_trailer,
+)
+from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
+from radixmesh.node_agent.transfer.transport import Peer, PeerChannel, Transport, TransportError
+
+logger = logging.getLogger(__name__)
+
+
+async def serve_pull(source: TransferSource, request: bytes, serial: Serial = run_inline) -> AsyncIterator[Any]:
+    """One pull as an actor's streaming generator: the encoded header, then (encoded trailer, uint8
+    payload array) per chunk. Pinning and unpinning run through `serial` (the node agent passes its
+    engine thread); the pins are released however the stream ends, consumer gone included."""
+    try:
+        req = decode_request(request)
+    except ProtocolError as e:
+        yield encode_header(PullHeader(0, Status.INVALID_ARGUMENT, 0, "", 0, 1, str(e)))
+        return
+    pull: OpenPull = await serial(source.open, req)
+    try:
+        yield encode_header(pull.header)
+        if pull.header.status is Status.OK:
+            for trailer, payload in pull.chunks():
+                # Yielding copies the payload into the object store before the generator resumes,
+                # so the view of pinned blocks is never read after they are released.
+                yield encode_trailer(trailer), _host_bytes(payload)
+    finally:
+        await serial(pull.close)
+
+
+class RayChannel(PeerChannel):
+    """Pulls from one peer's actor (`serve_pull` behind its `pull` method); each pull is one streaming call."""
+
+    def __init__(self, actor: Any):
+        self._actor = actor
+        self._stream: Any = None
+
+    async def request(self, request: PullRequest) -> PullHeader:
+        self._stream = self._actor.pull.options(num_returns="streaming").remote(encode_request(request))
+        try:
+            header = decode_header(await self._next())
+        except ProtocolError as e:
+            raise TransportError(f"bad header from transfer actor: {e}") from e
+        if header.pull_id != request.pull_id and header.status is Status.OK:
+            raise TransportError(f"header for pull {header.pull_id}, expected {request.pull_id}")
+        return header
+
+    async def chunks(self, header: PullHeader) -> AsyncIterator[tuple[ChunkTrailer, torch.Tensor]]:
+        for _ in range((header.found + header.chunk_blocks - 1) // header.chunk_blocks):
+            raw, payload = await self._next()
+            try:
+                trailer = decode_trailer(raw)
+            except ProtocolError as e:
+                raise TransportError(str(e)) from e
+            with warnings.catch_warnings():
+                # Object-store arrays are read-only; the payload is only read (scattered) from.
+                warnings.simplefilter("ignore", UserWarning)
+                yield trailer, torch.from_numpy(payload)
+        # Run the owner's generator to its end, so its `finally` (the unpin) has run when we return.
+        try:
+            await self._stream.__anext__()
+        except StopAsyncIteration:
+            return
+        except ray.exceptions.RayError as e:
+            raise TransportError(f"transfer actor failed: {e}") from e
+        raise TransportError("transfer actor sent more chunks than its header announced")
+
+    async def _next(self) -> Any:
+        try:
+            return await (await self._stream.__anext__())
+        except StopAsyncIteration:
+            raise TransportError("transfer actor ended the stream early") from None
+        except ray.exceptions.RayError as e:
+            raise TransportError(f"transfer actor failed: {e}") from e
+
+    async def close(self) -> None:
+        # Dropping the stream lets Ray cancel the generator; payload lands in Ray-owned objects, never
+        # in the caller's memory, so nothing can arrive late.
+        self._stream = None
+
+
+class RayTransport(Transport):
+    """Channels to peers' actors, found by name in the current Ray cluster."""
+
+    name = "ray"
+
+    async def connect(self, peer: Peer) -> PeerChannel:
+        name = peer.actor_name
+        if not name:
+            raise TransportError(f"peer {peer.node_id} has no Ray actor name to pull from")
+        try:
+            actor = await asyncio.to_thread(ray.get_actor, name)
+        except ValueError as e:
+            raise TransportError(f"no transfer actor {name!r}: {e}") from e
+        return RayChannel(actor)
+
+
+def _host_bytes(t: torch.Tensor) -> np.ndarray:
+    return t.reshape(-1).view(torch.uint8).cpu().numpy()
+

@@ -1,0 +1,166 @@
+"""TransferServer: a node's UCX transfer endpoint, serving pulls out of a TransferSource.
+
+One TCP control connection per requester (bound to the address it is given), one UCX endpoint per
+connection to the requester's worker. Pulls on a connection are served one at a time; connections
+are served concurrently. See transport_ucx for why control and payload travel separately.
+"""
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+from radixmesh.node_agent.transfer.client import Serial, run_inline
+from radixmesh.node_agent.transfer.protocol import (
+    Kind,
+    ProtocolError,
+    PullHeader,
+    Status,
+    decode_request,
+    encode_header,
+    encode_trailer,
+    payload_tag,
+    read_frame,
+    write_frame,
+)
+from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
+from radixmesh.node_agent.transfer.ucx_transport import import_ucxx, wire_buffer
+
+logger = logging.getLogger(__name__)
+
+ABORT_PERIOD_NS = 100_000_000
+"""How long aborting an endpoint may wait for UCX (ucxx's default, 10 s, is spent in full when the
+peer is dead, with the pins still held)."""
+
+
+class TransferServer:
+    """Listens on `host:port` (port 0: any free port, see `port` after start()).
+
+    `send_timeout_s` bounds the sending of one pull: past it the requester is presumed gone, its
+    endpoint is aborted (UCX stops reading the pinned blocks) and the pins are released.
+    """
+
+    def __init__(self, source: TransferSource, host: str, port: int = 0, *, send_timeout_s: float = 30.0,
+                 loopback: bool = False, serial: Serial = run_inline):
+        if send_timeout_s <= 0:
+            raise ValueError(f"send_timeout_s must be positive, got {send_timeout_s}")
+        self.source = source
+        # Pinning and unpinning go through `serial` (the node agent's engine thread: its pool is not
+        # thread-safe); gathering stays here, as it only reads pinned blocks nobody may write.
+        self._serial = serial
+        self.host = host
+        self.port = port
+        self._send_timeout_s = send_timeout_s
+        self._ucxx = import_ucxx(loopback)
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._active_pulls = 0
+        self._idle = asyncio.Condition()
+        self.pulls_served = 0
+        self.pulls_failed = 0
+
+    async def start(self) -> int:
+        """Start listening; returns the bound port."""
+        self._ucxx.continuous_ucx_progress()
+        self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        logger.info("transfer server on %s:%d", self.host, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop accepting, end every connection (releasing its pins), wait for their handlers."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def wait_idle(self) -> None:
+        """Return once no pull is being served (its pins released); open connections may stay."""
+        async with self._idle:
+            await self._idle.wait_for(lambda: self._active_pulls == 0)
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        ep: Any = None
+        # The pins must not wait for UCX to notice a dead peer: the control connection closing
+        # (wait_closed resolves on the peer's FIN or reset, consuming no input) ends a pull. One
+        # watcher per connection: cancelling it would cancel the connection's close future itself.
+        hangup = asyncio.ensure_future(writer.wait_closed())
+        try:
+            address = await read_frame(reader, Kind.HELLO)
+            ep = await self._ucxx.create_endpoint_from_worker_address(
+                self._ucxx.get_ucx_address_from_buffer(address))
+            await write_frame(writer, Kind.HELLO_OK, b"")
+            while True:
+                body = await read_frame(reader, Kind.REQUEST)
+                try:
+                    request = decode_request(body)
+                except ProtocolError as e:
+                    bad = PullHeader(0, Status.INVALID_ARGUMENT, 0, "", 0, 1, str(e))
+                    await write_frame(writer, Kind.HEADER, encode_header(bad))
+                    continue
+                self._active_pulls += 1
+                try:
+                    pull: OpenPull = await self._serial(self.source.open, request)
+                    try:
+                        await write_frame(writer, Kind.HEADER, encode_header(pull.header))
+                        if pull.header.status is Status.OK and pull.header.found:
+                            await self._send_watched(pull, ep, writer, hangup)
+                        self.pulls_served += 1
+                    finally:
+                        await self._serial(pull.close)
+                finally:
+                    async with self._idle:
+                        self._active_pulls -= 1
+                        self._idle.notify_all()
+        except (EOFError, OSError, ProtocolError, TimeoutError, self._ucxx.exceptions.UCXError) as e:
+            # EOF is the normal end of a connection; anything else ends it too, pins released above.
+            if not isinstance(e, EOFError):
+                self.pulls_failed += 1
+                logger.warning("transfer connection ended: %r", e)
+        finally:
+            if ep is not None:
+                ep.abort(period=ABORT_PERIOD_NS)
+            writer.close()
+            await asyncio.gather(hangup, return_exceptions=True)
+            self._handlers.discard(task)
+
+    async def _send_watched(self, pull: OpenPull, ep: Any, writer: asyncio.StreamWriter,
+                            hangup: "asyncio.Future[None]") -> None:
+        """Send `pull`, ending it early when the requester hangs up or the send times out."""
+        send = asyncio.ensure_future(self._send(pull, ep, writer))
+        done, _ = await asyncio.wait({send, hangup}, timeout=self._send_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if send in done:
+            send.result()
+            return
+        send.cancel()
+        await asyncio.gather(send, return_exceptions=True)
+        if hangup in done:
+            raise ConnectionResetError("requester hung up mid-pull")
+        raise TimeoutError(f"pull {pull.header.pull_id} not sent within {self._send_timeout_s} s")
+
+    async def _send(self, pull: OpenPull, ep: Any, writer: asyncio.StreamWriter) -> None:
+        # At most two sends in flight: the next chunk is gathered and checksummed while one is sent.
+        inflight: deque[asyncio.Future[Any]] = deque()
+        try:
+            for trailer, payload in pull.chunks():
+                tag = payload_tag(trailer.pull_id, trailer.index)
+                inflight.append(asyncio.ensure_future(ep.send(wire_buffer(payload), tag=tag, force_tag=True)))
+                await write_frame(writer, Kind.TRAILER, encode_trailer(trailer))
+                if len(inflight) == 2:
+                    await inflight.popleft()
+            while inflight:
+                await inflight.popleft()
+        finally:
+            if inflight:
+                # Failed or timed out with sends outstanding: abort the endpoint before the caller
+                # unpins, so UCX stops reading blocks that may be reused the moment they are unpinned.
+                for f in inflight:
+                    f.cancel()
+                ep.abort(period=ABORT_PERIOD_NS)

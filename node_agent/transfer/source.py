@@ -1,0 +1,133 @@
+"""The owner's side of a pull, independent of the transport: authenticate, pin, gather, unpin.
+
+Every transport drives it the same way::
+
+    with source.open(request) as pull:      # validates, then pins the blocks it still holds
+        send(pull.header)
+        for trailer, payload in pull.chunks():
+            send(payload, trailer)          # payload stays valid until the pull is closed
+    # closed: pins released, even when the requester vanished or a send failed
+"""
+
+import hmac
+import logging
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Self
+
+import torch
+
+from radixmesh.kernels import gather_blocks
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.transfer.checksum import CHECKSUMS, checksum_by_name
+from radixmesh.node_agent.transfer.protocol import ChunkTrailer, PullHeader, PullRequest, Status, chunk_plan
+from radixmesh.proto.ids import BlockId
+from radixmesh.proto.kv_layout import KVLayout
+
+logger = logging.getLogger(__name__)
+
+MAX_PULL_BLOCKS = 1 << 20
+"""Longest hash list one request may carry; longer ones are refused as INVALID_ARGUMENT."""
+
+
+class OpenPull:
+    """One authorised pull: its header, its pinned blocks and a generator of its chunks."""
+
+    def __init__(self, source: "TransferSource", header: PullHeader, blocks: list[BlockId], checksum: str):
+        self.header = header
+        self.blocks = blocks
+        self._source = source
+        self._checksum = checksum_by_name(checksum) if checksum in CHECKSUMS else None
+        self._closed = False
+
+    def chunks(self) -> Iterator[tuple[ChunkTrailer, torch.Tensor]]:
+        """(trailer, contiguous payload) per chunk, gathered lazily so chunk i+1 is built while i is sent.
+
+        A chunk whose blocks are consecutive in the cache is sent as a view of the cache (no copy);
+        the pins keep those bytes unchanged until close().
+        """
+        assert not self._closed and self._checksum is not None
+        kv = self._source.kv
+        for index, (start, n) in enumerate(chunk_plan(self.header.found, self.header.chunk_blocks)):
+            ids = self.blocks[start : start + n]
+            if ids == list(range(ids[0], ids[0] + n)):
+                payload = kv[ids[0] : ids[0] + n]
+            else:
+                payload = gather_blocks(kv, ids)
+            check = self._checksum.of_tensor(payload)
+            yield ChunkTrailer(self.header.pull_id, index, n * self.header.block_bytes, check), payload
+
+    def close(self) -> None:
+        """Release the pins (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._source._release(self.blocks)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class TransferSource:
+    """Serves pulls out of one tier: its PrefixCache and the cache tensor those block ids index.
+
+    Requests with a wrong or missing token, another layout or bad fields get a refusing header and
+    pin nothing.
+    """
+
+    def __init__(self, cache: PrefixCache, kv: torch.Tensor, layout: KVLayout, token: bytes):
+        if not token:
+            raise ValueError("the transfer plane needs a non-empty cluster token")
+        if tuple(kv.shape[1:]) != layout.block_shape or kv.dtype != layout.torch_dtype:
+            raise ValueError(f"kv {tuple(kv.shape)} {kv.dtype} does not match layout {layout.block_shape}")
+        if not kv.is_contiguous():
+            raise ValueError("kv must be contiguous so a run of blocks is one slice")
+        self.cache = cache
+        self.kv = kv
+        self.layout = layout
+        self._token = token
+        self._fingerprint = layout.fingerprint()
+        self.pinned_blocks = 0
+        """Blocks pinned by open pulls right now."""
+
+    def open(self, request: PullRequest) -> OpenPull:
+        """Validate `request` and pin the longest prefix of its hashes still cached (at most max_blocks)."""
+        status, message = self._validate(request)
+        if status is not Status.OK:
+            logger.info("refused pull %d: %s", request.pull_id, message)
+            header = PullHeader(request.pull_id, status, 0, self._fingerprint, self.layout.block_bytes, 1, message)
+            return OpenPull(self, header, [], "none")
+        # Pin before anything is sent: a pinned block cannot be evicted and rewritten mid-send.
+        blocks = self.cache.match(request.hashes)
+        if len(blocks) > request.max_blocks:
+            self.cache.release(blocks[request.max_blocks :])
+            blocks = blocks[: request.max_blocks]
+        self.pinned_blocks += len(blocks)
+        chunk_blocks = max(1, request.chunk_bytes // self.layout.block_bytes)
+        header = PullHeader(request.pull_id, Status.OK, len(blocks), self._fingerprint,
+                            self.layout.block_bytes, chunk_blocks)
+        return OpenPull(self, header, blocks, request.checksum)
+
+    def check_invariants(self) -> None:
+        """The cache's invariants, and no pins counted below zero."""
+        assert self.pinned_blocks >= 0, f"pinned_blocks={self.pinned_blocks}"
+        self.cache.check_invariants()
+
+    def _validate(self, r: PullRequest) -> tuple[Status, str]:
+        # The token comes first, so an unauthenticated peer learns nothing about layout or contents.
+        if not hmac.compare_digest(r.token, self._token):
+            return Status.UNAUTHENTICATED, "wrong or missing cluster token"
+        if r.fingerprint != self._fingerprint:
+            return Status.LAYOUT_MISMATCH, f"layout {r.fingerprint!r} != owner's {self._fingerprint!r}"
+        if r.checksum not in CHECKSUMS:
+            return Status.INVALID_ARGUMENT, f"unknown checksum {r.checksum!r}; valid: {sorted(CHECKSUMS)}"
+        if r.chunk_bytes <= 0 or r.max_blocks < 0 or len(r.hashes) > MAX_PULL_BLOCKS:
+            return Status.INVALID_ARGUMENT, "chunk_bytes must be positive, max_blocks >= 0, <= 1M hashes"
+        return Status.OK, ""
+
+    def _release(self, blocks: list[BlockId]) -> None:
+        self.pinned_blocks -= len(blocks)
+        self.cache.release(blocks)
+

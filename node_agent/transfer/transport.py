@@ -1,0 +1,64 @@
+"""The requester's view of a transport: one channel per peer that carries pulls; a registry by name.
+
+Transports differ only in how request, header and payload travel (UCX: a TCP control connection
+plus UCX tagged messages; Ray: an actor's streaming generator). Authentication, pinning, chunking,
+checksums and pool bookkeeping live outside them (TransferSource, TransferClient), once.
+"""
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import torch
+
+from radixmesh.node_agent.transfer.protocol import ChunkTrailer, PullHeader, PullRequest
+from radixmesh.proto.ids import NodeId
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Where a peer's transfer endpoint is: its TransferServer's address, or its Ray actor's name."""
+
+    node_id: NodeId
+    host: str = ""
+    port: int = 0
+    actor_name: str = ""
+
+
+class TransportError(Exception):
+    """The channel broke (peer died, connection closed, malformed reply); the channel is unusable."""
+
+
+class PeerChannel(ABC):
+    """An open connection to one peer. Pulls on one channel run one at a time (callers serialise)."""
+
+    @abstractmethod
+    async def request(self, request: PullRequest) -> PullHeader:
+        """Send `request` and return the owner's header. Raises TransportError."""
+
+    @abstractmethod
+    def chunks(self, header: PullHeader) -> AsyncIterator[tuple[ChunkTrailer, torch.Tensor]]:
+        """The chunks announced by `header`, in order, as (trailer, uint8 payload).
+
+        A payload is only valid until the next iteration (staging is reused). Raises TransportError.
+        """
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Close the channel; a channel whose pull failed is closed and reopened by the caller.
+
+        Closing guarantees no late payload is ever written into memory the caller owns.
+        """
+
+
+class Transport(ABC):
+    """Opens channels to peers."""
+
+    name: str
+
+    @abstractmethod
+    async def connect(self, peer: Peer) -> PeerChannel:
+        """A new channel to `peer`. Raises TransportError when it cannot be reached."""

@@ -1,0 +1,152 @@
+"""UCX transport through ucxx: a TCP control connection per peer, payload as UCX tagged messages.
+
+Why not ucxx's own listener: its Python API binds every interface (0.0.0.0), and servers must bind
+only the address they are given. So the control connection is a plain asyncio TCP stream on that
+address, the requester announces its UCX worker address there (HELLO), and the owner opens one UCX
+endpoint to that worker per connection and sends each chunk with tag payload_tag(pull_id, index).
+The requester receives by tag on its worker into staging buffers it owns, never into its pool.
+
+UCX reads its settings from the environment once, when ucxx creates its context (first use):
+`import_ucxx()` applies the defaults below before that can happen. `LOOPBACK_ENV` keeps UCX on
+127.0.0.1 (tests, benchmarks, one machine).
+"""
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from radixmesh.node_agent.transfer.protocol import (
+    ChunkTrailer,
+    Kind,
+    ProtocolError,
+    PullHeader,
+    PullRequest,
+    chunk_plan,
+    decode_header,
+    decode_trailer,
+    encode_request,
+    payload_tag,
+    read_frame,
+    write_frame,
+)
+from radixmesh.node_agent.transfer.transport import Peer, PeerChannel, Transport, TransportError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ENV = {"UCXPY_PROGRESS_MODE": "blocking", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+"""Blocking progress: the default thread mode is 3-6x slower where cores are few."""
+LOOPBACK_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"}
+"""TCP over the loopback device only: UCX's own sockets then bind 127.0.0.1."""
+
+
+def import_ucxx(loopback: bool = False) -> ModuleType:
+    """Import ucxx after setting UCX's environment (values already set by the operator win)."""
+    for k, v in {**DEFAULT_ENV, **(LOOPBACK_ENV if loopback else {})}.items():
+        os.environ.setdefault(k, v)
+    import ucxx
+
+    return ucxx
+
+
+def wire_buffer(t: torch.Tensor) -> Any:
+    """What ucxx sends from or receives into: host memory as a numpy view, device memory as is."""
+    flat = t.reshape(-1).view(torch.uint8)
+    return flat.numpy() if flat.device.type == "cpu" else flat
+
+
+class UcxChannel(PeerChannel):
+    """TCP control stream to one TransferServer; payload received by tag on this process's worker."""
+
+    def __init__(self, ucxx: ModuleType, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._ucxx = ucxx
+        self._reader = reader
+        self._writer = writer
+        self._staging: list[torch.Tensor] = []
+        self._broken = False
+
+    async def request(self, request: PullRequest) -> PullHeader:
+        try:
+            await write_frame(self._writer, Kind.REQUEST, encode_request(request))
+            header = decode_header(await read_frame(self._reader, Kind.HEADER))
+        except (OSError, EOFError, ProtocolError) as e:
+            self._broken = True
+            raise TransportError(f"control stream failed: {e!r}") from e
+        if header.pull_id != request.pull_id:
+            self._broken = True
+            raise TransportError(f"header for pull {header.pull_id}, expected {request.pull_id}")
+        return header
+
+    async def chunks(self, header: PullHeader) -> AsyncIterator[tuple[ChunkTrailer, torch.Tensor]]:
+        plan = chunk_plan(header.found, header.chunk_blocks)
+        staging = self._staging_for(header.chunk_blocks * header.block_bytes)
+        # Two receives in flight: chunk i+1 lands in one staging buffer while the caller scatters i.
+        posted: dict[int, asyncio.Future[Any]] = {}
+        completed = False
+        try:
+            for i in range(min(2, len(plan))):
+                posted[i] = self._post(header, i, plan[i][1], staging[i % 2])
+            for i, (_, n) in enumerate(plan):
+                trailer = decode_trailer(await read_frame(self._reader, Kind.TRAILER))
+                if (trailer.pull_id, trailer.index) != (header.pull_id, i):
+                    raise ProtocolError(f"trailer {trailer.pull_id}/{trailer.index}, expected {header.pull_id}/{i}")
+                await posted.pop(i)
+                yield trailer, staging[i % 2][: n * header.block_bytes]
+                if i + 2 < len(plan):
+                    posted[i + 2] = self._post(header, i + 2, plan[i + 2][1], staging[i % 2])
+            completed = True
+        except (OSError, EOFError, ProtocolError, self._ucxx.exceptions.UCXError) as e:
+            raise TransportError(f"pull {header.pull_id} broke: {e!r}") from e
+        finally:
+            if not completed:
+                # A receive still posted may complete later: its staging buffer is dropped (the UCX
+                # request keeps it alive), never reused, and this channel is not used again.
+                self._broken = True
+                self._staging = []
+                for f in posted.values():
+                    f.cancel()
+
+    def _post(self, header: PullHeader, index: int, n: int, buf: torch.Tensor) -> "asyncio.Future[Any]":
+        view = wire_buffer(buf[: n * header.block_bytes])
+        return asyncio.ensure_future(self._ucxx.recv(view, tag=payload_tag(header.pull_id, index)))
+
+    def _staging_for(self, nbytes: int) -> list[torch.Tensor]:
+        if not self._staging or self._staging[0].numel() < nbytes:
+            self._staging = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(2)]
+        return self._staging
+
+    @property
+    def broken(self) -> bool:
+        return self._broken
+
+    async def close(self) -> None:
+        self._broken = True
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except OSError:
+            pass  # the peer already reset the connection: closed either way
+
+
+class UcxTransport(Transport):
+    """Channels over ucxx; `loopback` keeps UCX on 127.0.0.1 (see LOOPBACK_ENV)."""
+
+    name = "ucx"
+
+    def __init__(self, loopback: bool = False):
+        self._ucxx = import_ucxx(loopback)
+
+    async def connect(self, peer: Peer) -> PeerChannel:
+        try:
+            reader, writer = await asyncio.open_connection(peer.host, peer.port)
+            address: bytes = self._ucxx.get_worker_address().tobytes()
+            await write_frame(writer, Kind.HELLO, address)
+            await read_frame(reader, Kind.HELLO_OK)
+        except (OSError, EOFError, ProtocolError) as e:
+            raise TransportError(f"cannot reach {peer.node_id} at {peer.host}:{peer.port}: {e!r}") from e
+        return UcxChannel(self._ucxx, reader, writer)
+

@@ -1,0 +1,1 @@
+"""radixmesh.proto.metadata"""

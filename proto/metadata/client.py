@@ -1,0 +1,103 @@
+"""Async client of the metadata service, for node agents and the router.
+
+It speaks radixmesh's dataclasses; protobuf stays inside metadata_codec. Errors arrive as
+grpc.aio.AioRpcError with the service's status codes (see metadata_server). One client holds one
+channel; share it between tasks of one event loop.
+"""
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Self
+
+import grpc
+
+from radixmesh.proto import radixmesh_pb2 as pb
+from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata import codec
+from radixmesh.proto.metadata.auth import TOKEN_METADATA_KEY, bearer
+from radixmesh.proto.metadata.hits import RequestHits
+from radixmesh.proto.metadata.messages import (
+    ClusterStats,
+    EventBatch,
+    MatchQuery,
+    MatchResult,
+    NodeSnapshot,
+    PublishAck,
+)
+from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
+
+logger = logging.getLogger(__name__)
+
+
+class MetadataClient:
+    """Calls MetadataService at `target` ("host:port")."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        root_certificates: bytes | None = None,
+        max_message_bytes: int = 16 << 20,
+        timeout_s: float | None = 10.0,
+    ) -> None:
+        """`root_certificates` (PEM) switches to TLS; `token` is sent with every call."""
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        if root_certificates is None:
+            self._channel = grpc.aio.insecure_channel(target, options=options)
+        else:
+            creds = grpc.ssl_channel_credentials(root_certificates)
+            self._channel = grpc.aio.secure_channel(target, creds, options=options)
+        self._stub = pb_grpc.MetadataServiceStub(self._channel)
+        self._metadata = ((TOKEN_METADATA_KEY, bearer(token)),) if token else ()
+        self._timeout_s = timeout_s
+
+    async def register(self, info: NodeInfo) -> Lease:
+        reply = await self._stub.RegisterNode(codec.node_info_to_pb(info), **self._call_kwargs())
+        return codec.lease_from_pb(reply)
+
+    async def heartbeat(self, node: NodeId, epoch: int, load: NodeLoad, hits: Sequence[RequestHits] = ()) -> Lease:
+        request = codec.heartbeat_to_pb(node, epoch, load, hits)
+        return codec.lease_from_pb(await self._stub.Heartbeat(request, **self._call_kwargs()))
+
+    async def publish(self, batches: Iterable[EventBatch]) -> PublishAck:
+        """Stream `batches` in order on one call; RESYNC means send `sync_snapshot` next."""
+        call = self._stub.PublishEvents(**self._call_kwargs())
+        try:
+            for b in batches:
+                await call.write(codec.batch_to_pb(b))
+            await call.done_writing()
+        except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
+            pass  # the server answered early (RESYNC or an error): awaiting the call says which
+        return codec.ack_from_pb(await call)
+
+    async def sync_snapshot(self, snapshot: NodeSnapshot) -> PublishAck:
+        reply = await self._stub.SyncSnapshot(codec.snapshot_to_pb(snapshot), **self._call_kwargs())
+        return codec.ack_from_pb(reply)
+
+    async def match(self, queries: Sequence[MatchQuery]) -> list[MatchResult]:
+        reply = await self._stub.Match(codec.match_request_to_pb(queries), **self._call_kwargs())
+        return codec.match_response_from_pb(reply)
+
+    async def stats(self) -> ClusterStats:
+        return codec.stats_from_pb(await self._stub.GetStats(pb.GetStatsRequest(), **self._call_kwargs()))
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def _call_kwargs(self) -> dict[str, object]:
+        return {"metadata": self._metadata, "timeout": self._timeout_s}

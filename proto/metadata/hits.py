@@ -1,0 +1,70 @@
+"""Hit counts: what one finished request reused (reported by its node) and the cumulative counters
+the metadata service keeps per scope (what `/stats` and the CLI show)."""
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHits:
+    """What one finished request reused, in prompt tokens, by source; the miss is the rest."""
+
+    request_id: str
+    tenant: str
+    prompt_tokens: int
+    local_gpu_tokens: int
+    local_host_tokens: int
+    remote_tokens: int
+
+    def __post_init__(self) -> None:
+        parts = (self.local_gpu_tokens, self.local_host_tokens, self.remote_tokens)
+        if min(parts) < 0 or self.prompt_tokens < 0:
+            raise ValueError(f"hit counts must be non-negative: {self}")
+        if sum(parts) > self.prompt_tokens:
+            raise ValueError(f"hits {sum(parts)} exceed prompt_tokens {self.prompt_tokens}")
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.local_gpu_tokens + self.local_host_tokens + self.remote_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class HitCounters:
+    """Cumulative token counts of one scope."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    local_gpu_tokens: int = 0
+    local_host_tokens: int = 0
+    remote_tokens: int = 0
+    miss_tokens: int = 0
+    cluster_cached_tokens: int = 0
+    regret_tokens: int = 0
+    predicted_local_tokens: int = 0
+    realized_local_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Token-weighted: (gpu + host + remote) / prompt; 0 before any request."""
+        hits = self.local_gpu_tokens + self.local_host_tokens + self.remote_tokens
+        return hits / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def index_precision(self) -> float:
+        """realized / predicted local prefix tokens; 0 before any prediction."""
+        return self.realized_local_tokens / self.predicted_local_tokens if self.predicted_local_tokens else 0.0
+
+    def plus(self, delta: dict[str, int]) -> "HitCounters":
+        merged = asdict(self)
+        for name, value in delta.items():
+            merged[name] += value
+        return HitCounters(**merged)
+
+
+COUNTER_FIELDS = tuple(f.name for f in fields(HitCounters))
+
+
+@dataclass(frozen=True, slots=True)
+class HitStats:
+    total: HitCounters
+    per_node: dict[str, HitCounters]
+    per_tenant: dict[str, HitCounters]

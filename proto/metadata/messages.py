@@ -1,0 +1,86 @@
+"""The messages of the metadata service as typed dataclasses: what MetadataService takes and returns.
+
+metadata_codec converts them to and from the protobuf messages of proto/radixmesh.proto; nothing
+else touches protobuf objects.
+"""
+
+import logging
+from dataclasses import dataclass
+from enum import Enum
+
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import BlockStored, CacheEvent
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.hits import HitStats
+from radixmesh.proto.metadata.nodes import NodeLoad
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    """One node's events, applied atomically; `seq` counts batches from 1 per epoch."""
+
+    node_id: NodeId
+    epoch: int
+    seq: int
+    events: tuple[CacheEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """A node's whole block set; it reflects the node's events up to and including `seq`."""
+
+    node_id: NodeId
+    epoch: int
+    seq: int
+    chains: tuple[BlockStored, ...]
+
+
+class PublishStatus(Enum):
+    OK = "ok"
+    RESYNC = "resync"
+    """A sequence gap: the node must send a NodeSnapshot."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishAck:
+    status: PublishStatus
+    next_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class MatchQuery:
+    layout: str
+    hashes: tuple[BlockHash, ...]
+    tenant: str = ""
+    request_id: str | None = None
+    """Set to remember this prediction for hit accounting."""
+    include_all_nodes: bool = False
+    """Also list live nodes of the layout that hold no prefix (with their load)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMatch:
+    node_id: NodeId
+    transfer_address: str
+    gpu_blocks: int
+    host_blocks: int
+    any_tier_blocks: int
+    load: NodeLoad
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    cluster_blocks: int
+    """Blocks 0..n-1 of the query each held by some live node."""
+    nodes: tuple[NodeMatch, ...]
+    """Longest any-tier prefix first."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStats:
+    hits: HitStats
+    live_nodes: int
+    indexed_blocks: int
+    state_store: str

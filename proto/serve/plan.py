@@ -1,0 +1,81 @@
+"""What the router asks a node agent to do for one request, and what comes back.
+
+The router decides; the agent executes: reuse its local prefix, pull the planned blocks from the named
+peer (recomputing them on any failure), prefill the rest, decode. Streaming yields TokenDelta items
+and ends with exactly one ServeResult.
+"""
+
+from dataclasses import dataclass
+
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.serve.sampling import FinishReason, SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class PullPlan:
+    """Pull prompt blocks [first_block, first_block + num_blocks) from `peer` before prefill."""
+
+    peer: NodeId
+    address: str
+    """The peer's transfer address, as it registered it: host:port (ucx) or ray:<actor name> (ray)."""
+    first_block: int
+    num_blocks: int
+
+    def __post_init__(self) -> None:
+        if self.first_block < 0 or self.num_blocks < 1:
+            raise ValueError(f"bad pull range: first_block={self.first_block}, num_blocks={self.num_blocks}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServePlan:
+    """One routed request."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    tenant: str = ""
+    """Tenant name; the agent salts the block hashes with block_hash.tenant_salt(tenant)."""
+    pull: PullPlan | None = None
+    expected_local_blocks: int = 0
+    """Blocks the router expected on the node itself, for index-precision accounting."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    """New tokens of a streaming request, in order."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ServeStats:
+    """Where a served request's prompt tokens came from (they sum to prompt_tokens) and its timings."""
+
+    prompt_tokens: int
+    local_gpu_tokens: int
+    local_host_tokens: int
+    remote_tokens: int
+    """Pulled from a peer and used (tokens of blocks that arrived intact)."""
+    computed_tokens: int
+    pull_bytes: int
+    pull_seconds: float
+    pull_failed: bool
+    """The plan named a pull that delivered fewer blocks than planned (they were recomputed)."""
+    ttft_s: float
+    decode_s: float
+    preemptions: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServeResult:
+    """A finished request, as the agent reports it."""
+
+    request_id: str
+    node: NodeId
+    output_token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    stats: ServeStats
+
+
+ServeItem = TokenDelta | ServeResult

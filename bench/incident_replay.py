@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from radixmesh.node_agent.memory.block_pool import BlockPool, OOMReason, OutOfBlocks
-from radixmesh.node_agent.memory.block_table import Sequence, SequenceManager
+from radixmesh.node_agent.memory.block_table import BlockTable, SequenceManager
 from radixmesh.node_agent.memory.pool_config import PoolConfig
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
@@ -287,7 +287,7 @@ def run_radixmesh(stream: list[Request], num_blocks: int) -> tuple[Report, Block
         seqs.commit(seq)  # prefill wrote the prompt's KV: its full blocks become matchable
         return seq, seq.num_cached_blocks, None
 
-    def finish(seq: Sequence) -> None:
+    def finish(seq: BlockTable) -> None:
         seqs.release(seq)
 
     def observe(report: Report) -> None:

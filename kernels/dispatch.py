@@ -16,6 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
+from radixmesh.kernels.block_copy import gather_blocks_torch, scatter_blocks_torch
+from radixmesh.kernels.decode_attention import paged_decode_attention_torch
+from radixmesh.kernels.kv_write import write_kv_torch
+from radixmesh.kernels.prefill_attention import paged_prefill_attention_torch
+
 log = logging.getLogger(__name__)
 
 ENV_VAR = "RADIXMESH_KERNELS"
@@ -34,16 +39,13 @@ class KernelSet:
 
 
 def _torch_set() -> KernelSet:
-    from radixmesh.kernels.block_copy import gather_blocks_torch, scatter_blocks_torch
-    from radixmesh.kernels.decode_attention import paged_decode_attention_torch
-    from radixmesh.kernels.kv_write import write_kv_torch
-    from radixmesh.kernels.prefill_attention import paged_prefill_attention_torch
-
     return KernelSet("torch", write_kv_torch, paged_decode_attention_torch, paged_prefill_attention_torch,
                      gather_blocks_torch, scatter_blocks_torch)
 
 
 def _triton_set() -> KernelSet:
+    # Imported here, not at the top, and not to dodge a cycle: @triton.jit binds compiled vs
+    # interpreted (TRITON_INTERPRET) when its module is imported, and CPU-only users never load Triton.
     from radixmesh.kernels.block_copy_triton import gather_blocks_triton, scatter_blocks_triton
     from radixmesh.kernels.decode_attention_triton import paged_decode_attention_triton
     from radixmesh.kernels.kv_write_triton import write_kv_triton

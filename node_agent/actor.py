@@ -23,15 +23,12 @@ import ray
 
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
+from radixmesh.node_agent.transfer.ucx_transport import ucx_env
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
 from radixmesh.proto.serve.plan import ServeItem, ServePlan
 
 logger = logging.getLogger(__name__)
-
-UCX_LOOPBACK_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo", "UCXPY_PROGRESS_MODE": "blocking",
-                    "UCX_WARN_UNUSED_ENV_VARS": "n"}
-"""UCX settings for agents that talk over 127.0.0.1 (one machine, tests)."""
 
 
 def agent_actor_name(node: NodeId) -> str:
@@ -56,7 +53,7 @@ class AgentPlacement:
     """-1: restart for ever (each restart is a new epoch with an empty cache)."""
     num_cpus: float = 1.0
     env_vars: tuple[tuple[str, str], ...] = ()
-    """Extra environment of the actor's process (e.g. UCX_LOOPBACK_ENV items)."""
+    """Extra environment of the actor's process (e.g. ucx_env(loopback=True) items)."""
 
     @classmethod
     def gpu(cls) -> "AgentPlacement":
@@ -64,7 +61,9 @@ class AgentPlacement:
 
     @classmethod
     def simulated(cls, node: NodeId, *, loopback: bool = True) -> "AgentPlacement":
-        env = tuple(UCX_LOOPBACK_ENV.items()) if loopback else ()
+        # Set in the actor's environment, not by its import_ucxx: the agent's transport is made without
+        # knowing it runs on one machine, and Ray's env_vars reach the process before ucxx loads.
+        env = tuple(ucx_env(loopback=True).items()) if loopback else ()
         return cls(resources=((node_resource(node), 1.0),), env_vars=env)
 
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.engine import Engine, InvalidRequest
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.paged_memory import TierMemory
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
@@ -38,6 +38,7 @@ from radixmesh.proto.kv_layout import KVLayout
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
+from radixmesh.proto.serve.limits import InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.plan import ServeItem, ServePlan, ServeResult, ServeStats, TokenDelta
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def build_model(config: AgentConfig) -> tuple[LlamaForCausalLM, str]:
 class NodeAgent:
     """Executes ServePlans on one node. Use: `await start()`, then `serve(...)`, then `await stop()`.
 
-    `serve` raises ValueError for a plan it refuses (nothing is pulled, taken or queued); it never
+    `serve` raises InvalidRequest for a plan it refuses (nothing is pulled, taken or queued); it never
     fails because a peer misbehaved (missing blocks are recomputed, `pull_failed` says so).
     """
 
@@ -176,14 +177,8 @@ class NodeAgent:
 
     def _check(self, plan: ServePlan) -> None:
         """Refuse, before anything is pulled, what the engine would refuse (it checks again)."""
-        cfg = self.engine.model.config
         prompt = plan.prompt_token_ids
-        if not prompt:
-            raise InvalidRequest("empty prompt")
-        if any(not (isinstance(t, int) and 0 <= t < cfg.vocab_size) for t in prompt):
-            raise InvalidRequest(f"token ids must lie in [0, {cfg.vocab_size})")
-        if len(prompt) + plan.sampling.max_tokens > cfg.max_position_embeddings:
-            raise InvalidRequest(f"prompt + max_tokens exceeds the context limit {cfg.max_position_embeddings}")
+        self.engine.limits.check(prompt, plan.sampling.max_tokens)
         if self.runner.is_active(RequestId(plan.request_id)):
             raise InvalidRequest(f"request id {plan.request_id!r} is already being served")
         if plan.pull is not None:
@@ -194,15 +189,16 @@ class NodeAgent:
                                      f"prompt's {full} full blocks")
             if plan.pull.peer == self.node:
                 raise InvalidRequest("a plan cannot pull from the serving node itself")
-            parse_address(plan.pull.peer, plan.pull.address)
+            try:
+                parse_address(plan.pull.peer, plan.pull.address)
+            except ValueError as e:
+                raise InvalidRequest(str(e)) from None
 
     async def _pull(self, plan: ServePlan, salt: bytes) -> Pulled:
         if plan.pull is None:
             return Pulled.nothing()
         bs = self.layout.block_size
-        # The engine computes the last prompt token itself, so only blocks before it are worth pulling.
-        usable = (len(plan.prompt_token_ids) - 1) // bs
-        end = min(plan.pull.first_block + plan.pull.num_blocks, usable)
+        end = min(plan.pull.first_block + plan.pull.num_blocks, usable_prefix_blocks(len(plan.prompt_token_ids), bs))
         hashes = hash_blocks(plan.prompt_token_ids[: end * bs], bs, salt=salt,
                              key=self.engine.memory.config.hash_key)
         local = await self.runner.call(self.engine.memory.gpu.cache.longest_prefix, hashes)
@@ -214,16 +210,14 @@ class NodeAgent:
         return result
 
     def _result(self, plan: ServePlan, done: Finished, pulled: Pulled, t0: float) -> ServeResult:
-        out, hits = done.output, done.hits
-        prompt = len(plan.prompt_token_ids)
-        computed = prompt - hits.gpu - hits.host - hits.external
+        out = done.output
+        assert out.stats.sources is not None, "a finished request was admitted"
         first = out.stats.first_token_s if out.stats.first_token_s is not None else self._clock()
-        stats = ServeStats(prompt_tokens=prompt, local_gpu_tokens=hits.gpu, local_host_tokens=hits.host,
-                           remote_tokens=hits.external, computed_tokens=computed, pull_bytes=pulled.nbytes,
-                           pull_seconds=pulled.seconds, pull_failed=pulled.failed, ttft_s=first - t0,
-                           decode_s=out.stats.decode_s or 0.0, preemptions=out.stats.preemptions)
+        stats = ServeStats(out.stats.sources, pull_bytes=pulled.nbytes, pull_seconds=pulled.seconds,
+                           pull_failed=pulled.failed, ttft_s=first - t0, decode_s=out.stats.decode_s or 0.0,
+                           preemptions=out.stats.preemptions)
         self.counters.count_request(stats)
-        self._hits.append(RequestHits(plan.request_id, plan.tenant, prompt, hits.gpu, hits.host, hits.external))
+        self._hits.append(RequestHits(plan.request_id, plan.tenant, out.stats.sources))
         return ServeResult(plan.request_id, self.node, out.output_token_ids, out.finish_reason, stats)
 
     # --- what the publisher and the metrics read --------------------------------------------

@@ -12,25 +12,22 @@ from prometheus_client.registry import Collector
 from radixmesh.node_agent.transfer.stats import PeerStats
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServeStats
+from radixmesh.proto.serve.tokens import SOURCES
 
 logger = logging.getLogger(__name__)
-
-TOKEN_SOURCES = ("local_gpu", "local_host", "remote", "computed")
-
 
 @dataclass(slots=True)
 class AgentCounters:
     """Monotonic counters of one agent (mutated on the event loop only)."""
 
     requests: int = 0
-    prompt_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_SOURCES, 0))
+    prompt_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
     pull_failures: int = 0
     ttft_seconds: float = 0.0
 
     def count_request(self, stats: ServeStats) -> None:
         self.requests += 1
-        for source, n in zip(TOKEN_SOURCES, (stats.local_gpu_tokens, stats.local_host_tokens,
-                                            stats.remote_tokens, stats.computed_tokens), strict=True):
+        for source, n in stats.tokens.items():
             self.prompt_tokens[source] += n
         self.pull_failures += stats.pull_failed
         self.ttft_seconds += stats.ttft_s

@@ -45,7 +45,7 @@ def reference(tokens: Sequence[int], sampling: SamplingParams) -> tuple[int, ...
 
 def router_config(layout: str, **kw: object) -> RouterConfig:
     defaults: dict[str, object] = {
-        "block_size": BS, "model_name": MODEL_NAME, "max_context_tokens": MODEL.max_position_embeddings,
+        "block_size": BS, "model_name": MODEL_NAME, "limits": MODEL.prompt_limits(),
         "metadata_retry_s": 0.0,
     }
     return RouterConfig(layout, **{**defaults, **kw})  # type: ignore[arg-type]

@@ -67,7 +67,7 @@ async def test_serve_streams_tokens_equal_to_a_cacheless_engine(agent: NodeAgent
     assert result.output_token_ids == reference(tokens)
     assert tuple(t for d in deltas for t in d.token_ids) == result.output_token_ids
     s = result.stats
-    assert (s.prompt_tokens, s.computed_tokens, s.local_gpu_tokens, s.remote_tokens) == (22, 22, 0, 0)
+    assert (s.prompt_tokens, s.tokens.computed, s.tokens.local_gpu, s.tokens.remote) == (22, 22, 0, 0)
     assert result.node == "a" and not s.pull_failed and s.ttft_s > 0
     await agent.check_invariants()
 
@@ -78,9 +78,9 @@ async def test_second_request_hits_the_local_prefix_and_stats_sum(agent: NodeAge
     _, second = await collect(agent.serve(plan("q2", tokens)))
     assert second.output_token_ids == first.output_token_ids
     s = second.stats
-    assert s.local_gpu_tokens == 20  # 5 full blocks; the 21st token is always computed
-    assert s.local_gpu_tokens + s.local_host_tokens + s.remote_tokens + s.computed_tokens == s.prompt_tokens
-    assert [h.local_gpu_tokens for h in agent.take_hits()] == [0, 20]
+    assert s.tokens.local_gpu == 20  # 5 full blocks; the 21st token is always computed
+    assert s.tokens.local_gpu + s.tokens.local_host + s.tokens.remote + s.tokens.computed == s.prompt_tokens
+    assert [h.tokens.local_gpu for h in agent.take_hits()] == [0, 20]
     assert agent.take_hits() == []
 
 
@@ -88,7 +88,7 @@ async def test_tenants_do_not_share_prefixes(agent: NodeAgent) -> None:
     tokens = prompt(3, 17)
     await collect(agent.serve(plan("q1", tokens, tenant="alice")))
     _, other = await collect(agent.serve(plan("q2", tokens, tenant="bob")))
-    assert other.stats.local_gpu_tokens == 0
+    assert other.stats.tokens.local_gpu == 0
 
 
 async def test_concurrent_requests_are_batched_and_exact(agent: NodeAgent) -> None:
@@ -139,7 +139,7 @@ async def test_planned_pull_without_transfer_plane_is_recomputed(agent: NodeAgen
     tokens = prompt(8, 25)
     pull = PullPlan(NodeId("peer"), "127.0.0.1:9", 0, 4)
     _, result = await collect(agent.serve(plan("p", tokens, pull=pull)))
-    assert result.stats.pull_failed and result.stats.computed_tokens == 25
+    assert result.stats.pull_failed and result.stats.tokens.computed == 25
     assert result.output_token_ids == reference(tokens)
 
 
@@ -214,10 +214,10 @@ async def test_pulled_prefix_gives_remote_hits_and_exact_tokens(pair: tuple[Node
     _, got = await collect(puller.serve(plan("p", tokens, pull=pull)))
     assert got.output_token_ids == reference(tokens)
     s = got.stats
-    assert (s.remote_tokens, s.computed_tokens, s.pull_failed) == (28, 2, False)
+    assert (s.tokens.remote, s.tokens.computed, s.pull_failed) == (28, 2, False)
     assert s.pull_bytes == 7 * puller.layout.block_bytes and s.pull_seconds > 0
     _, again = await collect(puller.serve(plan("p2", tokens)))
-    assert again.stats.local_gpu_tokens == 28 and again.output_token_ids == got.output_token_ids
+    assert again.stats.tokens.local_gpu == 28 and again.output_token_ids == got.output_token_ids
     assert "owner" in (await puller.load()).pull_gbps
     assert 'radixmesh_pull_bytes_total{node="puller",peer="owner"}' in await puller.prometheus_text()
     await owner.check_invariants()
@@ -233,7 +233,7 @@ async def test_pull_extends_the_local_prefix(pair: tuple[NodeAgent, NodeAgent]) 
     pull = PullPlan(owner.node, owner.transfer_address, 3, 5)
     _, got = await collect(puller.serve(plan("p", tokens, pull=pull)))
     s = got.stats
-    assert (s.local_gpu_tokens, s.remote_tokens, s.computed_tokens) == (12, 20, 1)
+    assert (s.tokens.local_gpu, s.tokens.remote, s.tokens.computed) == (12, 20, 1)
     assert got.output_token_ids == reference(tokens)
 
 
@@ -245,7 +245,7 @@ async def test_partial_pull_is_recomputed_and_flagged(pair: tuple[NodeAgent, Nod
     pull = PullPlan(owner.node, owner.transfer_address, 0, 9)
     _, got = await collect(puller.serve(plan("p", tokens, pull=pull)))
     s = got.stats
-    assert s.pull_failed and (s.remote_tokens, s.computed_tokens) == (16, 24)
+    assert s.pull_failed and (s.tokens.remote, s.tokens.computed) == (16, 24)
     assert got.output_token_ids == reference(tokens)
     await puller.check_invariants()
 
@@ -259,7 +259,7 @@ async def test_dead_peer_means_recompute_not_failure(pair: tuple[NodeAgent, Node
     await owner.stop()
     _, got = await collect(puller.serve(plan("p", tokens, pull=PullPlan(owner.node, address, 0, 6))))
     s = got.stats
-    assert s.pull_failed and (s.remote_tokens, s.computed_tokens) == (0, 26)
+    assert s.pull_failed and (s.tokens.remote, s.tokens.computed) == (0, 26)
     assert got.output_token_ids == reference(tokens)
     await puller.check_invariants()
     assert puller.engine.memory.gpu.pool.num_in_use == 0
@@ -273,6 +273,6 @@ async def test_a_peer_on_another_transport_means_recompute(pair: tuple[NodeAgent
     pull = PullPlan(owner.node, "ray:radixmesh-agent-owner", 0, 6)  # the ucx puller cannot reach an actor
     _, got = await collect(puller.serve(plan("p", tokens, pull=pull)))
     s = got.stats
-    assert s.pull_failed and (s.remote_tokens, s.computed_tokens) == (0, 26)
+    assert s.pull_failed and (s.tokens.remote, s.tokens.computed) == (0, 26)
     assert got.output_token_ids == reference(tokens)
     assert puller.engine.memory.gpu.pool.num_in_use == 0

@@ -47,7 +47,7 @@ async def test_actors_stream_pull_restart_and_die(ray_cluster: None) -> None:
     pull = PullPlan(NodeId("a"), info_a.transfer_address, 0, 7)
     _, pulled = await collect(b.serve(plan("r2", tokens, pull=pull)))
     assert pulled.output_token_ids == first.output_token_ids
-    assert (pulled.stats.remote_tokens, pulled.stats.pull_failed) == (28, False)
+    assert (pulled.stats.tokens.remote, pulled.stats.pull_failed) == (28, False)
     await a.handle.check_invariants.remote()
     await b.handle.check_invariants.remote()
     assert "radixmesh_agent_requests_total" in await b.prometheus_text()
@@ -63,7 +63,7 @@ async def test_actors_stream_pull_restart_and_die(ray_cluster: None) -> None:
         restarted = await a.start()
     assert restarted.epoch > info_a.epoch
     _, again = await collect(a.serve(plan("r3", tokens)))
-    assert again.stats.local_gpu_tokens == 0 and again.output_token_ids == first.output_token_ids
+    assert again.stats.tokens.local_gpu == 0 and again.output_token_ids == first.output_token_ids
 
     stream = b.serve(plan("r4", prompt(41, 12), max_tokens=50))
     assert isinstance(await anext(stream), TokenDelta)
@@ -86,7 +86,7 @@ async def test_ray_transport_pulls_through_the_owners_actor(ray_cluster: None) -
     _, got = await collect(puller.serve(plan("p", tokens, pull=pull)))
     assert got.output_token_ids == first.output_token_ids == reference(tokens)
     s = got.stats
-    assert (s.remote_tokens, s.computed_tokens, s.pull_failed) == (28, 2, False)
+    assert (s.tokens.remote, s.tokens.computed, s.pull_failed) == (28, 2, False)
     assert s.pull_bytes > 0 and "c" in (await puller.handle.load.remote()).pull_gbps
     # The owner's pins ended with the stream: every block is free or cached-evictable again.
     assert (await owner.handle.load.remote()).free_blocks == 96

@@ -88,7 +88,7 @@ async def test_demo_workload_hits_with_caching_and_never_without(router_url: str
     off = await run_workload(router_url, MODEL_NAME, workload, "off", caching=False, on_done=lambda: done.append(1))
     on = await run_workload(router_url, MODEL_NAME, workload, "on", caching=True, on_done=lambda: done.append(1))
     assert len(done) == 2 * workload.requests and on.requests == off.requests == workload.requests
-    assert off.hit_rate == 0.0 and off.hits_by_source["miss"] == off.prompt_tokens
+    assert off.hit_rate == 0.0 and off.hits_by_source["computed"] == off.prompt_tokens
     assert on.prompt_tokens == off.prompt_tokens
     # Turn 2 of every chat and turn 1 of all but the first reuse the shared system prompt at least.
     assert on.hit_rate > 0.3

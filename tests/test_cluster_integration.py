@@ -80,8 +80,8 @@ async def test_cached_on_one_agent_pulled_by_another_outputs_exact(local_ray: No
             stats = (await r.json())["router"]
         assert stats["requests"] == len(usages)
         assert stats["prompt_tokens"] == sum(total for total, _ in usages)
-        assert stats["prompt_tokens"] - stats["miss"] == sum(cached for _, cached in usages)
-        assert stats["local_gpu"] + stats["remote"] + stats["local_host"] == stats["prompt_tokens"] - stats["miss"]
+        assert stats["prompt_tokens"] - stats["computed"] == sum(cached for _, cached in usages)
+        assert stats["local_gpu"] + stats["remote"] + stats["local_host"] == stats["prompt_tokens"] - stats["computed"]
 
         # Force each system prompt's requests onto a node that does not hold it: it pulls over UCX.
         async with MetadataClient(d.metadata_address, timeout_s=5.0) as meta:
@@ -98,8 +98,8 @@ async def test_cached_on_one_agent_pulled_by_another_outputs_exact(local_ray: No
                 result = await serve_forced(target, plan)
                 assert result.node == target and not result.stats.pull_failed
                 # The target may hold a first block or so itself (every system prompt starts "System ").
-                assert result.stats.remote_tokens > 0
-                assert result.stats.local_gpu_tokens + result.stats.remote_tokens == holder.gpu_blocks * BS
+                assert result.stats.tokens.remote > 0
+                assert result.stats.tokens.local_gpu + result.stats.tokens.remote == holder.gpu_blocks * BS
                 assert result.stats.pull_bytes > 0
                 assert result.output_token_ids == reference(tokens, sampling)
                 text = await launcher.agent_handle(target).prometheus_text.remote()

@@ -10,8 +10,8 @@ import pytest
 from radixmesh import kernels
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.engine.preemption import PreemptMode
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId, RequestOutput
-from radixmesh.node_agent.engine.scheduler import PreemptMode
 from radixmesh.node_agent.model.config import named_config
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.weights import random_model
@@ -55,7 +55,7 @@ def run_checked(eng: Engine, requests: Sequence[Request]) -> list[RequestOutput]
         eng.submit(r)
     done: dict[str, RequestOutput] = {}
     while eng.has_work:
-        for out in eng.step():
+        for out in eng.step().finished:
             done[out.request_id] = out
         eng.check_invariants()
     eng.check_invariants()
@@ -84,11 +84,11 @@ def test_local_prefix_hits_match_no_cache(model: LlamaForCausalLM, seed: int) ->
     eng = engine(model, num_gpu_blocks=64)
     got = [run_checked(eng, [r])[0] for r in requests]
     assert_same(got, want)
-    assert got[0].stats.cached_gpu_tokens == 0
-    assert all(o.stats.cached_gpu_tokens >= 3 * BS for o in got[1:])
+    assert got[0].stats.sources.local_gpu == 0
+    assert all(o.stats.sources.local_gpu >= 3 * BS for o in got[1:])
     # Hits make the computed work smaller by exactly the cached tokens.
     for o in got:
-        assert o.stats.computed_tokens == o.stats.prompt_tokens - o.stats.cached_gpu_tokens + 9
+        assert o.stats.forward_tokens == o.stats.prompt_tokens - o.stats.sources.local_gpu + 9
 
 
 def test_concurrent_batch_with_chunked_prefill_matches_no_cache(model: LlamaForCausalLM) -> None:
@@ -118,8 +118,8 @@ def test_external_prefix_blocks_match_no_cache(model: LlamaForCausalLM) -> None:
         req = Request(r.request_id, r.prompt_token_ids, r.sampling, external_prefix=ext)
         outputs += run_checked(me, [req])
     assert_same(outputs, want)
-    assert outputs[0].stats.cached_external_tokens == 3 * BS
-    assert outputs[0].stats.cached_gpu_tokens == 0
+    assert outputs[0].stats.sources.remote == 3 * BS
+    assert outputs[0].stats.sources.local_gpu == 0
     me.check_invariants()
 
 
@@ -149,7 +149,7 @@ def test_host_tier_promotion_matches_no_cache(model: LlamaForCausalLM) -> None:
     want = reference(model, again)
     got = run_checked(eng, again)
     assert_same(got, want)
-    assert sum(o.stats.cached_host_tokens for o in got) > 0
+    assert sum(o.stats.sources.local_host for o in got) > 0
     assert eng.counters.promoted_blocks > 0
 
 
@@ -173,15 +173,15 @@ def test_evicted_prefix_demoted_to_host_is_served_from_host(model: LlamaForCausa
     again = [Request(RequestId(f"again-{r.request_id}"), r.prompt_token_ids, r.sampling) for r in requests]
     got = run_checked(eng, again)
     assert_same(got, reference(model, again))
-    host_tokens = [o.stats.cached_host_tokens for o in got]
+    host_tokens = [o.stats.sources.local_host for o in got]
     if demote:
         # Every full prompt block (short of the last token, which is always computed) comes back:
         # from the host for the first request, from the host or the gpu (where an earlier request
         # promoted it) for the others.
         reusable = [(o.stats.prompt_tokens - 1) // BS * BS for o in got]
         assert host_tokens[0] == reusable[0]
-        assert [o.stats.cached_gpu_tokens + o.stats.cached_host_tokens for o in got] == reusable
+        assert [o.stats.sources.local_gpu + o.stats.sources.local_host for o in got] == reusable
     else:
         assert host_tokens == [0, 0, 0]
-    assert eng.stats().engine_cached_tokens["host"] == sum(o.stats.cached_host_tokens for o in got)
+    assert eng.stats().engine_cached_tokens["local_host"] == sum(o.stats.sources.local_host for o in got)
     assert (eng.counters.promoted_blocks > 0) is demote

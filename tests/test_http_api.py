@@ -181,7 +181,7 @@ async def test_stats_totals_equal_the_sum_of_served_usage(api: Api) -> None:
     assert router["prompt_tokens"] == sum(u["prompt_tokens"] for u in usages)
     cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
     assert router["local_gpu"] + router["local_host"] + router["remote"] == cached
-    assert router["miss"] == router["prompt_tokens"] - cached
+    assert router["computed"] == router["prompt_tokens"] - cached
     assert sum(n["requests"] for n in router["nodes"].values()) == 3
     assert router["policy"] == router["active_policy"] == "cost" and not router["degraded"]
     assert stats["metadata"]["live_nodes"] == 0 and "source" in stats["metadata"]

@@ -11,8 +11,8 @@ from radixmesh.node_agent.memory.metrics import (
     memory_stats,
     metric,
     render_prometheus,
-    seq_len_bucket,
 )
+from radixmesh.node_agent.memory.pool_counters import seq_len_bucket
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.events import Tier

@@ -24,6 +24,7 @@ from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
 from radixmesh.proto.metadata.client import MetadataClient
+from radixmesh.proto.serve.tokens import TokenSources
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.messages import EventBatch, MatchQuery, NodeSnapshot, PublishStatus
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
@@ -188,8 +189,8 @@ def test_hit_accounting_joins_prediction_and_report() -> None:
             await client.match([MatchQuery(L, tuple(H[:6]), tenant="acme", request_id="r1")])
             # Served on A (predicted 2 local blocks = 32 tokens, 4 in the cluster = 64 tokens):
             # 16 local gpu tokens, 16 pulled, 64 computed -> 32 of the 64 cached tokens recomputed.
-            hits = RequestHits("r1", "acme", 96, 16, 0, 16)
-            await client.heartbeat(A, 1, NodeLoad(), [hits, RequestHits("", "other", 10, 0, 0, 0)])
+            hits = RequestHits("r1", "acme", TokenSources(16, 0, 16, 64))
+            await client.heartbeat(A, 1, NodeLoad(), [hits, RequestHits("", "other", TokenSources(computed=10))])
             stats = await client.stats()
             t = stats.hits.per_tenant["acme"]
             assert (t.requests, t.prompt_tokens, t.miss_tokens) == (1, 96, 64)
@@ -341,7 +342,7 @@ def test_tls(tmp_path: Path) -> None:
 def test_cli_serves_health_and_stops_gracefully() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radixmesh.cluster.cli.main", "metadata-server", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "radixmesh.cluster.cli", "metadata-server", "--host", "127.0.0.1", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -369,7 +370,7 @@ def test_cli_serves_health_and_stops_gracefully() -> None:
 
 def test_cli_bad_state_is_one_line_error() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "radixmesh.cluster.cli.main", "metadata-server", "--port", "0", "--state", "mongodb://x"],
+        [sys.executable, "-m", "radixmesh.cluster.cli", "metadata-server", "--port", "0", "--state", "mongodb://x"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -15,6 +15,7 @@ from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.client import MetadataClient
+from radixmesh.proto.serve.tokens import TokenSources
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.messages import (
     ClusterStats,
@@ -53,7 +54,7 @@ async def populate(client: MetadataClient) -> None:
     await client.publish([EventBatch(A, 3, 1, (BlockStored(tuple(H[:4]), None, Tier.GPU),))])
     await client.publish([EventBatch(B, 3, 1, (BlockStored(tuple(H[:2]), None, Tier.HOST),))])
     await client.match([MatchQuery(L, tuple(H[:4]), tenant="t1", request_id="q")])
-    await client.heartbeat(A, 3, NodeLoad(queued_requests=2), [RequestHits("q", "t1", 80, 48, 0, 0)])
+    await client.heartbeat(A, 3, NodeLoad(queued_requests=2), [RequestHits("q", "t1", TokenSources(48, 0, 0, 32))])
 
 
 async def snapshot_of(client: MetadataClient) -> tuple[list[MatchResult], ClusterStats]:

@@ -5,7 +5,7 @@ import torch
 
 from radixmesh.node_agent.engine.metrics import EngineCounters
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig, PagedMemory
-from radixmesh.node_agent.engine.scheduler import FixedPolicy, PreemptMode
+from radixmesh.node_agent.engine.preemption import FixedPreemption, PreemptMode
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.events import BlockRemoved, BlockStored, Tier
 from radixmesh.proto.ids import BlockId
@@ -18,7 +18,7 @@ CHAIN = hash_blocks(list(range(4 * BS)), BS)  # 4 chained hashes
 
 def memory(gpu: int, host: int) -> PagedMemory:
     return PagedMemory(LAYOUT, MemoryConfig(num_gpu_blocks=gpu, num_host_blocks=host), EngineCounters(),
-                       FixedPolicy(PreemptMode.SWAP))
+                       FixedPreemption(PreemptMode.SWAP))
 
 
 def cache_chain(mem: PagedMemory) -> list[BlockId]:

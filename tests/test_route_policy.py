@@ -9,8 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixmesh.cluster.policy.base import (
-    ClusterView,
-    NodeView,
     PolicyConfig,
     RouteRequest,
     make_policy,
@@ -18,6 +16,7 @@ from radixmesh.cluster.policy.base import (
     within_load_cap,
 )
 from radixmesh.cluster.policy.cost_model import CostModel, Holder
+from radixmesh.cluster.policy.view import ClusterView, NodeView
 from radixmesh.cluster.router.pending_index import PendingIndex
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId

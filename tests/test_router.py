@@ -11,15 +11,16 @@ from router_cluster import BS, local_cluster, reference, start_metadata
 
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.launch.router_actor import deployment_layout
-from radixmesh.cluster.policy.base import NodeView
 from radixmesh.cluster.policy.cost_model import CostModel
-from radixmesh.cluster.policy.view import InflightTable, build_view
+from radixmesh.cluster.policy.inflight import InflightTable
+from radixmesh.cluster.policy.view import NodeView, build_view
 from radixmesh.cluster.router.metrics import RouterMetrics, merge_expositions
-from radixmesh.cluster.router.router import GenerateRequest, NoNodeAvailable, RequestRejected, RouterResult
+from radixmesh.cluster.router.router import GenerateRequest, NoNodeAvailable, RouterResult
 from radixmesh.node_agent.model.chat_template import ChatMessage, render_prompt
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
+from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.plan import TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
 
@@ -167,12 +168,12 @@ async def test_every_agent_down_raises_no_node_available_and_leaves_no_load() ->
 async def test_bad_requests_are_rejected_and_change_nothing(tokens: tuple[int, ...], max_tokens: int,
                                                             match: str) -> None:
     async with local_cluster(1, with_metadata=False) as c:
-        with pytest.raises(RequestRejected, match=match):
+        with pytest.raises(InvalidRequest, match=match):
             await c.router.complete(request("bad", tokens, max_tokens))
         assert c.router.metrics.routed == {} and c.router.metrics.status_counts == {"invalid": 1}
         assert c.router.inflight(A) == 0
         ok = await c.router.complete(request("good", prompt(4, 9)))
-        assert ok.result.stats.local_gpu_tokens == 0  # the refused prompt left nothing behind
+        assert ok.result.stats.tokens.local_gpu == 0  # the refused prompt left nothing behind
 
 
 async def test_pending_holder_colocates_a_sibling_before_any_event() -> None:
@@ -183,7 +184,7 @@ async def test_pending_holder_colocates_a_sibling_before_any_event() -> None:
         assert first.routed.policy == sibling.routed.policy == "cost" and sibling.routed.metadata_used
         assert sibling.result.node == first.result.node
         assert sibling.routed.decision.local_blocks == 33 // BS
-        assert sibling.result.stats.local_gpu_tokens == (33 // BS) * BS
+        assert sibling.result.stats.tokens.local_gpu == (33 // BS) * BS
 
 
 async def test_metadata_outage_degrades_to_least_loaded_and_recovery_resumes_prefix_routing() -> None:

@@ -11,7 +11,8 @@ from collections import Counter
 import pytest
 from router_cluster import BS, MODEL, local_cluster
 
-from radixmesh.cluster.policy.base import NodeView, PolicyConfig
+from radixmesh.cluster.policy.base import PolicyConfig
+from radixmesh.cluster.policy.view import NodeView
 from radixmesh.cluster.router.router import GenerateRequest, Router, RouterResult
 from radixmesh.node_agent.model.chat_template import (
     END,

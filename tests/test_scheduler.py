@@ -6,15 +6,21 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig, InvalidRequest
+from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.engine.preemption import (
+    CostPreemption,
+    FixedPreemption,
+    PreemptMode,
+    make_preemption_policy,
+)
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId, RequestOutput
 from radixmesh.node_agent.engine.sampler import sample
-from radixmesh.node_agent.engine.scheduler import CostPolicy, FixedPolicy, PreemptMode, make_policy
 from radixmesh.node_agent.model.config import LlamaConfig
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.weights import random_model
 from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.sampling import SamplingParams
 
 BS = 4
@@ -37,11 +43,17 @@ def req(name: str, prompt: list[int], max_tokens: int = 8, **kw: object) -> Requ
 
 
 def drain(eng: Engine) -> dict[str, RequestOutput]:
-    """Step until idle, checking invariants and the token budget after every step."""
+    """Step until idle, checking invariants after every step and that the tokens each step emitted
+    are, in order, exactly each finished request's output."""
     done: dict[str, RequestOutput] = {}
+    emitted: dict[str, list[int]] = {}
     while eng.has_work:
-        for out in eng.step():
+        step = eng.step()
+        for rid, token in step.tokens:
+            emitted.setdefault(rid, []).append(token)
+        for out in step.finished:
             done[out.request_id] = out
+            assert emitted.pop(out.request_id) == list(out.output_token_ids)
         eng.check_invariants()
     return done
 
@@ -109,15 +121,15 @@ def test_swap_falls_back_to_recompute_without_a_host_tier() -> None:
 
 
 def test_cost_policy_compares_swap_time_with_recompute_time() -> None:
-    policy = CostPolicy(block_bytes=1000, swap_bytes_per_s=1e6, prefill_tokens_per_s=100.0)
+    policy = CostPreemption(block_bytes=1000, swap_bytes_per_s=1e6, prefill_tokens_per_s=100.0)
     assert policy.choose(num_blocks=2, num_tokens=1) is PreemptMode.SWAP  # 4 ms vs 10 ms
     assert policy.choose(num_blocks=10, num_tokens=1) is PreemptMode.RECOMPUTE  # 20 ms vs 10 ms
     policy.observe_prefill(tokens=1000, seconds=1.0)  # faster prefill: 100 -> 280 tokens/s
     assert policy.prefill_tokens_per_s == pytest.approx(280.0)
     assert policy.choose(num_blocks=2, num_tokens=1) is PreemptMode.RECOMPUTE  # 4 ms vs 3.6 ms
-    assert isinstance(make_policy("swap", 1), FixedPolicy)
+    assert isinstance(make_preemption_policy("swap", 1), FixedPreemption)
     with pytest.raises(ValueError, match="valid"):
-        make_policy("lifo", 1)
+        make_preemption_policy("lifo", 1)
 
 
 def test_bad_requests_are_refused_before_any_block_is_taken() -> None:

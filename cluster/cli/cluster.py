@@ -27,9 +27,9 @@ from rich.table import Table
 
 from radixmesh.cluster.launch import cluster_record, launcher
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
-from radixmesh.cluster.launch.router_actor import ROUTE_PATH
 from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.router.explain import format_report
+from radixmesh.cluster.router.http_api import ROUTE_PATH
 from radixmesh.node_agent.model.config import NAMED_CONFIGS, named_config
 
 logger = logging.getLogger(__name__)
@@ -158,7 +158,8 @@ def route(prompt: str, max_tokens: int, user: str, url: str | None) -> None:
         with urllib.request.urlopen(req, timeout=120) as r:
             doc = json.load(r)
     except urllib.error.HTTPError as e:
-        raise click.ClickException(json.load(e).get("error", str(e))) from None
+        error = json.load(e).get("error") or {}  # OpenAI's error object
+        raise click.ClickException(error.get("message", str(e))) from None
     except (urllib.error.URLError, OSError) as e:
         raise click.ClickException(f"router at {base} does not answer: {e}") from None
     click.echo(format_report(doc))
@@ -207,14 +208,14 @@ def render_stats(doc: dict[str, Any]) -> Group:
                 "regret tokens", "index precision", "retries"):
         total.add_column(col, justify="right")
     total.add_row(str(r["requests"]), str(r["prompt_tokens"]), f"{r['hit_rate']:.1%}", f"{by['local_gpu']:.1%}",
-                  f"{by['local_host']:.1%}", f"{by['remote']:.1%}", f"{by['miss']:.1%}", str(r["regret_tokens"]),
+                  f"{by['local_host']:.1%}", f"{by['remote']:.1%}", f"{by['computed']:.1%}", str(r["regret_tokens"]),
                   f"{r['index_precision']:.2f}", str(r["retries"]))
     nodes = Table(title="nodes")
     for col in ("node", "in flight", "routed", "failed", "requests", "hit rate", "local", "remote", "miss"):
         nodes.add_column(col, justify="right")
     for name, n in sorted(r["nodes"].items()):
         nodes.add_row(name, str(n["inflight"]), str(n["routed"]), str(n["failed_attempts"]), str(n["requests"]),
-                      f"{n['hit_rate']:.1%}", str(n["local_gpu"] + n["local_host"]), str(n["remote"]), str(n["miss"]))
+                      f"{n['hit_rate']:.1%}", str(n["local_gpu"] + n["local_host"]), str(n["remote"]), str(n["computed"]))
     meta = doc.get("metadata")
     footer = Table.grid()
     footer.add_row("metadata service: " + (f"{meta['live_nodes']} live node(s), {meta['indexed_blocks']} indexed "

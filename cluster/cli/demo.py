@@ -32,7 +32,7 @@ def comparison_table(on: DemoRun, off: DemoRun) -> Table:
     table.add_row("prompt tokens", str(on.prompt_tokens), str(off.prompt_tokens))
     table.add_row("global hit rate", f"{on.hit_rate:.1%}", f"{off.hit_rate:.1%}")
     for source, name in (("local_gpu", "  local gpu"), ("local_host", "  local host"), ("remote", "  remote (pulled)"),
-                         ("miss", "  miss (prefilled)")):
+                         ("computed", "  miss (prefilled)")):
         table.add_row(name, share(on, source), share(off, source))
     for q in (50, 99):
         table.add_row(f"TTFT p{q}", f"{on.ttft(q) * 1e3:.1f} ms", f"{off.ttft(q) * 1e3:.1f} ms")

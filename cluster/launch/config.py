@@ -104,6 +104,5 @@ class LauncherConfig:
         """The router's settings for agents of `layout` whose blocks hold `block_bytes` of KV."""
         return RouterConfig(layout, block_size=self.block_size, policy=self.policy,
                             policy_config=PolicyConfig(block_bytes=block_bytes), model_name=self.model_name,
-                            vocab_size=self.model.vocab_size,
-                            max_context_tokens=self.model.max_position_embeddings,
+                            limits=self.model.prompt_limits(),
                             metadata_retry_s=self.metadata_retry_s)

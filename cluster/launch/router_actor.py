@@ -4,18 +4,13 @@ Router's HTTP API on its own event loop.
 Owning the agents keeps them alive after the `radixmesh up` driver exits (an actor lives as long
 as its owner) and makes `down` one kill away. What survives a restart: nothing; Ray does not
 restart this actor (max_restarts=0). Agent actors restart on their own (a new epoch, empty cache).
-Idempotent calls: `start` (returns the same URL), `url`, `nodes`, `stop`.
-
-Besides the router's own API the HTTP server answers `POST /radixmesh/route` ({"prompt", "max_tokens",
-"user"}): it serves the prompt once and returns the route_explain.RouteReport as JSON, so
-`radixmesh route` needs nothing but the URL.
+Idempotent calls: `start` (returns the same URL), `url`, `nodes`, `stop`. The HTTP server is the
+router's one application (router.http_api), `POST /radixmesh/route` included.
 """
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
 import ray
@@ -23,19 +18,16 @@ from aiohttp import web
 
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.router.agent_clients import RayAgentClient, StaticAgentDirectory
-from radixmesh.cluster.router.explain import explain
-from radixmesh.cluster.router.http_api import create_app
-from radixmesh.cluster.router.router import GenerateRequest, NoNodeAvailable, Router
+from radixmesh.cluster.router.http_api import start_http
+from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.nodes import NodeInfo
-from radixmesh.proto.serve.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 ROUTER_ACTOR = "radixmesh-router"
-ROUTE_PATH = "/radixmesh/route"
 
 
 def deployment_layout(infos: Sequence[NodeInfo]) -> tuple[str, int]:
@@ -80,12 +72,7 @@ class RouterActor:
         layout, block_bytes = deployment_layout(infos)
         metadata = MetadataClient(self._metadata_address, timeout_s=5.0)
         router = Router(cfg.router_config(layout, block_bytes), StaticAgentDirectory(clients), metadata)
-        app = create_app(router)
-        app.router.add_post(ROUTE_PATH, self._route)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, cfg.host, cfg.http_port).start()
-        port = int(runner.addresses[0][1])
+        runner, port = await start_http(router, cfg.host, cfg.http_port)
         self._runner, self._router = runner, router
         self._url = f"http://{cfg.host}:{port}"
         logger.info("router on %s over %d agent(s)", self._url, len(clients))
@@ -96,34 +83,11 @@ class RouterActor:
     def nodes(self) -> list[NodeId]:
         return self._router.directory.nodes() if self._router is not None else []
 
-    async def _route(self, request: web.Request) -> web.Response:
-        """Serve one prompt and say where it went, why, and where its prompt tokens came from."""
-        router = await self._started()
-        try:
-            body = await request.json()
-            prompt, max_tokens, user = body["prompt"], body.get("max_tokens", 16), body.get("user", "")
-            if not (isinstance(prompt, str) and isinstance(max_tokens, int) and isinstance(user, str)):
-                raise TypeError("prompt and user must be strings, max_tokens an integer")
-            job = GenerateRequest(f"route-{uuid.uuid4().hex}", tuple(router.tokenizer.encode(prompt)),
-                                  SamplingParams(max_tokens=max_tokens), user)
-            result = await router.complete(job)
-        except (ValueError, TypeError, KeyError) as e:  # RequestRejected is a ValueError
-            return web.json_response({"error": f"bad route request: {e}"}, status=400)
-        except NoNodeAvailable as e:
-            return web.json_response({"error": str(e)}, status=503)
-        report = explain(result, router.tokenizer.decode(list(result.result.output_token_ids)))
-        return web.json_response(asdict(report))
-
     async def stop(self) -> None:
         """Stop HTTP; the agents go with this actor."""
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
-
-    async def _started(self) -> Router:
-        await self.start()
-        assert self._router is not None
-        return self._router
 
 
 def make_router_actor(config: LauncherConfig, metadata_address: str,

@@ -52,21 +52,22 @@ class HitAccounting:
 
     def record(self, node: NodeId, hits: RequestHits) -> dict[str, dict[str, int]]:
         """Count one finished request served by `node`; returns the increments by scope."""
+        t = hits.tokens
         delta = {
             "requests": 1,
-            "prompt_tokens": hits.prompt_tokens,
-            "local_gpu_tokens": hits.local_gpu_tokens,
-            "local_host_tokens": hits.local_host_tokens,
-            "remote_tokens": hits.remote_tokens,
-            "miss_tokens": hits.prompt_tokens - hits.hit_tokens,
+            "prompt_tokens": t.prompt,
+            "local_gpu_tokens": t.local_gpu,
+            "local_host_tokens": t.local_host,
+            "remote_tokens": t.remote,
+            "miss_tokens": t.computed,
         }
         prediction = self._predictions.pop(hits.request_id, None) if hits.request_id else None
         if prediction is not None:
-            cached = min(prediction.cluster_tokens, hits.prompt_tokens)
-            predicted_local = min(prediction.local_tokens.get(node, 0), hits.prompt_tokens)
-            local = hits.local_gpu_tokens + hits.local_host_tokens
+            cached = min(prediction.cluster_tokens, t.prompt)
+            predicted_local = min(prediction.local_tokens.get(node, 0), t.prompt)
+            local = t.local_gpu + t.local_host
             delta["cluster_cached_tokens"] = cached
-            delta["regret_tokens"] = max(0, cached - hits.hit_tokens)
+            delta["regret_tokens"] = max(0, cached - t.hits)
             delta["predicted_local_tokens"] = predicted_local
             delta["realized_local_tokens"] = min(local, predicted_local)
         deltas = {TOTAL: delta, f"node:{node}": delta, f"tenant:{hits.tenant}": delta}

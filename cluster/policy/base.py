@@ -8,10 +8,12 @@ answer plus heartbeated load, calls `route`, and then executes (or simulates) th
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
+from radixmesh.cluster.policy.recent_work import DEFAULT_HALF_LIFE_S
+from radixmesh.cluster.policy.view import ClusterView, NodeView
 from radixmesh.proto.ids import NodeId
 
 logger = logging.getLogger(__name__)
@@ -36,60 +38,6 @@ class RouteRequest:
                 f"{self.num_blocks} blocks of {self.block_tokens} tokens do not fit in a "
                 f"{self.prompt_tokens}-token prompt"
             )
-
-
-@dataclass(frozen=True, slots=True)
-class NodeView:
-    """One candidate node: its contiguous prefix of the prompt by tier, and its load."""
-
-    node: NodeId
-    gpu_blocks: int = 0
-    """Blocks 0..gpu_blocks-1 of the prompt are on this node's gpu tier."""
-    local_blocks: int = 0
-    """Blocks 0..local_blocks-1 are on this node on some tier (>= gpu_blocks); the part beyond
-    gpu_blocks is swapped in from host memory."""
-    queued_tokens: int = 0
-    """Prompt tokens waiting for (or in) prefill on this node."""
-    inflight: int = 0
-    """Requests routed to this node and not finished: a tie-break for least_loaded and cost, not a
-    load cap (see `within_load_cap`)."""
-    prefill_tokens_per_s: float = 1.0
-    """Measured prefill rate."""
-    recent_tokens: float = 0.0
-    """Prompt tokens routed to this node, exponentially decayed (`RecentWork`); bounds load over time."""
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.gpu_blocks <= self.local_blocks:
-            raise ValueError(
-                f"need 0 <= gpu_blocks <= local_blocks, got {self.gpu_blocks}, {self.local_blocks}"
-            )
-        if self.queued_tokens < 0 or self.inflight < 0:
-            raise ValueError("queued_tokens and inflight must be >= 0")
-        if not (math.isfinite(self.recent_tokens) and self.recent_tokens >= 0):
-            raise ValueError(f"recent_tokens must be finite and >= 0, got {self.recent_tokens}")
-        if not (math.isfinite(self.prefill_tokens_per_s) and self.prefill_tokens_per_s > 0):
-            raise ValueError(f"prefill_tokens_per_s must be finite and > 0, got {self.prefill_tokens_per_s}")
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterView:
-    """Every candidate node, and the measured pull bandwidth between them."""
-
-    nodes: tuple[NodeView, ...]
-    pull_bytes_per_s: Mapping[tuple[NodeId, NodeId], float] = field(default_factory=dict)
-    """(puller, holder) -> measured bytes/s; pairs not measured use the default."""
-    default_pull_bytes_per_s: float = 10e9
-
-    def __post_init__(self) -> None:
-        if not self.nodes:
-            raise ValueError("no candidate nodes: the cluster has no live node")
-        if len({v.node for v in self.nodes}) != len(self.nodes):
-            raise ValueError("a node appears twice in the cluster view")
-        if not self.default_pull_bytes_per_s > 0:
-            raise ValueError("default_pull_bytes_per_s must be > 0")
-
-    def bandwidth(self, puller: NodeId, holder: NodeId) -> float:
-        return self.pull_bytes_per_s.get((puller, holder), self.default_pull_bytes_per_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,10 +72,8 @@ class PolicyConfig:
     load_eps: float = 0.25
     """Bounded load: a node is chosen only while its recent prompt tokens, this request included,
     stay within (1 + eps) x the mean (see `within_load_cap`)."""
-    load_half_life_s: float = 150.0
-    """Half-life of the recent-work measure, seconds: long against one prefill (so the window holds
-    many requests per node even on a large, lightly loaded cluster), short against shifts in
-    traffic (tens of minutes). 150 s was the best of 20-600 s on the bench traces (README)."""
+    load_half_life_s: float = DEFAULT_HALF_LIFE_S
+    """Half-life of the recent-work measure, seconds (see recent_work.DEFAULT_HALF_LIFE_S)."""
     load_floor_s: float = 0.5
     """Recent work below this many seconds of a node's prefill is not load: a node may always take a
     request that keeps it under the floor, so an idle cluster keeps siblings together. 0.5 s matched

@@ -7,16 +7,9 @@ router's regret figures compare like with like.
 import logging
 import random
 
-from radixmesh.cluster.policy.base import (
-    ClusterView,
-    NodeView,
-    PolicyConfig,
-    RouteDecision,
-    RouteRequest,
-    register,
-    within_load_cap,
-)
+from radixmesh.cluster.policy.base import PolicyConfig, RouteDecision, RouteRequest, register, within_load_cap
 from radixmesh.cluster.policy.cost_model import CostModel
+from radixmesh.cluster.policy.view import ClusterView, NodeView
 
 logger = logging.getLogger(__name__)
 

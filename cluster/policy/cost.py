@@ -8,16 +8,9 @@ import logging
 import random
 from typing import Protocol
 
-from radixmesh.cluster.policy.base import (
-    ClusterView,
-    NodeView,
-    PolicyConfig,
-    RouteDecision,
-    RouteRequest,
-    register,
-    within_load_cap,
-)
+from radixmesh.cluster.policy.base import PolicyConfig, RouteDecision, RouteRequest, register, within_load_cap
 from radixmesh.cluster.policy.cost_model import CostModel, Holder
+from radixmesh.cluster.policy.view import ClusterView, NodeView
 
 logger = logging.getLogger(__name__)
 

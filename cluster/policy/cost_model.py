@@ -12,7 +12,8 @@ Block ranges of the prompt, for a candidate with local prefix L and a peer holdi
 import logging
 from typing import NamedTuple
 
-from radixmesh.cluster.policy.base import NodeView, PolicyConfig, RouteRequest
+from radixmesh.cluster.policy.base import PolicyConfig, RouteRequest
+from radixmesh.cluster.policy.view import NodeView
 from radixmesh.proto.ids import NodeId
 
 logger = logging.getLogger(__name__)

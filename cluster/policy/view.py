@@ -1,95 +1,74 @@
-"""What the router's policy sees: the metadata service's Match answer, the router's own in-flight
-table and its speculative (pending) holders, merged into one ClusterView per request.
+"""What a routing policy sees (NodeView per candidate, one ClusterView per request) and how the
+router builds it: the metadata service's Match answer, the router's own in-flight table and its
+speculative (pending) holders, merged.
 
-Load comes from the router itself, not from heartbeats: its in-flight counts and recent work change
-the moment it routes, while a heartbeat is seconds old, and bounded load must hold for the burst in
-between.
-Measured rates (prefill tokens/s, pull GB/s) do come from heartbeats, since only agents see them.
+Load comes from the router itself (policy.inflight), not from heartbeats. Measured rates (prefill tokens/s, pull GB/s) do come from heartbeats, since only agents see them.
 """
 
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from radixmesh.cluster.policy.base import ClusterView, NodeView, PolicyConfig
-from radixmesh.cluster.policy.recent_work import RecentWork
+from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class Ticket:
-    """One request the router has sent to `node`; `queued_tokens` count until its prefill ends."""
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One candidate node: its contiguous prefix of the prompt by tier, and its load."""
 
     node: NodeId
-    queued_tokens: int
-    prefilled: bool = False
-    finished: bool = False
+    gpu_blocks: int = 0
+    """Blocks 0..gpu_blocks-1 of the prompt are on this node's gpu tier."""
+    local_blocks: int = 0
+    """Blocks 0..local_blocks-1 are on this node on some tier (>= gpu_blocks); the part beyond
+    gpu_blocks is swapped in from host memory."""
+    queued_tokens: int = 0
+    """Prompt tokens waiting for (or in) prefill on this node."""
+    inflight: int = 0
+    """Requests routed to this node and not finished: a tie-break for least_loaded and cost, not a
+    load cap (see `within_load_cap`)."""
+    prefill_tokens_per_s: float = 1.0
+    """Measured prefill rate."""
+    recent_tokens: float = 0.0
+    """Prompt tokens routed to this node, exponentially decayed (`RecentWork`); bounds load over time."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.gpu_blocks <= self.local_blocks:
+            raise ValueError(
+                f"need 0 <= gpu_blocks <= local_blocks, got {self.gpu_blocks}, {self.local_blocks}"
+            )
+        if self.queued_tokens < 0 or self.inflight < 0:
+            raise ValueError("queued_tokens and inflight must be >= 0")
+        if not (math.isfinite(self.recent_tokens) and self.recent_tokens >= 0):
+            raise ValueError(f"recent_tokens must be finite and >= 0, got {self.recent_tokens}")
+        if not (math.isfinite(self.prefill_tokens_per_s) and self.prefill_tokens_per_s > 0):
+            raise ValueError(f"prefill_tokens_per_s must be finite and > 0, got {self.prefill_tokens_per_s}")
 
 
-class InflightTable:
-    """Per node: requests routed and not finished, prompt tokens routed and not yet prefilled, and
-    recent work (prompt tokens routed, decayed with `half_life_s` on `clock`; see RecentWork).
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Every candidate node, and the measured pull bandwidth between them."""
 
-    Every `start` is matched by one `finish` (which implies `prefilled`); both are idempotent per
-    ticket, so a retry path that finishes twice cannot drive a count negative.
-    """
+    nodes: tuple[NodeView, ...]
+    pull_bytes_per_s: Mapping[tuple[NodeId, NodeId], float] = field(default_factory=dict)
+    """(puller, holder) -> measured bytes/s; pairs not measured use the default."""
+    default_pull_bytes_per_s: float = 10e9
 
-    def __init__(
-        self, clock: Callable[[], float] = time.monotonic, half_life_s: float = PolicyConfig().load_half_life_s
-    ) -> None:
-        self._recent = RecentWork(half_life_s, clock)
-        self._inflight: dict[NodeId, int] = {}
-        self._queued: dict[NodeId, int] = {}
-        self._open: list[Ticket] = []
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError("no candidate nodes: the cluster has no live node")
+        if len({v.node for v in self.nodes}) != len(self.nodes):
+            raise ValueError("a node appears twice in the cluster view")
+        if not self.default_pull_bytes_per_s > 0:
+            raise ValueError("default_pull_bytes_per_s must be > 0")
 
-    def start(self, node: NodeId, queued_tokens: int) -> Ticket:
-        if queued_tokens < 0:
-            raise ValueError(f"queued_tokens must be >= 0, got {queued_tokens}")
-        ticket = Ticket(node, queued_tokens)
-        self._inflight[node] = self._inflight.get(node, 0) + 1
-        self._queued[node] = self._queued.get(node, 0) + queued_tokens
-        self._open.append(ticket)
-        return ticket
-
-    def prefilled(self, ticket: Ticket) -> None:
-        """The request's first token arrived: its prompt no longer waits on the node."""
-        if not ticket.prefilled:
-            ticket.prefilled = True
-            self._queued[ticket.node] -= ticket.queued_tokens
-
-    def finish(self, ticket: Ticket) -> None:
-        if ticket.finished:
-            return
-        self.prefilled(ticket)
-        ticket.finished = True
-        self._inflight[ticket.node] -= 1
-        self._open.remove(ticket)
-
-    def record_routed(self, node: NodeId, prompt_tokens: int) -> None:
-        """`node` was sent a request of `prompt_tokens` (each attempt counts: each is work there)."""
-        self._recent.add(node, prompt_tokens)
-
-    def recent_tokens(self, node: NodeId) -> float:
-        return self._recent.value(node)
-
-    def inflight(self, node: NodeId) -> int:
-        return self._inflight.get(node, 0)
-
-    def queued_tokens(self, node: NodeId) -> int:
-        return self._queued.get(node, 0)
-
-    def check_invariants(self) -> None:
-        """Counts equal the open tickets' sums; nothing is negative."""
-        self._recent.check_invariants()
-        for node in set(self._inflight) | set(self._queued):
-            mine = [t for t in self._open if t.node == node]
-            queued = sum(t.queued_tokens for t in mine if not t.prefilled)
-            assert self.inflight(node) == len(mine), f"{node}: inflight {self.inflight(node)} != {len(mine)}"
-            assert self.queued_tokens(node) == queued, f"{node}: queued {self.queued_tokens(node)} != {queued}"
+    def bandwidth(self, puller: NodeId, holder: NodeId) -> float:
+        return self.pull_bytes_per_s.get((puller, holder), self.default_pull_bytes_per_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ class AgentClient(Protocol):
 
     `serve` yields TokenDelta items as tokens are produced and ends with one ServeResult; closing the
     generator early (aclose) aborts the request and frees its blocks. It raises
-    AgentUnavailable when the agent is gone (before or during the stream) and ValueError when the
+    AgentUnavailable when the agent is gone (before or during the stream) and InvalidRequest when the
     agent refuses the request as invalid; nothing else.
     """
 

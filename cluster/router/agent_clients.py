@@ -1,7 +1,7 @@
 """AgentClient / AgentDirectory implementations: in-process agents and Ray actors.
 
 Both clients honour cluster.agent_client's contract: `serve` yields TokenDelta items then one
-ServeResult, raises ValueError for a refused plan and AgentUnavailable when the agent is gone.
+ServeResult, raises InvalidRequest for a refused plan and AgentUnavailable when the agent is gone.
 """
 
 import logging
@@ -15,6 +15,7 @@ from radixmesh.node_agent.actor import agent_actor_name
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.nodes import NodeInfo
+from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.plan import ServeItem, ServePlan
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class LocalAgentClient:
         try:
             async for item in self.agent.serve(plan):
                 yield item
-        except ValueError:
+        except InvalidRequest:
             raise
         except Exception as e:  # a stopped or broken agent: the router retries elsewhere
             raise AgentUnavailable(f"agent {self.node}: {e}") from e
@@ -76,8 +77,8 @@ class RayAgentClient:
                 yield await ref
         except ray.exceptions.RayTaskError as e:
             match e.cause:
-                case ValueError() as refused:  # the agent refused the plan: the caller's error
-                    raise ValueError(str(refused)) from None
+                case InvalidRequest() as refused:  # the agent refused the plan: the caller's error
+                    raise InvalidRequest(str(refused)) from None
                 case cause:
                     raise AgentUnavailable(f"agent {self.node} failed: {cause!r}") from e
         except ray.exceptions.RayError as e:  # actor died, or is unreachable

@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass, field
 
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
+from radixmesh.node_agent.model.config import BYTE_VOCAB_SIZE
+from radixmesh.proto.serve.limits import PromptLimits
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +28,8 @@ class RouterConfig:
     """The cluster's block-hash key (empty: unkeyed); must equal the agents' key."""
     model_name: str = "radixmesh"
     """The model id served at /v1/models and expected in requests."""
-    vocab_size: int = 258
-    """Token ids a prompt may hold are [0, vocab_size)."""
-    max_context_tokens: int = 4096
-    """prompt + max_tokens must fit; the agents' model context limit."""
+    limits: PromptLimits = PromptLimits(vocab_size=BYTE_VOCAB_SIZE, max_context_tokens=4096)  # noqa: RUF009  (frozen)
+    """What a prompt must satisfy: the agents' model's vocabulary and context length."""
     match_timeout_s: float = 0.5
     """Deadline of one Match call; past it the request is routed without prefixes."""
     metadata_retry_s: float = 1.0
@@ -53,8 +53,6 @@ class RouterConfig:
             raise ValueError("layout fingerprint must be non-empty")
         positive = {
             "block_size": self.block_size,
-            "vocab_size": self.vocab_size,
-            "max_context_tokens": self.max_context_tokens,
             "max_match_blocks": self.max_match_blocks,
             "max_attempts": self.max_attempts,
         }

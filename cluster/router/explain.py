@@ -63,8 +63,8 @@ def format_report(doc: dict[str, Any]) -> str:
         f"plan       {r.local_blocks} local block(s)"
         + (f", {r.pull_blocks} pulled from {r.pull_from}" if r.pull_from else "")
         + f", estimated TTFT {r.est_ttft_s * 1e3:.1f} ms",
-        (f"prompt     {s.prompt_tokens} tokens: local gpu {s.local_gpu_tokens}, local host {s.local_host_tokens}, "
-         f"remote {s.remote_tokens}, computed {s.computed_tokens}"),
+        (f"prompt     {s.prompt_tokens} tokens: local gpu {s.tokens.local_gpu}, local host {s.tokens.local_host}, "
+         f"remote {s.tokens.remote}, computed {s.tokens.computed}"),
         f"pull       {s.pull_bytes} bytes in {s.pull_seconds * 1e3:.1f} ms" + (" (failed, recomputed)"
                                                                               if s.pull_failed else ""),
         f"timing     TTFT {r.ttft_s * 1e3:.1f} ms at the router, {r.attempts} attempt(s)",

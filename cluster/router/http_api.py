@@ -7,6 +7,8 @@
     GET  /stats                 JSON: the router's own counters and the metadata service's GetStats
     GET  /metrics               Prometheus: the router's metrics and every agent's, labelled `node`
     GET  /healthz               200 while some agent is known, else 503
+    POST /radixmesh/route       {"prompt", "max_tokens", "user"}: serve it once and explain the route
+                                (router.explain.RouteReport), what `radixmesh route` prints
 
 Every error is OpenAI's JSON error object with a 4xx/5xx status. A stream whose first token never
 comes answers with a plain error status (the SSE response starts only with the first item); an
@@ -18,10 +20,12 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 
+from radixmesh.cluster.router.explain import explain
 from radixmesh.cluster.router.metrics import merge_expositions, stats_document
 from radixmesh.cluster.router.openai_schema import (
     ApiError,
@@ -35,17 +39,18 @@ from radixmesh.cluster.router.openai_schema import (
 from radixmesh.cluster.router.router import (
     GenerateRequest,
     NoNodeAvailable,
-    RequestRejected,
     Router,
     RouterItem,
     RouterResult,
 )
 from radixmesh.node_agent.model.chat_template import render_prompt
+from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.plan import TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+ROUTE_PATH = "/radixmesh/route"
 ROUTER_KEY = web.AppKey("router", Router)
 CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("wall_clock")
 _REPLACEMENT = "\ufffd"
@@ -86,6 +91,7 @@ def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
     app.router.add_get("/stats", _stats)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
+    app.router.add_post(ROUTE_PATH, _route)
     return app
 
 
@@ -144,7 +150,7 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
         if params.stream:
             return await _stream(request, router, items, ids, params, shape)
         result = await _last(items)
-    except RequestRejected as e:
+    except InvalidRequest as e:
         raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from e
     except NoNodeAvailable as e:
         raise ApiError(503, str(e), type_="server_error", code="no_node_available") from e
@@ -221,7 +227,7 @@ async def _stream(request: web.Request, router: Router, items: AsyncGenerator[Ro
         await emit(first)
         async for item in items:
             await emit(item)
-    except (NoNodeAvailable, RequestRejected) as e:
+    except (NoNodeAvailable, InvalidRequest) as e:
         status, kind = (503, "server_error") if isinstance(e, NoNodeAvailable) else (400, "invalid_request_error")
         logger.warning("stream %s failed after it started: %s", ids[0], e)
         await send(ApiError(status, str(e), type_=kind).body())
@@ -263,3 +269,26 @@ async def _metrics(request: web.Request) -> web.Response:
     text = merge_expositions(router.metrics.render(), await router.agent_metrics())
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Prometheus-Format": "0.0.4"})
+
+
+async def _route(request: web.Request) -> web.Response:
+    """Serve one prompt and say where it went, why, and where its prompt tokens came from."""
+    router = request.app[ROUTER_KEY]
+    body = await _body(request)
+    if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+        raise ApiError(400, "the body must be a JSON object with a string 'prompt'", param="prompt")
+    max_tokens, user = body.get("max_tokens", 16), body.get("user", "")
+    if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1):
+        raise ApiError(400, "'max_tokens' must be an integer >= 1", param="max_tokens")
+    if not isinstance(user, str):
+        raise ApiError(400, "'user' must be a string", param="user")
+    job = GenerateRequest(f"route-{uuid.uuid4().hex}", tuple(router.tokenizer.encode(body["prompt"])),
+                          SamplingParams(max_tokens=max_tokens), user)
+    try:
+        result = await router.complete(job)
+    except InvalidRequest as e:
+        raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from e
+    except NoNodeAvailable as e:
+        raise ApiError(503, str(e), type_="server_error", code="no_node_available") from e
+    report = explain(result, router.tokenizer.decode(list(result.result.output_token_ids)))
+    return web.json_response(asdict(report))

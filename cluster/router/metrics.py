@@ -7,7 +7,7 @@ service's GetStats (hits reported by agents in heartbeats) is a separate source,
 
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -18,23 +18,16 @@ from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import HitCounters
 from radixmesh.proto.metadata.messages import ClusterStats
 from radixmesh.proto.serve.plan import ServeStats
+from radixmesh.proto.serve.tokens import TokenSources
 
 logger = logging.getLogger(__name__)
-
-SOURCES = ("local_gpu", "local_host", "remote", "miss")
-"""Where a prompt token came from: the serving node's gpu or host tier, a peer's pull, or prefill."""
-
 
 @dataclass(slots=True)
 class TokenTable:
     """Cumulative prompt tokens by source of one scope (all requests, or one node)."""
 
     requests: int = 0
-    prompt_tokens: int = 0
-    local_gpu: int = 0
-    local_host: int = 0
-    remote: int = 0
-    miss: int = 0
+    tokens: TokenSources = TokenSources()  # noqa: RUF009  (frozen, so one shared default is safe)
     regret_tokens: int = 0
     """Tokens Match saw cached in the cluster that were recomputed anyway."""
     predicted_local_tokens: int = 0
@@ -43,21 +36,21 @@ class TokenTable:
     """Of those, the tokens the node really served from its own tiers."""
 
     def add(self, stats: ServeStats, regret: int, predicted_local: int) -> None:
-        local = stats.local_gpu_tokens + stats.local_host_tokens
+        local = stats.tokens.local_gpu + stats.tokens.local_host
         self.requests += 1
-        self.prompt_tokens += stats.prompt_tokens
-        self.local_gpu += stats.local_gpu_tokens
-        self.local_host += stats.local_host_tokens
-        self.remote += stats.remote_tokens
-        self.miss += stats.prompt_tokens - local - stats.remote_tokens
+        self.tokens += stats.tokens
         self.regret_tokens += regret
         self.predicted_local_tokens += predicted_local
         self.realized_local_tokens += min(local, predicted_local)
 
     @property
+    def prompt_tokens(self) -> int:
+        return self.tokens.prompt
+
+    @property
     def hit_rate(self) -> float:
         """Token-weighted (local + remote) / prompt; 0 before any request."""
-        return (self.prompt_tokens - self.miss) / self.prompt_tokens if self.prompt_tokens else 0.0
+        return self.tokens.hits / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
     def index_precision(self) -> float:
@@ -65,10 +58,13 @@ class TokenTable:
         return self.realized_local_tokens / self.predicted_local_tokens if self.predicted_local_tokens else 1.0
 
     def as_dict(self) -> dict[str, object]:
-        d: dict[str, object] = asdict(self)
+        """Flat: requests, prompt_tokens, tokens by source (local_gpu ... computed), the rest."""
+        d: dict[str, object] = {"requests": self.requests, "prompt_tokens": self.prompt_tokens,
+                                **dict(self.tokens.items())}
+        d.update((f.name, getattr(self, f.name)) for f in fields(self) if f.name not in ("requests", "tokens"))
         d["hit_rate"] = self.hit_rate
         d["hit_rate_by_source"] = {
-            s: (getattr(self, s) / self.prompt_tokens if self.prompt_tokens else 0.0) for s in SOURCES
+            s: (n / self.prompt_tokens if self.prompt_tokens else 0.0) for s, n in self.tokens.items()
         }
         d["index_precision"] = self.index_precision
         return d
@@ -126,15 +122,13 @@ class RouterMetrics:
     def record_served(self, node: NodeId, stats: ServeStats, block_size: int,
                       cluster_tokens: int, predicted_local_tokens: int, ttft_s: float) -> None:
         """Count one finished request; `cluster_tokens` is Match's cluster-wide prefix (0 without it)."""
-        hits = stats.local_gpu_tokens + stats.local_host_tokens + stats.remote_tokens
-        regret = max(0, min(cluster_tokens, stats.prompt_tokens) - hits)
+        regret = max(0, min(cluster_tokens, stats.prompt_tokens) - stats.tokens.hits)
         self.total.add(stats, regret, predicted_local_tokens)
         self.per_node.setdefault(node, TokenTable()).add(stats, regret, predicted_local_tokens)
-        miss = stats.prompt_tokens - hits
-        for source, n in zip(SOURCES, (stats.local_gpu_tokens, stats.local_host_tokens, stats.remote_tokens, miss)):
+        for source, n in stats.tokens.items():
             self.prompt_tokens.labels(source=source).inc(n)
         self.hit_rate.set(self.total.hit_rate)
-        self.remote_blocks.inc(stats.remote_tokens // block_size)
+        self.remote_blocks.inc(stats.tokens.remote // block_size)
         if stats.pull_bytes or stats.pull_seconds:
             self.transfer_bytes.inc(stats.pull_bytes)
             self.transfer_seconds.observe(stats.pull_seconds)

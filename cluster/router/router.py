@@ -27,8 +27,9 @@ from typing import TypeAlias
 
 import grpc
 
-from radixmesh.cluster.policy.base import ClusterView, RouteDecision, RoutePolicy, RouteRequest, make_policy
-from radixmesh.cluster.policy.view import InflightTable, build_view
+from radixmesh.cluster.policy.base import RouteDecision, RoutePolicy, RouteRequest, make_policy
+from radixmesh.cluster.policy.inflight import InflightTable
+from radixmesh.cluster.policy.view import ClusterView, build_view
 from radixmesh.cluster.router.agent_client import AgentDirectory, AgentUnavailable
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.metrics import RouterMetrics
@@ -38,16 +39,13 @@ from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import ClusterStats, MatchQuery, MatchResult
+from radixmesh.proto.serve.limits import InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult, TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 _SEED_BITS = 62
-
-
-class RequestRejected(ValueError):
-    """The request is invalid (before routing, or as an agent judged it); nothing was served."""
 
 
 class NoNodeAvailable(Exception):
@@ -91,8 +89,7 @@ class RouterResult:
 
     @property
     def cached_tokens(self) -> int:
-        s = self.result.stats
-        return s.local_gpu_tokens + s.local_host_tokens + s.remote_tokens
+        return self.result.stats.tokens.hits
 
 
 RouterItem: TypeAlias = TokenDelta | RouterResult
@@ -208,23 +205,13 @@ class Router:
 
     # --- serving ------------------------------------------------------------------------------
     def validate(self, request: GenerateRequest) -> None:
-        """RequestRejected for an empty or out-of-vocabulary prompt or one past the context limit."""
-        prompt, cfg = request.prompt_token_ids, self.config
-        if not prompt:
-            raise RequestRejected("the prompt is empty")
-        bad = next((t for t in prompt if not (isinstance(t, int) and 0 <= t < cfg.vocab_size)), None)
-        if bad is not None:
-            raise RequestRejected(f"token id {bad!r} is outside the vocabulary [0, {cfg.vocab_size})")
-        if len(prompt) + request.sampling.max_tokens > cfg.max_context_tokens:
-            raise RequestRejected(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({request.sampling.max_tokens}) exceeds the "
-                f"context limit of {cfg.max_context_tokens} tokens"
-            )
+        """InvalidRequest for what the agents would refuse (the prompt limits of their model)."""
+        self.config.limits.check(request.prompt_token_ids, request.sampling.max_tokens)
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[RouterItem, None]:
         """Yield TokenDelta items (each token once, in order, across retries), then one RouterResult.
 
-        Raises RequestRejected (nothing routed) or NoNodeAvailable after `max_attempts` nodes failed.
+        Raises InvalidRequest (nothing routed, or an agent refused it) or NoNodeAvailable after `max_attempts` nodes failed.
         """
         status = "error"
         try:
@@ -234,7 +221,7 @@ class Router:
                     if isinstance(item, RouterResult):
                         status = "ok"  # counted as served even if the consumer stops reading now
                     yield item
-        except RequestRejected:
+        except InvalidRequest:
             status = "invalid"
             raise
         except NoNodeAvailable:
@@ -271,8 +258,7 @@ class Router:
             if client is None:
                 exclude.add(node)
                 continue
-            # The engine always computes the last prompt token, so a block holding it is never reused.
-            usable = (len(request.prompt_token_ids) - 1) // self.config.block_size
+            usable = usable_prefix_blocks(len(request.prompt_token_ids), self.config.block_size)
             reused = min(routed.decision.local_blocks + routed.decision.pull_blocks, usable)
             expected_local = min(routed.decision.local_blocks, usable) * self.config.block_size
             ticket = self._inflight.start(node, len(request.prompt_token_ids) - reused * self.config.block_size)
@@ -305,8 +291,6 @@ class Router:
                                request.request_id, node, e, len(sent))
                 self.metrics.record_failed_attempt(node)
                 exclude.add(node)
-            except ValueError as e:
-                raise RequestRejected(str(e)) from e
             finally:
                 self._inflight.finish(ticket)
                 # Close the agent's stream now (not at garbage collection) so it frees the request's blocks.

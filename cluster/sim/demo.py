@@ -20,8 +20,9 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixmesh.cluster.sim.replay import SOURCES, router_stats
+from radixmesh.cluster.sim.replay import router_stats
 from radixmesh.cluster.sim.simulator import percentile
+from radixmesh.proto.serve.tokens import SOURCES
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class DemoRun:
 
     @property
     def hit_rate(self) -> float:
-        return 1 - self.hits_by_source["miss"] / self.prompt_tokens if self.prompt_tokens else 0.0
+        return 1 - self.hits_by_source["computed"] / self.prompt_tokens if self.prompt_tokens else 0.0
 
     def ttft(self, q: float) -> float:
         return percentile(self.ttfts_s, q)

@@ -19,10 +19,10 @@ import openai
 from radixmesh.cluster.sim.oracle import infinite_bound
 from radixmesh.cluster.sim.simulator import percentile
 from radixmesh.cluster.sim.trace import TokenMapping, TraceRequest
+from radixmesh.proto.serve.tokens import SOURCES
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("local_gpu", "local_host", "remote", "miss")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +113,8 @@ async def replay(base_url: str, trace: Sequence[TraceRequest], config: ReplayCon
     hashes = [mapping.hashes(r) for r in requests]
     return ReplayReport(
         requests=len(requests), prompt_tokens=total, hits_by_source=hits,
-        hit_rate=(total - hits["miss"]) / total if total else 0.0,
-        block_hit_rate=(total - hits["miss"]) / config.block_size / blocks if blocks else 0.0,
+        hit_rate=(total - hits["computed"]) / total if total else 0.0,
+        block_hit_rate=(total - hits["computed"]) / config.block_size / blocks if blocks else 0.0,
         infinite_bound=infinite_bound(hashes), ttft_p50_s=percentile(ttfts, 50), ttft_p99_s=percentile(ttfts, 99),
         wall_s=wall,
     )

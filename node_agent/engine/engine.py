@@ -11,24 +11,33 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from radixmesh.node_agent.engine.metrics import EngineCounters, EngineStats, engine_stats
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig, PagedMemory
+from radixmesh.node_agent.engine.preemption import make_preemption_policy
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput, RequestStats
 from radixmesh.node_agent.engine.sampler import sample
-from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler, SequenceState, make_policy
+from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler, SequenceState
 from radixmesh.node_agent.memory.metrics import memory_stats, render_prometheus
 from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
 from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.sampling import FinishReason
+from radixmesh.proto.serve.tokens import HIT_SOURCES
 
 logger = logging.getLogger(__name__)
 
 
-class InvalidRequest(ValueError):
-    """A request the engine refuses; raised before any block is taken or any state changes."""
+class StepOutput(NamedTuple):
+    """What one engine step produced."""
+
+    tokens: list[tuple[RequestId, int]]
+    """(request, token) for every token sampled this step, in order."""
+    finished: list[RequestOutput]
+    """Requests that finished this step (their last token is in `tokens` too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +70,13 @@ class Engine:
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.layout = model.config.kv_layout(config.model_id, config.block_size, dtype)
         self.counters = EngineCounters()
-        self.policy = make_policy(config.preemption, self.layout.block_bytes)
+        self.policy = make_preemption_policy(config.preemption, self.layout.block_bytes)
         self.memory = PagedMemory(self.layout, config.memory, self.counters, self.policy,
                                   device=device, clock=clock)
         self.scheduler = Scheduler(self.memory, self.policy, config.max_num_batched_tokens, config.max_num_seqs)
         self.device = device
+        self.limits = model.config.prompt_limits()
+        """What a prompt must satisfy (the router and the agent check the same before this engine)."""
         self._clock = clock
         self._rng = rng or random.Random()
         self._active: dict[RequestId, SequenceState] = {}
@@ -117,7 +128,7 @@ class Engine:
             self.submit(r)
         done: dict[RequestId, RequestOutput] = {}
         while any(i not in done for i in ids):
-            for out in self.step():
+            for out in self.step().finished:
                 done[out.request_id] = out
         return [done[i] for i in ids]
 
@@ -126,18 +137,18 @@ class Engine:
         return self.scheduler.has_work
 
     # --- the loop ----------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> StepOutput:
         """One scheduling round: a prefill pass over this step's chunks, a decode pass over the
-        one-token sequences; returns the requests that finished."""
+        one-token sequences; returns the tokens sampled and the requests that finished."""
         plan = self.scheduler.schedule()
         self.counters.steps += 1
-        finished: list[RequestOutput] = []
+        out = StepOutput([], [])
         for group in ([c for c in plan if c.num_tokens > 1], [c for c in plan if c.num_tokens == 1]):
             if group:
-                finished += self._run(group)
-        return finished
+                self._run(group, out)
+        return out
 
-    def _run(self, group: list[ScheduledChunk]) -> list[RequestOutput]:
+    def _run(self, group: list[ScheduledChunk], out: StepOutput) -> None:
         chunks = [SeqChunk(c.seq.block_ids, c.seq.num_computed, c.num_tokens) for c in group]
         batch, positions = AttentionBatch.build(chunks, self.layout.block_size, self.device)
         ids = [t for c in group for t in c.seq.tokens[c.seq.num_computed: c.seq.num_computed + c.num_tokens]]
@@ -147,19 +158,18 @@ class Engine:
                             last_rows).cpu()
         if not batch.is_decode:
             self.policy.observe_prefill(len(ids), self._clock() - t0)
-        finished = []
         for row, (seq, n) in enumerate(group):
             seq.num_computed += n
-            seq.stats.computed_tokens += n
+            seq.stats.forward_tokens += n
             self.counters.computed_tokens += n
             self.memory.insert_computed(seq)
             if seq.num_uncomputed == 0:
-                reason = self._append_token(seq, logits[row])
+                token, reason = self._append_token(seq, logits[row])
+                out.tokens.append((seq.request.request_id, token))
                 if reason is not None:
-                    finished.append(self._finish(seq, reason))
-        return finished
+                    out.finished.append(self._finish(seq, reason))
 
-    def _append_token(self, seq: SequenceState, logits: torch.Tensor) -> FinishReason | None:
+    def _append_token(self, seq: SequenceState, logits: torch.Tensor) -> tuple[int, FinishReason | None]:
         params = seq.request.sampling
         index = len(seq.output_token_ids)
         token = sample(logits, params, seq.seed, index)
@@ -172,10 +182,10 @@ class Engine:
             self.counters.observe_ttft(seq.stats.first_token_s - seq.stats.arrival_s)
         eos = self.model.config.eos_token_id
         if token in params.stop_token_ids or (token == eos and not params.ignore_eos):
-            return FinishReason.STOP
+            return token, FinishReason.STOP
         if index + 1 >= params.max_tokens:
-            return FinishReason.LENGTH
-        return None
+            return token, FinishReason.LENGTH
+        return token, None
 
     def _finish(self, seq: SequenceState, reason: FinishReason) -> RequestOutput:
         self.memory.release(seq)
@@ -184,9 +194,9 @@ class Engine:
         seq.stats.finish_s = self._clock()
         c = self.counters
         c.prompt_tokens += seq.stats.prompt_tokens
-        for source, n in (("gpu", seq.stats.cached_gpu_tokens), ("host", seq.stats.cached_host_tokens),
-                          ("external", seq.stats.cached_external_tokens)):
-            c.count(c.cached_tokens, source, n)
+        assert seq.stats.sources is not None, "a finished request was admitted"
+        for source in HIT_SOURCES:
+            c.count(c.cached_tokens, source, getattr(seq.stats.sources, source))
         c.count(c.finished, reason.value)
         return RequestOutput(
             request_id=seq.request.request_id,
@@ -202,19 +212,10 @@ class Engine:
         """Raise InvalidRequest for a request that cannot be served; returns the block index where
         its external prefix starts (0 without one)."""
         prompt = request.prompt_token_ids
-        vocab = self.model.config.vocab_size
         if request.request_id in self._active:
             raise InvalidRequest(f"request id {request.request_id!r} is already active")
-        if not prompt:
-            raise InvalidRequest("empty prompt")
-        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < vocab)]
-        if bad:
-            raise InvalidRequest(f"token ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        self.limits.check(prompt, request.sampling.max_tokens)
         total = len(prompt) + request.sampling.max_tokens
-        limit = self.model.config.max_position_embeddings
-        if total > limit:
-            raise InvalidRequest(f"prompt ({len(prompt)}) + max_tokens ({request.sampling.max_tokens}) = "
-                                 f"{total} exceeds the context limit {limit}")
         need = self.memory.blocks_for(total)
         if need > self.memory.config.num_gpu_blocks:
             raise InvalidRequest(f"prompt + max_tokens needs {need} blocks, the whole pool has "

@@ -7,11 +7,10 @@ metrics' Prometheus rendering (memory_metrics.render_prometheus / StatsCollector
 from dataclasses import dataclass, field
 
 from radixmesh.node_agent.memory.metrics import metric
+from radixmesh.proto.serve.tokens import HIT_SOURCES
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Upper bounds (seconds) of the time-to-first-token histogram."""
-
-CACHE_SOURCES = ("gpu", "host", "external")
 
 
 @dataclass(slots=True)
@@ -22,7 +21,7 @@ class EngineCounters:
     prompt_tokens: int = 0
     computed_tokens: int = 0
     generated_tokens: int = 0
-    cached_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CACHE_SOURCES, 0))
+    cached_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(HIT_SOURCES, 0))
     finished: dict[str, int] = field(default_factory=dict)
     preemptions: dict[str, int] = field(default_factory=dict)
     swapped_out_bytes: int = 0

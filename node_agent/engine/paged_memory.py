@@ -14,16 +14,18 @@ import torch
 
 from radixmesh import kernels
 from radixmesh.node_agent.engine.metrics import EngineCounters
-from radixmesh.node_agent.engine.scheduler import PreemptionPolicy, PreemptMode, SequenceState
+from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
+from radixmesh.node_agent.engine.scheduler import SequenceState
 from radixmesh.node_agent.memory.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.memory.block_table import Sequence as BlockTable
-from radixmesh.node_agent.memory.block_table import SequenceManager
+from radixmesh.node_agent.memory.block_table import BlockTable, SequenceManager
 from radixmesh.node_agent.memory.pool_config import PoolConfig
 from radixmesh.node_agent.memory.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId
 from radixmesh.proto.kv_layout import KVLayout
+from radixmesh.proto.serve.limits import usable_prefix_blocks
+from radixmesh.proto.serve.tokens import TokenSources
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +104,7 @@ class PagedMemory:
         become cached gpu blocks, matched at admission like local hits (or evicted under pressure,
         then recomputed: correct, only slower)."""
         if self.config.enable_prefix_caching:
-            parent = self.sequences.block_hashes(seq.sequence, start)[-1] if start else None
+            parent = self.sequences.block_hashes(seq.table, start)[-1] if start else None
             self.gpu.cache.insert(hashes, block_ids, parent)
             seq.external_hashes = frozenset(hashes)
         self.gpu.cache.release(block_ids)
@@ -112,7 +114,7 @@ class PagedMemory:
         if seq.is_swapped:
             return self._swap_in(seq, budget)
         assert seq.num_computed == 0 and not seq.block_ids, seq
-        table = seq.sequence
+        table = seq.table
         self.sequences.attach_prefix(table, self._match_prefix(seq))
         computed = table.num_cached_blocks * self.block_size
         n = min(len(seq.tokens) - computed, budget)
@@ -127,7 +129,7 @@ class PagedMemory:
 
     def grow(self, seq: SequenceState, num_tokens: int) -> bool:
         try:
-            self.sequences.reserve(seq.sequence, num_tokens)
+            self.sequences.reserve(seq.table, num_tokens)
         except OutOfBlocks:
             return False
         return True
@@ -145,7 +147,7 @@ class PagedMemory:
                 swapped_bytes = len(host_ids) * self.layout.block_bytes
         if used is PreemptMode.RECOMPUTE:
             seq.num_computed = 0
-        self.sequences.drop_blocks(seq.sequence)
+        self.sequences.drop_blocks(seq.table)
         self.gpu.pool.record_preemption(swapped_bytes)
         return used
 
@@ -153,11 +155,11 @@ class PagedMemory:
     def insert_computed(self, seq: SequenceState) -> None:
         """Offer the sequence's newly completed full blocks to the gpu prefix cache."""
         if self.config.enable_prefix_caching:
-            self.sequences.commit(seq.sequence, seq.num_computed)
+            self.sequences.commit(seq.table, seq.num_computed)
 
     def release(self, seq: SequenceState) -> None:
         """Give back every block a finished (or aborted) sequence holds, on both tiers."""
-        self.sequences.release(seq.sequence)
+        self.sequences.release(seq.table)
         if seq.host_block_ids:
             assert self.host is not None
             self.host.cache.release(seq.host_block_ids)
@@ -175,8 +177,8 @@ class PagedMemory:
         because its logits are what the first sampled token needs."""
         if not self.config.enable_prefix_caching:
             return []
-        limit = (len(seq.tokens) - 1) // self.block_size
-        hashes = self.sequences.block_hashes(seq.sequence, limit)
+        limit = usable_prefix_blocks(len(seq.tokens), self.block_size)
+        hashes = self.sequences.block_hashes(seq.table, limit)
         blocks: list[BlockId] = []
         seq.host_hit_blocks = 0
         while len(blocks) < limit:
@@ -209,12 +211,14 @@ class PagedMemory:
         return gpu_ids
 
     def _count_hits(self, seq: SequenceState, num_blocks: int) -> None:
+        if seq.stats.sources is not None:
+            return
         bs = self.block_size
         host = seq.host_hit_blocks
-        external = sum(1 for h in seq.sequence.hashes[:num_blocks] if h in seq.external_hashes)
-        seq.stats.cached_host_tokens += host * bs
-        seq.stats.cached_external_tokens += external * bs
-        seq.stats.cached_gpu_tokens += (num_blocks - host - external) * bs
+        external = sum(1 for h in seq.table.hashes[:num_blocks] if h in seq.external_hashes)
+        seq.stats.sources = TokenSources.of_prompt(
+            seq.stats.prompt_tokens, local_gpu=(num_blocks - host - external) * bs, local_host=host * bs,
+            remote=external * bs)
 
     def _swap_out(self, seq: SequenceState, written: list[BlockId]) -> list[BlockId] | None:
         """Host copies of `written` (hashed full blocks also become host-cached), or None when the
@@ -230,7 +234,7 @@ class PagedMemory:
         self.policy.observe_swap(len(written) * self.layout.block_bytes, self._clock() - t0)
         full = min(seq.num_computed // self.block_size, len(host_ids))
         if self.config.enable_prefix_caching and full:
-            hashes = self.sequences.block_hashes(seq.sequence, full)
+            hashes = self.sequences.block_hashes(seq.table, full)
             self.host.cache.insert(hashes, host_ids[:full], None)
         self.counters.swapped_out_bytes += len(written) * self.layout.block_bytes
         return host_ids
@@ -239,7 +243,7 @@ class PagedMemory:
         assert self.host is not None and not seq.block_ids
         n = min(seq.num_uncomputed, budget)
         try:
-            self.sequences.reserve(seq.sequence, seq.num_computed + n)
+            self.sequences.reserve(seq.table, seq.num_computed + n)
         except OutOfBlocks:
             return 0
         host_ids = seq.host_block_ids

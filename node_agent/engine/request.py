@@ -8,6 +8,7 @@ import torch
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
 from radixmesh.proto.serve.sampling import FinishReason, SamplingParams
+from radixmesh.proto.serve.tokens import TokenSources
 
 RequestId = NewType("RequestId", str)
 
@@ -45,17 +46,16 @@ class Request:
 
 @dataclass(slots=True)
 class RequestStats:
-    """Where a request's tokens came from and how long it took (times from the engine's clock).
-
-    Token counts are summed over admissions: a request recomputed after preemption counts again.
-    """
+    """Where a request's prompt came from, the work it cost and how long it took (times from the
+    engine's clock)."""
 
     prompt_tokens: int
     arrival_s: float
-    cached_gpu_tokens: int = 0
-    cached_host_tokens: int = 0
-    cached_external_tokens: int = 0
-    computed_tokens: int = 0
+    sources: TokenSources | None = None
+    """Where the prompt's tokens came from at the request's first admission (None before it). A
+    re-admission after preemption recovers the request's own blocks: that is not a prompt source."""
+    forward_tokens: int = 0
+    """Tokens run through the model for this request: prefill, recomputation and decode."""
     preemptions: int = 0
     first_token_s: float | None = None
     finish_s: float | None = None

@@ -10,10 +10,10 @@ step; a lock would have made the loop block whenever it wanted the pool during a
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NamedTuple, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
@@ -23,40 +23,19 @@ logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 T = TypeVar("T")
 
-Serial = Callable[..., Awaitable[Any]]
-"""Runs a function on the engine thread and awaits its result (EngineRunner.call)."""
-
 RATE_SMOOTHING = 0.2
 """Weight of the newest step in the prefill-rate average."""
 
 
-class AdmissionHits(NamedTuple):
-    """Prompt tokens a request reused at its first admission, by source (later admissions after a
-    preemption are not counted: they would count the same prompt twice)."""
-
-    gpu: int
-    host: int
-    external: int
-
-
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """The last item of a request stream."""
+    """The last item of a request stream (its output's stats say where its prompt came from)."""
 
     output: RequestOutput
-    hits: AdmissionHits
 
 
 StreamItem = list[int] | Finished | BaseException
 """New output tokens, the end of the request, or the error that ended the engine loop."""
-
-
-@dataclass(slots=True)
-class _Progress:
-    """Engine-thread record of what a request's stream has been told."""
-
-    sent: int = 0
-    hits: AdmissionHits | None = None
 
 
 class EngineRunner:
@@ -67,7 +46,6 @@ class EngineRunner:
         self.engine = engine
         self._clock = clock
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self._progress: dict[RequestId, _Progress] = {}  # engine thread only
         self._queues: dict[RequestId, asyncio.Queue[StreamItem]] = {}  # event loop only
         self._driver: asyncio.Task[None] | None = None
         self.prefill_tokens_per_s = 0.0
@@ -128,37 +106,24 @@ class EngineRunner:
     # --- engine thread side ------------------------------------------------------------------
     def _submit(self, request: Request) -> None:
         self.engine.submit(request)
-        self._progress[request.request_id] = _Progress()
 
     def _abort(self, request_id: RequestId) -> bool:
-        self._progress.pop(request_id, None)
         return self.engine.abort(request_id)
 
     def _step(self) -> list[tuple[RequestId, StreamItem]]:
         computed = self.engine.counters.computed_tokens
         running = len(self.engine.scheduler.running)
         t0 = self._clock()
-        outputs = {o.request_id: o for o in self.engine.step()}
+        step = self.engine.step()
         seconds = self._clock() - t0
         tokens = self.engine.counters.computed_tokens - computed
         if tokens > running and seconds > 0:  # more tokens than one per running sequence: a prefill ran
             rate = tokens / seconds
             old = self.prefill_tokens_per_s
             self.prefill_tokens_per_s = rate if old == 0.0 else old + RATE_SMOOTHING * (rate - old)
-        items: list[tuple[RequestId, StreamItem]] = []
-        for rid, prog in list(self._progress.items()):
-            out = outputs.get(rid)
-            seq = self.engine.sequence(rid)
-            stats = out.stats if out is not None else (seq.stats if seq is not None else None)
-            if prog.hits is None and stats is not None and (out is not None or (seq and seq.block_ids)):
-                prog.hits = AdmissionHits(stats.cached_gpu_tokens, stats.cached_host_tokens,
-                                          stats.cached_external_tokens)
-            produced = out.output_token_ids if out is not None else (seq.output_token_ids if seq else [])
-            if len(produced) > prog.sent:
-                items.append((rid, list(produced[prog.sent:])))
-                prog.sent = len(produced)
-            if out is not None:
-                assert prog.hits is not None
-                items.append((rid, Finished(out, prog.hits)))
-                del self._progress[rid]
+        new: dict[RequestId, list[int]] = {}
+        for rid, token in step.tokens:
+            new.setdefault(rid, []).append(token)
+        items: list[tuple[RequestId, StreamItem]] = list(new.items())
+        items += [(out.request_id, Finished(out)) for out in step.finished]
         return items

@@ -8,24 +8,17 @@ only place that touches KV tensors.
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import NamedTuple, Protocol
 
 import torch
 
+from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
 from radixmesh.node_agent.engine.request import Request, RequestStats
-from radixmesh.node_agent.memory.block_table import Sequence
+from radixmesh.node_agent.memory.block_table import BlockTable
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
 
 logger = logging.getLogger(__name__)
-
-
-class PreemptMode(StrEnum):
-    SWAP = "swap"
-    """Copy the blocks to the host tier; resume by copying them back."""
-    RECOMPUTE = "recompute"
-    """Drop the blocks; resume by prefilling prompt + output again (cached prefix blocks still hit)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -33,7 +26,7 @@ class SequenceState:
     """The engine's mutable record of one request between submit and finish.
 
     Token ranges: ``tokens[:num_computed]`` have K/V in ``block_ids`` (gpu), the rest are still to be
-    computed. The block table is `sequence`'s (sequence.SequenceManager places it); the sequence
+    computed. The block table is `table` (block_table.SequenceManager places it); the sequence
     holds exactly one reference on each block of ``block_ids`` and, while swapped out, on each of
     ``host_block_ids``.
     """
@@ -41,7 +34,7 @@ class SequenceState:
     request: Request
     seed: int
     stats: RequestStats
-    sequence: Sequence
+    table: BlockTable
     """Tokens (prompt, then sampled), gpu block table, block hashes and how many are committed."""
     admit_order: int = -1
     num_computed: int = 0
@@ -54,12 +47,12 @@ class SequenceState:
 
     @property
     def tokens(self) -> list[int]:
-        return self.sequence.tokens
+        return self.table.tokens
 
     @property
     def block_ids(self) -> list[BlockId]:
         """The gpu block table (read-only use: PagedMemory changes it through SequenceManager)."""
-        return self.sequence.block_table
+        return self.table.block_table
 
     @property
     def num_uncomputed(self) -> int:
@@ -90,69 +83,6 @@ class BlockSpace(Protocol):
         """Give up the sequence's gpu blocks by `mode`; returns the mode used (swap falls back to
         recompute when the host tier is full)."""
         ...
-
-
-class PreemptionPolicy(Protocol):
-    """Picks how to preempt a sequence of `num_blocks` written blocks holding `num_tokens` tokens,
-    and may learn from the prefill and swap rates the engine observes."""
-
-    def choose(self, num_blocks: int, num_tokens: int) -> PreemptMode: ...
-    def observe_prefill(self, tokens: int, seconds: float) -> None: ...
-    def observe_swap(self, nbytes: int, seconds: float) -> None: ...
-
-
-@dataclass(slots=True)
-class FixedPolicy:
-    """Always the same mode (the "swap" and "recompute" registry entries)."""
-
-    mode: PreemptMode
-
-    def choose(self, num_blocks: int, num_tokens: int) -> PreemptMode:
-        return self.mode
-
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
-        """A fixed choice learns nothing."""
-
-    def observe_swap(self, nbytes: int, seconds: float) -> None:
-        """A fixed choice learns nothing."""
-
-
-@dataclass(slots=True)
-class CostPolicy:
-    """Swap when moving the blocks out and back costs less time than prefilling the tokens again.
-
-    Rates start at the given estimates and follow measurements (exponential average), so a node
-    with slow host copies or a fast GPU learns to recompute.
-    """
-
-    block_bytes: int
-    swap_bytes_per_s: float = 2e9
-    prefill_tokens_per_s: float = 2e3
-    smoothing: float = 0.2
-
-    def choose(self, num_blocks: int, num_tokens: int) -> PreemptMode:
-        swap_s = 2 * num_blocks * self.block_bytes / self.swap_bytes_per_s
-        recompute_s = num_tokens / self.prefill_tokens_per_s
-        return PreemptMode.SWAP if swap_s < recompute_s else PreemptMode.RECOMPUTE
-
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
-        if tokens and seconds > 0:
-            rate = tokens / seconds
-            self.prefill_tokens_per_s += self.smoothing * (rate - self.prefill_tokens_per_s)
-
-    def observe_swap(self, nbytes: int, seconds: float) -> None:
-        if nbytes and seconds > 0:
-            rate = nbytes / seconds
-            self.swap_bytes_per_s += self.smoothing * (rate - self.swap_bytes_per_s)
-
-
-def make_policy(name: str, block_bytes: int) -> PreemptionPolicy:
-    """Registry of preemption policies: "cost" (default), "swap", "recompute"."""
-    if name == "cost":
-        return CostPolicy(block_bytes)
-    if name in {m.value for m in PreemptMode}:
-        return FixedPolicy(PreemptMode(name))
-    raise ValueError(f"unknown preemption policy {name!r}; valid: ['cost', 'recompute', 'swap']")
 
 
 class ScheduledChunk(NamedTuple):

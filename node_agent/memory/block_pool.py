@@ -9,8 +9,8 @@ from typing import Literal
 from radixmesh.node_agent.memory.flat_read import read_many
 from radixmesh.node_agent.memory.free_runs import FreeRuns
 from radixmesh.node_agent.memory.lru import LazyLRU
-from radixmesh.node_agent.memory.metrics import PoolCounters
 from radixmesh.node_agent.memory.pool_config import PoolConfig
+from radixmesh.node_agent.memory.pool_counters import PoolCounters
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId

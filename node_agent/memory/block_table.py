@@ -7,7 +7,7 @@ gpu tier), and memory-only callers (bench/incident_replay.py) use it directly.
 
 import itertools
 import logging
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, NewType
 
@@ -29,7 +29,7 @@ class BlockCopy(NamedTuple):
 
 
 @dataclass(slots=True)
-class Sequence:
+class BlockTable:
     """One sequence's tokens and block table.
 
     Block i of the table holds tokens ``[i*bs, (i+1)*bs)``. The table may run past the tokens
@@ -76,12 +76,12 @@ class SequenceManager:
         """Blocks that hold `num_tokens` tokens."""
         return -(-num_tokens // self.block_size)
 
-    def create(self, tokens: Seq[int], *, salt: bytes = b"") -> Sequence:
+    def create(self, tokens: Sequence[int], *, salt: bytes = b"") -> BlockTable:
         """A live sequence holding no block yet (place it with attach_prefix / reserve, or start)."""
         _check_tokens(tokens)
-        return Sequence(SeqId(next(self._ids)), list(tokens), salt)
+        return BlockTable(SeqId(next(self._ids)), list(tokens), salt)
 
-    def block_hashes(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
+    def block_hashes(self, seq: BlockTable, num_blocks: int) -> list[BlockHash]:
         """Chained hashes of the first `num_blocks` full blocks (hashing those not hashed yet)."""
         bs = self.block_size
         if num_blocks * bs > len(seq.tokens):
@@ -93,8 +93,8 @@ class SequenceManager:
             seq.hashes.extend(hash_blocks(tail, bs, salt=seq.salt, key=self._key, parent=parent))
         return seq.hashes[:num_blocks]
 
-    def start(self, tokens: Seq[int], *, salt: bytes = b"", reserve_tokens: int = 0,
-              contiguous: bool = False) -> Sequence:
+    def start(self, tokens: Sequence[int], *, salt: bytes = b"", reserve_tokens: int = 0,
+              contiguous: bool = False) -> BlockTable:
         """A sequence for a prompt: reuses its longest cached prefix (pinned) and allocates blocks
         for the rest of the prompt plus `reserve_tokens` of growth (one run if `contiguous`)."""
         if reserve_tokens < 0:
@@ -108,7 +108,7 @@ class SequenceManager:
             raise
         return seq
 
-    def attach_prefix(self, seq: Sequence, blocks: Seq[BlockId]) -> None:
+    def attach_prefix(self, seq: BlockTable, blocks: Sequence[BlockId]) -> None:
         """Make `blocks` the start of an empty table: cached blocks holding the sequence's first
         full blocks, each pinned once by the caller, whose references pass to the sequence."""
         _check_live(seq)
@@ -119,7 +119,7 @@ class SequenceManager:
         seq.block_table = list(blocks)
         seq.num_cached_blocks = seq.num_committed = len(blocks)
 
-    def reserve(self, seq: Sequence, num_tokens: int, *, contiguous: bool = False) -> None:
+    def reserve(self, seq: BlockTable, num_tokens: int, *, contiguous: bool = False) -> None:
         """Grow the table to hold at least `num_tokens` tokens (new blocks in one run if
         `contiguous`); raises OutOfBlocks with the sequence unchanged."""
         _check_live(seq)
@@ -128,7 +128,7 @@ class SequenceManager:
             seq_len = max(num_tokens, len(seq.tokens))
             seq.block_table += self.cache.pool.allocate(need, contiguous=contiguous, seq_len=seq_len)
 
-    def commit(self, seq: Sequence, num_tokens: int | None = None) -> None:
+    def commit(self, seq: BlockTable, num_tokens: int | None = None) -> None:
         """Insert the full blocks among the first `num_tokens` tokens (default: all) that are not
         in the cache yet; their KV must be written."""
         _check_live(seq)
@@ -143,7 +143,7 @@ class SequenceManager:
             self.cache.insert(hashes[done:full], seq.block_table[done:full], parent)
             seq.num_committed = full
 
-    def append(self, seq: Sequence, tokens: Seq[int]) -> list[BlockCopy]:
+    def append(self, seq: BlockTable, tokens: Sequence[int]) -> list[BlockCopy]:
         """Append tokens, allocating blocks as needed; returns the copies the engine must do first.
 
         Copy-on-write: when the partial last block is shared (after a fork), this sequence gets a
@@ -171,13 +171,13 @@ class SequenceManager:
         self.block_hashes(seq, len(seq.tokens) // bs)
         return copies
 
-    def fork(self, seq: Sequence) -> Sequence:
+    def fork(self, seq: BlockTable) -> BlockTable:
         """A child sharing every block that holds tokens (reserved blocks stay with the parent);
         the partial last block is shared until either side appends (copy-on-write)."""
         _check_live(seq)
         shared = seq.block_table[: self.blocks_for(len(seq.tokens))]
         self.cache.pool.incref(shared)
-        return Sequence(
+        return BlockTable(
             SeqId(next(self._ids)),
             list(seq.tokens),
             seq.salt,
@@ -187,7 +187,7 @@ class SequenceManager:
             seq.num_committed,
         )
 
-    def drop_blocks(self, seq: Sequence) -> None:
+    def drop_blocks(self, seq: BlockTable) -> None:
         """Give back every block of the table; the sequence stays live with its tokens and can be
         placed again (preemption by recompute or swap)."""
         _check_live(seq)
@@ -195,17 +195,17 @@ class SequenceManager:
         seq.block_table = []
         seq.num_cached_blocks = seq.num_committed = 0
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: BlockTable) -> None:
         """Drop the sequence's references for good; its committed blocks stay cached until evicted."""
         self.drop_blocks(seq)
         seq.released = True
 
 
-def _check_live(seq: Sequence) -> None:
+def _check_live(seq: BlockTable) -> None:
     if seq.released:
         raise ValueError(f"sequence {seq.seq_id} was already released")
 
 
-def _check_tokens(tokens: Seq[int]) -> None:
+def _check_tokens(tokens: Sequence[int]) -> None:
     if len(tokens) and (min(tokens) < 0 or max(tokens) >= _MAX_TOKEN):
         raise ValueError(f"token ids must lie in [0, 2**31), got min {min(tokens)} max {max(tokens)}")

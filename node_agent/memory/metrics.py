@@ -11,7 +11,7 @@ each such field becomes ``radixmesh_<field name>`` (counters gain ``_total``), a
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -21,39 +21,12 @@ from prometheus_client.core import (
     Metric,
 )
 
-if TYPE_CHECKING:
-    from radixmesh.node_agent.memory.block_pool import BlockPool
-    from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.block_pool import BlockPool
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 
 PREFIX = "radixmesh_"
-SEQ_LEN_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384)
-"""Upper bounds (tokens) of the sequence-length buckets that OOMs are counted in; beyond: "+Inf"."""
 FREE_RUN_BUCKETS = tuple(2**i for i in range(15))
 """Histogram bounds (blocks) of the free-run size distribution."""
-
-
-def seq_len_bucket(seq_len: int | None) -> str:
-    """Bucket label of a sequence length: the smallest bound >= it, "+Inf" beyond, "unknown" for None."""
-    if seq_len is None:
-        return "unknown"
-    return next((str(b) for b in SEQ_LEN_BUCKETS if seq_len <= b), "+Inf")
-
-
-@dataclass(slots=True)
-class PoolCounters:
-    """Monotonic counters a BlockPool updates as it works (mutable; snapshots copy them)."""
-
-    evictions: int = 0
-    gc_runs: int = 0
-    preemptions: int = 0
-    swapped_to_host_bytes: int = 0
-    oom_by_reason: dict[str, int] = field(default_factory=dict)
-    oom_by_seq_len: dict[str, int] = field(default_factory=dict)
-
-    def record_oom(self, reason: str, seq_len: int | None) -> None:
-        self.oom_by_reason[reason] = self.oom_by_reason.get(reason, 0) + 1
-        bucket = seq_len_bucket(seq_len)
-        self.oom_by_seq_len[bucket] = self.oom_by_seq_len.get(bucket, 0) + 1
 
 
 MetricKind = Literal["gauge", "counter", "histogram"]
@@ -111,7 +84,7 @@ def free_run_histogram(sizes: Iterable[int]) -> tuple[list[tuple[str, int]], int
     return buckets, sum(ordered)
 
 
-def memory_stats(pool: "BlockPool", cache: "PrefixCache | None" = None) -> MemoryStats:
+def memory_stats(pool: BlockPool, cache: PrefixCache | None = None) -> MemoryStats:
     """Snapshot of `pool` (and the hit counters of `cache`); O(num_blocks)."""
     refs = pool.ref_counts()
     in_use = [r for r in refs if r > 0]

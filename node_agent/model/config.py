@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from radixmesh.proto.kv_layout import KVLayout
+from radixmesh.proto.serve.limits import PromptLimits
 
 BYTE_VOCAB_SIZE = 258
 """256 byte values, then BOS (256) and EOS (257): the byte tokenizer's vocabulary."""
@@ -60,6 +61,10 @@ class LlamaConfig:
         return KVLayout(model_id=model_id, num_layers=self.num_hidden_layers,
                         num_kv_heads=self.num_key_value_heads, head_dim=self.head_dim,
                         dtype=dtype, block_size=block_size)
+
+    def prompt_limits(self) -> PromptLimits:
+        """What a prompt for this model must satisfy (its vocabulary and context length)."""
+        return PromptLimits(self.vocab_size, self.max_position_embeddings)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The config.json content of a Hugging Face Llama checkpoint."""

@@ -9,10 +9,10 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -21,6 +21,7 @@ from radixmesh.node_agent.memory.block_pool import OutOfBlocks
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.node_agent.transfer.checksum import DEFAULT_CHECKSUM, checksum_by_name
 from radixmesh.node_agent.transfer.protocol import PullHeader, PullRequest, Status, chunk_plan
+from radixmesh.node_agent.transfer.serial import Serial, run_inline
 from radixmesh.node_agent.transfer.stats import PeerStats
 from radixmesh.node_agent.transfer.transport import Peer, PeerChannel, Transport, TransportError
 from radixmesh.proto.block_hash import HASH_BYTES, BlockHash
@@ -53,15 +54,6 @@ class TransferConfig:
             raise ValueError("token must be non-empty")
         if self.chunk_bytes <= 0 or self.timeout_s <= 0 or not 0 < self.ewma_alpha <= 1:
             raise ValueError("chunk_bytes and timeout_s must be positive, ewma_alpha in (0, 1]")
-
-
-Serial = Callable[..., Awaitable[Any]]
-"""`await serial(fn, *args)` runs fn(*args) where the pool may be touched (the node agent's engine thread)."""
-
-
-async def run_inline(fn: Callable[..., Any], *args: Any) -> Any:
-    """The default Serial: the caller owns the pool alone, so call in place."""
-    return fn(*args)
 
 
 class PullOutcome(StrEnum):

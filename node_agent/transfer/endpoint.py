@@ -15,8 +15,8 @@ from typing import Any
 
 import ray
 
-from radixmesh.node_agent.transfer.client import Serial
 from radixmesh.node_agent.transfer.ray_transport import serve_pull
+from radixmesh.node_agent.transfer.serial import Serial
 from radixmesh.node_agent.transfer.server import TransferServer
 from radixmesh.node_agent.transfer.source import TransferSource
 from radixmesh.node_agent.transfer.transport import Peer, TransportError

@@ -10,8 +10,9 @@ from typing import Any
 
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.paged_memory import TierMemory
-from radixmesh.node_agent.transfer.client import PullOutcome, Serial, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
 from radixmesh.node_agent.transfer.endpoint import ENDPOINTS, RayEndpoint, parse_address
+from radixmesh.node_agent.transfer.serial import Serial
 from radixmesh.node_agent.transfer.source import TransferSource
 from radixmesh.node_agent.transfer.stats import PeerStats
 from radixmesh.node_agent.transfer.transport import TransportError

@@ -18,7 +18,6 @@ import numpy as np
 import ray
 import torch
 
-from radixmesh.node_agent.transfer.client import Serial, run_inline
 from radixmesh.node_agent.transfer.protocol import (
     ChunkTrailer,
     ProtocolError,
@@ -32,6 +31,7 @@ from radixmesh.node_agent.transfer.protocol import (
     encode_request,
     encode_trailer,
 )
+from radixmesh.node_agent.transfer.serial import Serial, run_inline
 from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
 from radixmesh.node_agent.transfer.transport import Peer, PeerChannel, Transport, TransportError
 

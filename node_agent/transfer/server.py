@@ -10,7 +10,6 @@ import logging
 from collections import deque
 from typing import Any
 
-from radixmesh.node_agent.transfer.client import Serial, run_inline
 from radixmesh.node_agent.transfer.protocol import (
     Kind,
     ProtocolError,
@@ -23,6 +22,7 @@ from radixmesh.node_agent.transfer.protocol import (
     read_frame,
     write_frame,
 )
+from radixmesh.node_agent.transfer.serial import Serial, run_inline
 from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
 from radixmesh.node_agent.transfer.ucx_transport import import_ucxx, wire_buffer
 

@@ -6,8 +6,9 @@ address, the requester announces its UCX worker address there (HELLO), and the o
 endpoint to that worker per connection and sends each chunk with tag payload_tag(pull_id, index).
 The requester receives by tag on its worker into staging buffers it owns, never into its pool.
 
-UCX reads its settings from the environment once, when ucxx creates its context (first use):
-`import_ucxx()` applies the defaults below before that can happen. `LOOPBACK_ENV` keeps UCX on
+UCX reads its settings from the environment once, when ucxx creates its context (first use).
+`ucx_env()` is the one place that decides them: `import_ucxx()` applies it to this process before
+ucxx can read them, the agent actor factory to a Ray actor's process. `LOOPBACK_ENV` keeps UCX on
 127.0.0.1 (tests, benchmarks, one machine).
 """
 
@@ -44,9 +45,14 @@ LOOPBACK_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"}
 """TCP over the loopback device only: UCX's own sockets then bind 127.0.0.1."""
 
 
+def ucx_env(loopback: bool = False) -> dict[str, str]:
+    """UCX's environment: DEFAULT_ENV, and LOOPBACK_ENV too when UCX must stay on 127.0.0.1."""
+    return {**DEFAULT_ENV, **(LOOPBACK_ENV if loopback else {})}
+
+
 def import_ucxx(loopback: bool = False) -> ModuleType:
-    """Import ucxx after setting UCX's environment (values already set by the operator win)."""
-    for k, v in {**DEFAULT_ENV, **(LOOPBACK_ENV if loopback else {})}.items():
+    """Import ucxx after setting ucx_env(loopback) (values already set by the operator win)."""
+    for k, v in ucx_env(loopback).items():
         os.environ.setdefault(k, v)
     import ucxx
 

@@ -25,6 +25,7 @@ from radixmesh.proto.metadata.messages import (
     PublishStatus,
 )
 from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
+from radixmesh.proto.serve.tokens import TokenSources
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +103,16 @@ def load_from_pb(m: pb.NodeLoad) -> NodeLoad:
 
 
 def hits_to_pb(h: RequestHits) -> pb.RequestHits:
-    return pb.RequestHits(**asdict(h))
+    t = h.tokens
+    return pb.RequestHits(request_id=h.request_id, tenant=h.tenant, prompt_tokens=t.prompt,
+                          local_gpu_tokens=t.local_gpu, local_host_tokens=t.local_host, remote_tokens=t.remote)
 
 
 def hits_from_pb(m: pb.RequestHits) -> RequestHits:
-    return RequestHits(
-        m.request_id, m.tenant, m.prompt_tokens, m.local_gpu_tokens, m.local_host_tokens, m.remote_tokens
-    )
+    """ValueError when the hits exceed the prompt."""
+    tokens = TokenSources.of_prompt(m.prompt_tokens, local_gpu=m.local_gpu_tokens,
+                                    local_host=m.local_host_tokens, remote=m.remote_tokens)
+    return RequestHits(m.request_id, m.tenant, tokens)
 
 
 def heartbeat_to_pb(node: NodeId, epoch: int, load: NodeLoad, hits: Sequence[RequestHits]) -> pb.HeartbeatRequest:

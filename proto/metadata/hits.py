@@ -3,28 +3,16 @@ the metadata service keeps per scope (what `/stats` and the CLI show)."""
 
 from dataclasses import asdict, dataclass, fields
 
+from radixmesh.proto.serve.tokens import TokenSources
+
 
 @dataclass(frozen=True, slots=True)
 class RequestHits:
-    """What one finished request reused, in prompt tokens, by source; the miss is the rest."""
+    """What one finished request reused, as its node reports it in a heartbeat."""
 
     request_id: str
     tenant: str
-    prompt_tokens: int
-    local_gpu_tokens: int
-    local_host_tokens: int
-    remote_tokens: int
-
-    def __post_init__(self) -> None:
-        parts = (self.local_gpu_tokens, self.local_host_tokens, self.remote_tokens)
-        if min(parts) < 0 or self.prompt_tokens < 0:
-            raise ValueError(f"hit counts must be non-negative: {self}")
-        if sum(parts) > self.prompt_tokens:
-            raise ValueError(f"hits {sum(parts)} exceed prompt_tokens {self.prompt_tokens}")
-
-    @property
-    def hit_tokens(self) -> int:
-        return self.local_gpu_tokens + self.local_host_tokens + self.remote_tokens
+    tokens: TokenSources
 
 
 @dataclass(frozen=True, slots=True)

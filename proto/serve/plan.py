@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.sampling import FinishReason, SamplingParams
+from radixmesh.proto.serve.tokens import TokenSources
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,14 +51,9 @@ class TokenDelta:
 
 @dataclass(frozen=True, slots=True)
 class ServeStats:
-    """Where a served request's prompt tokens came from (they sum to prompt_tokens) and its timings."""
+    """Where a served request's prompt tokens came from and its timings."""
 
-    prompt_tokens: int
-    local_gpu_tokens: int
-    local_host_tokens: int
-    remote_tokens: int
-    """Pulled from a peer and used (tokens of blocks that arrived intact)."""
-    computed_tokens: int
+    tokens: TokenSources
     pull_bytes: int
     pull_seconds: float
     pull_failed: bool
@@ -65,6 +61,10 @@ class ServeStats:
     ttft_s: float
     decode_s: float
     preemptions: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.tokens.prompt
 
 
 @dataclass(frozen=True, slots=True)

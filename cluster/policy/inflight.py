@@ -1,0 +1,82 @@
+"""The router's own load table: requests it routed and not finished, prompt tokens not yet
+prefilled, and recent work, per node. It changes the moment the router routes, while a heartbeat is
+seconds old, and bounded load must hold for the burst in between."""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from radixmesh.cluster.policy.recent_work import DEFAULT_HALF_LIFE_S, RecentWork
+from radixmesh.proto.ids import NodeId
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One request the router has sent to `node`; `queued_tokens` count until its prefill ends."""
+
+    node: NodeId
+    queued_tokens: int
+    prefilled: bool = False
+    finished: bool = False
+
+
+class InflightTable:
+    """Per node: requests routed and not finished, prompt tokens routed and not yet prefilled, and
+    recent work (prompt tokens routed, decayed with `half_life_s` on `clock`; see RecentWork).
+
+    Every `start` is matched by one `finish` (which implies `prefilled`); both are idempotent per
+    ticket, so a retry path that finishes twice cannot drive a count negative.
+    """
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, half_life_s: float = DEFAULT_HALF_LIFE_S
+    ) -> None:
+        self._recent = RecentWork(half_life_s, clock)
+        self._inflight: dict[NodeId, int] = {}
+        self._queued: dict[NodeId, int] = {}
+        self._open: list[Ticket] = []
+
+    def start(self, node: NodeId, queued_tokens: int) -> Ticket:
+        if queued_tokens < 0:
+            raise ValueError(f"queued_tokens must be >= 0, got {queued_tokens}")
+        ticket = Ticket(node, queued_tokens)
+        self._inflight[node] = self._inflight.get(node, 0) + 1
+        self._queued[node] = self._queued.get(node, 0) + queued_tokens
+        self._open.append(ticket)
+        return ticket
+
+    def prefilled(self, ticket: Ticket) -> None:
+        """The request's first token arrived: its prompt no longer waits on the node."""
+        if not ticket.prefilled:
+            ticket.prefilled = True
+            self._queued[ticket.node] -= ticket.queued_tokens
+
+    def finish(self, ticket: Ticket) -> None:
+        if ticket.finished:
+            return
+        self.prefilled(ticket)
+        ticket.finished = True
+        self._inflight[ticket.node] -= 1
+        self._open.remove(ticket)
+
+    def record_routed(self, node: NodeId, prompt_tokens: int) -> None:
+        """`node` was sent a request of `prompt_tokens` (each attempt counts: each is work there)."""
+        self._recent.add(node, prompt_tokens)
+
+    def recent_tokens(self, node: NodeId) -> float:
+        return self._recent.value(node)
+
+    def inflight(self, node: NodeId) -> int:
+        return self._inflight.get(node, 0)
+
+    def queued_tokens(self, node: NodeId) -> int:
+        return self._queued.get(node, 0)
+
+    def check_invariants(self) -> None:
+        """Counts equal the open tickets' sums; nothing is negative."""
+        self._recent.check_invariants()
+        for node in set(self._inflight) | set(self._queued):
+            mine = [t for t in self._open if t.node == node]
+            queued = sum(t.queued_tokens for t in mine if not t.prefilled)
+            assert self.inflight(node) == len(mine), f"{node}: inflight {self.inflight(node)} != {len(mine)}"
+            assert self.queued_tokens(node) == queued, f"{node}: queued {self.queued_tokens(node)} != {queued}"

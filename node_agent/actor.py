@@ -14,7 +14,6 @@ Idempotent calls: `start`, `stop`, `node_info`, `load`, `prometheus_text`, `chec
 """
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +26,6 @@ from radixmesh.node_agent.transfer.ucx_transport import ucx_env
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
 from radixmesh.proto.serve.plan import ServeItem, ServePlan
-
-logger = logging.getLogger(__name__)
 
 
 def agent_actor_name(node: NodeId) -> str:

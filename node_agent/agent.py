@@ -21,7 +21,6 @@ from typing import Any
 
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine
-from radixmesh.node_agent.engine.paged_memory import TierMemory
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
@@ -29,8 +28,7 @@ from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.weights import load_checkpoint, random_model
 from radixmesh.node_agent.publisher import EventPublisher, PublisherConfig, chains
 from radixmesh.node_agent.transfer.endpoint import parse_address
-from radixmesh.node_agent.transfer.plane import AgentTransfer, Pulled
-from radixmesh.node_agent.transfer.transport import TransportError
+from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
 from radixmesh.proto.block_hash import hash_blocks, tenant_salt
 from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
@@ -73,7 +71,7 @@ class NodeAgent:
         self.epoch = epoch if epoch is not None else new_epoch()
         self._clock = clock
         self._runner: EngineRunner | None = None
-        self._transfer: AgentTransfer | None = None
+        self._transfer: TransferPlane = NoTransfer()
         self.publisher: EventPublisher | None = None
         self.counters = AgentCounters()
         self._hits: list[RequestHits] = []
@@ -88,9 +86,8 @@ class NodeAgent:
         engine = Engine(model, engine_config, clock=self._clock)
         self._runner = EngineRunner(engine, clock=self._clock)
         try:
-            if self.config.transfer != "none":
-                self._transfer = AgentTransfer(engine.memory.gpu, engine.layout, self.config, self._runner.call)
-                await self._transfer.start()
+            self._transfer = make_transfer_plane(engine.memory.gpu, engine.layout, self.config, self._runner.call)
+            await self._transfer.start()
             if self.config.metadata_address is not None:
                 client = MetadataClient(self.config.metadata_address, token=self.config.metadata_token)
                 self.publisher = EventPublisher(self, client, PublisherConfig(
@@ -107,9 +104,8 @@ class NodeAgent:
         if self.publisher is not None:
             await self.publisher.stop()
             self.publisher = None
-        if self._transfer is not None:
-            await self._transfer.stop()
-            self._transfer = None
+        await self._transfer.stop()
+        self._transfer = NoTransfer()
         if self._runner is not None:
             await self._runner.close()
             self._runner = None
@@ -132,13 +128,11 @@ class NodeAgent:
     def transfer_address(self) -> str:
         """Where peers pull from: host:port of the transfer server, "ray:<actor name>" under the Ray
         transport, "" without a transfer plane."""
-        return self._transfer.address if self._transfer is not None else ""
+        return self._transfer.address
 
     async def serve_pull(self, request: bytes) -> AsyncIterator[Any]:
         """Serve one peer's pull through the object store (the agent actor's `pull`); TransportError
         unless this agent's transport is ray."""
-        if self._transfer is None:
-            raise TransportError(f"agent {self.node} has no transfer plane")
         async for item in self._transfer.serve_pull(request):
             yield item
 
@@ -202,12 +196,10 @@ class NodeAgent:
         hashes = hash_blocks(plan.prompt_token_ids[: end * bs], bs, salt=salt,
                              key=self.engine.memory.config.hash_key)
         local = await self.runner.call(self.engine.memory.gpu.cache.longest_prefix, hashes)
-        if self._transfer is None or local >= end:
-            # Nothing to pull (already local), or no transfer plane: the planned blocks are recomputed.
-            return Pulled.nothing(failed=self._transfer is None and local < end)
-        result = await self._transfer.pull(plan.pull.peer, plan.pull.address, hashes[local:end],
+        if local >= end:  # the planned blocks are local by now
+            return Pulled.nothing()
+        return await self._transfer.pull(plan.pull.peer, plan.pull.address, hashes[local:end],
                                          hashes[local - 1] if local else None)
-        return result
 
     def _result(self, plan: ServePlan, done: Finished, pulled: Pulled, t0: float) -> ServeResult:
         out = done.output
@@ -235,15 +227,11 @@ class NodeAgent:
         step, so the snapshot covers exactly what they said."""
         def both() -> tuple[BlockStored, ...]:
             self._drain_events()
-            return tuple(c for t in self._tiers() for c in chains(t.cache.snapshot(), t.cache.tier))
+            return tuple(c for t in self.engine.memory.tiers for c in chains(t.cache.snapshot(), t.cache.tier))
         return await self.runner.call(both)
 
-    def _tiers(self) -> list[TierMemory]:
-        memory = self.engine.memory
-        return [memory.gpu] + ([memory.host] if memory.host is not None else [])
-
     def _drain_events(self) -> list[CacheEvent]:
-        return [e for t in self._tiers() for e in t.cache.take_events()]
+        return [e for t in self.engine.memory.tiers for e in t.cache.take_events()]
 
     def take_hits(self) -> list[RequestHits]:
         """Drain the realized hits of the requests finished since the last call."""
@@ -256,13 +244,13 @@ class NodeAgent:
             sched, pool = self.engine.scheduler, self.engine.memory.gpu.pool
             return (len(sched.waiting), sum(len(s.tokens) for s in sched.running), pool.num_free + pool.num_cached)
         queued, running, free = await self.runner.call(snapshot)
-        gbps = self._transfer.peer_gbps() if self._transfer is not None else {}
+        gbps = self._transfer.peer_gbps()
         return NodeLoad(queued, running, free, self.runner.prefill_tokens_per_s, gbps)
 
     async def prometheus_text(self) -> str:
         """Memory of both tiers, the engine, the transfer plane and the agent's own counters."""
         text = await self.runner.call(self.engine.prometheus_text)
-        peers = self._transfer.peer_stats() if self._transfer is not None else {}
+        peers = self._transfer.peer_stats()
         return text + render_agent_metrics(self.node, self.counters, peers)
 
     async def check_invariants(self) -> None:

@@ -1,13 +1,10 @@
 """Settings of one node agent: which model, how its engine batches, where it listens, whom it tells."""
 
-import logging
 from dataclasses import dataclass, field
 
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.model.config import LlamaConfig, named_config
 from radixmesh.proto.ids import NodeId
-
-logger = logging.getLogger(__name__)
 
 TRANSFER_PLANES = ("none", "ucx", "ray", "auto")
 

@@ -1,7 +1,6 @@
 """The node agent's own counters (served requests, prompt tokens by source, pulls by peer) and their
 Prometheus rendering; the engine and memory metrics come from the engine itself."""
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -14,7 +13,6 @@ from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServeStats
 from radixmesh.proto.serve.tokens import SOURCES
 
-logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class AgentCounters:

@@ -23,13 +23,12 @@ from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockStored, CacheEvent, Tier
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.hits import RequestHits
+from radixmesh.proto.metadata.limits import MAX_HITS_PER_HEARTBEAT
 from radixmesh.proto.metadata.messages import EventBatch, NodeSnapshot, PublishStatus
 from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
 
 logger = logging.getLogger(__name__)
 
-MAX_HITS_PER_HEARTBEAT = 4096
-"""The service's limit (ServiceLimits.max_hits_per_heartbeat); the rest waits for the next beat."""
 
 
 class PublishedNode(Protocol):

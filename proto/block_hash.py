@@ -20,6 +20,8 @@ BlockHash = NewType("BlockHash", bytes)
 """16-byte chained digest of one full block and every block before it."""
 
 HASH_BYTES = 16
+MAX_KEY_BYTES = 64
+"""BLAKE2b's longest key."""
 _TENANT_DOMAIN = b"radixmesh-tenant\x00"
 
 
@@ -49,8 +51,8 @@ def hash_blocks(
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    if len(key) > 64:
-        raise ValueError(f"hash key is at most 64 bytes, got {len(key)}")
+    if len(key) > MAX_KEY_BYTES:
+        raise ValueError(f"hash key is at most {MAX_KEY_BYTES} bytes, got {len(key)}")
     n_full = len(tokens) // block_size
     if n_full == 0:
         return []

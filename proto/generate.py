@@ -6,14 +6,11 @@ as `radixmesh.proto.radixmesh_pb2`, which the package mapping resolves; nothing 
 """
 
 import argparse
-import logging
 import sys
 import tempfile
 from pathlib import Path
 
 from grpc_tools import protoc
-
-logger = logging.getLogger(__name__)
 
 PROTO_DIR = Path(__file__).resolve().parent
 GENERATED = ("radixmesh_pb2.py", "radixmesh_pb2_grpc.py", "radixmesh_pb2.pyi")

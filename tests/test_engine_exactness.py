@@ -9,6 +9,7 @@ import pytest
 
 from radixmesh import kernels
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.host_tier import HostTier
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.preemption import PreemptMode
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId, RequestOutput
@@ -167,7 +168,7 @@ def test_evicted_prefix_demoted_to_host_is_served_from_host(model: LlamaForCausa
     assert eng.memory.gpu.cache.longest_prefix(prefix) == 0
     assert sum(eng.scheduler.num_preemptions.values()) == 0 and eng.counters.swapped_out_bytes == 0
     host = eng.memory.host
-    assert host is not None
+    assert isinstance(host, HostTier)
     assert host.cache.longest_prefix(prefix) == (3 if demote else 0)
     assert (eng.counters.demoted_blocks > 0) is demote
     again = [Request(RequestId(f"again-{r.request_id}"), r.prompt_token_ids, r.sampling) for r in requests]

@@ -24,10 +24,10 @@ from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
 from radixmesh.proto.metadata.client import MetadataClient
-from radixmesh.proto.serve.tokens import TokenSources
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.messages import EventBatch, MatchQuery, NodeSnapshot, PublishStatus
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
+from radixmesh.proto.serve.tokens import TokenSources
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,6 @@ from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.client import MetadataClient
-from radixmesh.proto.serve.tokens import TokenSources
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.messages import (
     ClusterStats,
@@ -26,6 +25,7 @@ from radixmesh.proto.metadata.messages import (
     PublishStatus,
 )
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
+from radixmesh.proto.serve.tokens import TokenSources
 
 pytestmark = pytest.mark.integration
 

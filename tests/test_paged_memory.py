@@ -3,6 +3,7 @@ bit for bit, within the host's room, and never at the cost of the gpu allocation
 
 import torch
 
+from radixmesh.node_agent.engine.host_tier import HostTier
 from radixmesh.node_agent.engine.metrics import EngineCounters
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig, PagedMemory
 from radixmesh.node_agent.engine.preemption import FixedPreemption, PreemptMode
@@ -36,7 +37,7 @@ def test_evicted_chain_is_copied_to_the_host_and_stays_matchable_there() -> None
     mem = memory(gpu=4, host=8)
     gpu_blocks = cache_chain(mem)
     want = mem.gpu.kv[gpu_blocks].clone()
-    assert mem.host is not None
+    assert isinstance(mem.host, HostTier)
     got = mem.gpu.pool.allocate(4)  # evicts the whole chain, tail first
     assert sorted(got) == sorted(gpu_blocks)
     assert mem.counters.demoted_blocks == 4 and mem.gpu.cache.longest_prefix(CHAIN) == 0
@@ -53,7 +54,7 @@ def test_evicted_chain_is_copied_to_the_host_and_stays_matchable_there() -> None
 
 def test_a_full_host_takes_only_the_chain_head_and_a_pinned_host_takes_nothing() -> None:
     mem = memory(gpu=4, host=2)
-    assert mem.host is not None
+    assert isinstance(mem.host, HostTier)
     cache_chain(mem)
     got = mem.gpu.pool.allocate(4)
     assert mem.counters.demoted_blocks == 2
@@ -72,7 +73,7 @@ def test_a_full_host_takes_only_the_chain_head_and_a_pinned_host_takes_nothing()
 
 def test_hashes_the_host_already_holds_are_not_copied_again() -> None:
     mem = memory(gpu=4, host=8)
-    assert mem.host is not None
+    assert isinstance(mem.host, HostTier)
     cache_chain(mem)
     mem.gpu.pool.free(mem.gpu.pool.allocate(4))
     assert mem.counters.demoted_blocks == 4

@@ -61,7 +61,7 @@ def drain(eng: Engine) -> dict[str, RequestOutput]:
 def assert_no_leak(eng: Engine) -> None:
     eng.check_invariants()
     assert eng.memory.gpu.pool.num_in_use == 0
-    assert eng.memory.host is None or eng.memory.host.pool.num_in_use == 0
+    assert all(t.pool.num_in_use == 0 for t in eng.memory.tiers)
 
 
 def test_many_requests_under_a_small_pool_all_finish_with_preemptions_counted() -> None:

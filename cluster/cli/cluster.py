@@ -9,7 +9,6 @@
 
 import asyncio
 import json
-import logging
 import os
 import signal
 import threading
@@ -31,8 +30,6 @@ from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.router.explain import format_report
 from radixmesh.cluster.router.http_api import ROUTE_PATH
 from radixmesh.node_agent.model.config import NAMED_CONFIGS, named_config
-
-logger = logging.getLogger(__name__)
 
 
 def _connect(address: str) -> None:

@@ -15,8 +15,6 @@ from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.demo import DemoRun, DemoWorkload, run_workload
 
-logger = logging.getLogger(__name__)
-
 
 def comparison_table(on: DemoRun, off: DemoRun) -> Table:
     """Caching on vs off: hit rate, hits by source, TTFT p50/p99, bytes pulled."""

@@ -19,8 +19,6 @@ from radixmesh.cluster.metadata.server import ServerOptions, TlsFiles, create_se
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.metadata.store import open_store
 
-logger = logging.getLogger(__name__)
-
 
 @click.group()
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")

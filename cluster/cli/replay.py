@@ -3,7 +3,6 @@ the real cluster's router at trace times; hit rate by source, TTFT percentiles, 
 
 import asyncio
 import json
-import logging
 
 import click
 import ray
@@ -12,8 +11,6 @@ from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.replay import ReplayConfig, ReplayReport, replay
 from radixmesh.cluster.sim.trace import read_trace
-
-logger = logging.getLogger(__name__)
 
 
 def format_report(r: ReplayReport) -> str:

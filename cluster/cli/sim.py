@@ -1,15 +1,12 @@
 """`radixmesh sim TRACE --nodes N --capacity BLOCKS --policy P [--json]`: replay a trace in the simulator."""
 
 import json
-import logging
 
 import click
 
 from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.sim.simulator import SimConfig, SimReport, Simulator, prepare
 from radixmesh.cluster.sim.trace import read_trace
-
-logger = logging.getLogger(__name__)
 
 
 def format_report(r: SimReport) -> str:

@@ -2,12 +2,9 @@
 $RADIXMESH_HOME/cluster.json (default ~/.radixmesh/cluster.json)."""
 
 import json
-import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,6 @@ One frozen dataclass the CLI, the demo and the tests build; the launcher derives
 AgentConfig and the router's RouterConfig from it, so every agent of a deployment shares one layout.
 """
 
-import logging
 import math
 from dataclasses import dataclass, field
 
@@ -15,8 +14,6 @@ from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.model.config import LlamaConfig, named_config
 from radixmesh.proto.ids import NodeId
-
-logger = logging.getLogger(__name__)
 
 NAMESPACE = "radixmesh"
 """Ray namespace of every actor a deployment creates (named, so `down` and `route` find them)."""

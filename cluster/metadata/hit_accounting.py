@@ -11,14 +11,11 @@ Counters are cumulative token counts per scope ("total", "node:<id>", "tenant:<n
 returns its increments so the service can persist them in the state store.
 """
 
-import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import HitCounters, HitStats, RequestHits
-
-logger = logging.getLogger(__name__)
 
 TOTAL = "total"
 

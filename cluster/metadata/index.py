@@ -16,7 +16,6 @@ Python object of its own: no per-block allocation for the garbage collector to t
 Each node keeps the set of hashes it holds, so `drop_node` costs only that node's blocks.
 """
 
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby, islice, repeat, takewhile
@@ -26,8 +25,6 @@ from typing import NamedTuple, cast
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockRemoved, BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import NodeId
-
-logger = logging.getLogger(__name__)
 
 TIER_SHIFT: dict[Tier, int] = {Tier.GPU: 0, Tier.HOST: 1}
 """Offset of a tier's bit inside a node slot's two bits."""

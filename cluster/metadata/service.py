@@ -26,6 +26,7 @@ from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.codec import decode_stored_index, encode_stored_index
 from radixmesh.proto.metadata.hits import RequestHits
+from radixmesh.proto.metadata.limits import MAX_HASHES_PER_QUERY, MAX_HITS_PER_HEARTBEAT
 from radixmesh.proto.metadata.messages import (
     ClusterStats,
     EventBatch,
@@ -49,13 +50,12 @@ class LimitExceeded(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ServiceLimits:
-    max_hashes_per_query: int = 8192
-    """Block hashes in one Match query (8192 blocks of 16 tokens = 128k tokens)."""
+    max_hashes_per_query: int = MAX_HASHES_PER_QUERY
     max_queries_per_request: int = 256
     max_blocks_per_batch: int = 16384
     """Hashes across all events of one EventBatch."""
     max_snapshot_blocks: int = 1 << 20
-    max_hits_per_heartbeat: int = 4096
+    max_hits_per_heartbeat: int = MAX_HITS_PER_HEARTBEAT
 
 
 @dataclass(frozen=True, slots=True)

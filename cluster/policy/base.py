@@ -5,7 +5,6 @@ simulator run the same code. The caller builds a `ClusterView` from the metadata
 answer plus heartbeated load, calls `route`, and then executes (or simulates) the decision.
 """
 
-import logging
 import math
 import random
 from collections.abc import Callable
@@ -15,8 +14,6 @@ from typing import Protocol
 from radixmesh.cluster.policy.recent_work import DEFAULT_HALF_LIFE_S
 from radixmesh.cluster.policy.view import ClusterView, NodeView
 from radixmesh.proto.ids import NodeId
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

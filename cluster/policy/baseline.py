@@ -4,14 +4,11 @@ None of them pulls from peers; their decisions still carry the cost model's TTFT
 router's regret figures compare like with like.
 """
 
-import logging
 import random
 
 from radixmesh.cluster.policy.base import PolicyConfig, RouteDecision, RouteRequest, register, within_load_cap
 from radixmesh.cluster.policy.cost_model import CostModel
 from radixmesh.cluster.policy.view import ClusterView, NodeView
-
-logger = logging.getLogger(__name__)
 
 
 def _decide(model: CostModel, request: RouteRequest, view: NodeView, reason: str) -> RouteDecision:

@@ -4,15 +4,12 @@ Each candidate may pull the blocks the best other holder has beyond its own pref
 is the same policy with the null pull source, to measure what pulling adds.
 """
 
-import logging
 import random
 from typing import Protocol
 
 from radixmesh.cluster.policy.base import PolicyConfig, RouteDecision, RouteRequest, register, within_load_cap
 from radixmesh.cluster.policy.cost_model import CostModel, Holder
 from radixmesh.cluster.policy.view import ClusterView, NodeView
-
-logger = logging.getLogger(__name__)
 
 
 class PullSource(Protocol):

@@ -9,14 +9,11 @@ Block ranges of the prompt, for a candidate with local prefix L and a peer holdi
     [0, L)  local (gpu, then host)   [L, H)  pulled from the peer   [H, n)  prefilled (+ the partial tail)
 """
 
-import logging
 from typing import NamedTuple
 
 from radixmesh.cluster.policy.base import PolicyConfig, RouteRequest
 from radixmesh.cluster.policy.view import NodeView
 from radixmesh.proto.ids import NodeId
-
-logger = logging.getLogger(__name__)
 
 
 class Holder(NamedTuple):

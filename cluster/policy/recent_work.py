@@ -12,7 +12,6 @@ L_i <= c x mean(L) kept at every routing also holds for sum over time of (work r
 is L_i(T) + ln2/half_life x integral of L_i dt.
 """
 
-import logging
 import math
 from collections.abc import Callable
 
@@ -22,8 +21,6 @@ DEFAULT_HALF_LIFE_S = 150.0
 """Half-life of the recent-work measure, seconds: long against one prefill (so the window holds many
 requests per node even on a large, lightly loaded cluster), short against shifts in traffic (tens of
 minutes). 150 s was the best of 20-600 s on the bench traces (README)."""
-
-logger = logging.getLogger(__name__)
 
 
 class RecentWork:

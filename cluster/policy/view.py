@@ -5,7 +5,6 @@ speculative (pending) holders, merged.
 Load comes from the router itself (policy.inflight), not from heartbeats. Measured rates (prefill tokens/s, pull GB/s) do come from heartbeats, since only agents see them.
 """
 
-import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -13,8 +12,6 @@ from dataclasses import dataclass, field
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

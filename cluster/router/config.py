@@ -1,14 +1,13 @@
 """Settings of the global router, one frozen dataclass validated at construction."""
 
-import logging
 import math
 from dataclasses import dataclass, field
 
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
 from radixmesh.node_agent.model.config import BYTE_VOCAB_SIZE
+from radixmesh.proto.block_hash import MAX_KEY_BYTES
+from radixmesh.proto.metadata.limits import MAX_HASHES_PER_QUERY
 from radixmesh.proto.serve.limits import PromptLimits
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +34,7 @@ class RouterConfig:
     metadata_retry_s: float = 1.0
     """After a failed Match, requests skip the metadata service this long before probing it again,
     so an outage does not add match_timeout_s to every request."""
-    max_match_blocks: int = 8192
+    max_match_blocks: int = MAX_HASHES_PER_QUERY
     """Blocks of a prompt sent to Match at most (the service's per-query limit)."""
     pending_ttl_s: float = 5.0
     """How long a routed request's blocks count as speculatively held by its node."""
@@ -66,7 +65,7 @@ class RouterConfig:
             raise ValueError(f"metadata_retry_s must be a finite number >= 0, got {self.metadata_retry_s}")
         if not (math.isfinite(self.default_prefill_tokens_per_s) and self.default_prefill_tokens_per_s > 0):
             raise ValueError("default_prefill_tokens_per_s must be a finite number > 0")
-        if len(self.hash_key) > 64:
-            raise ValueError(f"hash key is at most 64 bytes, got {len(self.hash_key)}")
+        if len(self.hash_key) > MAX_KEY_BYTES:
+            raise ValueError(f"hash key is at most {MAX_KEY_BYTES} bytes, got {len(self.hash_key)}")
         if not self.model_name:
             raise ValueError("model_name must be non-empty")

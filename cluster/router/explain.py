@@ -1,6 +1,5 @@
 """`radixmesh route`'s answer: where one request went, why, and where its prompt tokens came from."""
 
-import logging
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -8,8 +7,6 @@ from typing import Any
 from radixmesh.cluster.router.router import RouterResult
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServeStats
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,15 +6,12 @@ counted or allocated before a request parses. Fields the router cannot honour (s
 stop sequences, logprobs, ...) are refused rather than silently ignored.
 """
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 from radixmesh.node_agent.model.chat_template import ROLES, ChatMessage
+from radixmesh.proto.serve.sampling import MAX_SEED
 
-logger = logging.getLogger(__name__)
-
-MAX_SEED = 2**63 - 1
 # Fields that change what OpenAI returns; accepted only at their neutral value.
 _NEUTRAL: dict[str, tuple[object, ...]] = {
     "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprobs": (None, False, 0),

@@ -7,14 +7,11 @@ the injected clock: by then the real events have arrived (or the request failed)
 """
 
 import heapq
-import logging
 import math
 from collections.abc import Callable, Sequence
 
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
-
-logger = logging.getLogger(__name__)
 
 
 class PendingIndex:

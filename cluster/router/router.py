@@ -41,11 +41,10 @@ from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import ClusterStats, MatchQuery, MatchResult
 from radixmesh.proto.serve.limits import InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult, TokenDelta
-from radixmesh.proto.serve.sampling import SamplingParams
+from radixmesh.proto.serve.sampling import SamplingParams, draw_seed
 
 logger = logging.getLogger(__name__)
 
-_SEED_BITS = 62
 
 
 class NoNodeAvailable(Exception):
@@ -243,7 +242,7 @@ class Router:
     def _with_seed(self, request: GenerateRequest) -> GenerateRequest:
         if request.sampling.seed is not None:
             return request
-        sampling = dataclasses.replace(request.sampling, seed=self._rng.getrandbits(_SEED_BITS))
+        sampling = dataclasses.replace(request.sampling, seed=draw_seed(self._rng))
         return dataclasses.replace(request, sampling=sampling)
 
     async def _serve(self, request: GenerateRequest) -> AsyncGenerator[RouterItem, None]:

@@ -10,7 +10,6 @@ what the cached run leaves behind.
 """
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,8 +22,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from radixmesh.cluster.sim.replay import router_stats
 from radixmesh.cluster.sim.simulator import percentile
 from radixmesh.proto.serve.tokens import SOURCES
-
-logger = logging.getLogger(__name__)
 
 TOPICS = ("a distributed prefix cache", "paged attention", "consistent hashing with bounded loads",
           "RDMA transfers", "two-phase garbage collection", "continuous batching")

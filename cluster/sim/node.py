@@ -8,7 +8,6 @@ Cache timeline of one job::
     done:  insert the new blocks under their hashes, release everything (cached, evictable)
 """
 
-import logging
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -18,8 +17,6 @@ from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import CacheEvent
 from radixmesh.proto.ids import BlockId, NodeId
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)

@@ -6,14 +6,11 @@
   in arrival order with no time model: what the same memory achieves as one pooled cache.
 """
 
-import logging
 from collections.abc import Sequence
 
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash
-
-logger = logging.getLogger(__name__)
 
 
 def infinite_bound(prompts: Sequence[Sequence[BlockHash]]) -> float:

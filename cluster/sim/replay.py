@@ -7,7 +7,6 @@ oracle gap compares the achieved block hit rate with the infinite-cache bound of
 """
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -20,9 +19,6 @@ from radixmesh.cluster.sim.oracle import infinite_bound
 from radixmesh.cluster.sim.simulator import percentile
 from radixmesh.cluster.sim.trace import TokenMapping, TraceRequest
 from radixmesh.proto.serve.tokens import SOURCES
-
-logger = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,6 @@ Hit rate is block-weighted over trace blocks: local, pulled from a peer (remote)
 """
 
 import heapq
-import logging
 import math
 import random
 import time
@@ -27,8 +26,6 @@ from radixmesh.cluster.sim.oracle import global_lru, infinite_bound
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceRequest
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
-
-logger = logging.getLogger(__name__)
 
 _LAYOUT = "sim"
 _DONE, _ARRIVE = 0, 1  # at equal times a finishing job inserts its blocks before the next routing

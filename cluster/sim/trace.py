@@ -14,7 +14,6 @@ cache ratio counts them.
 
 import hashlib
 import json
-import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,8 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
-
-logger = logging.getLogger(__name__)
 
 TRACE_BLOCK_TOKENS = 512
 """Tokens per hash id in Mooncake traces: `len(hash_ids) == ceil(input_length / 512)`."""

@@ -6,7 +6,6 @@ Ray actor drives `step` from its own loop; the transfer plane hands pulled block
 `Request.external_prefix`. Memory moves live in radixmesh.node_agent.engine.paged_memory.
 """
 
-import logging
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -25,10 +24,8 @@ from radixmesh.node_agent.memory.metrics import memory_stats, render_prometheus
 from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.serve.limits import InvalidRequest
-from radixmesh.proto.serve.sampling import FinishReason
+from radixmesh.proto.serve.sampling import FinishReason, draw_seed
 from radixmesh.proto.serve.tokens import HIT_SOURCES
-
-logger = logging.getLogger(__name__)
 
 
 class StepOutput(NamedTuple):
@@ -87,7 +84,7 @@ class Engine:
         caller's) for an empty or out-of-vocabulary prompt, a context or pool it cannot fit, a
         duplicate id, or an external prefix that is not a run of the prompt's blocks."""
         start = self._validate(request)
-        seed = request.sampling.seed if request.sampling.seed is not None else self._rng.getrandbits(62)
+        seed = request.sampling.seed if request.sampling.seed is not None else draw_seed(self._rng)
         stats = RequestStats(prompt_tokens=len(request.prompt_token_ids), arrival_s=self._clock())
         seq = SequenceState(request, seed, stats, self.memory.new_sequence(request.prompt_token_ids, request.salt))
         ext = request.external_prefix
@@ -247,10 +244,9 @@ class Engine:
         held = sum(len(s.block_ids) for s in seqs)
         refs = sum(self.memory.gpu.pool.ref_counts())
         assert refs == held, f"gpu refs {refs} != {held} held by {len(seqs)} active sequences"
-        if self.memory.host is not None:
-            held = sum(len(s.host_block_ids) for s in seqs)
-            refs = sum(self.memory.host.pool.ref_counts())
-            assert refs == held, f"host refs {refs} != {held} held by swapped sequences"
+        held = sum(len(s.host_block_ids) for s in seqs)
+        refs = sum(sum(t.pool.ref_counts()) for t in self.memory.host.tiers)
+        assert refs == held, f"host refs {refs} != {held} held by swapped sequences"
         queued = len(self.scheduler.waiting) + len(self.scheduler.running)
         assert queued == len(seqs), f"{queued} queued sequences, {len(seqs)} active"
 
@@ -261,6 +257,5 @@ class Engine:
 
     def prometheus_text(self) -> str:
         """Memory metrics of every tier plus the engine's, in one Prometheus exposition."""
-        tiers = [self.memory.gpu] + ([self.memory.host] if self.memory.host is not None else [])
-        snaps: list[object] = [memory_stats(t.pool, t.cache) for t in tiers]
+        snaps: list[object] = [memory_stats(t.pool, t.cache) for t in self.memory.tiers]
         return render_prometheus([*snaps, self.stats()])

@@ -2,32 +2,30 @@
 
 `PagedMemory` is the engine's `BlockSpace`: prefix hits (gpu, then host with promotion), adopted
 external blocks, growth, swap out / in, insertion of computed blocks into the prefix cache, and
-demotion of evicted gpu prefix blocks to the host tier. Block tables are sequence.SequenceManager's.
+demotion of evicted gpu prefix blocks to the host tier (engine.host_tier makes the host's moves).
+Block tables are block_table.SequenceManager's.
 """
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from radixmesh import kernels
+from radixmesh.node_agent.engine.host_tier import HostTier, NoHostTier
 from radixmesh.node_agent.engine.metrics import EngineCounters
 from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
 from radixmesh.node_agent.engine.scheduler import SequenceState
-from radixmesh.node_agent.memory.block_pool import BlockPool, OutOfBlocks
+from radixmesh.node_agent.engine.tier import TierMemory
+from radixmesh.node_agent.memory.block_pool import OutOfBlocks
 from radixmesh.node_agent.memory.block_table import BlockTable, SequenceManager
 from radixmesh.node_agent.memory.pool_config import PoolConfig
-from radixmesh.node_agent.memory.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId
 from radixmesh.proto.kv_layout import KVLayout
 from radixmesh.proto.serve.limits import usable_prefix_blocks
 from radixmesh.proto.serve.tokens import TokenSources
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,22 +50,6 @@ class MemoryConfig:
                              f"{self.num_gpu_blocks}, {self.num_host_blocks}")
 
 
-class TierMemory:
-    """One tier: a pool, its prefix cache, and the cache tensor the pool's block ids index."""
-
-    def __init__(self, layout: KVLayout, num_blocks: int, tier: Tier, device: str | torch.device,
-                 config: PoolConfig, clock: Callable[[], float], on_evict: EvictionHook | None = None) -> None:
-        self.kv = layout.new_cache(num_blocks, device)
-        self.pool = BlockPool(num_blocks, tier=tier, block_bytes=layout.block_bytes, config=config, clock=clock)
-        self.cache = PrefixCache(self.pool, on_evict=on_evict)
-
-
-def copy_blocks(src: TierMemory, src_ids: Sequence[BlockId], dst: TierMemory, dst_ids: Sequence[BlockId]) -> None:
-    """Copy whole blocks (every layer, K and V) between tiers: one gather, one scatter."""
-    buffer = kernels.gather_blocks(src.kv, src_ids)
-    kernels.scatter_blocks(buffer.to(dst.kv.device), dst.kv, dst_ids)
-
-
 class PagedMemory:
     """The gpu and host tiers of one node, and the block moves the scheduler asks for.
 
@@ -84,10 +66,15 @@ class PagedMemory:
         self.counters = counters
         self.policy = policy
         self._clock = clock
-        self.host = (TierMemory(layout, config.num_host_blocks, Tier.HOST, "cpu", config.pool, clock)
-                     if config.num_host_blocks else None)
-        demote = self._demote if self.host is not None and config.demote_evicted else None
-        self.gpu = TierMemory(layout, config.num_gpu_blocks, Tier.GPU, device, config.pool, clock, demote)
+        host = (HostTier(layout, config.num_host_blocks, config.pool, counters, policy, clock)
+                if config.num_host_blocks else None)
+        demote = None
+        if host is not None and config.demote_evicted:
+            demote = lambda evicted: host.demote(self.gpu, evicted)
+        self.host: HostTier | NoHostTier = host or NoHostTier()
+        self.gpu: TierMemory = TierMemory(layout, config.num_gpu_blocks, Tier.GPU, device, config.pool, clock, demote)
+        self.tiers: tuple[TierMemory, ...] = (self.gpu, *self.host.tiers)
+        """The tiers this node has, gpu first."""
         self.sequences = SequenceManager(self.gpu.cache, self.block_size, key=config.hash_key)
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -161,14 +148,12 @@ class PagedMemory:
         """Give back every block a finished (or aborted) sequence holds, on both tiers."""
         self.sequences.release(seq.table)
         if seq.host_block_ids:
-            assert self.host is not None
-            self.host.cache.release(seq.host_block_ids)
+            self.host.release(seq.host_block_ids)
             seq.host_block_ids = []
 
     def check_invariants(self) -> None:
-        self.gpu.cache.check_invariants()
-        if self.host is not None:
-            self.host.cache.check_invariants()
+        for tier in self.tiers:
+            tier.cache.check_invariants()
 
     # --- moves -------------------------------------------------------------------------------
     def _match_prefix(self, seq: SequenceState) -> list[BlockId]:
@@ -184,31 +169,12 @@ class PagedMemory:
         while len(blocks) < limit:
             got = self.gpu.cache.match(hashes[len(blocks):])
             if not got:
-                got = self._promote(hashes, len(blocks))
+                got = self.host.promote(self.gpu, hashes, len(blocks))
                 seq.host_hit_blocks += len(got)
             if not got:
                 break
             blocks += got
         return blocks
-
-    def _promote(self, hashes: list[BlockHash], start: int) -> list[BlockId]:
-        """Copy the host tier's cached run of hashes[start:] into fresh gpu blocks (inserted into the
-        gpu cache and held once by the caller); [] when the host misses or the gpu has no room."""
-        if self.host is None:
-            return []
-        host_ids = self.host.cache.match(hashes[start:])
-        if not host_ids:
-            return []
-        try:
-            gpu_ids = self.gpu.pool.allocate(len(host_ids))
-        except OutOfBlocks:
-            self.host.cache.release(host_ids)
-            return []
-        copy_blocks(self.host, host_ids, self.gpu, gpu_ids)
-        self.gpu.cache.insert(hashes[start: start + len(gpu_ids)], gpu_ids, hashes[start - 1] if start else None)
-        self.host.cache.release(host_ids)
-        self.counters.promoted_blocks += len(gpu_ids)
-        return gpu_ids
 
     def _count_hits(self, seq: SequenceState, num_blocks: int) -> None:
         if seq.stats.sources is not None:
@@ -223,64 +189,20 @@ class PagedMemory:
     def _swap_out(self, seq: SequenceState, written: list[BlockId]) -> list[BlockId] | None:
         """Host copies of `written` (hashed full blocks also become host-cached), or None when the
         host tier is absent or full."""
-        if self.host is None or not written:
+        if not written:
             return None
-        try:
-            host_ids = self.host.pool.allocate(len(written))
-        except OutOfBlocks:
-            return None
-        t0 = self._clock()
-        copy_blocks(self.gpu, written, self.host, host_ids)
-        self.policy.observe_swap(len(written) * self.layout.block_bytes, self._clock() - t0)
-        full = min(seq.num_computed // self.block_size, len(host_ids))
-        if self.config.enable_prefix_caching and full:
-            hashes = self.sequences.block_hashes(seq.table, full)
-            self.host.cache.insert(hashes, host_ids[:full], None)
-        self.counters.swapped_out_bytes += len(written) * self.layout.block_bytes
-        return host_ids
+        full = min(seq.num_computed // self.block_size, len(written))
+        cached = self.config.enable_prefix_caching and full
+        return self.host.swap_out(self.gpu, written, self.sequences.block_hashes(seq.table, full) if cached else [])
 
     def _swap_in(self, seq: SequenceState, budget: int) -> int:
-        assert self.host is not None and not seq.block_ids
+        assert not seq.block_ids
         n = min(seq.num_uncomputed, budget)
         try:
             self.sequences.reserve(seq.table, seq.num_computed + n)
         except OutOfBlocks:
             return 0
         host_ids = seq.host_block_ids
-        copy_blocks(self.host, host_ids, self.gpu, seq.block_ids[: len(host_ids)])
-        self.host.cache.release(host_ids)
-        self.counters.swapped_in_bytes += len(host_ids) * self.layout.block_bytes
+        self.host.swap_in(self.gpu, host_ids, seq.block_ids[: len(host_ids)])
         seq.host_block_ids = []
         return n
-
-    def _demote(self, evicted: Sequence[EvictedBlock]) -> None:
-        """Copy gpu prefix blocks being evicted into the host tier, where they stay matchable.
-
-        Runs inside a gpu allocation while the evicted blocks still hold their KV, so it must not
-        fail it: it takes only as many host blocks as the host can give (free, or cached ones its
-        LRU evicts), keeping the chain heads, which come last because a chain's tail is evicted
-        first. Hashes the host already holds are not copied again.
-        """
-        host = self.host
-        assert host is not None
-        todo = [e for e in evicted if e.hash not in host.cache]
-        room = host.pool.num_free + host.pool.num_cached
-        todo = todo[max(len(todo) - room, 0):]
-        if not todo:
-            return
-        host_ids = host.pool.allocate(len(todo))
-        copy_blocks(self.gpu, [e.block_id for e in todo], host, host_ids)
-        # Reversed, a batch runs head to tail; consecutive links of one chain go in one insert.
-        chain: list[tuple[EvictedBlock, BlockId]] = []
-        for e, b in reversed(list(zip(todo, host_ids, strict=True))):
-            if chain and e.parent != chain[-1][0].hash:
-                self._insert_chain(host.cache, chain)
-                chain = []
-            chain.append((e, b))
-        self._insert_chain(host.cache, chain)
-        host.cache.release(host_ids)
-        self.counters.demoted_blocks += len(todo)
-
-    @staticmethod
-    def _insert_chain(cache: PrefixCache, chain: list[tuple[EvictedBlock, BlockId]]) -> None:
-        cache.insert([e.hash for e, _ in chain], [b for _, b in chain], chain[0][0].parent)

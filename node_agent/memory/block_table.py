@@ -6,7 +6,6 @@ gpu tier), and memory-only callers (bench/incident_replay.py) use it directly.
 """
 
 import itertools
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, NewType
@@ -14,8 +13,6 @@ from typing import NamedTuple, NewType
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.ids import BlockId
-
-logger = logging.getLogger(__name__)
 
 SeqId = NewType("SeqId", int)
 _MAX_TOKEN = 2**31  # tokens are hashed as int32

@@ -1,51 +1,19 @@
-"""Memory metrics: live counters, a frozen snapshot of one tier, and the one Prometheus rendering.
-
-Any frozen stats dataclass joins the rendering by declaring its metric fields with `metric(...)`:
-each such field becomes ``radixmesh_<field name>`` (counters gain ``_total``), and its plain
-``str`` fields become labels on every sample. The engine's stats will join the same way.
-"""
+"""Memory metrics: the frozen snapshot of one tier (its pool and prefix cache), rendered to
+Prometheus by metrics_exposition.render_prometheus, labelled `tier`."""
 
 # metric() returns a dataclasses.field (metadata only), which RUF009 takes for a mutable default.
 # ruff: noqa: RUF009
 
-import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from bisect import bisect_right
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.metrics_exposition import metric
 
-PREFIX = "radixmesh_"
 FREE_RUN_BUCKETS = tuple(2**i for i in range(15))
-"""Histogram bounds (blocks) of the free-run size distribution."""
-
-
-MetricKind = Literal["gauge", "counter", "histogram"]
-
-
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
-    """How one stats field renders: kind, help text, and the label its dict keys fill (if a dict)."""
-
-    kind: MetricKind
-    help: str
-    label: str | None = None
-
-
-def metric(kind: MetricKind, help: str, label: str | None = None) -> Any:
-    """A dataclass field (no default) declaring a stats field a metric. A dict value needs `label`
-    (its keys fill it); a histogram's value is ``(cumulative (le, count) buckets ending with "+Inf",
-    sum)``."""
-    return field(metadata={"metric": MetricSpec(kind, help, label)})
+"""Bounds (blocks) of the free-run size distribution: the `size_le` values of radixmesh_free_runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +23,11 @@ class MemoryStats:
     tier: str
     pool_blocks: dict[str, int] = metric("gauge", "Blocks by state (free, in_use, cached).", "state")
     pool_utilization: float = metric("gauge", "Fraction of blocks in use (ref > 0).")
-    free_run_size_blocks: tuple[list[tuple[str, int]], int] = metric(
-        "histogram", "Length in blocks of each maximal run of free blocks."
+    # Not a histogram: a histogram counts observations since start, its buckets only grow, and
+    # rate() over them is what it is for. The free runs are a distribution at this instant (they
+    # merge and split as blocks are freed and taken), so they are gauges, cumulative like `le`.
+    free_runs: dict[str, int] = metric(
+        "gauge", "Maximal runs of free blocks now, of at most size_le blocks each (cumulative).", "size_le"
     )
     free_bytes: int = metric("gauge", "Bytes in free blocks.")
     largest_free_run_bytes: int = metric("gauge", "Bytes in the longest run of consecutive free blocks.")
@@ -70,18 +41,18 @@ class MemoryStats:
     prefix_query_blocks: int = metric("counter", "Blocks looked up by prefix matches.")
     prefix_hit_blocks: int = metric("counter", "Blocks found cached by prefix matches.")
     prefix_hit_rate: float = metric("gauge", "prefix_hit_blocks / prefix_query_blocks (0 before any query).")
-    avg_ref_count: float = metric("gauge", "Mean refcount of the blocks in use.")
+    pool_mean_refcount: float = metric("gauge", "Mean refcount of the blocks in use (0 if none is).")
     ghost_block_bytes: int = metric("gauge", "Bytes in blocks at ref 0 that are neither free nor evictable.")
     evictions: int = metric("counter", "Cached blocks evicted.")
     gc_runs: int = metric("counter", "Two-phase GC passes.")
 
 
-def free_run_histogram(sizes: Iterable[int]) -> tuple[list[tuple[str, int]], int]:
-    """Cumulative Prometheus buckets of free-run sizes and their sum."""
+def free_runs_by_size(sizes: Iterable[int]) -> dict[str, int]:
+    """Runs of at most each FREE_RUN_BUCKETS size (cumulative), then "+Inf": all of them."""
     ordered = sorted(sizes)
-    buckets = [(str(b), sum(1 for s in ordered if s <= b)) for b in FREE_RUN_BUCKETS]
-    buckets.append(("+Inf", len(ordered)))
-    return buckets, sum(ordered)
+    runs = {str(b): bisect_right(ordered, b) for b in FREE_RUN_BUCKETS}
+    runs["+Inf"] = len(ordered)
+    return runs
 
 
 def memory_stats(pool: BlockPool, cache: PrefixCache | None = None) -> MemoryStats:
@@ -97,7 +68,7 @@ def memory_stats(pool: BlockPool, cache: PrefixCache | None = None) -> MemorySta
         tier=str(pool.tier),
         pool_blocks={"free": free, "in_use": pool.num_in_use, "cached": pool.num_cached},
         pool_utilization=pool.num_in_use / pool.num_blocks,
-        free_run_size_blocks=free_run_histogram(pool.free_run_sizes()),
+        free_runs=free_runs_by_size(pool.free_run_sizes()),
         free_bytes=free * pool.block_bytes,
         largest_free_run_bytes=largest * pool.block_bytes,
         fragmentation_ratio=1.0 - largest / free if free else 0.0,
@@ -110,57 +81,9 @@ def memory_stats(pool: BlockPool, cache: PrefixCache | None = None) -> MemorySta
         prefix_query_blocks=queries,
         prefix_hit_blocks=hits,
         prefix_hit_rate=hits / queries if queries else 0.0,
-        avg_ref_count=sum(in_use) / len(in_use) if in_use else 0.0,
+        pool_mean_refcount=sum(in_use) / len(in_use) if in_use else 0.0,
         ghost_block_bytes=pool.ghost_blocks() * pool.block_bytes,
         evictions=c.evictions,
         gc_runs=c.gc_runs,
     )
 
-
-class StatsCollector:
-    """A prometheus_client collector over stats snapshots, taken fresh at every scrape.
-
-    Register it on a CollectorRegistry to serve it; `render_prometheus` uses it for one-off text.
-    """
-
-    def __init__(self, snapshots: Callable[[], Iterable[Any]]) -> None:
-        self._snapshots = snapshots
-
-    def collect(self) -> Iterator[Metric]:
-        families: dict[str, Any] = {}  # name -> a *MetricFamily
-        for snap in self._snapshots():
-            fields = dataclasses.fields(snap)
-            labels = {f.name: getattr(snap, f.name) for f in fields if "metric" not in f.metadata}
-            for f in fields:
-                spec = f.metadata.get("metric")
-                if spec is not None:
-                    _add_sample(families, f.name, spec, getattr(snap, f.name), labels)
-        yield from families.values()
-
-
-def _add_sample(
-    families: dict[str, Any], name: str, spec: MetricSpec, value: Any, labels: Mapping[str, str]
-) -> None:
-    full = PREFIX + name
-    label_names = list(labels) + ([spec.label] if spec.label else [])
-    family = families.get(full)
-    if family is None:
-        cls = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}
-        family = families[full] = cls[spec.kind](full, spec.help, labels=label_names)
-    base = [str(v) for v in labels.values()]
-    if spec.kind == "histogram":
-        buckets, total = value
-        family.add_metric(base, buckets=buckets, sum_value=total)
-    elif spec.label is not None:
-        for key, v in sorted(value.items()):
-            family.add_metric([*base, str(key)], v)
-    else:
-        family.add_metric(base, value)
-
-
-def render_prometheus(snapshots: Iterable[Any]) -> str:
-    """Prometheus text exposition of stats snapshots (e.g. one MemoryStats per tier)."""
-    registry = CollectorRegistry(auto_describe=False)
-    items = list(snapshots)
-    registry.register(StatsCollector(lambda: items))  # type: ignore[arg-type]
-    return generate_latest(registry).decode()

@@ -1,7 +1,6 @@
 """Block hash -> block id for one tier: longest-prefix match, insert after prefill, and the events
 that let the global index follow every change."""
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -9,8 +8,6 @@ from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockRemoved, BlockStored, CacheEvent
 from radixmesh.proto.ids import BlockId
-
-logger = logging.getLogger(__name__)
 
 
 class EvictedBlock(NamedTuple):

@@ -11,11 +11,8 @@ the reply back unchanged: a conversation's history is a growing shared prefix, w
 what the prefix cache reuses. Tenants that share a system prompt share its leading blocks too.
 """
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-logger = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
 GENERATION_HEADER = "<|assistant|>\n"

@@ -8,7 +8,6 @@ sequence's new tokens sit after the tokens already in its blocks. The pass write
 slots named by `AttentionBatch.slot_mapping`, then attends over prefix + new tokens, causally.
 """
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -18,8 +17,6 @@ from torch import nn
 
 from radixmesh import kernels
 from radixmesh.node_agent.model.config import LlamaConfig
-
-logger = logging.getLogger(__name__)
 
 
 class SeqChunk(NamedTuple):

@@ -8,7 +8,6 @@ reaches them, which is what the registered transfer address says:
     "ray:<actor>"    RayEndpoint: the agent's own Ray actor streams pulls through the object store
 """
 
-import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -21,8 +20,6 @@ from radixmesh.node_agent.transfer.server import TransferServer
 from radixmesh.node_agent.transfer.source import TransferSource
 from radixmesh.node_agent.transfer.transport import Peer, TransportError
 from radixmesh.proto.ids import NodeId
-
-logger = logging.getLogger(__name__)
 
 RAY_ADDRESS_PREFIX = "ray:"
 

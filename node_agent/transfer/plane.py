@@ -6,10 +6,10 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.paged_memory import TierMemory
+from radixmesh.node_agent.engine.tier import TierMemory
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
 from radixmesh.node_agent.transfer.endpoint import ENDPOINTS, RayEndpoint, parse_address
 from radixmesh.node_agent.transfer.serial import Serial
@@ -38,6 +38,59 @@ class Pulled:
     @classmethod
     def nothing(cls, failed: bool = False) -> "Pulled":
         return cls((), (), 0, 0.0, failed)
+
+
+class TransferPlane(Protocol):
+    """What the agent asks of its transfer plane; `make_transfer_plane` picks one from its config."""
+
+    transport: str
+    address: str
+    """Where peers pull from ("" when nothing is served)."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+    async def pull(self, peer: NodeId, address: str, hashes: list[BlockHash], parent: BlockHash | None
+                   ) -> Pulled: ...
+
+    def serve_pull(self, request: bytes) -> AsyncIterator[Any]: ...
+    def peer_stats(self) -> Mapping[NodeId, PeerStats]: ...
+    def peer_gbps(self) -> dict[str, float]: ...
+
+
+def make_transfer_plane(tier: TierMemory, layout: KVLayout, config: AgentConfig, serial: Serial) -> TransferPlane:
+    """The plane `config.transfer` names: "none" serves nothing and recomputes every planned pull."""
+    if config.transfer == "none":
+        return NoTransfer()
+    return AgentTransfer(tier, layout, config, serial)
+
+
+class NoTransfer:
+    """The transfer plane of an agent without one: it serves no pulls, and a planned pull delivers
+    nothing (the blocks are recomputed, and the result says the pull failed)."""
+
+    transport = "none"
+    address = ""
+
+    async def start(self) -> None:
+        """Nothing to start."""
+
+    async def stop(self) -> None:
+        """Nothing to stop."""
+
+    async def pull(self, peer: NodeId, address: str, hashes: list[BlockHash], parent: BlockHash | None
+                   ) -> Pulled:
+        return Pulled.nothing(failed=True)
+
+    async def serve_pull(self, request: bytes) -> AsyncIterator[Any]:
+        raise TransportError("this agent has no transfer plane")
+        yield  # an async generator, like the real plane's
+
+    def peer_stats(self) -> Mapping[NodeId, PeerStats]:
+        return {}
+
+    def peer_gbps(self) -> dict[str, float]:
+        return {}
 
 
 class AgentTransfer:

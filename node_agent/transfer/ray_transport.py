@@ -9,7 +9,6 @@ when the stream ends, fails, or its consumer goes away.
 """
 
 import asyncio
-import logging
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,8 +33,6 @@ from radixmesh.node_agent.transfer.protocol import (
 from radixmesh.node_agent.transfer.serial import Serial, run_inline
 from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
 from radixmesh.node_agent.transfer.transport import Peer, PeerChannel, Transport, TransportError
-
-logger = logging.getLogger(__name__)
 
 
 async def serve_pull(source: TransferSource, request: bytes, serial: Serial = run_inline) -> AsyncIterator[Any]:

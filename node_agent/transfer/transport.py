@@ -5,7 +5,6 @@ plus UCX tagged messages; Ray: an actor's streaming generator). Authentication, 
 checksums and pool bookkeeping live outside them (TransferSource, TransferClient), once.
 """
 
-import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -14,8 +13,6 @@ import torch
 
 from radixmesh.node_agent.transfer.protocol import ChunkTrailer, PullHeader, PullRequest
 from radixmesh.proto.ids import NodeId
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,6 @@ ucxx can read them, the agent actor factory to a Ray actor's process. `LOOPBACK_
 """
 
 import asyncio
-import logging
 import os
 from collections.abc import AsyncIterator
 from types import ModuleType
@@ -36,8 +35,6 @@ from radixmesh.node_agent.transfer.protocol import (
     write_frame,
 )
 from radixmesh.node_agent.transfer.transport import Peer, PeerChannel, Transport, TransportError
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_ENV = {"UCXPY_PROGRESS_MODE": "blocking", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 """Blocking progress: the default thread mode is 3-6x slower where cores are few."""

@@ -6,7 +6,6 @@ channel; share it between tasks of one event loop.
 """
 
 import asyncio
-import logging
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Self
@@ -28,8 +27,6 @@ from radixmesh.proto.metadata.messages import (
     PublishAck,
 )
 from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
-
-logger = logging.getLogger(__name__)
 
 
 class MetadataClient:

@@ -4,7 +4,6 @@
 event); range and size checks belong to the dataclasses and to MetadataService.
 """
 
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from typing import cast
@@ -26,8 +25,6 @@ from radixmesh.proto.metadata.messages import (
 )
 from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
 from radixmesh.proto.serve.tokens import TokenSources
-
-logger = logging.getLogger(__name__)
 
 _TIER_TO_PB = {Tier.GPU: pb.TIER_GPU, Tier.HOST: pb.TIER_HOST}
 _TIER_FROM_PB = {v: k for k, v in _TIER_TO_PB.items()}

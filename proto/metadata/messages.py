@@ -4,7 +4,6 @@ metadata_codec converts them to and from the protobuf messages of proto/radixmes
 else touches protobuf objects.
 """
 
-import logging
 from dataclasses import dataclass
 from enum import Enum
 
@@ -13,8 +12,6 @@ from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import HitStats
 from radixmesh.proto.metadata.nodes import NodeLoad
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

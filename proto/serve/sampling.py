@@ -1,8 +1,17 @@
 """How a request samples and why it stopped: part of every serve plan and result."""
 
 import math
+import random
 from dataclasses import dataclass
 from enum import StrEnum
+
+MAX_SEED = 2**63 - 1
+"""Largest seed a request may carry (OpenAI's `seed` is a signed 64-bit integer)."""
+
+
+def draw_seed(rng: random.Random) -> int:
+    """A seed for a request that brought none (the router fixes one so retries reproduce it)."""
+    return rng.getrandbits(62)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +39,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be in [0, {MAX_SEED}], got {self.seed}")
 
 
 class FinishReason(StrEnum):

@@ -1,13 +1,13 @@
 """The node agent's own counters (served requests, prompt tokens by source, pulls by peer) and their
-Prometheus rendering; the engine and memory metrics come from the engine itself."""
+snapshot, rendered by metrics_exposition; the engine and memory metrics come from the engine itself."""
+
+# metric() returns a dataclasses.field (metadata only), which RUF009 takes for a mutable default.
+# ruff: noqa: RUF009
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
-
+from radixmesh.node_agent.metrics_exposition import metric, render_prometheus
 from radixmesh.node_agent.transfer.stats import PeerStats
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServeStats
@@ -31,44 +31,36 @@ class AgentCounters:
         self.ttft_seconds += stats.ttft_s
 
 
-class _AgentCollector(Collector):
-    def __init__(self, node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats]) -> None:
-        self._node, self._c, self._peers = node, counters, peers
+@dataclass(frozen=True, slots=True)
+class AgentStats:
+    """The agent's counters and per-peer pull totals at one instant; every sample labelled `node`."""
 
-    def collect(self):  # type: ignore[no-untyped-def]  # prometheus_client's own signature
-        node, c = self._node, self._c
-        yield _counter("radixmesh_agent_requests", "Requests served", {"node": node}, c.requests)
-        fam = CounterMetricFamily("radixmesh_agent_prompt_tokens", "Prompt tokens by where their KV came from",
-                                  labels=["node", "source"])
-        for source, n in c.prompt_tokens.items():
-            fam.add_metric([node, source], n)
-        yield fam
-        yield _counter("radixmesh_agent_pull_failures", "Requests whose planned pull fell short (recomputed)",
-                       {"node": node}, c.pull_failures)
-        yield _counter("radixmesh_agent_ttft_seconds", "Sum of times to first token, pulls included",
-                       {"node": node}, c.ttft_seconds)
-        nbytes = CounterMetricFamily("radixmesh_pull_bytes", "KV bytes pulled from each peer",
-                                     labels=["node", "peer"])
-        secs = CounterMetricFamily("radixmesh_pull_seconds", "Time spent pulling from each peer",
-                                   labels=["node", "peer"])
-        pulls = CounterMetricFamily("radixmesh_pulls", "Pulls by outcome",
-                                    labels=["node", "peer", "outcome"])
-        for peer, s in sorted(self._peers.items()):
-            nbytes.add_metric([node, peer], s.bytes)
-            secs.add_metric([node, peer], s.seconds)
-            for outcome, n in sorted(s.outcomes.items()):
-                pulls.add_metric([node, peer, outcome], n)
-        yield from (nbytes, secs, pulls)
+    node: str
+    agent_requests: int = metric("counter", "Requests served.")
+    agent_prompt_tokens: dict[str, int] = metric(
+        "counter", "Prompt tokens by where their KV came from.", "source")
+    agent_pull_failures: int = metric("counter", "Requests whose planned pull fell short (recomputed).")
+    agent_ttft_seconds: float = metric("counter", "Sum of times to first token, pulls included.")
+    pull_bytes: dict[str, int] = metric("counter", "KV bytes pulled from each peer.", "peer")
+    pull_seconds: dict[str, float] = metric("counter", "Time spent pulling from each peer.", "peer")
+    pulls: dict[tuple[str, str], int] = metric("counter", "Pulls by outcome.", "peer", "outcome")
 
 
-def _counter(name: str, doc: str, labels: dict[str, str], value: float) -> CounterMetricFamily:
-    fam = CounterMetricFamily(name, doc, labels=list(labels))
-    fam.add_metric(list(labels.values()), value)
-    return fam
+def agent_stats(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats]) -> AgentStats:
+    """A snapshot of `counters` and of the pull totals of each peer in `peers`."""
+    ordered = sorted(peers.items())
+    return AgentStats(
+        node=node,
+        agent_requests=counters.requests,
+        agent_prompt_tokens=dict(counters.prompt_tokens),
+        agent_pull_failures=counters.pull_failures,
+        agent_ttft_seconds=counters.ttft_seconds,
+        pull_bytes={peer: s.bytes for peer, s in ordered},
+        pull_seconds={peer: s.seconds for peer, s in ordered},
+        pulls={(peer, outcome): n for peer, s in ordered for outcome, n in sorted(s.outcomes.items())},
+    )
 
 
 def render_agent_metrics(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats]) -> str:
     """Prometheus text of the agent's counters and per-peer pull totals."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_AgentCollector(node, counters, peers))
-    return generate_latest(registry).decode()
+    return render_prometheus([agent_stats(node, counters, peers)])

@@ -16,8 +16,8 @@ from radixmesh.cluster.policy.base import (
     within_load_cap,
 )
 from radixmesh.cluster.policy.cost_model import CostModel, Holder
+from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.view import ClusterView, NodeView
-from radixmesh.cluster.router.pending_index import PendingIndex
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
 

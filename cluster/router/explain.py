@@ -7,6 +7,7 @@ from typing import Any
 from radixmesh.cluster.router.router import RouterResult
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServeStats
+from radixmesh.proto.serve.tokens import TokenSources
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,7 @@ def format_report(doc: dict[str, Any]) -> str:
     """Plain lines for the terminal, from a RouteReport as JSON (asdict)."""
     r = SimpleNamespace(**doc)
     s = SimpleNamespace(**doc["stats"])
+    tokens = TokenSources(**doc["stats"]["tokens"])
     r.candidates = [SimpleNamespace(**c) for c in doc["candidates"]]
     out = [
         f"node       {r.node}   (policy {r.policy}{'' if r.metadata_used else ', metadata service unreachable'})",
@@ -60,8 +62,8 @@ def format_report(doc: dict[str, Any]) -> str:
         f"plan       {r.local_blocks} local block(s)"
         + (f", {r.pull_blocks} pulled from {r.pull_from}" if r.pull_from else "")
         + f", estimated TTFT {r.est_ttft_s * 1e3:.1f} ms",
-        (f"prompt     {s.prompt_tokens} tokens: local gpu {s.tokens.local_gpu}, local host {s.tokens.local_host}, "
-         f"remote {s.tokens.remote}, computed {s.tokens.computed}"),
+        (f"prompt     {tokens.prompt} tokens: local gpu {tokens.local_gpu}, local host {tokens.local_host}, "
+         f"remote {tokens.remote}, computed {tokens.computed}"),
         f"pull       {s.pull_bytes} bytes in {s.pull_seconds * 1e3:.1f} ms" + (" (failed, recomputed)"
                                                                               if s.pull_failed else ""),
         f"timing     TTFT {r.ttft_s * 1e3:.1f} ms at the router, {r.attempts} attempt(s)",

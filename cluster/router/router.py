@@ -29,11 +29,11 @@ import grpc
 
 from radixmesh.cluster.policy.base import RouteDecision, RoutePolicy, RouteRequest, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable
+from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.view import ClusterView, build_view
 from radixmesh.cluster.router.agent_client import AgentDirectory, AgentUnavailable
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.metrics import RouterMetrics
-from radixmesh.cluster.router.pending_index import PendingIndex
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer, Tokenizer
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.cluster.policy.base import PolicyConfig, RouteRequest, make_policy
 from radixmesh.cluster.policy.cost_model import CostModel
+from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.recent_work import RecentWork
 from radixmesh.cluster.policy.view import ClusterView, NodeView
-from radixmesh.cluster.router.pending_index import PendingIndex
 from radixmesh.cluster.sim.node import SimJob, SimNode
 from radixmesh.cluster.sim.oracle import global_lru, infinite_bound
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceRequest

@@ -20,7 +20,8 @@ from radixmesh.node_agent.engine.preemption import make_preemption_policy
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput, RequestStats
 from radixmesh.node_agent.engine.sampler import sample
 from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler, SequenceState
-from radixmesh.node_agent.memory.metrics import memory_stats, render_prometheus
+from radixmesh.node_agent.memory.metrics import memory_stats
+from radixmesh.node_agent.metrics_exposition import render_prometheus
 from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.serve.limits import InvalidRequest

@@ -1,12 +1,12 @@
-"""Engine metrics: live counters the engine updates, and the frozen snapshot that joins the memory
-metrics' Prometheus rendering (memory_metrics.render_prometheus / StatsCollector)."""
+"""Engine metrics: live counters the engine updates, and the frozen snapshot rendered with the memory
+tiers' (metrics_exposition.render_prometheus)."""
 
 # metric() returns a dataclasses.field (metadata only), which RUF009 takes for a mutable default.
 # ruff: noqa: RUF009
 
 from dataclasses import dataclass, field
 
-from radixmesh.node_agent.memory.metrics import metric
+from radixmesh.node_agent.metrics_exposition import Histogram, HistogramSnapshot, metric
 from radixmesh.proto.serve.tokens import HIT_SOURCES
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -28,16 +28,10 @@ class EngineCounters:
     swapped_in_bytes: int = 0
     promoted_blocks: int = 0
     demoted_blocks: int = 0
-    ttft_bucket_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS_S))
-    ttft_count: int = 0
-    ttft_sum_s: float = 0.0
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
 
     def observe_ttft(self, seconds: float) -> None:
-        for i, bound in enumerate(TTFT_BUCKETS_S):
-            if seconds <= bound:
-                self.ttft_bucket_counts[i] += 1
-        self.ttft_count += 1
-        self.ttft_sum_s += seconds
+        self.ttft.observe(seconds)
 
     def count(self, table: dict[str, int], key: str, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
@@ -62,14 +56,12 @@ class EngineStats:
     engine_demoted_blocks: int = metric("counter", "Gpu prefix blocks copied to the host tier on eviction.")
     engine_running_requests: int = metric("gauge", "Requests holding gpu blocks now.")
     engine_waiting_requests: int = metric("gauge", "Requests queued (new or preempted).")
-    time_to_first_token_seconds: tuple[list[tuple[str, int]], float] = metric(
-        "histogram", "Arrival to first sampled token.")
+    time_to_first_token_seconds: HistogramSnapshot = metric(
+        "histogram", "Time from arrival to first sampled token.")
 
 
 def engine_stats(c: EngineCounters, running: int, waiting: int) -> EngineStats:
     """A snapshot of `c` plus the current queue lengths."""
-    buckets = [(str(b), n) for b, n in zip(TTFT_BUCKETS_S, c.ttft_bucket_counts)]
-    buckets.append(("+Inf", c.ttft_count))
     return EngineStats(
         engine_steps=c.steps,
         engine_prompt_tokens=c.prompt_tokens,
@@ -84,5 +76,5 @@ def engine_stats(c: EngineCounters, running: int, waiting: int) -> EngineStats:
         engine_demoted_blocks=c.demoted_blocks,
         engine_running_requests=running,
         engine_waiting_requests=waiting,
-        time_to_first_token_seconds=(buckets, c.ttft_sum_s),
+        time_to_first_token_seconds=c.ttft.snapshot(),
     )

@@ -217,3 +217,26 @@ async def test_no_live_agent_answers_503(api: Api) -> None:
     assert status == 503 and answer["error"]["type"] == "server_error"
     async with api.session.post(api.base + "/v1/completions", json={**body, "stream": True}) as resp:
         assert resp.status == 503
+
+
+async def test_route_explains_the_request_it_served(api: Api) -> None:
+    status, report = await api.post("/radixmesh/route", {"prompt": PROMPT, "max_tokens": 4, "user": "acme"})
+    assert status == 200
+    assert report["node"] in api.cluster.router.directory.nodes()
+    assert report["policy"] == "cost" and report["attempts"] == 1
+    tokens = report["stats"]["tokens"]
+    assert sum(tokens.values()) == len(TOK.encode(PROMPT)) == tokens["computed"]  # a fresh tenant: all computed
+    assert {c["node"] for c in report["candidates"]} == set(api.cluster.router.directory.nodes())
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"max_tokens": 4}, "prompt"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "user": 7}, "user"),
+    ({"prompt": "", "max_tokens": 4}, "prompt"),
+])
+async def test_route_refuses_bad_bodies_with_openai_errors(api: Api, body: dict[str, Any], param: str) -> None:
+    status, error = await api.post("/radixmesh/route", body)
+    assert status == 400 and error["error"]["param"] == param and error["error"]["message"]
+    _, stats = await api.get("/stats")
+    assert json.loads(stats)["router"]["requests"] == 0  # nothing was served

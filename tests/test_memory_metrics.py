@@ -6,14 +6,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixmesh.node_agent.memory.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.memory.metrics import (
-    MemoryStats,
-    memory_stats,
+from radixmesh.node_agent.memory.metrics import FREE_RUN_BUCKETS, MemoryStats, memory_stats
+from radixmesh.node_agent.memory.pool_counters import seq_len_bucket
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.metrics_exposition import (
+    Histogram,
+    HistogramSnapshot,
     metric,
     render_prometheus,
 )
-from radixmesh.node_agent.memory.pool_counters import seq_len_bucket
-from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId
@@ -48,13 +49,13 @@ def test_snapshot_has_exact_numbers() -> None:
     assert s.pool_utilization == 0.5
     assert s.free_bytes == 3 * BB and s.largest_free_run_bytes == 2 * BB
     assert s.fragmentation_ratio == pytest.approx(1 - 2 / 3)
-    buckets, total = s.free_run_size_blocks
-    assert dict(buckets)["1"] == 1 and dict(buckets)["2"] == 2 and dict(buckets)["+Inf"] == 2 and total == 3
+    # runs [6] and [8, 9]: one of at most 1 block, both of at most 2 (and of any larger bound)
+    assert s.free_runs == {"1": 1, **{str(b): 2 for b in FREE_RUN_BUCKETS[1:]}, "+Inf": 2}
     assert s.oom == {"no_free_block": 1, "no_contiguous_block": 0, "ref_count_lock": 0}
     assert s.oom_by_seq_len == {"4096": 1}
     assert (s.preemptions, s.swapped_to_host_bytes) == (1, 2 * BB)
     assert (s.prefix_query_blocks, s.prefix_hit_blocks, s.prefix_hit_rate) == (4, 2, 0.5)
-    assert s.avg_ref_count == pytest.approx(7 / 5)  # refs 2, 2, 1, 1, 1
+    assert s.pool_mean_refcount == pytest.approx(7 / 5)  # refs 2, 2, 1, 1, 1
     assert s.ghost_block_bytes == 0 and s.evictions == 0 and s.gc_runs == 0
 
 
@@ -71,15 +72,17 @@ def test_prometheus_text_parses_with_radixmesh_names_and_tier_labels() -> None:
     assert samples[("radixmesh_oom_by_seq_len_total", (("seq_len_le", "4096"), ("tier", "gpu")))] == 1
     assert samples[("radixmesh_pool_blocks", (("state", "free"), ("tier", "host")))] == 4
     assert samples[("radixmesh_largest_free_run_bytes", (("tier", "gpu"),))] == 2 * BB
-    assert samples[("radixmesh_free_run_size_blocks_count", (("tier", "gpu"),))] == 2
+    assert samples[("radixmesh_free_runs", (("size_le", "1"), ("tier", "gpu")))] == 1
+    assert samples[("radixmesh_free_runs", (("size_le", "+Inf"), ("tier", "gpu")))] == 2
+    assert families["radixmesh_free_runs"].type == "gauge"  # a distribution now, not since start
     assert samples[("radixmesh_prefix_hit_rate", (("tier", "gpu"),))] == 0.5
     assert samples[("radixmesh_swapped_to_host_bytes_total", (("tier", "gpu"),))] == 2 * BB
     assert families["radixmesh_evictions"].type == "counter"
     assert families["radixmesh_ghost_block_bytes"].type == "gauge"
     # every metric DESIGN.md lists for memory is present
     for name in (
-        "pool_utilization", "free_run_size_blocks", "largest_free_run_bytes", "fragmentation_ratio", "oom",
-        "oom_by_seq_len", "preemptions", "swapped_to_host_bytes", "prefix_hit_rate", "avg_ref_count",
+        "pool_utilization", "free_runs", "largest_free_run_bytes", "fragmentation_ratio", "oom",
+        "oom_by_seq_len", "preemptions", "swapped_to_host_bytes", "prefix_hit_rate", "pool_mean_refcount",
         "ghost_block_bytes", "evictions",
     ):  # fmt: skip
         assert "radixmesh_" + name in families, name
@@ -94,6 +97,44 @@ def test_another_stats_dataclass_joins_the_rendering() -> None:
     text = render_prometheus([EngineStats("n1", 1.5), memory_stats(BlockPool(2))])
     assert 'radixmesh_prefill_seconds_total{node="n1"} 1.5' in text
     assert 'radixmesh_pool_utilization{tier="gpu"} 0.0' in text
+
+
+def test_several_labels_fill_from_tuple_keys() -> None:
+    @dataclass(frozen=True, slots=True)
+    class PullStats:
+        node: str
+        pulls: dict[tuple[str, str], int] = metric(  # noqa: RUF009  (metadata only, no default)
+            "counter", "Pulls by outcome.", "peer", "outcome")
+
+    text = render_prometheus([PullStats("a", {("b", "ok"): 3, ("c", "timeout"): 1})])
+    assert 'radixmesh_pulls_total{node="a",outcome="ok",peer="b"} 3.0' in text
+    assert 'radixmesh_pulls_total{node="a",outcome="timeout",peer="c"} 1.0' in text
+
+
+def test_histogram_renders_cumulative_buckets_sum_and_count() -> None:
+    @dataclass(frozen=True, slots=True)
+    class Timings:
+        wait_seconds: HistogramSnapshot = metric("histogram", "Time waited.")  # noqa: RUF009
+
+    h = Histogram((0.1, 1.0))
+    for v in (0.05, 0.1, 0.5, 3.0):  # 0.1 falls in le="0.1": Prometheus buckets are "less or equal"
+        h.observe(v)
+    families = {f.name: f for f in text_string_to_metric_families(render_prometheus([Timings(h.snapshot())]))}
+    family = families["radixmesh_wait_seconds"]
+    assert family.type == "histogram"
+    samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+    assert samples == {
+        ("radixmesh_wait_seconds_bucket", "0.1"): 2, ("radixmesh_wait_seconds_bucket", "1.0"): 3,
+        ("radixmesh_wait_seconds_bucket", "+Inf"): 4, ("radixmesh_wait_seconds_count", None): 4,
+        ("radixmesh_wait_seconds_sum", None): pytest.approx(3.65),
+    }  # fmt: skip
+
+
+def test_histogram_bounds_must_ascend() -> None:
+    with pytest.raises(ValueError):
+        Histogram((1.0, 0.5))
+    with pytest.raises(ValueError):
+        Histogram((1.0, float("inf")))
 
 
 def test_seq_len_buckets() -> None:

@@ -131,7 +131,7 @@ async def test_without_metadata_routes_least_loaded_and_output_is_exact() -> Non
         assert streamed == result.result.output_token_ids == expected
         assert result.routed.policy == "least_loaded" and not result.routed.metadata_used
         assert r.metrics.status_counts == {"ok": 1} and r.metrics.total.prompt_tokens == 23
-        assert r.metrics.registry.get_sample_value("radixmesh_metadata_available") == 0
+        assert r.metrics.stats().metadata_available == 0
 
 
 async def test_agent_dying_mid_stream_is_retried_without_repeating_tokens() -> None:
@@ -196,7 +196,7 @@ async def test_metadata_outage_degrades_to_least_loaded_and_recovery_resumes_pre
         during = await r.complete(request("m2", prompt(7, 12)))
         assert not during.routed.metadata_used and during.routed.policy == "least_loaded"
         assert not r.metadata_available and r.active_policy == "least_loaded"
-        assert r.metrics.registry.get_sample_value("radixmesh_metadata_available") == 0
+        assert r.metrics.stats().metadata_available == 0
         server, _ = await start_metadata(c.port)
         c.servers.append(server)
         # The channel reconnects on gRPC's backoff; each request probes again (metadata_retry_s=0).
@@ -205,7 +205,7 @@ async def test_metadata_outage_degrades_to_least_loaded_and_recovery_resumes_pre
             if after.routed.metadata_used:
                 break
         assert after.routed.metadata_used and after.routed.policy == "cost" and r.metadata_available
-        assert r.metrics.registry.get_sample_value("radixmesh_metadata_available") == 1
+        assert r.metrics.stats().metadata_available == 1
 
 
 async def test_retry_interval_skips_the_metadata_service_until_it_passes() -> None:

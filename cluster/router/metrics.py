@@ -1,19 +1,29 @@
-"""The router's own counters: Prometheus metrics (names fixed: the Grafana dashboard queries them),
-the plain token tables behind /stats, and the merge of the agents' expositions into one scrape.
+"""The router's own counters: the plain token tables behind /stats, their snapshot for /metrics
+(rendered by metrics_exposition, names fixed: the Grafana dashboard queries them), and the merge of
+the agents' expositions into one scrape.
 
 Every figure here is what the router itself observed in ServeResults it received; the metadata
 service's GetStats (hits reported by agents in heartbeats) is a separate source, kept apart in /stats.
 """
 
+# metric() returns a dataclasses.field (metadata only), which RUF009 takes for a mutable default.
+# ruff: noqa: RUF009
+
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from radixmesh.node_agent.metrics_exposition import (
+    Histogram,
+    HistogramSnapshot,
+    metric,
+    render_prometheus,
+    write_exposition,
+)
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import HitCounters
 from radixmesh.proto.metadata.messages import ClusterStats
@@ -27,7 +37,7 @@ class TokenTable:
     """Cumulative prompt tokens by source of one scope (all requests, or one node)."""
 
     requests: int = 0
-    tokens: TokenSources = TokenSources()  # noqa: RUF009  (frozen, so one shared default is safe)
+    tokens: TokenSources = TokenSources()  # frozen, so one shared default is safe
     regret_tokens: int = 0
     """Tokens Match saw cached in the cluster that were recomputed anyway."""
     predicted_local_tokens: int = 0
@@ -70,48 +80,58 @@ class TokenTable:
         return d
 
 
+TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Upper bounds (seconds) of radixmesh_router_ttft_seconds."""
+TRANSFER_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+"""Upper bounds (seconds) of radixmesh_transfer_seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterStats:
+    """Every router metric at one instant (names fixed: the Grafana dashboard queries them)."""
+
+    router_requests: dict[str, int] = metric("counter", "Requests answered by the router, by outcome.", "status")
+    routing_decisions: dict[tuple[str, str], int] = metric(
+        "counter", "Routing decisions by policy and node.", "policy", "node")
+    prompt_tokens: dict[str, int] = metric("counter", "Prompt tokens served, by source.", "source")
+    global_hit_rate: float = metric(
+        "gauge", "Token-weighted prompt hit rate (local + remote) of requests served via this router, "
+        "since it started (rate() the prompt_tokens counter for a window).")
+    remote_hit_blocks: int = metric("counter", "Prompt blocks pulled from peers and used.")
+    transfer_bytes: int = metric("counter", "KV bytes pulled between nodes.")
+    transfer_seconds: HistogramSnapshot = metric("histogram", "Time of one request's pull.")
+    router_ttft_seconds: HistogramSnapshot = metric("histogram", "Time to first token, end to end at the router.")
+    routing_regret_tokens: int = metric(
+        "counter", "Prompt tokens cached somewhere in the cluster (per Match) but recomputed.")
+    metadata_available: int = metric(
+        "gauge", "1 while the metadata service answers Match, 0 while routing degrades.")
+
+
 class RouterMetrics:
-    """The router's Prometheus registry (one per router, so several can live in one process) and
-    its /stats tables."""
+    """The router's live counters (one set per router, so several can live in one process): the /stats
+    tables, and what `stats()` snapshots for /metrics."""
 
     def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        self.requests = Counter("radixmesh_router_requests_total", "Requests answered by the router, by outcome.",
-                                ["status"], registry=r)
-        self.decisions = Counter("radixmesh_routing_decisions_total", "Routing decisions by policy and node.",
-                                 ["policy", "node"], registry=r)
-        self.prompt_tokens = Counter("radixmesh_prompt_tokens_total", "Prompt tokens served, by source.",
-                                     ["source"], registry=r)
-        self.hit_rate = Gauge("radixmesh_global_hit_rate",
-                              "Token-weighted prompt hit rate (local + remote) of requests served via this router.",
-                              registry=r)
-        self.remote_blocks = Counter("radixmesh_remote_hit_blocks_total", "Prompt blocks pulled from peers and used.",
-                                     registry=r)
-        self.transfer_bytes = Counter("radixmesh_transfer_bytes_total", "KV bytes pulled between nodes.", registry=r)
-        self.transfer_seconds = Histogram("radixmesh_transfer_seconds", "Time of one request's pull.", registry=r,
-                                          buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
-        self.ttft = Histogram("radixmesh_router_ttft_seconds", "Time to first token, end to end at the router.",
-                              registry=r,
-                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
-        self.regret = Counter("radixmesh_routing_regret_tokens_total",
-                              "Prompt tokens cached somewhere in the cluster (per Match) but recomputed.", registry=r)
-        self.metadata_available = Gauge("radixmesh_metadata_available",
-                                        "1 while the metadata service answers Match, 0 while routing degrades.",
-                                        registry=r)
-        self.metadata_available.set(1)
         self.total = TokenTable()
         self.per_node: dict[NodeId, TokenTable] = {}
         self.routed: dict[NodeId, int] = {}
+        self.decisions: dict[tuple[str, NodeId], int] = {}
+        """Requests routed, by (policy, node)."""
         self.failed_attempts: dict[NodeId, int] = {}
         self.status_counts: dict[str, int] = {}
         self.retries = 0
+        self.remote_hit_blocks = 0
+        self.transfer_bytes = 0
+        self.transfer_seconds = Histogram(TRANSFER_BUCKETS_S)
+        self.ttft = Histogram(TTFT_BUCKETS_S)
+        self.metadata_available = True
+        """Set by the router: False while the metadata service does not answer."""
 
     def record_request(self, status: str) -> None:
-        self.requests.labels(status=status).inc()
         self.status_counts[status] = self.status_counts.get(status, 0) + 1
 
     def record_decision(self, policy: str, node: NodeId) -> None:
-        self.decisions.labels(policy=policy, node=node).inc()
+        self.decisions[policy, node] = self.decisions.get((policy, node), 0) + 1
         self.routed[node] = self.routed.get(node, 0) + 1
 
     def record_failed_attempt(self, node: NodeId) -> None:
@@ -125,18 +145,29 @@ class RouterMetrics:
         regret = max(0, min(cluster_tokens, stats.prompt_tokens) - stats.tokens.hits)
         self.total.add(stats, regret, predicted_local_tokens)
         self.per_node.setdefault(node, TokenTable()).add(stats, regret, predicted_local_tokens)
-        for source, n in stats.tokens.items():
-            self.prompt_tokens.labels(source=source).inc(n)
-        self.hit_rate.set(self.total.hit_rate)
-        self.remote_blocks.inc(stats.tokens.remote // block_size)
+        self.remote_hit_blocks += stats.tokens.remote // block_size
         if stats.pull_bytes or stats.pull_seconds:
-            self.transfer_bytes.inc(stats.pull_bytes)
+            self.transfer_bytes += stats.pull_bytes
             self.transfer_seconds.observe(stats.pull_seconds)
         self.ttft.observe(ttft_s)
-        self.regret.inc(regret)
+
+    def stats(self) -> RouterStats:
+        return RouterStats(
+            router_requests=dict(self.status_counts),
+            routing_decisions={(policy, str(node)): n for (policy, node), n in self.decisions.items()},
+            prompt_tokens=dict(self.total.tokens.items()),
+            global_hit_rate=self.total.hit_rate,
+            remote_hit_blocks=self.remote_hit_blocks,
+            transfer_bytes=self.transfer_bytes,
+            transfer_seconds=self.transfer_seconds.snapshot(),
+            router_ttft_seconds=self.ttft.snapshot(),
+            routing_regret_tokens=self.total.regret_tokens,
+            metadata_available=int(self.metadata_available),
+        )
 
     def render(self) -> str:
-        return generate_latest(self.registry).decode()
+        """Prometheus text of `stats()`."""
+        return render_prometheus([self.stats()])
 
 
 def _counters_dict(c: HitCounters) -> dict[str, object]:
@@ -183,24 +214,16 @@ def stats_document(metrics: RouterMetrics, cluster: ClusterStats | None, *, poli
     return {"router": router, "metadata": meta}
 
 
-class _Families:
-    """A one-shot collector over already merged families (generate_latest wants a registry)."""
-
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self._families)
-
-
 def merge_expositions(own: str, agents: Mapping[NodeId, str]) -> str:
-    """One exposition of the router's text and each agent's, agent samples labelled `node`.
+    """One valid exposition of the router's text and each agent's, agent samples labelled `node`.
 
-    A family present in several sources is written once (one HELP/TYPE); an agent family whose type
-    disagrees with the first one seen is dropped with a warning rather than producing an invalid scrape.
-    Raises ValueError when a text does not parse.
+    A family present in several sources is written once (one HELP/TYPE, the first source's); an agent
+    family whose type disagrees with the first one seen is dropped with a warning, and so is a sample
+    whose name and labels were already written (the first wins), rather than producing an invalid
+    scrape. Raises ValueError when a text does not parse.
     """
     families: dict[str, Metric] = {}
+    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     sources: list[tuple[str, NodeId | None]] = [(own, None), *((t, n) for n, t in sorted(agents.items()))]
     for text, node in sources:
         for fam in text_string_to_metric_families(text):
@@ -213,7 +236,11 @@ def merge_expositions(own: str, agents: Mapping[NodeId, str]) -> str:
                 continue
             for s in fam.samples:
                 labels = dict(s.labels) if node is None else {**s.labels, "node": node}
+                key = (s.name, frozenset(labels.items()))
+                if key in seen:
+                    logger.warning("sample %s%s of node %s repeats one already merged: dropped", s.name, labels,
+                                   node)
+                    continue
+                seen.add(key)
                 merged.samples.append(Sample(s.name, labels, s.value, s.timestamp, s.exemplar))
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(list(families.values())))  # type: ignore[arg-type]
-    return generate_latest(registry).decode()
+    return write_exposition(families.values())

@@ -123,7 +123,7 @@ class Router:
         self._pending = PendingIndex(config.pending_ttl_s, clock)
         self._inflight = InflightTable(clock, config.policy_config.load_half_life_s)
         self._down_since: float | None = None if metadata is not None else clock()
-        self.metrics.metadata_available.set(1 if metadata is not None else 0)
+        self.metrics.metadata_available = metadata is not None
 
     # --- state --------------------------------------------------------------------------------
     @property
@@ -193,13 +193,13 @@ class Router:
             if self._down_since is None:
                 logger.warning("metadata service unreachable (%s): routing by %s until it answers",
                                _why(e), self._fallback.name)
-                self.metrics.metadata_available.set(0)
+                self.metrics.metadata_available = False
             self._down_since = now
             return None
         if self._down_since is not None:
             logger.info("metadata service answers again: routing by %s", self._policy.name)
             self._down_since = None
-            self.metrics.metadata_available.set(1)
+            self.metrics.metadata_available = True
         return result
 
     # --- serving ------------------------------------------------------------------------------

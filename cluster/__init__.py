@@ -1,1 +1,1 @@
-"""radixmesh.cluster."""
+"""Cluster-wide parts: metadata service, routing policies, router, simulator, launcher, CLI."""

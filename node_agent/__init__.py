@@ -1,1 +1,1 @@
-"""radixmesh.node_agent."""
+"""One node of the cluster: the agent, its Ray actor shell, and the memory, engine, model and transfer plane it owns."""

@@ -1,1 +1,1 @@
-"""radixmesh.cluster.metadata"""
+"""The global metadata service: index, membership and leases, hit accounting, state stores, gRPC server."""

@@ -1,1 +1,1 @@
-"""radixmesh.cluster.router.router"""
+"""The global router: per-request routing, its HTTP (OpenAI) API, agent clients, metrics, explanations."""

@@ -1,1 +1,1 @@
-"""radixmesh.cluster.sim.simulator"""
+"""Traces, the trace simulator over the production index and policies, replay and the demo workload."""

@@ -1,1 +1,1 @@
-"""radixmesh.node_agent.engine.engine"""
+"""The node engine: continuous batching over the paged KV memory, preemption, and its thread."""

@@ -1,1 +1,1 @@
-"""radixmesh.node_agent.memory"""
+"""Node memory: the block pool, the prefix cache over it, block tables, and their metrics."""

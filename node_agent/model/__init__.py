@@ -1,1 +1,1 @@
-"""radixmesh.node_agent.model.llama"""
+"""The Llama-family model an agent serves: architecture, config, weights, tokenizer, chat template."""

@@ -1,1 +1,1 @@
-"""radixmesh.node_agent.transfer"""
+"""The KV transfer plane: pulling prefix blocks from peers and serving them, over UCX or Ray."""

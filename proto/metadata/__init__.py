@@ -1,1 +1,1 @@
-"""radixmesh.proto.metadata"""
+"""The metadata service's contract: messages, their protobuf codec, the client, node records, hit counts."""

@@ -94,7 +94,7 @@ class Histogram:
 
 def stats_families(snapshots: Iterable[Any]) -> list[Metric]:
     """One metric family per metric field name across `snapshots`, samples in snapshot order."""
-    families: dict[str, Metric] = {}
+    families: dict[str, Any] = {}  # name -> a *MetricFamily (their add_metric signatures differ)
     for snap in snapshots:
         fields = dataclasses.fields(snap)
         labels = {f.name: getattr(snap, f.name) for f in fields if "metric" not in f.metadata}
@@ -105,7 +105,7 @@ def stats_families(snapshots: Iterable[Any]) -> list[Metric]:
     return list(families.values())
 
 
-def _add_samples(families: dict[str, Metric], name: str, spec: MetricSpec, value: Any,
+def _add_samples(families: dict[str, Any], name: str, spec: MetricSpec, value: Any,
                  labels: Mapping[str, str]) -> None:
     full = PREFIX + name
     label_names = [*labels, *spec.labels]

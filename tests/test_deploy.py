@@ -40,6 +40,12 @@ def test_prometheus_scrapes_the_router() -> None:
     assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"]
 
 
+def dashboard_exprs() -> dict[str, list[str]]:
+    """Panel title -> its queries."""
+    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    return {p["title"]: [t["expr"] for t in p["targets"]] for p in dash["panels"]}
+
+
 def dashboard_metrics() -> dict[str, set[str]]:
     """Panel title -> metric names its queries use."""
     dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
@@ -52,6 +58,14 @@ def test_dashboard_has_a_panel_for_every_required_metric() -> None:
     for word in REQUIRED_PANELS:
         assert any(word in t for t in titles), f"no panel about {word!r}"
     assert all(dashboard_metrics().values())
+
+
+def test_hit_rate_panel_is_a_windowed_rate_of_the_token_counters() -> None:
+    # A lifetime gauge hides today's hit rate behind everything since the router started.
+    [[expr]] = [e for t, e in dashboard_exprs().items() if "hit rate" in t.lower()]
+    assert "radixmesh_global_hit_rate" not in expr
+    assert re.fullmatch(r'sum\(rate\(radixmesh_prompt_tokens_total\{source!="computed"\}\[(\w+)\]\)\) / '
+                        r"sum\(rate\(radixmesh_prompt_tokens_total\[\1\]\)\)", expr), expr
 
 
 @pytest.mark.anyio
@@ -71,7 +85,16 @@ async def test_every_dashboard_metric_exists_in_a_live_scrape() -> None:
                     text = await r.text()
         finally:
             await runner.cleanup()
-    scraped = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    scraped = {s.name for s in samples}
     for title, names in dashboard_metrics().items():
         missing = names - scraped
         assert not missing, f"panel {title!r} queries {sorted(missing)}, absent from /metrics"
+    # Label values the queries compare with exist too (e.g. source="computed", not a retired "miss").
+    values: dict[str, set[str]] = {}
+    for s in samples:
+        for label, value in s.labels.items():
+            values.setdefault(label, set()).add(value)
+    for title, exprs in dashboard_exprs().items():
+        for label, value in (m for e in exprs for m in re.findall(r'(\w+)\s*!?=\s*"([^"]*)"', e)):
+            assert value in values.get(label, set()), f"panel {title!r}: no {label}={value!r} in /metrics"

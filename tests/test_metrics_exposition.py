@@ -5,11 +5,11 @@ and radixmesh's own conventions hold. Plus the merge of expositions on input tha
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from router_cluster import MODEL_NAME, local_cluster
@@ -23,8 +23,8 @@ from radixmesh.proto.serve.sampling import SamplingParams
 # Distributions observed since start; anything else typed histogram is a mistake (a point-in-time
 # distribution is a labelled gauge: radixmesh_free_runs{size_le}).
 HISTOGRAMS = {"radixmesh_transfer_seconds", "radixmesh_router_ttft_seconds", "radixmesh_time_to_first_token_seconds"}
-BYTES_HELP = re.compile(r"\bbytes\b", re.I)
-SECONDS_HELP = re.compile(r"\b(seconds?|times?|latency|duration)\b", re.I)
+BYTES_HELP = re.compile(r"\bbytes\b", re.IGNORECASE)
+SECONDS_HELP = re.compile(r"\b(seconds?|times?|latency|duration)\b", re.IGNORECASE)
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +84,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 async def test_promtool_finds_no_problem_in_a_live_scrape(promtool: str, scrape: str, tmp_path: Path) -> None:
     path = tmp_path / "metrics.prom"
     path.write_text(scrape)
-    with path.open() as f:  # `promtool check metrics` reads the exposition on stdin
-        run = subprocess.run([promtool, "check", "metrics"], stdin=f, capture_output=True, text=True,
-                             timeout=60, check=False)
-    problems = (run.stdout + run.stderr).strip()
+    with path.open() as f, anyio.fail_after(60):  # `promtool check metrics` reads the text on stdin
+        run = await anyio.run_process([promtool, "check", "metrics"], stdin=f, check=False)
+    problems = (run.stdout + run.stderr).decode().strip()
     assert run.returncode == 0 and problems == "", problems
 
 

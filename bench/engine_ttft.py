@@ -57,7 +57,7 @@ def main() -> None:
     cached = serve_one_by_one(model, True, requests, make("warm-cached"))
     uncached = serve_one_by_one(model, False, requests, make("warm-uncached"))
     assert all(c.output_token_ids == u.output_token_ids for c, u in zip(cached, uncached, strict=True))
-    assert all(c.stats.cached_gpu_tokens == args.prefix for c in cached)
+    assert all(c.stats.sources is not None and c.stats.sources.local_gpu == args.prefix for c in cached)
 
     ttft_cached = statistics.median(o.stats.ttft_s or 0.0 for o in cached)
     ttft_uncached = statistics.median(o.stats.ttft_s or 0.0 for o in uncached)

@@ -18,6 +18,6 @@ def test_ruff_finds_nothing() -> None:
 
 @pytest.mark.slow
 def test_mypy_finds_nothing() -> None:
-    run = subprocess.run([sys.executable, "-m", "mypy", "node_agent", "cluster", "kernels"],
+    run = subprocess.run([sys.executable, "-m", "mypy", "proto", "kernels", "node_agent", "cluster", "bench"],
                          check=False, cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -11,12 +11,10 @@ and optionally an event publisher to the metadata service. `serve` executes a Se
 """
 
 import asyncio
-import hashlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from radixmesh.node_agent.config import AgentConfig
@@ -24,8 +22,6 @@ from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
-from radixmesh.node_agent.model.llama import LlamaForCausalLM
-from radixmesh.node_agent.model.weights import load_checkpoint, random_model
 from radixmesh.node_agent.publisher import EventPublisher, PublisherConfig, chains
 from radixmesh.node_agent.transfer.endpoint import parse_address
 from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
@@ -45,15 +41,6 @@ logger = logging.getLogger(__name__)
 def new_epoch() -> int:
     """A fresh incarnation number: microseconds since the epoch, so it rises across restarts."""
     return time.time_ns() // 1000
-
-
-def build_model(config: AgentConfig) -> tuple[LlamaForCausalLM, str]:
-    """The agent's model and the model id its KV layout carries. A random model's id digests its
-    config and seed, so agents with different random weights never share blocks."""
-    if config.checkpoint is not None:
-        return load_checkpoint(config.checkpoint), config.engine.model_id
-    digest = hashlib.blake2b(json.dumps(asdict(config.model), sort_keys=True).encode(), digest_size=4).hexdigest()
-    return random_model(config.model, config.seed), f"random-{digest}-seed{config.seed}"
 
 
 class NodeAgent:
@@ -81,8 +68,9 @@ class NodeAgent:
         """Build the model and engine (off the event loop), then start the transfer plane. When a
         part cannot start (ValueError: e.g. transfer="ray" outside an agent actor) the parts already
         started are stopped again before the error propagates."""
-        model, model_id = await asyncio.to_thread(build_model, self.config)
-        engine_config = replace(self.config.engine, model_id=model_id)
+        source = self.config.model
+        model = await asyncio.to_thread(source.load)
+        engine_config = replace(self.config.engine, model_id=await asyncio.to_thread(source.identity))
         engine = Engine(model, engine_config, clock=self._clock)
         self._runner = EngineRunner(engine, clock=self._clock)
         try:

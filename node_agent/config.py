@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 
 from radixmesh.node_agent.engine.engine import EngineConfig
-from radixmesh.node_agent.model.config import LlamaConfig, named_config
+from radixmesh.node_agent.model.source import ModelSource, random_source
 from radixmesh.proto.ids import NodeId
 
 TRANSFER_PLANES = ("none", "ucx", "ray", "auto")
@@ -11,16 +11,12 @@ TRANSFER_PLANES = ("none", "ucx", "ray", "auto")
 
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
-    """One node agent. Every agent of one layout must share model, seed, checkpoint and engine block size,
-    so that a block hash names the same KV bytes on every node."""
+    """One node agent. Every agent of one layout must share its model and engine block size, so that a
+    block hash names the same KV bytes on every node."""
 
     node_id: NodeId
-    model: LlamaConfig = field(default_factory=lambda: named_config("tiny"))
-    """Model shape (ignored when `checkpoint` is set: the checkpoint's config.json wins)."""
-    seed: int = 0
-    """Seed of the random weights; the same on every agent of a layout."""
-    checkpoint: str | None = None
-    """A local Hugging Face Llama directory to load instead of random weights."""
+    model: ModelSource = field(default_factory=random_source)
+    """The model (model.source.resolve_model): the same on every agent of a layout."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     host: str = "127.0.0.1"
     """Address the transfer server binds (and advertises)."""

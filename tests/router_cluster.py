@@ -12,18 +12,20 @@ from radixmesh.cluster.policy.base import PolicyConfig
 from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.router import Router
-from radixmesh.node_agent.agent import NodeAgent, build_model
+from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.model.config import named_config
+from radixmesh.node_agent.model.source import random_source
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.serve.sampling import SamplingParams
 
 MODEL = named_config("tiny", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+SOURCE = random_source(MODEL, seed=7, name="tiny-test")
 BS = 4
 MODEL_NAME = "tiny-test"
 
@@ -31,14 +33,13 @@ MODEL_NAME = "tiny-test"
 def agent_config(node: str, metadata: str | None = None, transfer: str = "none", gpu_blocks: int = 256,
                  ) -> AgentConfig:
     engine = EngineConfig(block_size=BS, memory=MemoryConfig(num_gpu_blocks=gpu_blocks))
-    return AgentConfig(NodeId(node), model=MODEL, seed=7, engine=engine, transfer=transfer,
+    return AgentConfig(NodeId(node), model=SOURCE, engine=engine, transfer=transfer,
                        metadata_address=metadata, heartbeat_interval_s=0.2, publish_interval_s=0.01)
 
 
 def reference(tokens: Sequence[int], sampling: SamplingParams) -> tuple[int, ...]:
     """Output of one cache-less engine with the agents' weights."""
-    model, model_id = build_model(agent_config("ref"))
-    engine = Engine(model, EngineConfig(block_size=BS, model_id=model_id,
+    engine = Engine(SOURCE.load(), EngineConfig(block_size=BS, model_id=SOURCE.identity(),
                                         memory=MemoryConfig(num_gpu_blocks=256, enable_prefix_caching=False)))
     return engine.generate([Request(RequestId("ref"), tuple(tokens), sampling)])[0].output_token_ids
 

@@ -7,18 +7,20 @@ import pytest
 
 from radixmesh.cluster.router.agent_client import AgentUnavailable
 from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
-from radixmesh.node_agent.agent import NodeAgent, build_model
+from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.model.config import named_config
+from radixmesh.node_agent.model.source import random_source
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, ServeItem, ServePlan, ServeResult, TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
 
 MODEL = named_config("tiny", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+SOURCE = random_source(MODEL, seed=7, name="tiny-test")
 BS = 4
 
 pytestmark = pytest.mark.anyio
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.anyio
 def agent_config(node: str, **kw: object) -> AgentConfig:
     engine = EngineConfig(block_size=BS, memory=MemoryConfig(num_gpu_blocks=96))
     options: dict[str, object] = {"transfer": "none", **kw}
-    return AgentConfig(NodeId(node), model=MODEL, seed=7, engine=engine, **options)  # type: ignore[arg-type]
+    return AgentConfig(NodeId(node), model=SOURCE, engine=engine, **options)  # type: ignore[arg-type]
 
 
 def prompt(seed: int, n: int) -> tuple[int, ...]:
@@ -40,8 +42,7 @@ def plan(rid: str, tokens: tuple[int, ...], max_tokens: int = 6, **kw: object) -
 
 def reference(tokens: tuple[int, ...], max_tokens: int = 6) -> tuple[int, ...]:
     """Output of one cache-less engine with the same weights."""
-    model, model_id = build_model(agent_config("ref"))
-    engine = Engine(model, EngineConfig(block_size=BS, model_id=model_id,
+    engine = Engine(SOURCE.load(), EngineConfig(block_size=BS, model_id=SOURCE.identity(),
                                         memory=MemoryConfig(num_gpu_blocks=96, enable_prefix_caching=False)))
     req = Request(RequestId("r"), tokens, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     return engine.generate([req])[0].output_token_ids

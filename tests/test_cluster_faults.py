@@ -18,7 +18,7 @@ import openai
 import pytest
 import ray
 from conftest import running_redis
-from router_cluster import MODEL, reference
+from router_cluster import SOURCE, reference
 
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
@@ -49,7 +49,7 @@ def redis_module() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 async def deployment(redis_module: str) -> AsyncIterator[launcher.Deployment]:
-    config = LauncherConfig(local_nodes=3, model=MODEL, seed=7, block_size=BS, gpu_blocks=512, state=redis_module,
+    config = LauncherConfig(local_nodes=3, model=SOURCE, block_size=BS, gpu_blocks=512, state=redis_module,
                             lease_ttl_s=1.5, heartbeat_interval_s=0.2, publish_interval_s=0.01,
                             metadata_retry_s=0.1, model_name="tiny-test")
     launcher.init_local_ray(config)

@@ -15,7 +15,7 @@ import aiohttp
 import openai
 import pytest
 import ray
-from router_cluster import MODEL, reference
+from router_cluster import SOURCE, reference
 
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pyte
 TOK = ByteTokenizer()
 BS = 4
 SYSTEMS = [f"System {i}: you are assistant {i} of a cluster; answer briefly and truthfully." for i in range(3)]
-CONFIG = LauncherConfig(local_nodes=3, model=MODEL, seed=7, block_size=BS, gpu_blocks=256,
+CONFIG = LauncherConfig(local_nodes=3, model=SOURCE, block_size=BS, gpu_blocks=256,
                         heartbeat_interval_s=0.2, publish_interval_s=0.01, model_name="tiny-test")
 
 

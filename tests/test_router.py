@@ -43,7 +43,7 @@ def test_router_prices_a_bf16_pull_at_half_the_bytes_of_float32() -> None:
     config = LauncherConfig()
     costs = {}
     for dtype in ("float32", "bfloat16"):
-        layout = config.model.kv_layout("m", config.block_size, dtype)
+        layout = config.model.config.kv_layout("m", config.block_size, dtype)
         infos = [NodeInfo(n, 1, layout.fingerprint(), layout.block_size, layout.block_bytes, "x", 64) for n in (A, B)]
         fingerprint, block_bytes = deployment_layout(infos)
         assert (fingerprint, block_bytes) == (layout.fingerprint(), layout.block_bytes)
@@ -53,7 +53,7 @@ def test_router_prices_a_bf16_pull_at_half_the_bytes_of_float32() -> None:
 
 
 def test_deployment_layout_refuses_agents_that_disagree() -> None:
-    layout = LauncherConfig().model.kv_layout("m", 16)
+    layout = LauncherConfig().model.config.kv_layout("m", 16)
     a = NodeInfo(A, 1, layout.fingerprint(), 16, layout.block_bytes, "x", 64)
     with pytest.raises(ValueError, match="one KV layout"):
         deployment_layout([a, dataclasses.replace(a, node_id=B, block_bytes=layout.block_bytes // 2)])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from router_cluster import MODEL
+from router_cluster import SOURCE
 
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
@@ -31,7 +31,7 @@ REPLAY = ReplayConfig(block_size=BS, max_prompt_blocks=24, max_tokens=1, sequent
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[LauncherConfig]:
     # Capacity plus room for the one running request's prompt and its decode block.
-    config = LauncherConfig(local_nodes=NODES, model=MODEL, seed=7, block_size=BS,
+    config = LauncherConfig(local_nodes=NODES, model=SOURCE, block_size=BS,
                             gpu_blocks=CAPACITY + REPLAY.max_prompt_blocks + 2, heartbeat_interval_s=0.2,
                             publish_interval_s=0.01, model_name="tiny-test")
     launcher.init_local_ray(config)

@@ -3,15 +3,21 @@
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from radixmesh.node_agent.model.config import LlamaConfig
+from radixmesh.node_agent.model.config import ARCHITECTURES, Llama3RopeScaling, LlamaConfig
 from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
-from radixmesh.node_agent.model.weights import load_checkpoint, random_model, save_checkpoint
+from radixmesh.node_agent.model.weights import (
+    checkpoint_identity,
+    load_checkpoint,
+    random_model,
+    save_checkpoint,
+)
 
 CFG = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -118,4 +124,30 @@ def test_local_hf_tokenizer_json(tmp_path: Path) -> None:
     assert hf.encode("hello world") == [2, 3] and hf.eos_token_id == 1 and hf.vocab_size == 4
     assert hf.decode([2, 3]) == "hello world"
     with pytest.raises(ValueError, match="not in"):
-        HFTokenizer(tmp_path, eos_token="<eos>")
+        HFTokenizer.from_pretrained_dir(tmp_path, eos_token="<eos>")
+
+
+@pytest.mark.parametrize("family", [
+    {"rope_scaling": Llama3RopeScaling(8.0, 1.0, 4.0, 16), "attention_bias": True, "mlp_bias": True},
+    {"model_type": "qwen2"},
+    {"model_type": "mistral"},
+])
+def test_save_then_load_round_trips_family_configs(tmp_path: Path, family: dict[str, Any]) -> None:
+    model = random_model(replace(CFG, **family), 4)
+    save_checkpoint(model, tmp_path)
+    loaded = load_checkpoint(tmp_path)
+    assert loaded.config == model.config
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
+        ARCHITECTURES[model.config.model_type]]
+    got, _ = greedy(loaded, [5, 6, 7], 4)
+    assert got == greedy(model, [5, 6, 7], 4)[0]
+    before = checkpoint_identity(tmp_path)
+    assert checkpoint_identity(tmp_path) == before
+    save_checkpoint(random_model(replace(CFG, **family), 5), tmp_path)
+    assert checkpoint_identity(tmp_path) != before
+
+
+def test_transformers5_rope_parameters_carry_rope_theta() -> None:
+    raw = {**CFG.to_hf_dict(), "rope_theta": None, "rope_scaling": None,
+           "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}
+    assert LlamaConfig.from_hf_dict(raw) == replace(CFG, rope_theta=5e5)

@@ -29,7 +29,8 @@ from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.router.explain import format_report
 from radixmesh.cluster.router.http_api import ROUTE_PATH
-from radixmesh.node_agent.model.config import NAMED_CONFIGS, named_config
+from radixmesh.node_agent.model.config import NAMED_CONFIGS
+from radixmesh.node_agent.model.source import SMOLLM2, resolve_model
 
 
 def _connect(address: str) -> None:
@@ -55,20 +56,22 @@ def _record() -> cluster_record.ClusterRecord:
 @click.option("--policy", type=click.Choice(policy_names()), default="cost", show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address router and metadata bind.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Router HTTP port.")
-@click.option("--model", type=click.Choice(sorted(NAMED_CONFIGS)), default="tiny", show_default=True)
-@click.option("--checkpoint", default=None, help="Local HF Llama directory (replaces the random model).")
+@click.option("--model", "model_spec", default="tiny", show_default=True,
+              help=f"{', '.join(sorted(NAMED_CONFIGS))} (seeded random), {SMOLLM2}, a local Hugging Face "
+                   "directory or a .gguf file.")
+@click.option("--served-model-name", default="", help="Model id clients name (default: the model's name).")
 @click.option("--gpu-blocks", default=1024, show_default=True, type=click.IntRange(min=1))
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
-def up(local_nodes: int | None, address: str, state: str, policy: str, host: str, port: int, model: str,
-       checkpoint: str | None, gpu_blocks: int, lease_ttl: float) -> None:
+def up(local_nodes: int | None, address: str, state: str, policy: str, host: str, port: int, model_spec: str,
+       served_model_name: str, gpu_blocks: int, lease_ttl: float) -> None:
     """Start metadata service, node agents and router; print the router URL."""
     if cluster_record.load() is not None:
         raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
                                    "`radixmesh down` first")
     try:
         config = LauncherConfig(local_nodes=local_nodes, state=state, policy=policy, host=host, http_port=port,
-                                model=named_config(model), checkpoint=checkpoint, gpu_blocks=gpu_blocks,
-                                lease_ttl_s=lease_ttl)
+                                model=resolve_model(model_spec), model_name=served_model_name,
+                                gpu_blocks=gpu_blocks, lease_ttl_s=lease_ttl)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if local_nodes is None:

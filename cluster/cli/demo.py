@@ -14,6 +14,7 @@ from rich.table import Table
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.demo import DemoRun, DemoWorkload, run_workload
+from radixmesh.node_agent.model.source import SMOLLM2, resolve_model
 
 
 def comparison_table(on: DemoRun, off: DemoRun) -> Table:
@@ -42,14 +43,19 @@ def comparison_table(on: DemoRun, off: DemoRun) -> Table:
 @click.command("demo")
 @click.option("--chats", default=12, show_default=True, type=click.IntRange(min=1))
 @click.option("--turns", default=3, show_default=True, type=click.IntRange(min=1))
-def demo(chats: int, turns: int) -> None:
+@click.option("--model", "model_spec", default="tiny", show_default=True,
+              help=f"tiny (seeded random, fast), {SMOLLM2}, a local Hugging Face directory or a .gguf file.")
+def demo(chats: int, turns: int, model_spec: str) -> None:
     """Local cluster of 3 agents; shared-prefix chats with caching off, then on; the comparison table."""
     console = Console()
     # The openai client logs every request at INFO; the progress bar says it better.
     for noisy in ("httpx", "httpx2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     t0 = time.monotonic()
-    config = LauncherConfig(local_nodes=3)
+    try:
+        config = LauncherConfig(local_nodes=3, model=resolve_model(model_spec))
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     workload = DemoWorkload(chats=chats, turns=turns)
     with console.status("starting Ray, metadata service, 3 agents and the router ..."):
         launcher.init_local_ray(config)
@@ -64,7 +70,7 @@ def demo(chats: int, turns: int) -> None:
             runs = []
             for label, caching in (("caching off", False), ("caching on", True)):
                 task = progress.add_task(label, total=workload.requests)
-                runs.append(asyncio.run(run_workload(deployment.router_url, config.model_name, workload, label,
+                runs.append(asyncio.run(run_workload(deployment.router_url, config.served_model_name, workload, label,
                                                      caching=caching, on_done=lambda t=task: progress.advance(t))))
     finally:
         asyncio.run(launcher.down())

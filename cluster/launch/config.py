@@ -12,7 +12,7 @@ from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
-from radixmesh.node_agent.model.config import LlamaConfig, named_config
+from radixmesh.node_agent.model.source import ModelSource, random_source
 from radixmesh.proto.ids import NodeId
 
 NAMESPACE = "radixmesh"
@@ -38,11 +38,8 @@ class LauncherConfig:
     """A node vanishes from the index this long after its last heartbeat."""
     policy: str = "cost"
     """Routing policy (route_policy.policy_names())."""
-    model: LlamaConfig = field(default_factory=lambda: named_config("tiny"))
-    seed: int = 0
-    """Seed of the random weights, the same on every agent."""
-    checkpoint: str | None = None
-    """A local HF Llama directory every node can read; replaces the random model."""
+    model: ModelSource = field(default_factory=random_source)
+    """Every agent's model (model.source.resolve_model); its files must be readable on every node."""
     block_size: int = 16
     gpu_blocks: int = 1024
     """KV blocks of each agent's gpu tier."""
@@ -56,8 +53,8 @@ class LauncherConfig:
     publish_interval_s: float = 0.05
     metadata_retry_s: float = 1.0
     """How long the router routes without prefixes after a failed Match before asking again."""
-    model_name: str = "radixmesh"
-    """The model id clients name in requests."""
+    model_name: str = ""
+    """The model id clients name in requests (--served-model-name); "": the model's own name."""
 
     def __post_init__(self) -> None:
         if self.local_nodes is not None and not 1 <= self.local_nodes <= 64:
@@ -81,6 +78,10 @@ class LauncherConfig:
         if self.block_size < 1 or self.gpu_blocks < 1 or self.host_blocks < 0:
             raise ValueError("need block_size >= 1, gpu_blocks >= 1 and host_blocks >= 0")
 
+    @property
+    def served_model_name(self) -> str:
+        return self.model_name or self.model.name
+
     def node_ids(self, count: int) -> list[NodeId]:
         """Names of `count` nodes: node-0, node-1, ..."""
         return [NodeId(f"node-{i}") for i in range(count)]
@@ -89,7 +90,7 @@ class LauncherConfig:
         """The AgentConfig of `node`, whose transfer server binds `host`."""
         memory = MemoryConfig(num_gpu_blocks=self.gpu_blocks, num_host_blocks=self.host_blocks,
                               enable_prefix_caching=self.prefix_caching)
-        return AgentConfig(node, model=self.model, seed=self.seed, checkpoint=self.checkpoint,
+        return AgentConfig(node, model=self.model,
                            engine=EngineConfig(block_size=self.block_size, memory=memory), host=host,
                            transfer=self.transfer, cluster_token=self.cluster_token,
                            # Without caching there is nothing to publish: agents stay standalone.
@@ -100,6 +101,6 @@ class LauncherConfig:
     def router_config(self, layout: str, block_bytes: int) -> RouterConfig:
         """The router's settings for agents of `layout` whose blocks hold `block_bytes` of KV."""
         return RouterConfig(layout, block_size=self.block_size, policy=self.policy,
-                            policy_config=PolicyConfig(block_bytes=block_bytes), model_name=self.model_name,
-                            limits=self.model.prompt_limits(),
+                            policy_config=PolicyConfig(block_bytes=block_bytes), model_name=self.served_model_name,
+                            limits=self.model.config.prompt_limits(),
                             metadata_retry_s=self.metadata_retry_s)

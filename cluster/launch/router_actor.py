@@ -71,7 +71,9 @@ class RouterActor:
         infos = await asyncio.gather(*(c.start() for c in clients))
         layout, block_bytes = deployment_layout(infos)
         metadata = MetadataClient(self._metadata_address, timeout_s=5.0)
-        router = Router(cfg.router_config(layout, block_bytes), StaticAgentDirectory(clients), metadata)
+        tokenizer, template = await asyncio.to_thread(lambda: (cfg.model.tokenizer(), cfg.model.chat_template()))
+        router = Router(cfg.router_config(layout, block_bytes), StaticAgentDirectory(clients), metadata,
+                        tokenizer=tokenizer, chat_template=template)
         runner, port = await start_http(router, cfg.host, cfg.http_port)
         self._runner, self._router = runner, router
         self._url = f"http://{cfg.host}:{port}"

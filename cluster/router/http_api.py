@@ -43,7 +43,6 @@ from radixmesh.cluster.router.router import (
     RouterItem,
     RouterResult,
 )
-from radixmesh.node_agent.model.chat_template import render_prompt
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.plan import TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -53,7 +52,6 @@ logger = logging.getLogger(__name__)
 ROUTE_PATH = "/radixmesh/route"
 ROUTER_KEY = web.AppKey("router", Router)
 CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("wall_clock")
-_REPLACEMENT = "\ufffd"
 
 
 def _json_error(e: ApiError) -> web.Response:
@@ -126,7 +124,11 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 async def _chat(request: web.Request) -> web.StreamResponse:
     router = request.app[ROUTER_KEY]
     parsed = parse_chat(await _body(request))
-    tokens = tuple(router.tokenizer.encode(render_prompt(parsed.messages)))
+    try:
+        prompt = router.chat_template.render(parsed.messages)
+    except ValueError as e:  # the model's template refused the conversation
+        raise ApiError(400, str(e), param="messages", code="invalid_messages") from e
+    tokens = tuple(router.tokenizer.encode(prompt))
     return await _generate(request, parsed.params, tokens, "chatcmpl", ChatResponseShape())
 
 
@@ -173,24 +175,6 @@ def _usage(result: RouterResult) -> dict[str, Any]:
     return usage(result.result.stats.prompt_tokens, len(result.result.output_token_ids), result.cached_tokens)
 
 
-class _TextStream:
-    """Token ids -> text increments. A byte tokenizer may cut a UTF-8 character in two: trailing
-    replacement characters are held back until the next tokens (or the end) complete them."""
-
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
-        self._decode = decode
-        self._tokens: list[int] = []
-        self._sent = 0
-
-    def push(self, tokens: tuple[int, ...], final: bool) -> str:
-        self._tokens.extend(tokens)
-        text = self._decode(self._tokens)
-        end = len(text) if final else len(text.rstrip(_REPLACEMENT))
-        piece = text[self._sent : max(end, self._sent)]
-        self._sent += len(piece)
-        return piece
-
-
 async def _stream(request: web.Request, router: Router, items: AsyncGenerator[RouterItem, None],
                   ids: tuple[str, int, str], params: GenerationParams, shape: ResponseShape
                   ) -> web.StreamResponse:
@@ -199,7 +183,7 @@ async def _stream(request: web.Request, router: Router, items: AsyncGenerator[Ro
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     usage_obj = None  # chunks carry "usage": null; a last chunk carries it when asked for
-    text = _TextStream(router.tokenizer.decode)
+    text = router.tokenizer.stream()  # holds back a cut character until later tokens complete it
     opened = False
 
     async def send(body: dict[str, Any] | str) -> None:
@@ -209,12 +193,12 @@ async def _stream(request: web.Request, router: Router, items: AsyncGenerator[Ro
     async def emit(item: RouterItem) -> None:
         nonlocal opened
         if isinstance(item, TokenDelta):
-            piece = text.push(item.token_ids, final=False)
+            piece = text.push(item.token_ids)
             if piece or not opened:
                 await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice(piece, not opened, None), usage_obj))
                 opened = True
             return
-        piece = text.push((), final=True)
+        piece = text.flush()
         if piece or not opened:
             await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice(piece, not opened, None), usage_obj))
             opened = True

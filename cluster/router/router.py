@@ -34,6 +34,7 @@ from radixmesh.cluster.policy.view import ClusterView, build_view
 from radixmesh.cluster.router.agent_client import AgentDirectory, AgentUnavailable
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.metrics import RouterMetrics
+from radixmesh.node_agent.model.chat_template import ChatTemplate, PlainChatTemplate
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer, Tokenizer
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
@@ -104,6 +105,7 @@ class Router:
         metadata: MetadataClient | None,
         *,
         tokenizer: Tokenizer | None = None,
+        chat_template: ChatTemplate | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
@@ -113,6 +115,7 @@ class Router:
         self.directory = directory
         self.metadata = metadata
         self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
+        self.chat_template: ChatTemplate = chat_template or PlainChatTemplate()
         self.metrics = RouterMetrics()
         self._clock = clock
         self._rng = rng or random.Random()

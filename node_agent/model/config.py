@@ -1,7 +1,9 @@
-"""Llama-architecture hyperparameters, their HF `config.json` form, and the named configs.
+"""Llama-family hyperparameters, their HF `config.json` form, and the named configs.
 
 Field names follow Hugging Face's `LlamaConfig`, so a local checkpoint's config.json maps onto
-this dataclass one to one and a saved one loads in other Llama runtimes.
+this dataclass one to one and a saved one loads in other Llama runtimes. The family covers the
+model types whose decoder is Llama's up to biases and RoPE frequencies: Llama (optionally with
+llama3 RoPE scaling and biases), Mistral without a sliding window, and Qwen2 (q/k/v biases).
 """
 
 from dataclasses import asdict, dataclass, fields, replace
@@ -12,6 +14,39 @@ from radixmesh.proto.serve.limits import PromptLimits
 
 BYTE_VOCAB_SIZE = 258
 """256 byte values, then BOS (256) and EOS (257): the byte tokenizer's vocabulary."""
+
+ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
+"""The supported HF model types and their `architectures` entry."""
+
+
+@dataclass(frozen=True, slots=True)
+class Llama3RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (HF `rope_type: "llama3"`).
+
+    Wavelengths longer than original_max_position_embeddings / low_freq_factor are stretched by
+    `factor`, those shorter than original_max_position_embeddings / high_freq_factor are kept, and
+    the band between is interpolated smoothly.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        if self.factor <= 0 or self.original_max_position_embeddings <= 0:
+            raise ValueError(f"rope_scaling factor and original_max_position_embeddings must be "
+                             f"positive, got {self.factor}, {self.original_max_position_embeddings}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(f"rope_scaling needs 0 < low_freq_factor < high_freq_factor, got "
+                             f"{self.low_freq_factor}, {self.high_freq_factor}")
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        return {"rope_type": "llama3", **asdict(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +72,25 @@ class LlamaConfig:
     eos_token_id: int = 257
     head_dim: int = 0
     """0 means hidden_size // num_attention_heads."""
+    model_type: str = "llama"
+    """One of ARCHITECTURES; "qwen2" puts biases on the q/k/v projections."""
+    attention_bias: bool = False
+    """Llama's flag: biases on the q/k/v/o projections."""
+    mlp_bias: bool = False
+    """Llama's flag: biases on the gate/up/down projections."""
+    rope_scaling: Llama3RopeScaling | None = None
+    """None: plain RoPE with rope_theta."""
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether q_proj, k_proj and v_proj carry biases."""
+        return self.attention_bias or self.model_type == "qwen2"
 
     def __post_init__(self) -> None:
+        if self.model_type not in ARCHITECTURES:
+            raise ValueError(f"model_type {self.model_type!r} is not supported; valid: {sorted(ARCHITECTURES)}")
+        if self.model_type != "llama" and (self.attention_bias or self.mlp_bias):
+            raise ValueError(f"attention_bias/mlp_bias are Llama flags, not {self.model_type!r} ones")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
             if getattr(self, name) <= 0:
@@ -67,30 +119,87 @@ class LlamaConfig:
         return PromptLimits(self.vocab_size, self.max_position_embeddings)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The config.json content of a Hugging Face Llama checkpoint."""
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **asdict(self)}
+        """The config.json content of the matching Hugging Face checkpoint."""
+        raw = {f.name: getattr(self, f.name) for f in fields(self)}
+        raw["rope_scaling"] = self.rope_scaling.to_hf_dict() if self.rope_scaling else None
+        if self.model_type != "llama":  # HF has these flags on Llama only
+            del raw["attention_bias"], raw["mlp_bias"]
+        return {"architectures": [ARCHITECTURES[self.model_type]], **raw}
 
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any]) -> "LlamaConfig":
-        """Parse a config.json; keys this model does not use (dtype, attention_bias=false...) are ignored.
+        """Parse a config.json (transformers 4 or 5 form); keys this model does not use are ignored.
 
-        Raises ValueError for a non-Llama model type, a missing field, or features not implemented
-        (biases, RoPE scaling), rather than loading something that would compute different outputs.
+        Raises ValueError for an unsupported model type or architecture, a missing field, or a
+        feature not implemented (RoPE other than default/llama3, an active sliding window, an
+        activation other than SiLU), rather than loading something that would compute different
+        outputs.
         """
-        if raw.get("model_type", "llama") != "llama":
-            raise ValueError(f"model_type must be 'llama', got {raw.get('model_type')!r}")
-        if raw.get("attention_bias") or raw.get("mlp_bias"):
-            raise ValueError("attention/MLP biases are not supported")
-        if raw.get("rope_scaling"):
-            raise ValueError(f"rope_scaling is not supported, got {raw['rope_scaling']!r}")
-        known = {f.name for f in fields(cls)}
+        model_type = raw.get("model_type", "llama")
+        if model_type not in ARCHITECTURES:
+            raise ValueError(f"model_type {model_type!r} is not supported; valid: {sorted(ARCHITECTURES)}")
+        for arch in raw.get("architectures") or []:
+            if arch != ARCHITECTURES[model_type]:
+                raise ValueError(f"architecture {arch!r} is not supported for model_type {model_type!r}; "
+                                 f"valid: {sorted(ARCHITECTURES.values())}")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act must be 'silu', got {raw['hidden_act']!r}")
+        _check_no_sliding_window(raw, model_type)
+        known = {f.name for f in fields(cls)} - {"rope_scaling", "attention_bias", "mlp_bias"}
         kwargs = {k: v for k, v in raw.items() if k in known and v is not None}
+        if model_type == "llama":  # Mistral and Qwen2 ignore these keys in HF too
+            kwargs.update(attention_bias=bool(raw.get("attention_bias")), mlp_bias=bool(raw.get("mlp_bias")))
+        theta, scaling = _parse_rope(raw)
+        if theta is not None:
+            kwargs["rope_theta"] = theta
+        kwargs["rope_scaling"] = scaling
         if isinstance(kwargs.get("eos_token_id"), list):
             kwargs["eos_token_id"] = kwargs["eos_token_id"][0]
         try:
             return cls(**kwargs)
         except TypeError as exc:
             raise ValueError(f"config.json lacks a required field: {exc}") from exc
+
+
+def _parse_rope(raw: dict[str, Any]) -> tuple[float | None, Llama3RopeScaling | None]:
+    """rope_theta and the scaling of a config.json.
+
+    transformers 4 writes `rope_theta` and `rope_scaling` ({"type" | "rope_type": ...}); 5 writes
+    one `rope_parameters` dict that holds rope_theta too.
+    """
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    theta = raw.get("rope_theta")
+    if theta is None:
+        theta = params.get("rope_theta")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"partial rotary embeddings are not supported: rope_scaling {params!r}")
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling type {kind!r} is not supported; valid: 'default', 'llama3'")
+    keys = [f.name for f in fields(Llama3RopeScaling)]
+    missing = [k for k in keys if k not in params]
+    if missing:
+        raise ValueError(f"rope_scaling llama3 lacks {missing}: {params!r}")
+    return theta, Llama3RopeScaling(**{k: params[k] for k in keys})
+
+
+def _check_no_sliding_window(raw: dict[str, Any], model_type: str) -> None:
+    """Raise unless attention is full: no window, or one no shorter than the context."""
+    window = raw.get("sliding_window")
+    if model_type == "qwen2" and not raw.get("use_sliding_window", False):
+        window = None  # HF's Qwen2 ignores sliding_window unless use_sliding_window is set
+    if model_type == "llama":
+        window = None
+    context = raw.get("max_position_embeddings")
+    if window is not None and (context is None or window < context):
+        raise ValueError(f"sliding-window attention is not supported: sliding_window {window} is "
+                         f"shorter than max_position_embeddings {context}")
+    # With no active window, HF's "sliding_attention" layers attend to everything as well.
+    unknown = set(raw.get("layer_types") or []) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ValueError(f"layer types {sorted(unknown)} are not supported")
 
 
 NAMED_CONFIGS: dict[str, LlamaConfig] = {

@@ -1,10 +1,13 @@
 """Model weights: a local Hugging Face directory (config.json + *.safetensors) or a seeded random init.
 
+(A GGUF file loads through `gguf.load_gguf`.)
+
 Never downloads. A seeded model draws every tensor from one CPU generator in sorted parameter-name
 order, so the same (config, seed) gives bit-identical weights on every node and device, which is what
 lets nodes of one layout share KV blocks.
 """
 
+import hashlib
 import json
 import logging
 import math
@@ -21,11 +24,38 @@ logger = logging.getLogger(__name__)
 
 # HF checkpoints of older transformers versions carry RoPE buffers; they are recomputed, not loaded.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+_DIGEST_CHARS = 32
+"""Hex characters of an identity: 128 bits, so two different weight sets never collide in practice."""
+
+
+def file_digest(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
+    """sha256 hex digest of a file's bytes, read in chunks (weights can be many GB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def checkpoint_identity(directory: str | Path) -> str:
+    """A short hex digest naming a checkpoint directory's weights: the KV layout's model id.
+
+    Covers config.json and every *.safetensors file (by name, in sorted order), so checkpoints
+    that differ in any weight or hyperparameter never share KV blocks. Reads every byte.
+    """
+    path = Path(directory)
+    h = hashlib.sha256(b"radixmesh-checkpoint-v1\0")
+    for file in [path / "config.json", *sorted(path.glob("*.safetensors"))]:
+        if not file.is_file():
+            raise ValueError(f"{path} has no {file.name}")
+        h.update(f"{file.name}\0{file_digest(file)}\0".encode())
+    return h.hexdigest()[:_DIGEST_CHARS]
 
 
 def random_model(config: LlamaConfig, seed: int, *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu") -> LlamaForCausalLM:
-    """A model with seeded random weights: embeddings N(0, 1), linears N(0, 1/fan_in), norms 1.
+    """A model with seeded random weights: embeddings N(0, 1), linears N(0, 1/fan_in), norms 1,
+    biases N(0, 1/size).
 
     The scale keeps activations and logits O(1), so greedy decoding has clear winners.
     """
@@ -37,6 +67,8 @@ def random_model(config: LlamaConfig, seed: int, *, dtype: torch.dtype = torch.f
                 param.fill_(1.0)
             elif name.endswith("embed_tokens.weight"):
                 param.copy_(torch.randn(param.shape, generator=gen))
+            elif name.endswith(".bias"):
+                param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(param.shape[0]))
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(param.shape[1]))
     return model.to(device=device, dtype=dtype).eval()
@@ -57,7 +89,7 @@ def save_checkpoint(model: LlamaForCausalLM, directory: str | Path) -> None:
 
 def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu") -> LlamaForCausalLM:
-    """Load a local HF Llama directory (one or several *.safetensors shards).
+    """Load a local HF Llama, Mistral or Qwen2 directory (one or several *.safetensors shards).
 
     Raises ValueError when config.json or the weights are missing, a tensor is missing, unexpected
     or of the wrong shape: a half-loaded model would serve wrong tokens silently.

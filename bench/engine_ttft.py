@@ -1,9 +1,10 @@
 """TTFT with a cached 1,024-token prefix vs the same requests with prefix caching off.
 
-Same run, same seeded default CPU model ("tiny"), same requests: each is the shared prefix plus
+Same run, same model (--model SPEC: "tiny" by default, or e.g. smollm2-135m-instruct), same requests:
+each is the shared prefix plus
 its own 32-token suffix, served one at a time (so TTFT is prefill, not queueing). The cached engine
 is warmed by one request carrying the prefix; the baseline engine has caching disabled. Prints the
-figures, then ONE JSON line, also written to bench/results/engine_ttft.json.
+figures, then ONE JSON line, also written to bench/results/engine_ttft[_<model>].json.
 """
 
 import argparse
@@ -18,18 +19,18 @@ import torch
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
-from radixmesh.node_agent.model.config import DEFAULT_CONFIG, named_config
+from radixmesh.node_agent.model.config import DEFAULT_CONFIG
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
-from radixmesh.node_agent.model.weights import random_model
+from radixmesh.node_agent.model.source import resolve_model
 from radixmesh.proto.serve.sampling import SamplingParams
 
 RESULT = Path(__file__).parent / "results" / "engine_ttft.json"
 
 
-def serve_one_by_one(model: LlamaForCausalLM, caching: bool, requests: list[Request],
+def serve_one_by_one(model: LlamaForCausalLM, model_id: str, caching: bool, requests: list[Request],
                      warmup: Request) -> list[RequestOutput]:
-    engine = Engine(model, EngineConfig(memory=MemoryConfig(num_gpu_blocks=512, enable_prefix_caching=caching)),
-                    clock=time.perf_counter)
+    memory = MemoryConfig(num_gpu_blocks=512, enable_prefix_caching=caching)
+    engine = Engine(model, EngineConfig(model_id=model_id, memory=memory), clock=time.perf_counter)
     engine.generate([warmup])
     outputs = [engine.generate([r])[0] for r in requests]
     engine.check_invariants()
@@ -42,11 +43,14 @@ def main() -> None:
     parser.add_argument("--prefix", type=int, default=1024)
     parser.add_argument("--suffix", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on shared cores)")
+    parser.add_argument("--model", default=DEFAULT_CONFIG, help="model SPEC (see radixmesh up --help)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    model = random_model(named_config(DEFAULT_CONFIG), seed=0)
+    source = resolve_model(args.model)
+    model = source.load()
     rng = random.Random(0)
+    # Token ids below 256 exist in every vocabulary; the engine never detokenizes them.
     prefix = [rng.randrange(256) for _ in range(args.prefix)]
     params = SamplingParams(max_tokens=4, ignore_eos=True)
 
@@ -54,15 +58,15 @@ def main() -> None:
         return Request(RequestId(name), tuple(prefix + [rng.randrange(256) for _ in range(args.suffix)]), params)
 
     requests = [make(f"r{i}") for i in range(args.requests)]
-    cached = serve_one_by_one(model, True, requests, make("warm-cached"))
-    uncached = serve_one_by_one(model, False, requests, make("warm-uncached"))
+    cached = serve_one_by_one(model, source.identity(), True, requests, make("warm-cached"))
+    uncached = serve_one_by_one(model, source.identity(), False, requests, make("warm-uncached"))
     assert all(c.output_token_ids == u.output_token_ids for c, u in zip(cached, uncached, strict=True))
     assert all(c.stats.sources is not None and c.stats.sources.local_gpu == args.prefix for c in cached)
 
     ttft_cached = statistics.median(o.stats.ttft_s or 0.0 for o in cached)
     ttft_uncached = statistics.median(o.stats.ttft_s or 0.0 for o in uncached)
     prefill_rate = sum(o.stats.prompt_tokens for o in uncached) / sum(o.stats.ttft_s or 0.0 for o in uncached)
-    print(f"config={DEFAULT_CONFIG} threads={args.threads} requests={args.requests} "
+    print(f"model={args.model} threads={args.threads} requests={args.requests} "
           f"prompt={args.prefix}+{args.suffix} tokens")
     print(f"median TTFT cached prefix: {ttft_cached * 1e3:.1f} ms   caching off: {ttft_uncached * 1e3:.1f} ms")
     print(f"prefill throughput (caching off): {prefill_rate:.0f} tokens/s   outputs identical: yes")
@@ -71,9 +75,11 @@ def main() -> None:
         "ttft_uncached_s": round(ttft_uncached, 6),
         "ratio_cached_vs_uncached": round(ttft_cached / ttft_uncached, 4),
         "prefill_tokens_per_s": round(prefill_rate, 1),
+        "model": args.model,
     }
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    result_file = RESULT if args.model == DEFAULT_CONFIG else RESULT.with_name(f"engine_ttft_{source.name}.json")
+    result_file.parent.mkdir(parents=True, exist_ok=True)
+    result_file.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
 
 

@@ -22,6 +22,7 @@ from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
+from radixmesh.node_agent.placement import place_model
 from radixmesh.node_agent.publisher import EventPublisher, PublisherConfig, chains
 from radixmesh.node_agent.transfer.endpoint import parse_address
 from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
@@ -69,9 +70,10 @@ class NodeAgent:
         part cannot start (ValueError: e.g. transfer="ray" outside an agent actor) the parts already
         started are stopped again before the error propagates."""
         source = self.config.model
-        model = await asyncio.to_thread(source.load)
+        placement = place_model(self.config.device, self.config.dtype)
+        model = await asyncio.to_thread(source.load, dtype=placement.dtype, device=placement.device)
         engine_config = replace(self.config.engine, model_id=await asyncio.to_thread(source.identity))
-        engine = Engine(model, engine_config, clock=self._clock)
+        engine = Engine(model, engine_config, device=placement.device, clock=self._clock)
         self._runner = EngineRunner(engine, clock=self._clock)
         try:
             self._transfer = make_transfer_plane(engine.memory.gpu, engine.layout, self.config, self._runner.call)
@@ -84,8 +86,8 @@ class NodeAgent:
         except BaseException:
             await self.stop()
             raise
-        logger.info("agent %s epoch %d up: layout %s, transfer %s", self.node, self.epoch,
-                    engine.layout.fingerprint(), self.transfer_address or "none")
+        logger.info("agent %s epoch %d up: %s on %s, layout %s, transfer %s", self.node, self.epoch,
+                    source.name, placement.device, engine.layout.fingerprint(), self.transfer_address or "none")
 
     async def stop(self) -> None:
         """Abort what runs, stop the publisher, the transfer plane and the engine thread. Idempotent."""

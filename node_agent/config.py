@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.model.source import ModelSource, random_source
+from radixmesh.node_agent.placement import DTYPES
 from radixmesh.proto.ids import NodeId
 
 TRANSFER_PLANES = ("none", "ucx", "ray", "auto")
@@ -18,6 +19,12 @@ class AgentConfig:
     model: ModelSource = field(default_factory=random_source)
     """The model (model.source.resolve_model): the same on every agent of a layout."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+    device: str = "auto"
+    """Where the model, its pools and kernels run: "auto" (the GPU the agent's actor was given, else
+    the CPU), "cpu" or "cuda[:i]"."""
+    dtype: str = "auto"
+    """Weights and KV precision: "auto" (bfloat16 on a GPU, float32 on the CPU), "float32", "float16",
+    "bfloat16"."""
     host: str = "127.0.0.1"
     """Address the transfer server binds (and advertises)."""
     transfer_port: int = 0
@@ -41,6 +48,8 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if not self.node_id:
             raise ValueError("node_id must be non-empty")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.transfer not in TRANSFER_PLANES:
             raise ValueError(f"transfer must be one of {TRANSFER_PLANES}, got {self.transfer!r}")
         if self.transfer != "none" and not self.cluster_token:

@@ -126,7 +126,30 @@ BAD: list[tuple[str, object, int, str | None]] = [
     ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "temperature": 3}, 400, "temperature"),
     ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "top_p": 0}, 400, "top_p"),
     ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "n": 2}, 400, "n"),
-    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "stop": ["\n"]}, 400, "stop"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "stop": 5}, 400, "stop"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "stop_token_ids": [9999]}, 400, "stop_token_ids"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "stop_token_ids": 3}, 400, "stop_token_ids"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "ignore_eos": "yes"}, 400, "ignore_eos"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "cache_salt": 5}, 400, "cache_salt"),
+    # The field policy: unknown names (typos) and unimplemented OpenAI/vLLM options are refused by name.
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "max_token": 5}, 400, "max_token"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "messages": []}, 400, "messages"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "logprobs": 2}, 400, "logprobs"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "echo": True}, 400, "echo"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "top_k": 5}, 400, "top_k"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "metadata": "m"}, 400, "metadata"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "stream": True,
+                         "stream_options": {"include_usage": True, "continuous_usage_stats": True}}, 400,
+     "stream_options.continuous_usage_stats"),
+    ("/v1/chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("/v1/chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "tools": [{"type": "function"}]}, 400, "tools"),
+    ("/v1/chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "prompt": "x"}, 400, "prompt"),
+    ("/v1/chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": "x", "name": "a"}]},
+     400, "messages[0].name"),
     ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "seed": -1}, 400, "seed"),
     ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "stream_options": {}}, 400, "stream_options"),
@@ -220,7 +243,7 @@ async def test_no_live_agent_answers_503(api: Api) -> None:
 
 
 async def test_route_explains_the_request_it_served(api: Api) -> None:
-    status, report = await api.post("/radixmesh/route", {"prompt": PROMPT, "max_tokens": 4, "user": "acme"})
+    status, report = await api.post("/radixmesh/route", {"prompt": PROMPT, "max_tokens": 4, "cache_salt": "acme"})
     assert status == 200
     assert report["node"] in api.cluster.router.directory.nodes()
     assert report["policy"] == "cost" and report["attempts"] == 1
@@ -232,7 +255,8 @@ async def test_route_explains_the_request_it_served(api: Api) -> None:
 @pytest.mark.parametrize(("body", "param"), [
     ({"max_tokens": 4}, "prompt"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
-    ({"prompt": "hi", "user": 7}, "user"),
+    ({"prompt": "hi", "cache_salt": 7}, "cache_salt"),
+    ({"prompt": "hi", "user": "acme"}, "user"),  # the OpenAI endpoints' field policy: unknown names are refused
     ({"prompt": "", "max_tokens": 4}, "prompt"),
 ])
 async def test_route_refuses_bad_bodies_with_openai_errors(api: Api, body: dict[str, Any], param: str) -> None:
@@ -240,3 +264,108 @@ async def test_route_refuses_bad_bodies_with_openai_errors(api: Api, body: dict[
     assert status == 400 and error["error"]["param"] == param and error["error"]["message"]
     _, stats = await api.get("/stats")
     assert json.loads(stats)["router"]["requests"] == 0  # nothing was served
+
+
+# --- vLLM's request surface: default max_tokens, stop strings and ids, cache_salt, the field policy ---
+def cached(answer: dict[str, Any]) -> int:
+    return int(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+async def test_omitted_max_tokens_generates_to_the_end_of_the_context(api: Api) -> None:
+    limit = api.cluster.router.config.limits.max_context_tokens  # the tiny model's 1024 positions
+    prompt = (PROMPT * 20)[: limit - 6]
+    body = {"model": MODEL_NAME, "prompt": prompt, "temperature": 0, "ignore_eos": True}
+    status, answer = await api.post("/v1/completions", body)
+    assert status == 200 and answer["choices"][0]["finish_reason"] == "length"
+    assert answer["usage"]["completion_tokens"] == 6
+    status, too_long = await api.post("/v1/completions", {**body, "max_tokens": 7})
+    assert status == 400 and "context limit" in too_long["error"]["message"]
+
+
+async def test_omitted_max_completion_tokens_in_chat_fills_the_context(api: Api) -> None:
+    limit = api.cluster.router.config.limits.max_context_tokens
+    rendered = render_prompt([ChatMessage("user", "")])
+    content = "y" * (limit - len(TOK.encode(rendered)) - 3)
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": content}], "temperature": 0,
+            "ignore_eos": True}
+    status, answer = await api.post("/v1/chat/completions", body)
+    assert status == 200 and answer["usage"]["completion_tokens"] == 3
+    assert answer["usage"]["prompt_tokens"] + 3 == limit
+
+
+def stop_case(max_tokens: int = 16) -> tuple[str, str, int]:
+    """A stop string taken from the reference reply itself, the reply cut before it, and the tokens
+    generated up to the one that completes it."""
+    ids = reference(TOK.encode(PROMPT), SamplingParams(max_tokens=max_tokens, seed=1))
+    text = TOK.decode(list(ids))
+    start = next(i for i in range(1, len(text) - 1) if text[i:i + 2].isascii() and text[i:i + 2].isprintable())
+    stop = text[start:start + 2]
+    upto = next(n for n in range(1, len(ids) + 1) if stop in TOK.decode(list(ids[:n])))
+    return stop, text[: text.index(stop)], upto
+
+
+async def test_stop_string_cuts_the_reply_before_it(api: Api) -> None:
+    stop, expected, upto = stop_case()
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "stop": ["zzz", stop]}
+    status, answer = await api.post("/v1/completions", body)
+    assert status == 200
+    assert (answer["choices"][0]["text"], answer["choices"][0]["finish_reason"]) == (expected, "stop")
+    assert answer["usage"]["completion_tokens"] == upto
+    for a in api.cluster.agents:  # the rest of the request was aborted: its blocks are free
+        await a.check_invariants()
+        assert a.engine.memory.gpu.pool.num_in_use == 0
+
+
+async def test_stop_string_in_a_stream(api: Api) -> None:
+    stop, expected, upto = stop_case()
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "stop": stop,
+            "stream": True, "stream_options": {"include_usage": True}}
+    events = await api.sse("/v1/completions", body)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == expected
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["usage"]["completion_tokens"] == upto
+
+
+async def test_stop_token_ids_end_the_reply_after_the_token(api: Api) -> None:
+    ids = reference(TOK.encode(PROMPT), SamplingParams(max_tokens=16, seed=1))
+    stop_id = ids[4]
+    upto = ids.index(stop_id) + 1
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "stop_token_ids": [stop_id]}
+    status, answer = await api.post("/v1/completions", body)
+    assert status == 200 and answer["choices"][0]["finish_reason"] == "stop"
+    assert answer["usage"]["completion_tokens"] == upto
+    assert answer["choices"][0]["text"] == TOK.decode(list(ids[:upto]))
+
+
+async def test_cache_salt_isolates_tenants(api: Api) -> None:
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+    full = ((len(TOK.encode(PROMPT)) - 1) // 4) * 4
+    _, first = await api.post("/v1/completions", {**body, "cache_salt": "acme"})
+    _, other = await api.post("/v1/completions", {**body, "cache_salt": "globex"})
+    _, shared = await api.post("/v1/completions", body)
+    assert cached(first) == cached(other) == cached(shared) == 0  # three tenants share nothing
+    _, same = await api.post("/v1/completions", {**body, "cache_salt": "acme"})
+    _, shared_again = await api.post("/v1/completions", body)
+    assert cached(same) == cached(shared_again) == full
+
+
+async def test_user_does_not_split_the_cache(api: Api) -> None:
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+    _, alice = await api.post("/v1/completions", {**body, "user": "alice"})
+    _, bob = await api.post("/v1/completions", {**body, "user": "bob"})
+    assert cached(alice) == 0 and cached(bob) == ((len(TOK.encode(PROMPT)) - 1) // 4) * 4
+
+
+async def test_accepted_and_neutral_fields_are_served(api: Api) -> None:
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 3, "temperature": 0, "user": "u",
+            "metadata": {"k": "v"}, "store": False, "n": 1, "logprobs": None, "echo": False, "stop": None,
+            "presence_penalty": 0, "stream": False}
+    status, answer = await api.post("/v1/completions", body)
+    assert status == 200 and answer["choices"][0]["text"] == greedy(PROMPT, 3)
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello", "refusal": None,
+                                                    "tool_calls": None}, {"role": "user", "content": "More"}]
+    status, _ = await api.post("/v1/chat/completions", {"model": MODEL_NAME, "messages": messages, "max_tokens": 2,
+                                                        "response_format": {"type": "text"}, "tool_choice": "none"})
+    assert status == 200

@@ -94,3 +94,42 @@ async def test_errors_surface_as_openai_exceptions(client: openai.AsyncOpenAI) -
         await client.completions.create(model="gpt-4", prompt="x", max_tokens=4)
     models = await client.models.list()
     assert [m.id for m in models.data] == [MODEL_NAME]
+
+
+async def test_cache_salt_through_extra_body_and_user_shares(client: openai.AsyncOpenAI) -> None:
+    prompt = "A long shared system prompt that many end users send."
+    full = ((len(prompt) - 1) // 4) * 4
+
+    async def cached(**kw: object) -> int:
+        answer = await client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=2, temperature=0,
+                                                 **kw)  # type: ignore[call-overload]
+        assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+        return answer.usage.prompt_tokens_details.cached_tokens or 0
+
+    assert await cached(user="alice") == 0
+    assert await cached(user="bob") == full  # `user` names the end user; it does not split the cache
+    assert await cached(extra_body={"cache_salt": "tenant-a"}) == 0
+    assert await cached(extra_body={"cache_salt": "tenant-a"}) == full
+
+
+async def test_stop_and_default_max_tokens(client: openai.AsyncOpenAI) -> None:
+    prompt = "Once upon a time, in a cluster far away,"
+    ids = reference(TOK.encode(prompt), SamplingParams(max_tokens=16))
+    text = TOK.decode(list(ids))
+    start = next(i for i in range(1, len(text)) if text[i].isascii() and text[i].isprintable())
+    answer = await client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=16, temperature=0,
+                                             stop=[text[start]])
+    assert answer.choices[0].text == text[: text.index(text[start])]
+    assert answer.choices[0].finish_reason == "stop"
+    chat = await client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "y" * 980}],
+                                                temperature=0, extra_body={"ignore_eos": True})
+    assert chat.usage is not None and chat.usage.total_tokens == 1024  # the tiny model's whole context
+
+
+async def test_unknown_fields_are_refused_by_name(client: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=2, extra_body={"max_token": 4})
+    assert "max_token" in bad.value.message
+    with pytest.raises(openai.BadRequestError) as unsupported:
+        await client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=2, n=2)
+    assert "'n'" in unsupported.value.message

@@ -31,6 +31,7 @@ from radixmesh.cluster.router.explain import format_report
 from radixmesh.cluster.router.http_api import ROUTE_PATH
 from radixmesh.node_agent.model.config import NAMED_CONFIGS
 from radixmesh.node_agent.model.source import SMOLLM2, resolve_model
+from radixmesh.node_agent.placement import DTYPES
 
 
 def _connect(address: str) -> None:
@@ -60,17 +61,19 @@ def _record() -> cluster_record.ClusterRecord:
               help=f"{', '.join(sorted(NAMED_CONFIGS))} (seeded random), {SMOLLM2}, a local Hugging Face "
                    "directory or a .gguf file.")
 @click.option("--served-model-name", default="", help="Model id clients name (default: the model's name).")
+@click.option("--dtype", type=click.Choice(["auto", *DTYPES]), default="auto", show_default=True,
+              help="auto: bfloat16 on a GPU, float32 on the CPU.")
 @click.option("--gpu-blocks", default=1024, show_default=True, type=click.IntRange(min=1))
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
 def up(local_nodes: int | None, address: str, state: str, policy: str, host: str, port: int, model_spec: str,
-       served_model_name: str, gpu_blocks: int, lease_ttl: float) -> None:
+       served_model_name: str, dtype: str, gpu_blocks: int, lease_ttl: float) -> None:
     """Start metadata service, node agents and router; print the router URL."""
     if cluster_record.load() is not None:
         raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
                                    "`radixmesh down` first")
     try:
         config = LauncherConfig(local_nodes=local_nodes, state=state, policy=policy, host=host, http_port=port,
-                                model=resolve_model(model_spec), model_name=served_model_name,
+                                model=resolve_model(model_spec), model_name=served_model_name, dtype=dtype,
                                 gpu_blocks=gpu_blocks, lease_ttl_s=lease_ttl)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
@@ -147,12 +150,12 @@ def _alive(pid: int) -> bool:
 @click.command("route")
 @click.argument("prompt")
 @click.option("--max-tokens", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--user", default="", help="Tenant (salts the prompt's block hashes).")
+@click.option("--cache-salt", default="", help="Tenant (salts the prompt's block hashes; empty: shared).")
 @click.option("--url", default=None, help="Router URL (default: the recorded deployment's).")
-def route(prompt: str, max_tokens: int, user: str, url: str | None) -> None:
+def route(prompt: str, max_tokens: int, cache_salt: str, url: str | None) -> None:
     """Serve PROMPT once and print where it went, why, and where its prompt tokens came from."""
     base = url or _record().router_url
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "user": user}).encode()
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "cache_salt": cache_salt}).encode()
     req = urllib.request.Request(f"{base}{ROUTE_PATH}", body, {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:

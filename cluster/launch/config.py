@@ -40,6 +40,8 @@ class LauncherConfig:
     """Routing policy (route_policy.policy_names())."""
     model: ModelSource = field(default_factory=random_source)
     """Every agent's model (model.source.resolve_model); its files must be readable on every node."""
+    dtype: str = "auto"
+    """Weights and KV precision of every agent (AgentConfig.dtype)."""
     block_size: int = 16
     gpu_blocks: int = 1024
     """KV blocks of each agent's gpu tier."""
@@ -90,7 +92,7 @@ class LauncherConfig:
         """The AgentConfig of `node`, whose transfer server binds `host`."""
         memory = MemoryConfig(num_gpu_blocks=self.gpu_blocks, num_host_blocks=self.host_blocks,
                               enable_prefix_caching=self.prefix_caching)
-        return AgentConfig(node, model=self.model,
+        return AgentConfig(node, model=self.model, dtype=self.dtype,
                            engine=EngineConfig(block_size=self.block_size, memory=memory), host=host,
                            transfer=self.transfer, cluster_token=self.cluster_token,
                            # Without caching there is nothing to publish: agents stay standalone.

@@ -7,7 +7,7 @@
     GET  /stats                 JSON: the router's own counters and the metadata service's GetStats
     GET  /metrics               Prometheus: the router's metrics and every agent's, labelled `node`
     GET  /healthz               200 while some agent is known, else 503
-    POST /radixmesh/route       {"prompt", "max_tokens", "user"}: serve it once and explain the route
+    POST /radixmesh/route       {"prompt", "max_tokens", "cache_salt"}: serve it once and explain the route
                                 (router.explain.RouteReport), what `radixmesh route` prints
 
 Every error is OpenAI's JSON error object with a 4xx/5xx status. A stream whose first token never
@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -43,6 +43,7 @@ from radixmesh.cluster.router.router import (
     RouterItem,
     RouterResult,
 )
+from radixmesh.cluster.router.stop_strings import StopStrings
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.plan import TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -139,35 +140,78 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
         raise ApiError(404, f"model {params.model!r} does not exist; this server serves "
                             f"{router.config.model_name!r}", param="model", code="model_not_found")
     rid = f"{prefix}-{uuid.uuid4().hex}"
+    limits = router.config.limits
+    bad_stop = next((t for t in params.stop_token_ids if t >= limits.vocab_size), None)
+    if bad_stop is not None:
+        raise ApiError(400, f"stop token id {bad_stop} is outside the vocabulary [0, {limits.vocab_size})",
+                       param="stop_token_ids", code="invalid_value")
+    # Omitted max_tokens: the rest of the context (at least 1, so a prompt that fills it is refused below).
+    max_tokens = params.max_tokens or max(1, limits.max_context_tokens - len(tokens))
     try:
-        sampling = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
-                                  top_p=params.top_p, seed=params.seed)
-        job = GenerateRequest(rid, tokens, sampling, params.user)
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=params.temperature, top_p=params.top_p,
+                                  seed=params.seed, stop_token_ids=params.stop_token_ids,
+                                  ignore_eos=params.ignore_eos)
+        job = GenerateRequest(rid, tokens, sampling, params.cache_salt)
         router.validate(job)
     except ValueError as e:
         raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from e
     ids = (rid, int(request.app[CLOCK_KEY]()), params.model)
     items = router.generate(job)
+    reply = _reply(router, items, params, len(tokens))
     try:
         if params.stream:
-            return await _stream(request, router, items, ids, params, shape)
-        result = await _last(items)
+            return await _stream(request, reply, ids, params, shape)
+        pieces = [piece async for piece in reply]
     except InvalidRequest as e:
         raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from e
     except NoNodeAvailable as e:
         raise ApiError(503, str(e), type_="server_error", code="no_node_available") from e
     finally:
-        await items.aclose()
-    text = router.tokenizer.decode(list(result.result.output_token_ids))
-    body = shape.envelope(shape.kind, ids, shape.full_choice(text, result.result.finish_reason.value),
-                          _usage(result))
-    return web.json_response(body)
+        await reply.aclose()
+        await items.aclose()  # before its end (a stop string): aborts the request on its agent
+    end = pieces.pop()
+    assert isinstance(end, _End)
+    text = "".join(p for p in pieces if isinstance(p, str))
+    return web.json_response(shape.envelope(shape.kind, ids, shape.full_choice(text, end.finish_reason), end.usage))
 
 
-async def _last(items: AsyncIterator[RouterItem]) -> RouterResult:
+class _End(NamedTuple):
+    """How a reply ended: the last item of `_reply`."""
+
+    finish_reason: str
+    usage: dict[str, Any]
+
+
+async def _reply(router: Router, items: AsyncIterator[RouterItem], params: GenerationParams, prompt_tokens: int
+                 ) -> AsyncGenerator[str | _End, None]:
+    """The reply's text in pieces (some empty), then one _End. With stop strings it ends before the
+    first one, without waiting for the router's result: the caller then closes `items`, which
+    aborts the request on its agent, so usage has no agent-measured cached_tokens."""
+    text = router.tokenizer.stream()  # holds back a cut character until later tokens complete it
+    stops = StopStrings(params.stop) if params.stop else None
+    generated = 0
     async for item in items:
-        if isinstance(item, RouterResult):
-            return item
+        if isinstance(item, TokenDelta):
+            for token in item.token_ids:  # one at a time, so usage counts up to the token that stops
+                generated += 1
+                piece = text.push([token])
+                if stops is None:
+                    yield piece
+                    continue
+                check = stops.push(piece)
+                yield check.text
+                if check.stopped:
+                    yield _End("stop", usage(prompt_tokens, generated, None))
+                    return
+            continue
+        finish, tail = item.result.finish_reason.value, text.flush()
+        if stops is not None:
+            check = stops.push(tail)
+            tail = check.text if check.stopped else check.text + stops.flush()
+            finish = "stop" if check.stopped else finish
+        yield tail
+        yield _End(finish, _usage(item))
+        return
     raise AssertionError("the router's stream ended without a result")
 
 
@@ -175,48 +219,40 @@ def _usage(result: RouterResult) -> dict[str, Any]:
     return usage(result.result.stats.prompt_tokens, len(result.result.output_token_ids), result.cached_tokens)
 
 
-async def _stream(request: web.Request, router: Router, items: AsyncGenerator[RouterItem, None],
-                  ids: tuple[str, int, str], params: GenerationParams, shape: ResponseShape
-                  ) -> web.StreamResponse:
+async def _stream(request: web.Request, reply: AsyncIterator[str | _End], ids: tuple[str, int, str],
+                  params: GenerationParams, shape: ResponseShape) -> web.StreamResponse:
     # The first item is awaited before the response starts, so routing failures keep their status.
-    first = await anext(items)
+    first = await anext(reply)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     usage_obj = None  # chunks carry "usage": null; a last chunk carries it when asked for
-    text = router.tokenizer.stream()  # holds back a cut character until later tokens complete it
     opened = False
 
     async def send(body: dict[str, Any] | str) -> None:
         data = body if isinstance(body, str) else json.dumps(body)
         await response.write(f"data: {data}\n\n".encode())
 
-    async def emit(item: RouterItem) -> None:
+    async def emit(item: str | _End) -> None:
         nonlocal opened
-        if isinstance(item, TokenDelta):
-            piece = text.push(item.token_ids)
-            if piece or not opened:
-                await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice(piece, not opened, None), usage_obj))
+        if isinstance(item, str):
+            if item or not opened:
+                await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice(item, not opened, None), usage_obj))
                 opened = True
             return
-        piece = text.flush()
-        if piece or not opened:
-            await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice(piece, not opened, None), usage_obj))
-            opened = True
-        finish = item.result.finish_reason.value
-        await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice("", False, finish), usage_obj))
+        await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice("", False, item.finish_reason), usage_obj))
         if params.include_usage:
-            await send(shape.envelope(shape.chunk_kind, ids, None, _usage(item)))
+            await send(shape.envelope(shape.chunk_kind, ids, None, item.usage))
 
     try:
         await emit(first)
-        async for item in items:
+        async for item in reply:
             await emit(item)
     except (NoNodeAvailable, InvalidRequest) as e:
         status, kind = (503, "server_error") if isinstance(e, NoNodeAvailable) else (400, "invalid_request_error")
         logger.warning("stream %s failed after it started: %s", ids[0], e)
         await send(ApiError(status, str(e), type_=kind).body())
     except ConnectionResetError:
-        # The client left; closing `items` (by the caller) aborts the request on its agent.
+        # The client left; closing the router's items (by the caller) aborts the request on its agent.
         logger.info("client of stream %s disconnected", ids[0])
         return response
     await send("[DONE]")
@@ -261,13 +297,17 @@ async def _route(request: web.Request) -> web.Response:
     body = await _body(request)
     if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
         raise ApiError(400, "the body must be a JSON object with a string 'prompt'", param="prompt")
-    max_tokens, user = body.get("max_tokens", 16), body.get("user", "")
+    unknown = sorted(body.keys() - {"prompt", "max_tokens", "cache_salt"})
+    if unknown:  # the OpenAI endpoints' policy: no field is silently ignored
+        raise ApiError(400, f"unrecognized request argument supplied: '{unknown[0]}'", param=unknown[0],
+                       code="unknown_parameter")
+    max_tokens, cache_salt = body.get("max_tokens", 16), body.get("cache_salt", "")
     if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1):
         raise ApiError(400, "'max_tokens' must be an integer >= 1", param="max_tokens")
-    if not isinstance(user, str):
-        raise ApiError(400, "'user' must be a string", param="user")
+    if not isinstance(cache_salt, str):
+        raise ApiError(400, "'cache_salt' must be a string", param="cache_salt")
     job = GenerateRequest(f"route-{uuid.uuid4().hex}", tuple(router.tokenizer.encode(body["prompt"])),
-                          SamplingParams(max_tokens=max_tokens), user)
+                          SamplingParams(max_tokens=max_tokens), cache_salt)
     try:
         result = await router.complete(job)
     except InvalidRequest as e:

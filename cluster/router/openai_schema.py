@@ -2,8 +2,24 @@
 
 Parsing is pure: a body either becomes a typed request or raises ApiError carrying the HTTP status
 and OpenAI's error object ``{"error": {"message", "type", "param", "code"}}``; nothing is routed,
-counted or allocated before a request parses. Fields the router cannot honour (several choices,
-stop sequences, logprobs, ...) are refused rather than silently ignored.
+counted or allocated before a request parses.
+
+Request fields, one policy for both endpoints (and for the keys of a chat message): every field of a
+body is in exactly one of these classes, and none is ever silently ignored.
+
+- Served: `model`, `prompt` (completions) or `messages` (chat), `max_tokens` (chat also
+  `max_completion_tokens`; omitted: the rest of the context), `temperature`, `top_p`, `seed`,
+  `stream`, `stream_options.include_usage`, `stop` (a string or up to 4), and vLLM's `stop_token_ids`,
+  `ignore_eos` and `cache_salt` (the tenant: it salts the prompt's block hashes, so only requests
+  with equal salts share cached prefixes; none is the shared tenant).
+- Accepted, not acted on (they change nothing OpenAI returns): `user` (an end-user id; it does not
+  split the cache), `metadata`, `store`, `service_tier`. Each is type-checked.
+- Defined by OpenAI (or vLLM) but not implemented (`n`, `best_of`, `echo`, `logprobs`, `suffix`,
+  `logit_bias`, penalties, `tools`, `response_format`, ...): accepted only at the value that means
+  "off" (`n: 1`, `logprobs: false`, `response_format: {"type": "text"}`, ...), refused with 400
+  naming the field otherwise.
+- Anything else: 400 naming the field (OpenAI's own "Unrecognized request argument"). vLLM warns
+  and ignores instead; we refuse so that a typo such as `max_token` cannot silently change a reply.
 """
 
 from dataclasses import dataclass
@@ -12,13 +28,49 @@ from typing import Any
 from radixmesh.node_agent.model.chat_template import ROLES, ChatMessage
 from radixmesh.proto.serve.sampling import MAX_SEED
 
-# Fields that change what OpenAI returns; accepted only at their neutral value.
+MAX_STOP_STRINGS = 4
+"""OpenAI's limit on `stop` strings per request."""
+
+# Fields both endpoints serve; each endpoint adds its prompt field (and chat max_completion_tokens).
+_SERVED = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stream", "stream_options", "stop",
+                     "stop_token_ids", "ignore_eos", "cache_salt"})
+# Accepted and type-checked, but they change nothing in the reply.
+_ACCEPTED: dict[str, type | tuple[type, ...]] = {"user": str, "metadata": dict, "store": bool, "service_tier": str}
+# Implemented nowhere here; accepted only at the value that means "off" (the last one is named in the error).
 _NEUTRAL: dict[str, tuple[object, ...]] = {
-    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0), "suffix": (None, ""), "stop": (None, [], ""), "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "tools": (None, []),
-    "functions": (None, []), "tool_choice": (None, "none"),
+    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprobs": (None, 0, False),
+    "top_logprobs": (None, 0), "suffix": (None, ""), "logit_bias": (None, {}),
+    "presence_penalty": (None, 0.0, 0), "frequency_penalty": (None, 0.0, 0), "tools": (None, []),
+    "functions": (None, []), "tool_choice": (None, "none"), "function_call": (None, "none"),
+    "parallel_tool_calls": (None, False), "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]), "reasoning_effort": (None,), "prediction": (None,), "audio": (None,),
+    "web_search_options": (None,),
+    # vLLM's sampling extras
+    "top_k": (None, 0, -1), "min_p": (None, 0.0, 0), "repetition_penalty": (None, 1, 1.0), "min_tokens": (None, 0),
+    "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
 }
+# Keys of a chat message: role and content are served; these are accepted while empty (an assistant
+# message the openai client hands back carries them as null).
+_MESSAGE_NEUTRAL: dict[str, tuple[object, ...]] = {
+    "refusal": (None,), "tool_calls": (None, []), "function_call": (None,), "audio": (None,), "annotations": (None, []),
+}
+
+
+def _check_fields(body: dict[str, Any], served: frozenset[str]) -> None:
+    """The field policy of the module docstring, for one body."""
+    for name, value in body.items():
+        if name in served:
+            continue
+        if name in _ACCEPTED:
+            if value is not None and not isinstance(value, _ACCEPTED[name]):
+                raise _bad(f"'{name}' has the wrong type", name, "invalid_type")
+        elif name in _NEUTRAL:
+            neutral = _NEUTRAL[name]
+            if value not in neutral:
+                only = "" if neutral == (None,) else f" (only {neutral[-1]!r})"
+                raise _bad(f"'{name}' is not supported by this server{only}", name, "unsupported_value")
+        else:
+            raise _bad(f"unrecognized request argument supplied: '{name}'", name, "unknown_parameter")
 
 
 class ApiError(Exception):
@@ -42,15 +94,23 @@ class GenerationParams:
     """What both endpoints share."""
 
     model: str
-    max_tokens: int
+    max_tokens: int | None
+    """None: the rest of the model's context after the prompt (vLLM's default)."""
     temperature: float
     top_p: float
     seed: int | None
     stream: bool
     include_usage: bool
     """stream_options.include_usage: a last chunk carries usage."""
-    user: str
-    """Tenant name: salts the prompt's block hashes, so only equal users share prefixes."""
+    stop: tuple[str, ...]
+    """Generation ends at the first of these in the text; it and what follows are not returned."""
+    stop_token_ids: tuple[int, ...]
+    """Generation ends after any of these tokens (vLLM's field)."""
+    ignore_eos: bool
+    """Generate past the model's EOS token (vLLM's field)."""
+    cache_salt: str
+    """Tenant name (vLLM's `cache_salt`): salts the prompt's block hashes, so only requests with
+    equal salts share prefixes; "" is the shared tenant."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +151,31 @@ def _int(body: dict[str, Any], name: str, default: int | None, low: int, high: i
     return value
 
 
-def _params(body: object, max_tokens_names: tuple[str, ...]) -> tuple[dict[str, Any], GenerationParams]:
+def _stop(body: dict[str, Any]) -> tuple[str, ...]:
+    value = body.get("stop")
+    stops = [] if value is None else [value] if isinstance(value, str) else value
+    if not (isinstance(stops, list) and len(stops) <= MAX_STOP_STRINGS and all(isinstance(s, str) for s in stops)):
+        raise _bad(f"'stop' must be a string or a list of at most {MAX_STOP_STRINGS} strings", "stop", "invalid_type")
+    return tuple(dict.fromkeys(s for s in stops if s))  # "" stops nothing
+
+
+def _stop_token_ids(body: dict[str, Any]) -> tuple[int, ...]:
+    value = body.get("stop_token_ids")
+    if value is None:
+        return ()
+    if not (isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)):
+        raise _bad("'stop_token_ids' must be a list of token ids", "stop_token_ids", "invalid_type")
+    return tuple(dict.fromkeys(value))
+
+
+def _params(body: object, prompt_fields: frozenset[str], max_tokens_names: tuple[str, ...]
+            ) -> tuple[dict[str, Any], GenerationParams]:
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", None, "invalid_type")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' is required and must be a non-empty string", "model", "missing_required_parameter")
-    for name, neutral in _NEUTRAL.items():
-        if name in body and body[name] not in neutral:
-            raise _bad(f"'{name}' is not supported by this server (only {neutral[-1]!r})", name, "unsupported_value")
+    _check_fields(body, _SERVED | prompt_fields)
     max_tokens: int | None = None
     for name in max_tokens_names:
         max_tokens = _int(body, name, max_tokens, 1, 1 << 20)
@@ -115,19 +191,28 @@ def _params(body: object, max_tokens_names: tuple[str, ...]) -> tuple[dict[str, 
             raise _bad("'stream_options' is only allowed with 'stream': true", "stream_options")
         if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
             raise _bad("'stream_options' must be an object with a boolean 'include_usage'", "stream_options")
+        for key in options.keys() - {"include_usage"}:
+            raise _bad(f"unrecognized request argument supplied: 'stream_options.{key}'", f"stream_options.{key}",
+                       "unknown_parameter")
         include_usage = bool(options.get("include_usage", False))
-    user = body.get("user", "")
-    if not isinstance(user, str):
-        raise _bad("'user' must be a string", "user", "invalid_type")
+    cache_salt = body.get("cache_salt")
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise _bad("'cache_salt' must be a string", "cache_salt", "invalid_type")
+    ignore_eos = body.get("ignore_eos")
+    if ignore_eos is not None and not isinstance(ignore_eos, bool):
+        raise _bad("'ignore_eos' must be a boolean", "ignore_eos", "invalid_type")
     return body, GenerationParams(
         model=model,
-        max_tokens=16 if max_tokens is None else max_tokens,
+        max_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0, False),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, True),
         seed=_int(body, "seed", None, 0, MAX_SEED),
         stream=stream,
         include_usage=include_usage,
-        user=user,
+        stop=_stop(body),
+        stop_token_ids=_stop_token_ids(body),
+        ignore_eos=bool(ignore_eos),
+        cache_salt=cache_salt or "",
     )
 
 
@@ -139,7 +224,7 @@ def _token_list(value: list[Any]) -> tuple[int, ...] | None:
 
 def parse_completion(body: object) -> CompletionRequest:
     """A /v1/completions body: `prompt` is a string, a list of token ids, or a one-element list of either."""
-    fields, params = _params(body, ("max_tokens",))
+    fields, params = _params(body, frozenset({"prompt"}), ("max_tokens",))
     prompt = fields.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
@@ -167,7 +252,8 @@ def _content(message: dict[str, Any], i: int) -> str:
 
 def parse_chat(body: object) -> ChatRequest:
     """A /v1/chat/completions body: a non-empty list of {role, content} messages."""
-    fields, params = _params(body, ("max_tokens", "max_completion_tokens"))
+    fields, params = _params(body, frozenset({"messages", "max_completion_tokens"}),
+                             ("max_tokens", "max_completion_tokens"))
     raw = fields.get("messages")
     if not isinstance(raw, list) or not raw:
         raise _bad("'messages' must be a non-empty list", "messages", "missing_required_parameter")
@@ -175,18 +261,25 @@ def parse_chat(body: object) -> ChatRequest:
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise _bad(f"messages[{i}].role must be one of {', '.join(ROLES)}", f"messages[{i}].role")
+        for key in m.keys() - {"role", "content"}:
+            if m[key] not in _MESSAGE_NEUTRAL.get(key, ()):
+                raise _bad(f"messages[{i}].{key} is not supported by this server", f"messages[{i}].{key}",
+                           "unsupported_value")
         messages.append(ChatMessage(m["role"], _content(m, i)))
     return ChatRequest(tuple(messages), params)
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """OpenAI's usage object; cached_tokens = prompt tokens reused (local or pulled), not prefilled."""
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens = prompt tokens reused (local or pulled), not prefilled.
+    None (not measured: the request was aborted at a stop string) leaves prompt_tokens_details out."""
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 class ResponseShape:

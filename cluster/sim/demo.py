@@ -3,8 +3,8 @@ with prefix caching as deployed and once with caching defeated, side by side.
 
 Workload: `chats` conversations of `turns` turns over a few long shared system prompts; each turn
 sends the whole history (rendered by the chat template, so it is a growing shared prefix), `chats
-_at_once` conversations at a time. The baseline runs the same requests with a distinct `user` per
-request: the tenant salt makes every prefix unique, so nothing is reused and every prompt token is
+_at_once` conversations at a time. The baseline runs the same requests with a distinct `cache_salt`
+per request: the tenant salt makes every prefix unique, so nothing is reused and every prompt token is
 prefilled, exactly the work of a cluster without a cache. It runs first, so it cannot profit from
 what the cached run leaves behind.
 """
@@ -88,7 +88,7 @@ async def run_workload(base_url: str, model: str, workload: DemoWorkload, label:
                 sent = time.monotonic()
                 stream = await client.chat.completions.create(
                     model=model, messages=history, max_tokens=workload.max_tokens, temperature=0, stream=True,
-                    user="" if caching else f"{label}-{c}-{turn}")
+                    extra_body=None if caching else {"cache_salt": f"{label}-{c}-{turn}"})
                 reply, first = "", None
                 async for chunk in stream:
                     first = first if first is not None else time.monotonic()

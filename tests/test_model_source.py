@@ -1,0 +1,64 @@
+"""`--model SPEC` resolution, weights identity, and where an agent's model runs."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixmesh.node_agent.model.config import named_config
+from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, random_source, resolve_model
+from radixmesh.node_agent.model.tokenizer import ByteTokenizer
+from radixmesh.node_agent.model.weights import random_model, save_checkpoint
+from radixmesh.node_agent.placement import place_model
+
+SMALL = named_config("tiny", hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=1, max_position_embeddings=64)
+
+
+def test_named_configs_are_seeded_random_models_with_byte_tokenizers() -> None:
+    source = resolve_model("tiny", seed=3)
+    assert (source.name, source.weights, source.seed) == ("tiny", None, 3)
+    assert isinstance(source.tokenizer(), ByteTokenizer)
+    assert source.identity() != resolve_model("tiny", seed=4).identity()  # other weights, other blocks
+
+
+def test_a_checkpoint_directory_is_named_and_identified_by_its_files(tmp_path: Path) -> None:
+    save_checkpoint(random_model(SMALL, seed=1), tmp_path / "m1")
+    save_checkpoint(random_model(SMALL, seed=2), tmp_path / "m2")
+    one, two = resolve_model(str(tmp_path / "m1")), resolve_model(str(tmp_path / "m2"))
+    assert one.name == "m1" and one.config == two.config == SMALL
+    assert one.identity().startswith("hf-") and one.identity() != two.identity()
+    assert one.identity() == resolve_model(str(tmp_path / "m1")).identity()
+    loaded = one.load()
+    assert torch.equal(loaded.model.embed_tokens.weight, random_model(SMALL, seed=1).model.embed_tokens.weight)
+
+
+@pytest.mark.parametrize("spec", ["gpt-5", "/nonexistent/model", "weights.bin"])
+def test_an_unknown_model_names_the_valid_ones(spec: str) -> None:
+    with pytest.raises(ValueError, match=f"valid: .*{SMOLLM2}"):
+        resolve_model(spec)
+
+
+def test_a_directory_without_config_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no config.json"):
+        resolve_model(str(tmp_path))
+
+
+def test_random_source_of_a_given_shape() -> None:
+    source = random_source(SMALL, seed=7, name="small")
+    assert source == ModelSource("small", SMALL, None, 7)
+
+
+def test_the_cpu_runs_float32_by_default_and_bad_placements_are_refused() -> None:
+    placed = place_model()
+    if torch.cuda.is_available():
+        assert (placed.device.type, placed.dtype) == ("cuda", torch.bfloat16)
+    else:
+        assert (placed.device.type, placed.dtype) == ("cpu", torch.float32)
+        with pytest.raises(ValueError, match="sees no GPU"):
+            place_model("cuda")
+    assert place_model("cpu", "bfloat16").dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype must be"):
+        place_model("cpu", "int8")
+    with pytest.raises(ValueError, match="device must be"):
+        place_model("mps")

@@ -72,7 +72,8 @@ class NodeAgent:
         source = self.config.model
         placement = place_model(self.config.device, self.config.dtype)
         model = await asyncio.to_thread(source.load, dtype=placement.dtype, device=placement.device)
-        engine_config = replace(self.config.engine, model_id=await asyncio.to_thread(source.identity))
+        engine_config = replace(self.config.engine, model_id=await asyncio.to_thread(source.identity),
+                                eos_token_ids=source.eos_token_ids())
         engine = Engine(model, engine_config, device=placement.device, clock=self._clock)
         self._runner = EngineRunner(engine, clock=self._clock)
         try:

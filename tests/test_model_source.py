@@ -1,15 +1,19 @@
 """`--model SPEC` resolution, weights identity, and where an agent's model runs."""
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.model.config import named_config
 from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, random_source, resolve_model
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer
 from radixmesh.node_agent.model.weights import random_model, save_checkpoint
 from radixmesh.node_agent.placement import place_model
+from radixmesh.proto.serve.sampling import FinishReason, SamplingParams
 
 SMALL = named_config("tiny", hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
                      num_key_value_heads=1, max_position_embeddings=64)
@@ -62,3 +66,22 @@ def test_the_cpu_runs_float32_by_default_and_bad_placements_are_refused() -> Non
         place_model("cpu", "int8")
     with pytest.raises(ValueError, match="device must be"):
         place_model("mps")
+
+
+def test_every_eos_of_generation_config_ends_a_sequence(tmp_path: Path) -> None:
+    model = random_model(SMALL, seed=1)
+    save_checkpoint(model, tmp_path / "m")
+    source = resolve_model(str(tmp_path / "m"))
+    assert source.eos_token_ids() == ()
+    prompt = tuple(range(3, 19))
+    free = Engine(model, EngineConfig(block_size=4)).generate(
+        [Request(RequestId("a"), prompt, SamplingParams(max_tokens=4, ignore_eos=True))])
+    first = free[0].output_token_ids[0]
+    generation = {"eos_token_id": [SMALL.eos_token_id, first]}
+    (tmp_path / "m" / "generation_config.json").write_text(json.dumps(generation))
+    assert source.eos_token_ids() == (SMALL.eos_token_id, first)
+    engine = Engine(model, EngineConfig(block_size=4, eos_token_ids=source.eos_token_ids()))
+    [out] = engine.generate([Request(RequestId("b"), prompt, SamplingParams(max_tokens=4))])
+    assert (out.output_token_ids, out.finish_reason) == ((first,), FinishReason.STOP)
+    [ignored] = engine.generate([Request(RequestId("c"), prompt, SamplingParams(max_tokens=4, ignore_eos=True))])
+    assert ignored.output_token_ids == free[0].output_token_ids

@@ -53,6 +53,9 @@ class EngineConfig:
     """Return every sampled position's logits in RequestOutput (exactness tests)."""
     model_id: str = "seed-0"
     """Names the weights in the KV layout fingerprint."""
+    eos_token_ids: tuple[int, ...] = ()
+    """More end-of-sequence ids (generation_config.json may list several); the model config's
+    eos_token_id always ends a sequence too."""
     memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
@@ -73,6 +76,7 @@ class Engine:
                                   device=device, clock=clock)
         self.scheduler = Scheduler(self.memory, self.policy, config.max_num_batched_tokens, config.max_num_seqs)
         self.device = device
+        self._eos = frozenset((model.config.eos_token_id, *config.eos_token_ids))
         self.limits = model.config.prompt_limits()
         """What a prompt must satisfy (the router and the agent check the same before this engine)."""
         self._clock = clock
@@ -178,8 +182,7 @@ class Engine:
         if index == 0:
             seq.stats.first_token_s = self._clock()
             self.counters.observe_ttft(seq.stats.first_token_s - seq.stats.arrival_s)
-        eos = self.model.config.eos_token_id
-        if token in params.stop_token_ids or (token == eos and not params.ignore_eos):
+        if token in params.stop_token_ids or (token in self._eos and not params.ignore_eos):
             return token, FinishReason.STOP
         if index + 1 >= params.max_tokens:
             return token, FinishReason.LENGTH

@@ -67,6 +67,18 @@ class ModelSource:
             return load_gguf(self.weights, dtype=dtype, device=device)
         return load_checkpoint(self.weights, dtype=dtype, device=device)
 
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every id that ends a generation besides the config's eos_token_id: a Hugging Face
+        checkpoint's generation_config.json may list several (Llama 3 Instruct's <|eot_id|>)."""
+        if self.weights is None or self.is_gguf:
+            return ()
+        path = Path(self.weights) / "generation_config.json"
+        if not path.is_file():
+            return ()
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        ids = eos if isinstance(eos, list) else [eos]
+        return tuple(int(i) for i in ids if isinstance(i, int) and 0 <= i < self.config.vocab_size)
+
     def tokenizer(self) -> Tokenizer:
         if self.weights is None:
             return ByteTokenizer()

@@ -1,5 +1,5 @@
 """`radixmesh demo`: start a local 3-agent cluster, run the shared-prefix chat workload with caching
-defeated and then as deployed, print both side by side, stop the cluster."""
+defeated and then as deployed, print both side by side and one real answer, stop the cluster."""
 
 import asyncio
 import logging
@@ -13,8 +13,10 @@ from rich.table import Table
 
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.cluster.sim.demo import DemoRun, DemoWorkload, run_workload
+from radixmesh.cluster.sim.demo import DemoRun, DemoWorkload, ask, run_workload
 from radixmesh.node_agent.model.source import SMOLLM2, resolve_model
+
+QUESTION = "What is the capital of France?"
 
 
 def comparison_table(on: DemoRun, off: DemoRun) -> Table:
@@ -41,10 +43,11 @@ def comparison_table(on: DemoRun, off: DemoRun) -> Table:
 
 
 @click.command("demo")
-@click.option("--chats", default=12, show_default=True, type=click.IntRange(min=1))
-@click.option("--turns", default=3, show_default=True, type=click.IntRange(min=1))
-@click.option("--model", "model_spec", default="tiny", show_default=True,
-              help=f"tiny (seeded random, fast), {SMOLLM2}, a local Hugging Face directory or a .gguf file.")
+@click.option("--chats", default=DemoWorkload().chats, show_default=True, type=click.IntRange(min=1))
+@click.option("--turns", default=DemoWorkload().turns, show_default=True, type=click.IntRange(min=1))
+@click.option("--model", "model_spec", default=SMOLLM2, show_default=True,
+              help=f"{SMOLLM2} (the real model), tiny (seeded random: fast, its text is noise), a local "
+                   "Hugging Face directory or a .gguf file.")
 def demo(chats: int, turns: int, model_spec: str) -> None:
     """Local cluster of 3 agents; shared-prefix chats with caching off, then on; the comparison table."""
     console = Console()
@@ -72,10 +75,12 @@ def demo(chats: int, turns: int, model_spec: str) -> None:
                 task = progress.add_task(label, total=workload.requests)
                 runs.append(asyncio.run(run_workload(deployment.router_url, config.served_model_name, workload, label,
                                                      caching=caching, on_done=lambda t=task: progress.advance(t))))
+        answer = asyncio.run(ask(deployment.router_url, config.served_model_name, QUESTION))
     finally:
         asyncio.run(launcher.down())
         ray.shutdown()
     off, on = runs
     console.print(comparison_table(on, off))
+    console.print(f"{config.served_model_name}, asked {QUESTION!r}: {answer.strip()!r}")
     ratio = off.ttft(50) / on.ttft(50) if on.ttft(50) else float("inf")
     console.print(f"TTFT p50 with caching off / on: {ratio:.2f}x; demo took {time.monotonic() - t0:.1f} s")

@@ -29,7 +29,7 @@ TOPICS = ("a distributed prefix cache", "paged attention", "consistent hashing w
 
 @dataclass(frozen=True, slots=True)
 class DemoWorkload:
-    chats: int = 12
+    chats: int = 6
     turns: int = 3
     systems: int = 3
     system_chars: int = 1200
@@ -105,6 +105,14 @@ async def run_workload(base_url: str, model: str, workload: DemoWorkload, label:
     return DemoRun(label, after["requests"] - before["requests"], after["prompt_tokens"] - before["prompt_tokens"],
                    {s: after[s] - before[s] for s in SOURCES}, tuple(ttfts),
                    await _bytes_pulled(base_url) - pulled, wall)
+
+
+async def ask(base_url: str, model: str, question: str, max_tokens: int = 24) -> str:
+    """One chat question through the router, answered greedily: what a user would see."""
+    async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="-", max_retries=0, timeout=300) as client:
+        answer = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": question}], max_tokens=max_tokens, temperature=0)
+    return answer.choices[0].message.content or ""
 
 
 async def _bytes_pulled(base_url: str) -> int:

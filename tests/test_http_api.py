@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from router_cluster import MODEL_NAME, Cluster, local_cluster, reference
 
 from radixmesh.cluster.router.http_api import start_http
-from radixmesh.node_agent.model.chat_template import ChatMessage, render_prompt
+from radixmesh.node_agent.model.chat_template import ChatMessage, PlainChatTemplate
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer
 from radixmesh.proto.serve.sampling import SamplingParams
 
@@ -101,7 +101,7 @@ async def test_chat_and_streamed_chat(api: Api) -> None:
     body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 7, "temperature": 0}
     status, whole = await api.post("/v1/chat/completions", body)
     assert status == 200 and whole["object"] == "chat.completion"
-    rendered = render_prompt([ChatMessage(m["role"], m["content"]) for m in messages])
+    rendered = PlainChatTemplate().render([ChatMessage(m["role"], m["content"]) for m in messages])
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": greedy(rendered, 7)}
     assert whole["usage"]["prompt_tokens"] == len(TOK.encode(rendered))
     events = await api.sse("/v1/chat/completions", {**body, "stream": True})
@@ -284,7 +284,7 @@ async def test_omitted_max_tokens_generates_to_the_end_of_the_context(api: Api) 
 
 async def test_omitted_max_completion_tokens_in_chat_fills_the_context(api: Api) -> None:
     limit = api.cluster.router.config.limits.max_context_tokens
-    rendered = render_prompt([ChatMessage("user", "")])
+    rendered = PlainChatTemplate().render([ChatMessage("user", "")])
     content = "y" * (limit - len(TOK.encode(rendered)) - 3)
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": content}], "temperature": 0,
             "ignore_eos": True}

@@ -8,7 +8,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from router_cluster import MODEL_NAME, local_cluster, reference
 
 from radixmesh.cluster.router.http_api import start_http
-from radixmesh.node_agent.model.chat_template import ChatMessage, render_prompt
+from radixmesh.node_agent.model.chat_template import ChatMessage, PlainChatTemplate
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer
 from radixmesh.proto.serve.sampling import SamplingParams
 
@@ -50,7 +50,7 @@ async def test_chat_multi_turn_reuses_the_history(client: openai.AsyncOpenAI) ->
                                                  temperature=0)
     reply = first.choices[0].message.content
     assert first.choices[0].message.role == "assistant"
-    rendered = render_prompt([ChatMessage(m["role"], m["content"]) for m in history])
+    rendered = PlainChatTemplate().render([ChatMessage(m["role"], m["content"]) for m in history])
     assert reply == greedy(rendered, 5)
     history += [{"role": "assistant", "content": reply or ""}, {"role": "user", "content": "And then?"}]
     second = await client.chat.completions.create(model=MODEL_NAME, messages=history, max_tokens=5,  # type: ignore[arg-type]
@@ -82,7 +82,7 @@ async def test_streaming_chat(client: openai.AsyncOpenAI) -> None:
         for choice in chunk.choices:
             text += choice.delta.content or ""
             finish = choice.finish_reason or finish
-    assert text == greedy(render_prompt([ChatMessage("user", "Say something.")]), 8)
+    assert text == greedy(PlainChatTemplate().render([ChatMessage("user", "Say something.")]), 8)
     assert finish in ("length", "stop")
 
 

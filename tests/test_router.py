@@ -16,7 +16,7 @@ from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.view import NodeView, build_view
 from radixmesh.cluster.router.metrics import RouterMetrics, merge_expositions
 from radixmesh.cluster.router.router import GenerateRequest, NoNodeAvailable, RouterResult
-from radixmesh.node_agent.model.chat_template import ChatMessage, render_prompt
+from radixmesh.node_agent.model.chat_template import ChatMessage, PlainChatTemplate
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
@@ -255,14 +255,14 @@ texts = st.text(st.characters(codec="utf-8"), max_size=20)
        texts, texts)
 def test_chat_history_is_a_growing_shared_prefix(history: list[tuple[str, str]], reply: str, nxt: str) -> None:
     msgs = [ChatMessage(role, text) for role, text in history]
-    turn = render_prompt(msgs)
-    assert render_prompt([*msgs, ChatMessage("assistant", reply), ChatMessage("user", nxt)]).startswith(turn)
+    turn = PlainChatTemplate().render(msgs)
+    assert PlainChatTemplate().render([*msgs, ChatMessage("assistant", reply), ChatMessage("user", nxt)]).startswith(turn)
 
 
 def test_chat_template_is_the_documented_text_and_refuses_bad_roles() -> None:
     msgs = [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi")]
-    assert render_prompt(msgs) == "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
+    assert PlainChatTemplate().render(msgs) == "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
     with pytest.raises(ValueError, match="role"):
         ChatMessage("tool", "x")
     with pytest.raises(ValueError):
-        render_prompt([])
+        PlainChatTemplate().render([])

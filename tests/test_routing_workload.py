@@ -18,8 +18,8 @@ from radixmesh.node_agent.model.chat_template import (
     END,
     GENERATION_HEADER,
     ChatMessage,
+    PlainChatTemplate,
     render_message,
-    render_prompt,
 )
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -38,7 +38,7 @@ POLICY = PolicyConfig(block_bytes=MODEL.kv_layout("tiny", BS).block_bytes, load_
 async def chat(router: Router, c: int, results: list[RouterResult]) -> None:
     """One conversation: each turn's prompt is the last prompt + the reply + the next user message,
     token for token (the reply's bytes go back as the assistant message, as a client would send it)."""
-    tokens = TOK.encode(render_prompt([ChatMessage("system", SYSTEMS[c % len(SYSTEMS)]),
+    tokens = TOK.encode(PlainChatTemplate().render([ChatMessage("system", SYSTEMS[c % len(SYSTEMS)]),
                                        ChatMessage("user", f"Question {c}.0 from user {c}?")]))
     for turn in range(TURNS):
         sampling = SamplingParams(max_tokens=REPLY, ignore_eos=True, seed=c)

@@ -54,22 +54,18 @@ class ChatTemplate(Protocol):
         ...
 
 
-class PlainChatTemplate:
-    """The documented template above."""
-
-    def render(self, messages: Sequence[ChatMessage]) -> str:
-        return render_prompt(messages)
-
-
 def render_message(message: ChatMessage) -> str:
     return f"<|{message.role}|>\n{message.content}{END}"
 
 
-def render_prompt(messages: Sequence[ChatMessage]) -> str:
-    """PlainChatTemplate's prompt; ValueError for an empty conversation."""
-    if not messages:
-        raise ValueError("a chat needs at least one message")
-    return "".join(render_message(m) for m in messages) + GENERATION_HEADER
+class PlainChatTemplate:
+    """The documented template above."""
+
+    def render(self, messages: Sequence[ChatMessage]) -> str:
+        """The prompt for the assistant's next reply; ValueError for an empty conversation."""
+        if not messages:
+            raise ValueError("a chat needs at least one message")
+        return "".join(render_message(m) for m in messages) + GENERATION_HEADER
 
 
 class JinjaChatTemplate:

@@ -74,7 +74,8 @@ class NodeAgent:
         model = await asyncio.to_thread(source.load, dtype=placement.dtype, device=placement.device)
         engine_config = replace(self.config.engine, model_id=await asyncio.to_thread(source.identity),
                                 eos_token_ids=source.eos_token_ids())
-        engine = Engine(model, engine_config, device=placement.device, clock=self._clock)
+        tokenizer = await asyncio.to_thread(source.tokenizer)
+        engine = Engine(model, engine_config, device=placement.device, clock=self._clock, tokenizer=tokenizer)
         self._runner = EngineRunner(engine, clock=self._clock)
         try:
             self._transfer = make_transfer_plane(engine.memory.gpu, engine.layout, self.config, self._runner.call)

@@ -311,7 +311,12 @@ async def test_stop_string_cuts_the_reply_before_it(api: Api) -> None:
     assert status == 200
     assert (answer["choices"][0]["text"], answer["choices"][0]["finish_reason"]) == (expected, "stop")
     assert answer["usage"]["completion_tokens"] == upto
-    for a in api.cluster.agents:  # the rest of the request was aborted: its blocks are free
+    # The engine ended the request at the stop (not the router aborting it): no token was generated
+    # past it, the agent measured the prompt's cache hits, and the request counts as served.
+    assert sum(a.engine.counters.generated_tokens for a in api.cluster.agents) == upto
+    assert cached(answer) >= 0
+    assert api.cluster.router.metrics.status_counts == {"ok": 1}
+    for a in api.cluster.agents:
         await a.check_invariants()
         assert a.engine.memory.gpu.pool.num_in_use == 0
 

@@ -43,10 +43,10 @@ from radixmesh.cluster.router.router import (
     RouterItem,
     RouterResult,
 )
-from radixmesh.cluster.router.stop_strings import StopStrings
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.plan import TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
+from radixmesh.proto.serve.stop_strings import StopStrings
 
 logger = logging.getLogger(__name__)
 
@@ -150,14 +150,14 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
     try:
         sampling = SamplingParams(max_tokens=max_tokens, temperature=params.temperature, top_p=params.top_p,
                                   seed=params.seed, stop_token_ids=params.stop_token_ids,
-                                  ignore_eos=params.ignore_eos)
+                                  ignore_eos=params.ignore_eos, stop=params.stop)
         job = GenerateRequest(rid, tokens, sampling, params.cache_salt)
         router.validate(job)
     except ValueError as e:
         raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from e
     ids = (rid, int(request.app[CLOCK_KEY]()), params.model)
     items = router.generate(job)
-    reply = _reply(router, items, params, len(tokens))
+    reply = _reply(router, items, params)
     try:
         if params.stream:
             return await _stream(request, reply, ids, params, shape)
@@ -168,7 +168,7 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
         raise ApiError(503, str(e), type_="server_error", code="no_node_available") from e
     finally:
         await reply.aclose()
-        await items.aclose()  # before its end (a stop string): aborts the request on its agent
+        await items.aclose()  # a client gone before the end: aborts the request on its agent
     end = pieces.pop()
     assert isinstance(end, _End)
     text = "".join(p for p in pieces if isinstance(p, str))
@@ -182,33 +182,21 @@ class _End(NamedTuple):
     usage: dict[str, Any]
 
 
-async def _reply(router: Router, items: AsyncIterator[RouterItem], params: GenerationParams, prompt_tokens: int
+async def _reply(router: Router, items: AsyncIterator[RouterItem], params: GenerationParams
                  ) -> AsyncGenerator[str | _End, None]:
-    """The reply's text in pieces (some empty), then one _End. With stop strings it ends before the
-    first one, without waiting for the router's result: the caller then closes `items`, which
-    aborts the request on its agent, so usage has no agent-measured cached_tokens."""
+    """The reply's text in pieces (some empty), then one _End. The agent's engine ends a request on
+    the token that completes a stop string; the same check here cuts the text right before it."""
     text = router.tokenizer.stream()  # holds back a cut character until later tokens complete it
     stops = StopStrings(params.stop) if params.stop else None
-    generated = 0
     async for item in items:
         if isinstance(item, TokenDelta):
-            for token in item.token_ids:  # one at a time, so usage counts up to the token that stops
-                generated += 1
-                piece = text.push([token])
-                if stops is None:
-                    yield piece
-                    continue
-                check = stops.push(piece)
-                yield check.text
-                if check.stopped:
-                    yield _End("stop", usage(prompt_tokens, generated, None))
-                    return
+            piece = text.push(item.token_ids)
+            yield piece if stops is None else stops.push(piece).text
             continue
         finish, tail = item.result.finish_reason.value, text.flush()
         if stops is not None:
             check = stops.push(tail)
             tail = check.text if check.stopped else check.text + stops.flush()
-            finish = "stop" if check.stopped else finish
         yield tail
         yield _End(finish, _usage(item))
         return

@@ -26,10 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixmesh.node_agent.model.chat_template import ROLES, ChatMessage
-from radixmesh.proto.serve.sampling import MAX_SEED
-
-MAX_STOP_STRINGS = 4
-"""OpenAI's limit on `stop` strings per request."""
+from radixmesh.proto.serve.sampling import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 # Fields both endpoints serve; each endpoint adds its prompt field (and chat max_completion_tokens).
 _SERVED = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stream", "stream_options", "stop",
@@ -154,8 +151,10 @@ def _int(body: dict[str, Any], name: str, default: int | None, low: int, high: i
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     value = body.get("stop")
     stops = [] if value is None else [value] if isinstance(value, str) else value
-    if not (isinstance(stops, list) and len(stops) <= MAX_STOP_STRINGS and all(isinstance(s, str) for s in stops)):
-        raise _bad(f"'stop' must be a string or a list of at most {MAX_STOP_STRINGS} strings", "stop", "invalid_type")
+    if not (isinstance(stops, list) and len(stops) <= MAX_STOP_STRINGS
+            and all(isinstance(s, str) and len(s) <= MAX_STOP_CHARS for s in stops)):
+        raise _bad(f"'stop' must be a string or a list of at most {MAX_STOP_STRINGS} strings of at most "
+                   f"{MAX_STOP_CHARS} characters", "stop", "invalid_type")
     return tuple(dict.fromkeys(s for s in stops if s))  # "" stops nothing
 
 
@@ -269,17 +268,14 @@ def parse_chat(body: object) -> ChatRequest:
     return ChatRequest(tuple(messages), params)
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
-    """OpenAI's usage object; cached_tokens = prompt tokens reused (local or pulled), not prefilled.
-    None (not measured: the request was aborted at a stop string) leaves prompt_tokens_details out."""
-    body: dict[str, Any] = {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens = prompt tokens reused (local or pulled), not prefilled."""
+    return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
-    if cached_tokens is not None:
-        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    return body
 
 
 class ResponseShape:

@@ -20,9 +20,11 @@ from radixmesh.node_agent.engine.preemption import make_preemption_policy
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput, RequestStats
 from radixmesh.node_agent.engine.sampler import sample
 from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler, SequenceState
+from radixmesh.node_agent.engine.stop_text import StopText
 from radixmesh.node_agent.memory.metrics import memory_stats
 from radixmesh.node_agent.metrics_exposition import render_prometheus
 from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
+from radixmesh.node_agent.model.tokenizer import Tokenizer
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.sampling import FinishReason, draw_seed
@@ -64,8 +66,9 @@ class Engine:
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig | None = None, *,
                  device: str | torch.device = "cpu", clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:
-        """`clock` times TTFT and decode; `rng` draws the seeds of requests that bring none."""
+                 rng: random.Random | None = None, tokenizer: Tokenizer | None = None) -> None:
+        """`clock` times TTFT and decode; `rng` draws the seeds of requests that bring none;
+        `tokenizer` decodes the output of requests with stop strings (refused without one)."""
         self.config = config = config or EngineConfig()
         self.model = model
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -81,6 +84,7 @@ class Engine:
         """What a prompt must satisfy (the router and the agent check the same before this engine)."""
         self._clock = clock
         self._rng = rng or random.Random()
+        self._tokenizer = tokenizer
         self._active: dict[RequestId, SequenceState] = {}
 
     # --- requests ----------------------------------------------------------------------------
@@ -92,6 +96,9 @@ class Engine:
         seed = request.sampling.seed if request.sampling.seed is not None else draw_seed(self._rng)
         stats = RequestStats(prompt_tokens=len(request.prompt_token_ids), arrival_s=self._clock())
         seq = SequenceState(request, seed, stats, self.memory.new_sequence(request.prompt_token_ids, request.salt))
+        if request.sampling.stop:
+            assert self._tokenizer is not None, "_validate refuses stop strings without a tokenizer"
+            seq.stop_text = StopText.start(self._tokenizer, request.sampling.stop)
         ext = request.external_prefix
         if ext is not None and ext.block_ids:
             self.memory.adopt_external(seq, ext.block_ids, ext.hashes, start)
@@ -184,6 +191,8 @@ class Engine:
             self.counters.observe_ttft(seq.stats.first_token_s - seq.stats.arrival_s)
         if token in params.stop_token_ids or (token in self._eos and not params.ignore_eos):
             return token, FinishReason.STOP
+        if seq.stop_text is not None and seq.stop_text.push(token):
+            return token, FinishReason.STOP
         if index + 1 >= params.max_tokens:
             return token, FinishReason.LENGTH
         return token, None
@@ -216,6 +225,8 @@ class Engine:
         if request.request_id in self._active:
             raise InvalidRequest(f"request id {request.request_id!r} is already active")
         self.limits.check(prompt, request.sampling.max_tokens)
+        if request.sampling.stop and self._tokenizer is None:
+            raise InvalidRequest("stop strings need the engine's tokenizer, and this engine has none")
         total = len(prompt) + request.sampling.max_tokens
         need = self.memory.blocks_for(total)
         if need > self.memory.config.num_gpu_blocks:

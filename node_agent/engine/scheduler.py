@@ -14,6 +14,7 @@ import torch
 
 from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
 from radixmesh.node_agent.engine.request import Request, RequestStats
+from radixmesh.node_agent.engine.stop_text import StopText
 from radixmesh.node_agent.memory.block_table import BlockTable
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
@@ -44,6 +45,8 @@ class SequenceState:
     host_hit_blocks: int = 0
     """Blocks of the latest prefix match that were promoted from the host tier."""
     logits: list[torch.Tensor] = field(default_factory=list)
+    stop_text: StopText | None = None
+    """The decoded output, for requests with stop strings."""
 
     @property
     def tokens(self) -> list[int]:

@@ -7,6 +7,10 @@ from enum import StrEnum
 
 MAX_SEED = 2**63 - 1
 """Largest seed a request may carry (OpenAI's `seed` is a signed 64-bit integer)."""
+MAX_STOP_STRINGS = 4
+"""OpenAI's limit on `stop` strings per request."""
+MAX_STOP_CHARS = 1024
+"""Longest stop string: the engine holds back that much text per request while it decodes."""
 
 
 def draw_seed(rng: random.Random) -> int:
@@ -31,6 +35,10 @@ class SamplingParams:
     """Stop after generating any of these (the stop token is kept in the output)."""
     ignore_eos: bool = False
     """Keep generating past the model's EOS token (benchmarks want fixed lengths)."""
+    stop: tuple[str, ...] = ()
+    """Stop once the decoded output contains any of these (the engine decodes as it samples, so it
+    stops on the token that completes one: no wasted decode steps, and exact usage). The token is
+    kept in the output ids; the reply's text ends right before the stop string (stop_strings)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -41,6 +49,9 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed must be in [0, {MAX_SEED}], got {self.seed}")
+        if len(self.stop) > MAX_STOP_STRINGS or not all(0 < len(s) <= MAX_STOP_CHARS for s in self.stop):
+            raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings of at most "
+                             f"{MAX_STOP_CHARS} characters")
 
 
 class FinishReason(StrEnum):

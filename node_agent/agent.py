@@ -19,6 +19,7 @@ from typing import Any
 
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine
+from radixmesh.node_agent.engine.gpu_budget import measure_gpu_budget
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
@@ -74,6 +75,13 @@ class NodeAgent:
         model = await asyncio.to_thread(source.load, dtype=placement.dtype, device=placement.device)
         engine_config = replace(self.config.engine, model_id=await asyncio.to_thread(source.identity),
                                 eos_token_ids=source.eos_token_ids())
+        if self.config.gpu_memory_utilization is not None:
+            budget = await asyncio.to_thread(measure_gpu_budget, model, engine_config, placement.device,
+                                             self.config.gpu_memory_utilization)
+            if budget.num_blocks < 1:
+                raise ValueError(f"agent {self.node}: no room for KV blocks: {budget.describe()}")
+            logger.info("agent %s gpu tier: %s", self.node, budget.describe())
+            engine_config = replace(engine_config, memory=replace(engine_config.memory, num_gpu_blocks=budget.num_blocks))
         tokenizer = await asyncio.to_thread(source.tokenizer)
         engine = Engine(model, engine_config, device=placement.device, clock=self._clock, tokenizer=tokenizer)
         self._runner = EngineRunner(engine, clock=self._clock)

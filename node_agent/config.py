@@ -25,6 +25,9 @@ class AgentConfig:
     dtype: str = "auto"
     """Weights and KV precision: "auto" (bfloat16 on a GPU, float32 on the CPU), "float32", "float16",
     "bfloat16"."""
+    gpu_memory_utilization: float | None = None
+    """On a GPU: size the gpu tier from this share of the device's memory, less the weights and a
+    measured activation peak (engine.gpu_budget), instead of engine.memory.num_gpu_blocks."""
     host: str = "127.0.0.1"
     """Address the transfer server binds (and advertises)."""
     transfer_port: int = 0
@@ -50,6 +53,8 @@ class AgentConfig:
             raise ValueError("node_id must be non-empty")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.transfer not in TRANSFER_PLANES:
             raise ValueError(f"transfer must be one of {TRANSFER_PLANES}, got {self.transfer!r}")
         if self.transfer != "none" and not self.cluster_token:

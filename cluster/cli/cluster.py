@@ -63,10 +63,15 @@ def _record() -> cluster_record.ClusterRecord:
 @click.option("--served-model-name", default="", help="Model id clients name (default: the model's name).")
 @click.option("--dtype", type=click.Choice(["auto", *DTYPES]), default="auto", show_default=True,
               help="auto: bfloat16 on a GPU, float32 on the CPU.")
-@click.option("--gpu-blocks", default=1024, show_default=True, type=click.IntRange(min=1))
+@click.option("--gpu-blocks", default=1024, show_default=True, type=click.IntRange(min=1),
+              help="KV blocks of each agent's gpu tier (CPU agents, or without --gpu-memory-utilization).")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Agents on GPUs size their KV pool from this share of the device, less weights and a "
+                   "measured activation peak (as vLLM does); e.g. 0.9, or 0.4 for two agents per GPU.")
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
 def up(local_nodes: int | None, address: str, state: str, policy: str, host: str, port: int, model_spec: str,
-       served_model_name: str, dtype: str, gpu_blocks: int, lease_ttl: float) -> None:
+       served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
+       lease_ttl: float) -> None:
     """Start metadata service, node agents and router; print the router URL."""
     if cluster_record.load() is not None:
         raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
@@ -74,7 +79,8 @@ def up(local_nodes: int | None, address: str, state: str, policy: str, host: str
     try:
         config = LauncherConfig(local_nodes=local_nodes, state=state, policy=policy, host=host, http_port=port,
                                 model=resolve_model(model_spec), model_name=served_model_name, dtype=dtype,
-                                gpu_blocks=gpu_blocks, lease_ttl_s=lease_ttl)
+                                gpu_blocks=gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
+                                lease_ttl_s=lease_ttl)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if local_nodes is None:

@@ -44,7 +44,9 @@ class LauncherConfig:
     """Weights and KV precision of every agent (AgentConfig.dtype)."""
     block_size: int = 16
     gpu_blocks: int = 1024
-    """KV blocks of each agent's gpu tier."""
+    """KV blocks of each agent's gpu tier (unless gpu_memory_utilization sizes it)."""
+    gpu_memory_utilization: float | None = None
+    """Agents on GPUs size their gpu tier from this share of the device (AgentConfig)."""
     host_blocks: int = 0
     prefix_caching: bool = True
     """False: agents neither reuse nor publish prefixes (the demo's "caching off" baseline)."""
@@ -92,7 +94,7 @@ class LauncherConfig:
         """The AgentConfig of `node`, whose transfer server binds `host`."""
         memory = MemoryConfig(num_gpu_blocks=self.gpu_blocks, num_host_blocks=self.host_blocks,
                               enable_prefix_caching=self.prefix_caching)
-        return AgentConfig(node, model=self.model, dtype=self.dtype,
+        return AgentConfig(node, model=self.model, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
                            engine=EngineConfig(block_size=self.block_size, memory=memory), host=host,
                            transfer=self.transfer, cluster_token=self.cluster_token,
                            # Without caching there is nothing to publish: agents stay standalone.

@@ -7,7 +7,9 @@ One script, Llama-3-8B attention shapes (32 query heads, 8 KV heads, head_dim 12
   2. `triton.testing.do_bench` medians, every baseline measured in the same run: paged decode bandwidth
      as a fraction of a device-to-device copy (goal >= 0.7) and its time vs SDPA on the same K/V laid
      out contiguously (goal <= 1.3x); prefill over a paged prefix vs SDPA; gather/scatter bandwidth vs
-     the copy (goal >= 0.8).
+     the copy (goal >= 0.8);
+  3. a real model served by a 2-agent cluster on this one GPU (bench/gpu_cluster.py): TTFT cached vs
+     uncached, decode tokens/s, agent-to-agent pull GB/s vs a device copy, identical outputs.
 Prints a table, then one JSON line, also written to bench/results/gpu_check.json. Exits 2 without
 CUDA, 1 when a correctness check fails.
 
@@ -26,6 +28,9 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 from torch.nn.attention.bias import causal_lower_right
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling gpu_cluster, run as a script
+import gpu_cluster
 
 RESULT = Path(__file__).parent / "results" / "gpu_check.json"
 GIB = 1 << 30
@@ -78,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="fewer timing cases (correctness unchanged)")
     p.add_argument("--out", type=Path, default=RESULT, help="where to write the JSON result")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="smollm2-135m-instruct", help="model of the cluster check")
+    p.add_argument("--no-cluster", action="store_true", help="kernels only")
     return p.parse_args(argv)
 
 
@@ -306,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = run_checks(LLAMA3_8B, quick=args.quick, seed=args.seed)
     result["plan"] = {"shape": asdict(LLAMA3_8B), "planned_gib": round(planned_bytes() / GIB, 1)}
+    if not args.no_cluster:
+        torch.cuda.empty_cache()  # the kernel checks' pools go back before two agents share the device
+        cluster = gpu_cluster.run(gpu_cluster.parse_args(["--model", args.model, "--trials", "3" if args.quick else "5"]))
+        result["cluster"] = cluster
+        result["correct"] = bool(result["correct"]) and cluster["outputs_identical"] and not cluster["pulls_failed"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))

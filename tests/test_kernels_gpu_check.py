@@ -1,6 +1,7 @@
 """bench/gpu_check.py as far as a CPU can check it: arguments, shape tables, memory plan, no-CUDA exit."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -50,3 +51,20 @@ def test_without_cuda_it_exits_2_with_a_clear_message() -> None:
                           timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "needs a CUDA device" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_cluster_check_serves_identical_tokens_through_a_pull_on_this_machine(tmp_path: Path) -> None:
+    """gpu_check's cluster part (bench/gpu_cluster.py) end to end on the CPU, with the tiny model:
+    two agent actors, an uncached, a local and a pulled serve of each prompt, baselines measured."""
+    out = tmp_path / "cluster.json"
+    cluster = Path(__file__).resolve().parents[1] / "bench" / "gpu_cluster.py"
+    proc = subprocess.run([sys.executable, str(cluster), "--model", "tiny", "--trials", "2", "--prefix-tokens", "128",
+                           "--decode-tokens", "16", "--out", str(out)], check=False, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["outputs_identical"] and result["pulls_failed"] == 0 and result["device"] == "cpu"
+    assert all(r["pull_bytes"] > 0 for r in result["rows"])  # the pulled serve really pulled
+    assert result["copy_gbps"] > 0 and result["pull_over_copy"] > 0 and result["decode_tokens_per_s"] > 0
+    assert result["ttft_local_over_uncached"] > 0

@@ -16,6 +16,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from radixmesh.node_agent.model.config import LlamaConfig
+from radixmesh.node_agent.model.gguf_file import open_gguf
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.weights import file_digest
 
@@ -124,7 +125,7 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32,
     Raises ValueError for a non-llama architecture, or a tensor that is missing, unexpected or of
     the wrong shape: a half-loaded model would serve wrong tokens silently.
     """
-    reader = GGUFReader(str(path))
+    reader = open_gguf(path)
     config = config_from_gguf(reader)
     model = LlamaForCausalLM(config)
     expected = model.state_dict()

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf import GGUFReader
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from radixmesh.node_agent.model.gguf_file import open_gguf
 
 CONTROL = 3
 USER_DEFINED = 4
@@ -71,8 +72,8 @@ class GGUFTokenizerMetadata:
 def read_tokenizer_metadata(path: str | Path) -> GGUFTokenizerMetadata:
     """The tokenizer metadata of the GGUF at `path`; ValueError when it is not a readable GGUF.
 
-    Cached per (path, size, mtime): GGUFReader parses every field (~4 s for SmolLM2's 49k tokens),
-    and the tokenizer and the chat template read the same file."""
+    Cached per (path, size, mtime): decoding 49k vocabulary strings takes a while, and the tokenizer
+    and the chat template read the same metadata."""
     file = Path(path).resolve()
     if not file.is_file():
         raise ValueError(f"no GGUF file at {file}")
@@ -82,10 +83,7 @@ def read_tokenizer_metadata(path: str | Path) -> GGUFTokenizerMetadata:
 
 @functools.lru_cache(maxsize=4)
 def _read(file: str, _size: int, _mtime_ns: int) -> GGUFTokenizerMetadata:
-    try:
-        reader = GGUFReader(file)
-    except (ValueError, OSError) as e:
-        raise ValueError(f"{file} is not a readable GGUF file: {e}") from e
+    reader = open_gguf(file)
 
     def value(key: str) -> object:
         field = reader.get_field(key)

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from gguf import GGUFReader
 
 from radixmesh.node_agent.model.chat_template import (
     ChatTemplate,
@@ -25,6 +24,7 @@ from radixmesh.node_agent.model.chat_template import (
 )
 from radixmesh.node_agent.model.config import NAMED_CONFIGS, LlamaConfig, named_config
 from radixmesh.node_agent.model.gguf import config_from_gguf, gguf_identity, load_gguf
+from radixmesh.node_agent.model.gguf_file import open_gguf
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from radixmesh.node_agent.model.weights import checkpoint_identity, load_checkpoint, random_model
@@ -120,7 +120,7 @@ def resolve_model(spec: str, seed: int = 0) -> ModelSource:
 
 
 def _gguf_source(name: str, path: Path) -> ModelSource:
-    return ModelSource(name, config_from_gguf(GGUFReader(str(path))), str(path.resolve()))
+    return ModelSource(name, config_from_gguf(open_gguf(path)), str(path.resolve()))
 
 
 def smollm2_file() -> Path:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from radixmesh.node_agent.config import AgentConfig
@@ -145,14 +146,13 @@ class NodeAgent:
         pulled = await self._pull(plan, salt)
         prefix = ExternalPrefix(tuple(pulled.block_ids), tuple(pulled.hashes)) if pulled.block_ids else None
         rid = RequestId(plan.request_id)
-        try:
-            queue = await self.runner.submit(Request(rid, plan.prompt_token_ids, plan.sampling, salt, prefix))
-        except InvalidRequest:
-            if prefix is not None:  # a refused request leaves the pulled references with us
-                await self.runner.call(self.engine.memory.gpu.cache.release, prefix.block_ids)
-            raise
+        # A refused request leaves the pulled references with us: the engine thread gives them back
+        # even when this caller is cancelled meanwhile.
+        release = None if prefix is None else partial(self.engine.memory.gpu.cache.release, prefix.block_ids)
         finished = False
         try:
+            queue = await self.runner.submit(Request(rid, plan.prompt_token_ids, plan.sampling, salt, prefix),
+                                             on_refused=release)
             while True:
                 match await queue.get():
                     case list() as tokens:
@@ -166,7 +166,7 @@ class NodeAgent:
                     case error:
                         raise RuntimeError(f"engine of {self.node} failed") from error
         finally:
-            if not finished:  # the consumer went away (or the engine failed): free the request's blocks
+            if not finished:  # refused, the consumer went away or the engine failed: free its blocks
                 await self.runner.abort(rid)
 
     def _check(self, plan: ServePlan) -> None:

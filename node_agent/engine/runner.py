@@ -17,6 +17,7 @@ from typing import ParamSpec, TypeVar
 
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
+from radixmesh.proto.serve.limits import InvalidRequest
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +59,20 @@ class EngineRunner:
         fut = loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
         return await asyncio.shield(fut)
 
-    async def submit(self, request: Request) -> "asyncio.Queue[StreamItem]":
-        """Queue `request`; raises the engine's InvalidRequest (nothing queued) when it is refused."""
-        await self.call(self._submit, request)
+    async def submit(self, request: Request, *, on_refused: Callable[[], object] | None = None
+                     ) -> "asyncio.Queue[StreamItem]":
+        """Queue `request`; raises the engine's InvalidRequest (nothing queued) when it is refused, after
+        running `on_refused` on the engine thread (it gives back what the request would have taken).
+
+        Cancel-safe: the engine takes the request even when the caller is cancelled while waiting,
+        and the queue exists from the start, so the caller's `abort` always finds the request."""
         queue: asyncio.Queue[StreamItem] = asyncio.Queue()
         self._queues[request.request_id] = queue
+        try:
+            await self.call(self._submit, request, on_refused)
+        except InvalidRequest:
+            self._queues.pop(request.request_id, None)
+            raise
         if self._driver is None or self._driver.done():
             self._driver = asyncio.create_task(self._drive(), name="engine-driver")
         return queue
@@ -104,8 +114,13 @@ class EngineRunner:
                         del self._queues[rid]
 
     # --- engine thread side ------------------------------------------------------------------
-    def _submit(self, request: Request) -> None:
-        self.engine.submit(request)
+    def _submit(self, request: Request, on_refused: Callable[[], object] | None) -> None:
+        try:
+            self.engine.submit(request)
+        except InvalidRequest:
+            if on_refused is not None:
+                on_refused()
+            raise
 
     def _abort(self, request_id: RequestId) -> bool:
         return self.engine.abort(request_id)

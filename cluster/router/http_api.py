@@ -97,7 +97,9 @@ def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
 async def start_http(router: Router, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Serve `router` on host:port (0: a free port); returns the runner (`await runner.cleanup()`
     stops it) and the bound port."""
-    runner = web.AppRunner(create_app(router), access_log=None)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts the request on
+    # its agent (aiohttp otherwise lets a non-streaming handler run to its end).
+    runner = web.AppRunner(create_app(router), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

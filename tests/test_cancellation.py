@@ -1,0 +1,73 @@
+"""Cancellation end to end: a client that goes away, streaming or not, ends its request on the agent
+within a step or so and frees every block it held (issue 15)."""
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+import pytest
+from router_cluster import MODEL_NAME, Cluster, local_cluster
+
+from radixmesh.cluster.router.http_api import start_http
+
+pytestmark = pytest.mark.anyio
+MAX_TOKENS = 900  # far more than the test lets run: a request that was not cancelled would finish it
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Cluster, str]]:
+    async with local_cluster(2) as cluster:
+        runner, port = await start_http(cluster.router, "127.0.0.1", 0)
+        try:
+            yield cluster, f"http://127.0.0.1:{port}"
+        finally:
+            await runner.cleanup()
+
+
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    """Poll an observable condition (the agents' engines run on their own threads)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def running(cluster: Cluster) -> bool:
+    return any(a.engine.has_work for a in cluster.agents)
+
+
+async def all_free(cluster: Cluster) -> None:
+    await until(lambda: not running(cluster), "the agents to drop the request")
+    for a in cluster.agents:
+        await a.check_invariants()
+        assert a.engine.memory.gpu.pool.num_in_use == 0
+        assert a.engine.counters.generated_tokens < MAX_TOKENS  # it stopped early: it was cancelled
+    await until(lambda: cluster.router.metrics.status_counts.get("cancelled") == 1, "the router to count it")
+
+
+def body(stream: bool) -> dict[str, object]:
+    return {"model": MODEL_NAME, "prompt": "Tell me everything, at length.", "max_tokens": MAX_TOKENS,
+            "ignore_eos": True, "stream": stream}
+
+
+async def test_a_non_streaming_client_that_disconnects_cancels_its_request(served: tuple[Cluster, str]) -> None:
+    cluster, url = served
+    async with aiohttp.ClientSession() as session:
+        post = asyncio.ensure_future(session.post(f"{url}/v1/completions", json=body(stream=False)))
+        await until(lambda: running(cluster), "the request to reach an agent")
+        post.cancel()  # closes the connection before any answer
+        with pytest.raises(asyncio.CancelledError):
+            await post
+    await all_free(cluster)
+
+
+async def test_a_stream_closed_midway_cancels_its_request(served: tuple[Cluster, str]) -> None:
+    cluster, url = served
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(f"{url}/v1/completions", json=body(stream=True))
+        first = await resp.content.readuntil(b"\n\n")
+        assert json.loads(first.removeprefix(b"data: "))["object"] == "text_completion"
+        resp.close()  # drops the connection mid-stream
+    await all_free(cluster)

@@ -4,6 +4,7 @@ import math
 from dataclasses import dataclass, field
 
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
+from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.node_agent.model.config import BYTE_VOCAB_SIZE
 from radixmesh.proto.block_hash import MAX_KEY_BYTES
 from radixmesh.proto.metadata.limits import MAX_HASHES_PER_QUERY
@@ -42,6 +43,8 @@ class RouterConfig:
     """Prefill rate assumed for a node that has not heartbeated a measured one."""
     max_attempts: int = 3
     """Nodes tried per request when agents become unavailable (the first try included)."""
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
+    """Requests served at once and waiting; past them requests are refused (HTTP 429)."""
 
     def __post_init__(self) -> None:
         names = policy_names()

@@ -17,6 +17,7 @@ error after that ends the stream with an `error` event, which the openai client 
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -25,6 +26,7 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
+from radixmesh.cluster.router.admission import Overloaded
 from radixmesh.cluster.router.explain import explain
 from radixmesh.cluster.router.metrics import merge_expositions, stats_document
 from radixmesh.cluster.router.openai_schema import (
@@ -56,7 +58,7 @@ CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("wall_clock")
 
 
 def _json_error(e: ApiError) -> web.Response:
-    return web.json_response(e.body(), status=e.status)
+    return web.json_response(e.body(), status=e.status, headers=e.headers)
 
 
 @web.middleware
@@ -66,7 +68,7 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
     try:
         return await handler(request)
     except ApiError as e:
-        if request.path.startswith("/v1/"):
+        if request.path.startswith("/v1/") and not e.counted:
             request.app[ROUTER_KEY].metrics.record_request("invalid" if e.status < 500 else "unavailable")
         return _json_error(e)
     except web.HTTPException as e:
@@ -164,10 +166,8 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
         if params.stream:
             return await _stream(request, reply, ids, params, shape)
         pieces = [piece async for piece in reply]
-    except InvalidRequest as e:
-        raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from e
-    except NoNodeAvailable as e:
-        raise ApiError(503, str(e), type_="server_error", code="no_node_available") from e
+    except (InvalidRequest, Overloaded, NoNodeAvailable) as e:
+        raise _refusal(e) from e
     finally:
         await reply.aclose()
         await items.aclose()  # a client gone before the end: aborts the request on its agent
@@ -175,6 +175,18 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
     assert isinstance(end, _End)
     text = "".join(p for p in pieces if isinstance(p, str))
     return web.json_response(shape.envelope(shape.kind, ids, shape.full_choice(text, end.finish_reason), end.usage))
+
+
+def _refusal(e: InvalidRequest | Overloaded | NoNodeAvailable) -> ApiError:
+    """The answer to a request Router.generate refused (it counted the outcome already)."""
+    match e:
+        case Overloaded():
+            return ApiError(429, str(e), type_="requests", code="rate_limit_exceeded", counted=True,
+                            headers={"Retry-After": str(math.ceil(e.retry_after_s))})
+        case NoNodeAvailable():
+            return ApiError(503, str(e), type_="server_error", code="no_node_available", counted=True)
+        case _:
+            return ApiError(400, str(e), param="prompt", code="invalid_prompt", counted=True)
 
 
 class _End(NamedTuple):
@@ -300,9 +312,7 @@ async def _route(request: web.Request) -> web.Response:
                           SamplingParams(max_tokens=max_tokens), cache_salt)
     try:
         result = await router.complete(job)
-    except InvalidRequest as e:
-        raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from e
-    except NoNodeAvailable as e:
-        raise ApiError(503, str(e), type_="server_error", code="no_node_available") from e
+    except (InvalidRequest, Overloaded, NoNodeAvailable) as e:
+        raise _refusal(e) from e
     report = explain(result, router.tokenizer.decode(list(result.result.output_token_ids)))
     return web.json_response(asdict(report))

@@ -17,6 +17,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from radixmesh.cluster.router.admission import Admission
 from radixmesh.node_agent.metrics_exposition import (
     Histogram,
     HistogramSnapshot,
@@ -105,6 +106,8 @@ class RouterStats:
         "counter", "Prompt tokens cached somewhere in the cluster (per Match) but recomputed.")
     metadata_available: int = metric(
         "gauge", "1 while the metadata service answers Match, 0 while routing degrades.")
+    router_requests_running: int = metric("gauge", "Requests holding a running slot of admission control.")
+    router_requests_waiting: int = metric("gauge", "Requests waiting for a running slot.")
 
 
 class RouterMetrics:
@@ -126,6 +129,8 @@ class RouterMetrics:
         self.ttft = Histogram(TTFT_BUCKETS_S)
         self.metadata_available = True
         """Set by the router: False while the metadata service does not answer."""
+        self.admission: Admission | None = None
+        """Set by the router: its running and waiting requests."""
 
     def record_request(self, status: str) -> None:
         self.status_counts[status] = self.status_counts.get(status, 0) + 1
@@ -163,6 +168,8 @@ class RouterMetrics:
             router_ttft_seconds=self.ttft.snapshot(),
             routing_regret_tokens=self.total.regret_tokens,
             metadata_available=int(self.metadata_available),
+            router_requests_running=self.admission.running if self.admission else 0,
+            router_requests_waiting=self.admission.waiting if self.admission else 0,
         )
 
     def render(self) -> str:

@@ -74,13 +74,17 @@ class ApiError(Exception):
     """An OpenAI-style error answer: HTTP `status` and the error object."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type_: str = "invalid_request_error") -> None:
+                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None,
+                 counted: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
         self.type = type_
+        self.headers = headers or {}
+        self.counted = counted
+        """The router already counted the request's outcome (it got as far as Router.generate)."""
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

@@ -31,6 +31,7 @@ from radixmesh.cluster.policy.base import RouteDecision, RoutePolicy, RouteReque
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.view import ClusterView, build_view
+from radixmesh.cluster.router.admission import Admission, Overloaded
 from radixmesh.cluster.router.agent_client import AgentDirectory, AgentUnavailable
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.metrics import RouterMetrics
@@ -117,6 +118,8 @@ class Router:
         self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
         self.chat_template: ChatTemplate = chat_template or PlainChatTemplate()
         self.metrics = RouterMetrics()
+        self.admission = Admission(config.admission, lambda: len(directory.nodes()))
+        self.metrics.admission = self.admission
         self._clock = clock
         self._rng = rng or random.Random()
         self._policy: RoutePolicy = make_policy(config.policy, config.policy_config, random.Random(self._rng.random()))
@@ -213,18 +216,22 @@ class Router:
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[RouterItem, None]:
         """Yield TokenDelta items (each token once, in order, across retries), then one RouterResult.
 
-        Raises InvalidRequest (nothing routed, or an agent refused it) or NoNodeAvailable after `max_attempts` nodes failed.
+        Raises InvalidRequest (nothing routed, or an agent refused it), Overloaded (admission control
+        refused it: nothing routed) or NoNodeAvailable after `max_attempts` nodes failed.
         """
         status = "error"
         try:
             self.validate(request)
-            async with contextlib.aclosing(self._serve(self._with_seed(request))) as items:
+            async with self.admission.slot(), contextlib.aclosing(self._serve(self._with_seed(request))) as items:
                 async for item in items:
                     if isinstance(item, RouterResult):
                         status = "ok"  # counted as served even if the consumer stops reading now
                     yield item
         except InvalidRequest:
             status = "invalid"
+            raise
+        except Overloaded:
+            status = "refused"
             raise
         except NoNodeAvailable:
             status = "unavailable"

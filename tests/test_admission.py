@@ -1,0 +1,101 @@
+"""Admission control: a bounded number of requests run and wait; past that they are refused at once
+with HTTP 429 and Retry-After, counted, and nothing of theirs reaches an agent (issue 15)."""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from router_cluster import MODEL_NAME, Cluster, local_cluster
+
+from radixmesh.cluster.router.admission import Admission, AdmissionLimits, Overloaded
+from radixmesh.cluster.router.http_api import start_http
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_slots_run_then_wait_in_order_then_refuse() -> None:
+    admission = Admission(AdmissionLimits(max_running_per_node=2, max_waiting=2, max_wait_s=30), lambda: 1)
+    order: list[str] = []
+    entered = {name: asyncio.Event() for name in "abcd"}
+    release = {name: asyncio.Event() for name in "abcd"}
+
+    async def request(name: str) -> None:
+        async with admission.slot():
+            order.append(name)
+            entered[name].set()
+            await release[name].wait()
+
+    tasks = {name: asyncio.ensure_future(request(name)) for name in "abcd"}
+    await entered["a"].wait()
+    await entered["b"].wait()
+    while admission.waiting < 2:  # c and d take their places in line on their next loop turns
+        await asyncio.sleep(0)
+    assert (order, admission.running, admission.waiting) == (["a", "b"], 2, 2)
+    with pytest.raises(Overloaded) as refused:
+        async with admission.slot():
+            pass
+    assert refused.value.retry_after_s == 1.0 and admission.waiting == 2
+    tasks["d"].cancel()  # a waiter that gives up leaves the line
+    await asyncio.gather(tasks["d"], return_exceptions=True)
+    assert admission.waiting == 1
+    release["b"].set()
+    await entered["c"].wait()  # b's slot went to c, the first in line
+    assert order == ["a", "b", "c"] and (admission.running, admission.waiting) == (2, 0)
+    for name in "ac":
+        release[name].set()
+    await asyncio.gather(tasks["a"], tasks["b"], tasks["c"])
+    assert (admission.running, admission.waiting) == (0, 0)
+
+
+async def test_a_waiter_past_max_wait_is_refused() -> None:
+    admission = Admission(AdmissionLimits(max_running_per_node=1, max_waiting=1, max_wait_s=0.05), lambda: 1)
+    async with admission.slot():
+        with pytest.raises(Overloaded, match="no slot within"):
+            async with admission.slot():
+                pass
+        assert admission.waiting == 0
+    assert admission.running == 0
+
+
+def test_limits_are_validated() -> None:
+    for bad in ({"max_running_per_node": 0}, {"max_waiting": -1}, {"max_wait_s": float("nan")}):
+        with pytest.raises(ValueError):
+            AdmissionLimits(**bad)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def full() -> AsyncIterator[tuple[Cluster, str]]:
+    limits = AdmissionLimits(max_running_per_node=1, max_waiting=0)
+    async with local_cluster(1, admission=limits) as cluster:
+        runner, port = await start_http(cluster.router, "127.0.0.1", 0)
+        try:
+            yield cluster, f"http://127.0.0.1:{port}"
+        finally:
+            await runner.cleanup()
+
+
+async def test_past_the_limit_http_answers_429_with_retry_after(full: tuple[Cluster, str]) -> None:
+    cluster, url = full
+    body = {"model": MODEL_NAME, "prompt": "hold the only slot", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        holder = await session.post(f"{url}/v1/completions", json=body)
+        await holder.content.readuntil(b"\n\n")  # streaming: it holds the one running slot
+        async with session.post(f"{url}/v1/completions", json={**body, "stream": False}) as refused:
+            assert refused.status == 429 and refused.headers["Retry-After"] == "1"
+            error = (await refused.json())["error"]
+            assert (error["code"], error["type"]) == ("rate_limit_exceeded", "requests")
+        async with session.get(f"{url}/metrics") as scrape:
+            text = await scrape.text()
+        assert "radixmesh_router_requests_running 1.0" in text
+        assert 'radixmesh_router_requests_total{status="refused"} 1.0' in text
+        holder.close()  # its handler is cancelled and gives the slot back
+        deadline = time.monotonic() + 20
+        while cluster.router.admission.running:
+            assert time.monotonic() < deadline, "the closed stream kept its slot"
+            await asyncio.sleep(0.005)
+        async with session.post(f"{url}/v1/completions", json={**body, "stream": False, "max_tokens": 2}) as after:
+            assert after.status == 200
+    assert cluster.router.metrics.status_counts["refused"] == 1
+    assert sum(cluster.router.metrics.routed.values()) == 2  # the holder and the last one: never the refused one

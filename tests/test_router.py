@@ -1,7 +1,10 @@
 """Router: views, in-flight accounting, routing with and without the metadata service, retries that
 never repeat a token, bad input that changes nothing, metrics merging, the chat template."""
 
+import asyncio
 import dataclasses
+import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -266,3 +269,20 @@ def test_chat_template_is_the_documented_text_and_refuses_bad_roles() -> None:
         ChatMessage("tool", "x")
     with pytest.raises(ValueError):
         PlainChatTemplate().render([])
+
+
+async def test_agent_metrics_are_asked_at_once_and_a_stuck_agent_is_left_out() -> None:
+    async with local_cluster(3, with_metadata=False, match_timeout_s=0.25) as c:
+        deadline = c.router.config.match_timeout_s * 4
+        stuck = threading.Event()
+        # Two agents whose engine threads are busy: their metrics cannot be read until released.
+        holds = [asyncio.ensure_future(a.runner.call(stuck.wait)) for a in c.agents[:2]]
+        try:
+            t0 = time.monotonic()
+            texts = await c.router.agent_metrics()
+            elapsed = time.monotonic() - t0
+        finally:
+            stuck.set()
+            await asyncio.gather(*holds)
+    assert list(texts) == [c.agents[2].node]
+    assert elapsed < 1.5 * deadline  # asked one after another, the two stuck ones would take 2 deadlines

@@ -32,7 +32,7 @@ from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.view import ClusterView, build_view
 from radixmesh.cluster.router.admission import Admission, Overloaded
-from radixmesh.cluster.router.agent_client import AgentDirectory, AgentUnavailable
+from radixmesh.cluster.router.agent_client import AgentClient, AgentDirectory, AgentUnavailable
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.node_agent.model.chat_template import ChatTemplate, PlainChatTemplate
@@ -318,17 +318,19 @@ class Router:
             return None
 
     async def agent_metrics(self) -> dict[NodeId, str]:
-        """Each reachable agent's Prometheus text; an agent that fails is left out (and logged)."""
-        out: dict[NodeId, str] = {}
-        for node in self.directory.nodes():
-            client = self.directory.get(node)
-            if client is None:
-                continue
+        """Each reachable agent's Prometheus text, asked all at once, each within its own deadline: an
+        agent that fails or is slow is left out (and logged), and never delays the others."""
+        clients = [c for c in map(self.directory.get, self.directory.nodes()) if c is not None]
+
+        async def one(client: AgentClient) -> str | None:
             try:
-                out[node] = await asyncio.wait_for(client.prometheus_text(), self.config.match_timeout_s * 4)
+                return await asyncio.wait_for(client.prometheus_text(), self.config.match_timeout_s * 4)
             except (AgentUnavailable, TimeoutError) as e:
-                logger.info("metrics of agent %s unavailable: %s", node, e)
-        return out
+                logger.info("metrics of agent %s unavailable: %s", client.node, e)
+                return None
+
+        texts = await asyncio.gather(*(one(c) for c in clients))
+        return {c.node: t for c, t in zip(clients, texts, strict=True) if t is not None}
 
 
 def _why(e: BaseException) -> str:

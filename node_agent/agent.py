@@ -32,6 +32,7 @@ from radixmesh.proto.block_hash import hash_blocks, tenant_salt
 from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
+from radixmesh.proto.metadata.auth import CallerCredentials
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
@@ -90,7 +91,8 @@ class NodeAgent:
             self._transfer = make_transfer_plane(engine.memory.gpu, engine.layout, self.config, self._runner.call)
             await self._transfer.start()
             if self.config.metadata_address is not None:
-                client = MetadataClient(self.config.metadata_address, token=self.config.metadata_token)
+                client = MetadataClient(self.config.metadata_address,
+                                        credentials=CallerCredentials.node(self.config.secret, self.node))
                 self.publisher = EventPublisher(self, client, PublisherConfig(
                     self.config.publish_interval_s, self.config.heartbeat_interval_s))
                 await self.publisher.start()

@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.model.source import ModelSource, random_source
 from radixmesh.node_agent.placement import DTYPES
+from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.limits import check_node_id
 
 TRANSFER_PLANES = ("none", "ucx", "ray", "auto")
 
@@ -36,29 +38,29 @@ class AgentConfig:
     """KV transfer plane: "ucx" (TCP on one machine, RDMA on a cluster), "ray" (the Ray object store,
     served by the agent's actor: only for agents made by make_agent_actor), "auto" (ucx where `import
     ucxx` works, else ray) or "none" (never pulls, serves no pulls; planned pulls are recomputed)."""
-    cluster_token: bytes = b"radixmesh-dev-token"
-    """Shared secret of the transfer and control planes; peers refuse pulls without it."""
+    secret: ClusterSecret = field(default_factory=ClusterSecret.generate)
+    """The cluster secret: this node's credential (metadata RPCs, transfer handshake) derives from it.
+    Every agent of a deployment must share it (the launcher hands its one to all); the default, a
+    fresh one, suits an agent that pulls from nobody. The block-hash key is `engine.memory.hash_key`
+    (the launcher derives it from this secret)."""
+    transfer_mac: bool = False
+    """Verify a keyed MAC of every pulled chunk (TransferConfig.mac)."""
     pull_timeout_s: float = 10.0
     """Bound on one pull; past it the missing blocks are recomputed."""
     metadata_address: str | None = None
     """host:port of the metadata service; None runs standalone (no events, no heartbeats)."""
-    metadata_token: str | None = None
-    """Token the metadata service requires (its --token); None sends none."""
     heartbeat_interval_s: float = 1.0
     publish_interval_s: float = 0.05
     """How long cache events are batched before they are sent."""
 
     def __post_init__(self) -> None:
-        if not self.node_id:
-            raise ValueError("node_id must be non-empty")
+        check_node_id(self.node_id)
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.transfer not in TRANSFER_PLANES:
             raise ValueError(f"transfer must be one of {TRANSFER_PLANES}, got {self.transfer!r}")
-        if self.transfer != "none" and not self.cluster_token:
-            raise ValueError("a transfer plane needs a non-empty cluster_token")
         if not 0 <= self.transfer_port < 65536:
             raise ValueError(f"transfer_port must be in [0, 65535], got {self.transfer_port}")
         for name in ("pull_timeout_s", "heartbeat_interval_s", "publish_interval_s"):

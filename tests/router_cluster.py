@@ -19,7 +19,9 @@ from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.model.config import named_config
 from radixmesh.node_agent.model.source import random_source
+from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.auth import CallerCredentials
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.serve.sampling import SamplingParams
 
@@ -28,12 +30,14 @@ MODEL = named_config("tiny", hidden_size=64, intermediate_size=128, num_hidden_l
 SOURCE = random_source(MODEL, seed=7, name="tiny-test")
 BS = 4
 MODEL_NAME = "tiny-test"
+SECRET = ClusterSecret.generate()
+"""The test cluster's secret: agents pull from each other only when they share one."""
 
 
 def agent_config(node: str, metadata: str | None = None, transfer: str = "none", gpu_blocks: int = 256,
                  ) -> AgentConfig:
     engine = EngineConfig(block_size=BS, memory=MemoryConfig(num_gpu_blocks=gpu_blocks))
-    return AgentConfig(NodeId(node), model=SOURCE, engine=engine, transfer=transfer,
+    return AgentConfig(NodeId(node), model=SOURCE, engine=engine, transfer=transfer, secret=SECRET,
                        metadata_address=metadata, heartbeat_interval_s=0.2, publish_interval_s=0.01)
 
 
@@ -81,7 +85,8 @@ class Cluster:
 
 
 async def start_metadata(port: int = 0) -> tuple[MetadataServer, int]:
-    options = ServerOptions(host="127.0.0.1", port=port, upkeep_interval_s=None)
+    """A metadata service that admits only holders of SECRET, as `radixmesh up` starts it."""
+    options = ServerOptions(host="127.0.0.1", port=port, upkeep_interval_s=None, secret=SECRET)
     server, bound = create_server(MetadataService(), options)
     await server.start()
     return server, bound
@@ -98,7 +103,8 @@ async def local_cluster(n: int, *, with_metadata: bool = True, publish: bool = F
         servers.append(server)
     address = f"127.0.0.1:{port}" if publish else None
     agents = [NodeAgent(agent_config(chr(ord("a") + i), address, transfer, gpu_blocks)) for i in range(n)]
-    client = MetadataClient(f"127.0.0.1:{port}", timeout_s=5.0) if with_metadata else None
+    client = (MetadataClient(f"127.0.0.1:{port}", credentials=CallerCredentials.cluster(SECRET), timeout_s=5.0)
+              if with_metadata else None)
     clock = ManualClock()
     try:
         for a in agents:

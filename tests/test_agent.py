@@ -14,6 +14,7 @@ from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.model.config import named_config
 from radixmesh.node_agent.model.source import random_source
+from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, ServeItem, ServePlan, ServeResult, TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -24,11 +25,13 @@ SOURCE = random_source(MODEL, seed=7, name="tiny-test")
 BS = 4
 
 pytestmark = pytest.mark.anyio
+SECRET = ClusterSecret.generate()
+"""Shared by every agent here, as the launcher shares one per deployment."""
 
 
 def agent_config(node: str, **kw: object) -> AgentConfig:
     engine = EngineConfig(block_size=BS, memory=MemoryConfig(num_gpu_blocks=96))
-    options: dict[str, object] = {"transfer": "none", **kw}
+    options: dict[str, object] = {"transfer": "none", "secret": SECRET, **kw}
     return AgentConfig(NodeId(node), model=SOURCE, engine=engine, **options)  # type: ignore[arg-type]
 
 

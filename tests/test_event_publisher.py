@@ -1,6 +1,7 @@
 """EventPublisher against a real in-process metadata gRPC server on 127.0.0.1: registration, batched
 events, RESYNC and re-registration with snapshots, heartbeats with load and realized hits."""
 
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -23,7 +24,9 @@ QUIET = 3600.0  # the background loops run one round at start, then stay out of 
 
 class Clock:
     def __init__(self) -> None:
-        self.now = 1000.0
+        # Starts at wall time: agents' epochs are wall-time microseconds, and the service refuses
+        # epochs ahead of its clock.
+        self.now = time.time()
 
     def __call__(self) -> float:
         return self.now

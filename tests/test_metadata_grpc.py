@@ -20,9 +20,11 @@ from radixmesh.cluster.metadata.store import MemoryStore
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
 from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
+from radixmesh.proto.metadata.auth import NO_CREDENTIALS, CallerCredentials
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.messages import EventBatch, MatchQuery, NodeSnapshot, PublishStatus
@@ -59,10 +61,11 @@ def run(body: Callable[[], Awaitable[None]]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serving(service: MetadataService, **opts: object) -> AsyncIterator[tuple[MetadataClient, int]]:
+async def serving(service: MetadataService, credentials: CallerCredentials = NO_CREDENTIALS,
+                  **opts: object) -> AsyncIterator[tuple[MetadataClient, int]]:
     server, port = create_server(service, ServerOptions(port=0, upkeep_interval_s=None, **opts))  # type: ignore[arg-type]
     await server.start()
-    client = MetadataClient(f"127.0.0.1:{port}", token=opts.get("token"))  # type: ignore[arg-type]
+    client = MetadataClient(f"127.0.0.1:{port}", credentials=credentials)
     try:
         yield client, port
     finally:
@@ -283,13 +286,14 @@ def test_bad_input_refused_and_changes_nothing(method: str, request_msg: object,
     run(body)
 
 
-def test_token_required_for_every_rpc_but_health() -> None:
+def test_credential_required_for_every_rpc_but_health() -> None:
     async def body() -> None:
         service = new_service()
-        async with serving(service, token="s3cret") as (client, port):
-            await client.register(info(A))  # the right token works
-            for token in (None, "wrong"):
-                intruder = MetadataClient(f"127.0.0.1:{port}", token=token)
+        secret = ClusterSecret.generate()
+        async with serving(service, CallerCredentials.node(secret, A), secret=secret) as (client, port):
+            await client.register(info(A))  # the node's own credential works
+            for creds in (NO_CREDENTIALS, CallerCredentials.cluster(ClusterSecret.generate())):
+                intruder = MetadataClient(f"127.0.0.1:{port}", credentials=creds)
                 calls = [
                     intruder.register(info(B)),
                     intruder.heartbeat(A, 1, NodeLoad()),

@@ -18,6 +18,7 @@ from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.model.chat_template import ChatMessage
 from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, resolve_model
+from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -25,6 +26,8 @@ from radixmesh.proto.serve.sampling import SamplingParams
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow]
 BS = 16
 QUESTION = "What is the capital of France?"
+
+SECRET = ClusterSecret.generate()
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,7 @@ async def agents(source: ModelSource) -> AsyncIterator[tuple[NodeAgent, NodeAgen
     def config(node: str) -> AgentConfig:
         memory = MemoryConfig(num_gpu_blocks=64)
         return AgentConfig(NodeId(node), model=source, engine=EngineConfig(block_size=BS, memory=memory),
-                           transfer="ucx", pull_timeout_s=10.0)
+                           transfer="ucx", pull_timeout_s=10.0, secret=SECRET)
     a, b = NodeAgent(config("a")), NodeAgent(config("b"))
     await a.start()
     await b.start()

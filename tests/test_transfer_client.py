@@ -3,11 +3,12 @@
 import asyncio
 
 import pytest
-from transfer_owner import LAYOUT, TOKEN, sequence_hashes
+from transfer_owner import LAYOUT, REQUESTER, SECRET, sequence_hashes
 
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.transport import Peer
 from radixmesh.node_agent.transfer.transports import transport_by_name
 from radixmesh.node_agent.transfer.ucx_transport import UcxTransport
@@ -21,8 +22,8 @@ NOWHERE = Peer(NodeId("nowhere"), "127.0.0.1", 9)
 
 def client(num_blocks: int = 8) -> TransferClient:
     cache = PrefixCache(BlockPool(num_blocks, tier=Tier.HOST, block_bytes=LAYOUT.block_bytes))
-    return TransferClient(cache, LAYOUT.new_cache(num_blocks), LAYOUT, TransferConfig(token=TOKEN),
-                          UcxTransport(loopback=True))
+    return TransferClient(cache, LAYOUT.new_cache(num_blocks), LAYOUT, TransferConfig(),
+                          UcxTransport(NodeIdentity(SECRET, REQUESTER), loopback=True))
 
 
 @pytest.mark.parametrize("hashes", [[BlockHash(b"short")], sequence_hashes(2) * 2])
@@ -54,8 +55,8 @@ def test_unreachable_peer_is_peer_lost_and_frees_the_blocks() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"token": b""}, "token"), ({"token": TOKEN, "checksum": "md5"}, "unknown checksum"),
-     ({"token": TOKEN, "chunk_bytes": 0}, "positive"), ({"token": TOKEN, "ewma_alpha": 0.0}, "ewma_alpha")],
+    [({"checksum": "md5"}, "unknown checksum"), ({"chunk_bytes": 0}, "chunk_bytes"),
+     ({"chunk_bytes": (1 << 30) + 1}, "chunk_bytes"), ({"ewma_alpha": 0.0}, "ewma_alpha")],
 )
 def test_config_validation(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -63,6 +64,6 @@ def test_config_validation(kwargs: dict, match: str) -> None:
 
 
 def test_transport_registry() -> None:
-    assert transport_by_name("ucx").name == "ucx"
+    assert transport_by_name("ucx", NodeIdentity(SECRET, REQUESTER)).name == "ucx"
     with pytest.raises(ValueError, match="valid: \\['auto', 'ray', 'ucx'\\]"):
-        transport_by_name("carrier-pigeon")
+        transport_by_name("carrier-pigeon", NodeIdentity(SECRET, REQUESTER))

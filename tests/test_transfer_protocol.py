@@ -34,11 +34,11 @@ u64 = st.integers(0, 2**64 - 1)
 
 
 @settings(max_examples=60, deadline=None)
-@given(pull_id=u64, token=st.binary(max_size=64), fp=st.text(max_size=20), hs=hashes, max_blocks=u32,
-       chunk=u64, checksum=st.sampled_from(sorted(CHECKSUMS)))
-def test_request_round_trips(pull_id: int, token: bytes, fp: str, hs: tuple[BlockHash, ...], max_blocks: int,
-                             chunk: int, checksum: str) -> None:
-    r = PullRequest(pull_id, token, fp, hs, max_blocks, chunk, checksum)
+@given(pull_id=u64, fp=st.text(max_size=20), hs=hashes, max_blocks=u32,
+       chunk=u64, checksum=st.sampled_from(sorted(CHECKSUMS)), mac=st.booleans())
+def test_request_round_trips(pull_id: int, fp: str, hs: tuple[BlockHash, ...], max_blocks: int,
+                             chunk: int, checksum: str, mac: bool) -> None:
+    r = PullRequest(pull_id, fp, hs, max_blocks, chunk, checksum, mac)
     assert decode_request(encode_request(r)) == r
 
 
@@ -53,7 +53,7 @@ def test_header_round_trips(pull_id: int, status: Status, found: int, fp: str, b
 
 
 def test_trailer_round_trips() -> None:
-    t = ChunkTrailer(7, 3, 4096, 0xDEADBEEF)
+    t = ChunkTrailer(7, 3, 4096, 0xDEADBEEF, bytes(range(16)))
     assert decode_trailer(encode_trailer(t)) == t
 
 
@@ -70,7 +70,7 @@ def test_garbage_never_decodes_silently(data: bytes) -> None:
 
 
 def test_truncated_request_is_a_protocol_error() -> None:
-    raw = encode_request(PullRequest(1, b"t", "fp", (BlockHash(b"x" * 16),), 1, 1024, "crc32"))
+    raw = encode_request(PullRequest(1, "fp", (BlockHash(b"x" * 16),), 1, 1024, "crc32"))
     with pytest.raises(ProtocolError, match="head announces"):
         decode_request(raw[:-1])
     with pytest.raises(ProtocolError, match="shorter than"):
@@ -86,7 +86,7 @@ def test_unknown_status_is_a_protocol_error() -> None:
 
 def test_hash_of_wrong_length_is_refused_before_encoding() -> None:
     with pytest.raises(ValueError, match="16 bytes"):
-        encode_request(PullRequest(1, b"t", "fp", (BlockHash(b"short"),), 1, 1, "crc32"))
+        encode_request(PullRequest(1, "fp", (BlockHash(b"short"),), 1, 1, "crc32"))
 
 
 def test_read_frame_refuses_other_kind_and_oversized() -> None:

@@ -10,7 +10,8 @@ import ray
 import transfer_owner
 from transfer_owner import (
     LAYOUT,
-    TOKEN,
+    REQUESTER,
+    SECRET,
     OwnerSpec,
     build_source,
     kv_digest,
@@ -23,8 +24,10 @@ from radixmesh.cluster.launch.local_ray import init_loopback_ray
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.transport import Peer
 from radixmesh.node_agent.transfer.transports import transport_by_name
+from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId
 
@@ -44,16 +47,17 @@ def owner_actor() -> Iterator[Any]:
         ray.shutdown()
 
 
-def pull_once(token: bytes, n: int) -> tuple[Any, TransferClient]:
+def pull_once(secret: ClusterSecret, n: int, *, mac: bool = False) -> tuple[Any, TransferClient]:
     pool = BlockPool(64, tier=Tier.HOST, block_bytes=LAYOUT.block_bytes)
     cache = PrefixCache(pool)
-    config = TransferConfig(token=token, chunk_bytes=3 * LAYOUT.block_bytes)
-    client = TransferClient(cache, LAYOUT.new_cache(64), LAYOUT, config, transport_by_name("ray"))
+    config = TransferConfig(chunk_bytes=3 * LAYOUT.block_bytes, mac=mac)
+    transport = transport_by_name("ray", NodeIdentity(secret, REQUESTER))
+    client = TransferClient(cache, LAYOUT.new_cache(64), LAYOUT, config, transport)
     return asyncio.run(client.pull(Peer(NodeId("owner"), actor_name=transfer_actor_name(NodeId("owner"))), sequence_hashes(n))), client
 
 
 def test_ray_pull_is_bitwise_equal_and_partial(owner_actor: Any) -> None:
-    result, client = pull_once(TOKEN, 45)  # the owner holds 40 of them
+    result, client = pull_once(SECRET, 45)  # the owner holds 40 of them
     assert (result.outcome, result.blocks) == (PullOutcome.OK, 40)
     replica = build_source(OwnerSpec())
     assert kv_digest(client.kv, result.block_ids) == kv_digest(replica.kv, replica.cache.match(result.hashes))
@@ -64,8 +68,8 @@ def test_ray_pull_is_bitwise_equal_and_partial(owner_actor: Any) -> None:
     assert ray.get(owner_actor.state.remote()) == {"pinned": 0, "in_use": 0}
 
 
-def test_ray_wrong_token_is_refused(owner_actor: Any) -> None:
-    result, client = pull_once(b"wrong", 8)
+def test_ray_other_secret_is_refused(owner_actor: Any) -> None:
+    result, client = pull_once(ClusterSecret.generate(), 8)
     assert (result.outcome, result.blocks) == (PullOutcome.UNAUTHENTICATED, 0)
     assert client.cache.pool.num_in_use == 0
     assert ray.get(owner_actor.state.remote()) == {"pinned": 0, "in_use": 0}

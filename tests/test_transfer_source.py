@@ -5,7 +5,7 @@ import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from transfer_owner import LAYOUT, TOKEN, OwnerSpec, build_source, kv_digest, sequence_hashes
+from transfer_owner import LAYOUT, SESSION, OwnerSpec, build_source, kv_digest, sequence_hashes
 
 from radixmesh.node_agent.transfer.protocol import PullRequest, Status
 from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
@@ -14,9 +14,9 @@ SEQ = sequence_hashes(48)  # the owner caches SEQ[:40]
 CACHED = 40
 
 
-def request(hashes: list, *, token: bytes = TOKEN, fp: str | None = None, max_blocks: int = 1000,
+def request(hashes: list, *, fp: str | None = None, max_blocks: int = 1000,
             chunk_bytes: int = 3 * LAYOUT.block_bytes, checksum: str = "crc32") -> PullRequest:
-    return PullRequest(9, token, fp or LAYOUT.fingerprint(), tuple(hashes), max_blocks, chunk_bytes, checksum)
+    return PullRequest(9, fp or LAYOUT.fingerprint(), tuple(hashes), max_blocks, chunk_bytes, checksum)
 
 
 @pytest.fixture
@@ -27,22 +27,21 @@ def source() -> TransferSource:
 @pytest.mark.parametrize(
     ("req", "status"),
     [
-        (request(SEQ[:4], token=b"wrong"), Status.UNAUTHENTICATED),
-        (request(SEQ[:4], token=b""), Status.UNAUTHENTICATED),
         (request(SEQ[:4], fp="0123456789abcdef"), Status.LAYOUT_MISMATCH),
         (request(SEQ[:4], checksum="md5"), Status.INVALID_ARGUMENT),
         (request(SEQ[:4], chunk_bytes=0), Status.INVALID_ARGUMENT),
+        (request(SEQ[:4], chunk_bytes=(1 << 30) + 1), Status.INVALID_ARGUMENT),
     ],
 )
 def test_refused_requests_pin_nothing(source: TransferSource, req: PullRequest, status: Status) -> None:
-    with source.open(req) as pull:
+    with source.open(req, SESSION) as pull:
         assert (pull.header.status, pull.header.found, pull.blocks) == (status, 0, [])
         assert source.pinned_blocks == 0 and source.cache.pool.num_in_use == 0
     source.check_invariants()
 
 
 def test_chunks_carry_the_owner_bytes_and_close_unpins(source: TransferSource) -> None:
-    with source.open(request(SEQ)) as pull:  # asks 48, the owner holds 40
+    with source.open(request(SEQ), SESSION) as pull:  # asks 48, the owner holds 40
         assert (pull.header.status, pull.header.found, pull.header.chunk_blocks) == (Status.OK, 40, 3)
         assert source.pinned_blocks == 40 and source.cache.pool.num_in_use == 40
         payload = torch.cat([p.reshape(-1) for _, p in pull.chunks()])
@@ -56,24 +55,22 @@ def test_chunks_carry_the_owner_bytes_and_close_unpins(source: TransferSource) -
 
 
 def test_max_blocks_caps_the_pins(source: TransferSource) -> None:
-    with source.open(request(SEQ, max_blocks=5)) as pull:
+    with source.open(request(SEQ, max_blocks=5), SESSION) as pull:
         assert pull.header.found == 5 and source.cache.pool.num_in_use == 5
     assert source.cache.pool.num_in_use == 0
     source.check_invariants()
 
 
 def test_close_is_idempotent(source: TransferSource) -> None:
-    pull = source.open(request(SEQ[:6]))
+    pull = source.open(request(SEQ[:6]), SESSION)
     pull.close()
     pull.close()
     assert source.pinned_blocks == 0 and source.cache.pool.num_in_use == 0
 
 
-def test_empty_token_is_refused_at_construction(source: TransferSource) -> None:
-    with pytest.raises(ValueError, match="non-empty cluster token"):
-        TransferSource(source.cache, source.kv, LAYOUT, b"")
+def test_a_kv_tensor_of_another_layout_is_refused_at_construction(source: TransferSource) -> None:
     with pytest.raises(ValueError, match="does not match layout"):
-        TransferSource(source.cache, source.kv[:, :1], LAYOUT, TOKEN)
+        TransferSource(source.cache, source.kv[:, :1], LAYOUT)
 
 
 class PinModel(RuleBasedStateMachine):
@@ -86,12 +83,13 @@ class PinModel(RuleBasedStateMachine):
         self.open: list[tuple[OpenPull, int]] = []
 
     @rule(start=st.integers(0, 47), length=st.integers(0, 48), max_blocks=st.integers(0, 50),
-          good_token=st.booleans())
-    def open_pull(self, start: int, length: int, max_blocks: int, good_token: bool) -> None:
+          good_layout=st.booleans())
+    def open_pull(self, start: int, length: int, max_blocks: int, good_layout: bool) -> None:
         asked = SEQ[start : start + length]
-        pull = self.source.open(request(asked, max_blocks=max_blocks, token=TOKEN if good_token else b"x"))
+        fp = None if good_layout else "0123456789abcdef"
+        pull = self.source.open(request(asked, max_blocks=max_blocks, fp=fp), SESSION)
         held = max(0, min(CACHED, start + length) - start)  # the owner holds SEQ[:CACHED]
-        expected = min(held, max_blocks) if good_token else 0
+        expected = min(held, max_blocks) if good_layout else 0
         assert pull.header.found == expected == len(pull.blocks)
         self.open.append((pull, expected))
 

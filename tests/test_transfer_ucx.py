@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from transfer_owner import (
     LAYOUT,
-    TOKEN,
+    OWNER,
+    REQUESTER,
+    SECRET,
     OwnerSpec,
     build_source,
     kv_digest,
@@ -21,9 +23,11 @@ from transfer_owner import (
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.node_agent.transfer.client import PullOutcome, PullResult, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.transport import Peer
 from radixmesh.node_agent.transfer.ucx_transport import UcxTransport
 from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
@@ -48,8 +52,8 @@ class Owner:
         self.conn.send(cmd)
         return self.conn.recv()
 
-    def peer(self) -> Peer:
-        return Peer(NodeId("owner"), "127.0.0.1", self.port)
+    def peer(self, node: NodeId = OWNER) -> Peer:
+        return Peer(node, "127.0.0.1", self.port)
 
     def stop(self) -> None:
         if self.proc.is_alive():
@@ -60,14 +64,15 @@ class Owner:
 class Requester:
     """This process's node: pool, cache, KV and a TransferClient over UCX."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, layout: KVLayout = LAYOUT, token: bytes = TOKEN,
-                 checksum: str = "crc32", timeout_s: float = 10.0):
+    def __init__(self, loop: asyncio.AbstractEventLoop, layout: KVLayout = LAYOUT, secret: ClusterSecret = SECRET,
+                 checksum: str = "crc32", timeout_s: float = 10.0, mac: bool = False):
         self.loop = loop
         self.pool = BlockPool(64, tier=Tier.HOST, block_bytes=layout.block_bytes)
         self.cache = PrefixCache(self.pool)
         self.kv = layout.new_cache(64)
-        config = TransferConfig(token=token, chunk_bytes=CHUNK, checksum=checksum, timeout_s=timeout_s)
-        self.client = TransferClient(self.cache, self.kv, layout, config, UcxTransport(loopback=True))
+        config = TransferConfig(chunk_bytes=CHUNK, checksum=checksum, timeout_s=timeout_s, mac=mac)
+        transport = UcxTransport(NodeIdentity(secret, REQUESTER), loopback=True)
+        self.client = TransferClient(self.cache, self.kv, layout, config, transport)
 
     def pull(self, peer: Peer, hashes: list[BlockHash]) -> PullResult:
         return self.loop.run_until_complete(self.client.pull(peer, hashes))
@@ -132,10 +137,12 @@ def test_partial_availability_returns_the_held_prefix(loop: asyncio.AbstractEven
     assert_owner_clean(owner)
 
 
-def test_wrong_or_missing_token_is_refused_and_pins_nothing(loop: asyncio.AbstractEventLoop, owner: Owner) -> None:
-    for token in (b"not-the-secret", b"\x00"):
-        req = Requester(loop, token=token)
-        result = req.pull(owner.peer(), sequence_hashes(8))
+def test_other_secret_or_other_owner_is_refused_and_pins_nothing(loop: asyncio.AbstractEventLoop,
+                                                                 owner: Owner) -> None:
+    # A requester without the secret, and one expecting another node at this address.
+    for secret, expected in ((ClusterSecret.generate(), OWNER), (SECRET, NodeId("node-7"))):
+        req = Requester(loop, secret=secret)
+        result = req.pull(owner.peer(expected), sequence_hashes(8))
         assert (result.outcome, result.blocks, result.nbytes) == (PullOutcome.UNAUTHENTICATED, 0, 0)
         assert req.cache.take_events() == [] and len(req.cache) == 0
         req.finish(result)

@@ -2,12 +2,14 @@
 
 `run_owner` builds a seeded pool, cache and KV tensor, serves them with a real TransferServer on
 127.0.0.1 and answers commands over a multiprocessing pipe; its first message ("ready", port) is the
-readiness signal. Faults are injected the way a broken peer behaves, on the owner's real send path.
+readiness signal. Faults are injected the way a broken or malicious peer behaves, on the owner's real
+send path (after its checksums and MACs were computed).
 `TransferActor` is an owner in a Ray worker for the Ray transport's tests and `bench/transfer.py`; in
 production the agent actor itself serves pulls (`NodeAgent.serve_pull`).
 """
 
 import asyncio
+import dataclasses
 import hashlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -20,16 +22,22 @@ import torch
 
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.transfer.handshake import NodeIdentity, ReplayGuard, Session
 from radixmesh.node_agent.transfer.protocol import ChunkTrailer, PullRequest
 from radixmesh.node_agent.transfer.ray_transport import serve_pull
 from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
+from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId, NodeId
 from radixmesh.proto.kv_layout import KVLayout
 
 LAYOUT = KVLayout("tiny-seed0", num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32", block_size=4)
-TOKEN = b"cluster-secret"
+SECRET = ClusterSecret(bytes(range(32)))
+OWNER = NodeId("owner")
+REQUESTER = NodeId("requester")
+SESSION = Session(REQUESTER, b"session-key-of-the-unit-tests-32")
+"""What source.open gets in tests that drive a TransferSource without a handshake."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +47,10 @@ class OwnerSpec:
     """The owner caches the first `cached` blocks of `sequence_hashes(seed)`."""
     seed: int = 0
     send_timeout_s: float = 5.0
+    handshake_timeout_s: float = 5.0
+    max_connections: int = 256
+    impostor: bool = False
+    """Serve with another cluster's secret: a host that took over the owner's address."""
 
 
 def sequence_hashes(n: int, seed: int = 0) -> list[BlockHash]:
@@ -57,15 +69,21 @@ def kv_digest(kv: torch.Tensor, blocks: list[BlockId]) -> str:
 class FaultySource(TransferSource):
     """A TransferSource whose next pull can be made to misbehave: "corrupt" flips a payload byte of
     chunk 1 after its checksum was taken; "stall" reports over the pipe after chunk 1 and then blocks
-    the whole process (as a hung or dying peer does) until it is killed."""
+    the whole process (as a hung or dying peer does) until it is killed. A malicious owner: "short"
+    sends chunk 1 one block short (its trailer still announces the whole chunk), "reorder" sends
+    chunk 2 (trailer and payload) before chunk 1, "swap" sends chunk 2's payload and checksum as
+    chunk 1, "huge_chunk_blocks" announces chunks of 2^31 blocks."""
 
     fault: str | None = None
     pipe: Connection | None = None
 
-    def open(self, request: PullRequest) -> OpenPull:
-        pull = super().open(request)
+    def open(self, request: PullRequest, session: Session) -> OpenPull:
+        pull = super().open(request, session)
         fault, self.fault = self.fault, None
         if fault is None:
+            return pull
+        if fault == "huge_chunk_blocks":
+            pull.header = dataclasses.replace(pull.header, chunk_blocks=1 << 31)
             return pull
         return _FaultyPull(self, pull, fault)
 
@@ -73,12 +91,22 @@ class FaultySource(TransferSource):
 class _FaultyPull(OpenPull):
     def __init__(self, source: FaultySource, pull: OpenPull, fault: str):
         # Takes over the pins of `pull` (which is dropped unclosed): one owner of the pins.
-        super().__init__(source, pull.header, pull.blocks, pull._checksum.name if pull._checksum else "none")
+        super().__init__(source, pull.header, pull.blocks, pull._checksum.name if pull._checksum else "none",
+                         pull._mac_key)
         self._fault = fault
         self._pipe = source.pipe
 
     def chunks(self) -> Iterator[tuple[ChunkTrailer, torch.Tensor]]:
-        for trailer, payload in super().chunks():
+        chunks = list(super().chunks())
+        if self._fault in ("reorder", "swap"):
+            (t1, p1), (t2, p2) = chunks[1], chunks[2]
+            if self._fault == "reorder":
+                chunks[1], chunks[2] = (t2, p2), (t1, p1)
+            else:
+                chunks[1] = (dataclasses.replace(t2, index=1), p2)
+        for trailer, payload in chunks:
+            if trailer.index == 1 and self._fault == "short":
+                payload = payload[:-1]
             if trailer.index == 1 and self._fault == "corrupt":
                 payload = payload.clone()
                 payload.reshape(-1).view(torch.uint8)[7] ^= 0x40
@@ -107,7 +135,7 @@ def build_source(spec: OwnerSpec) -> FaultySource:
         kv[b] = torch.randn(LAYOUT.block_shape, generator=gen)
     cache.insert(hashes, order)
     cache.release(order)
-    return FaultySource(cache, kv, LAYOUT, TOKEN)
+    return FaultySource(cache, kv, LAYOUT)
 
 
 def run_owner(conn: Connection, spec: OwnerSpec) -> None:
@@ -120,7 +148,10 @@ async def _serve(conn: Connection, spec: OwnerSpec) -> None:
 
     source = build_source(spec)
     source.pipe = conn
-    server = TransferServer(source, "127.0.0.1", 0, send_timeout_s=spec.send_timeout_s, loopback=True)
+    secret = ClusterSecret(bytes(32)) if spec.impostor else SECRET
+    server = TransferServer(source, "127.0.0.1", 0, secret=secret, node_id=OWNER, send_timeout_s=spec.send_timeout_s,
+                            handshake_timeout_s=spec.handshake_timeout_s, max_connections=spec.max_connections,
+                            loopback=True)
     conn.send(("ready", await server.start()))
     loop = asyncio.get_running_loop()
     while True:
@@ -133,7 +164,8 @@ async def _serve(conn: Connection, spec: OwnerSpec) -> None:
             await server.wait_idle()
             source.check_invariants()
             conn.send({"pinned": source.pinned_blocks, "in_use": source.cache.pool.num_in_use,
-                       "failed": server.pulls_failed})
+                       "failed": server.pulls_failed, "served": server.pulls_served,
+                       "refused": server.refused_connections})
         elif cmd[0] == "fault":
             source.fault = cmd[1]
             conn.send("ok")
@@ -152,11 +184,10 @@ def run_vanishing_requester(conn: Connection, port: int, n: int) -> None:
 async def _vanish(conn: Connection, port: int, n: int) -> None:
     from radixmesh.node_agent.transfer.transport import Peer
     from radixmesh.node_agent.transfer.ucx_transport import UcxTransport
-    from radixmesh.proto.ids import NodeId
 
-    channel = await UcxTransport(loopback=True).connect(Peer(NodeId("owner"), "127.0.0.1", port))
-    request = PullRequest(1, TOKEN, LAYOUT.fingerprint(), tuple(sequence_hashes(n)), n, 2 * LAYOUT.block_bytes,
-                          "crc32")
+    channel = await UcxTransport(NodeIdentity(SECRET, REQUESTER), loopback=True).connect(
+        Peer(OWNER, "127.0.0.1", port))
+    request = PullRequest(1, LAYOUT.fingerprint(), tuple(sequence_hashes(n)), n, 2 * LAYOUT.block_bytes, "crc32")
     header = await channel.request(request)
     conn.send(("asked", header.found))
     await asyncio.get_running_loop().run_in_executor(None, conn.recv)
@@ -174,16 +205,36 @@ class TransferActor:
     and requesters simply miss. `pull` is safe to call concurrently; `state` is read-only.
     """
 
-    def __init__(self, make_source: Callable[[], TransferSource]):
+    def __init__(self, make_source: Callable[[], TransferSource], node: NodeId):
         self.source = make_source()
+        self._identity = NodeIdentity(SECRET, node)
+        self._guard = ReplayGuard()
+        self._streams = 0
+        self._ended = asyncio.Condition()
 
     async def pull(self, request: bytes) -> AsyncIterator[Any]:
         """serve_pull's stream of one pull."""
-        async for item in serve_pull(self.source, request):
-            yield item
+        self._streams += 1
+        try:
+            async for item in serve_pull(self.source, request, self._identity, self._guard):
+                yield item
+        finally:
+            # A requester that gave up mid-stream is seen by Ray later than it returns: `state`
+            # waits for this, not for a guessed delay.
+            async with self._ended:
+                self._streams -= 1
+                self._ended.notify_all()
+
+    async def fault(self, name: str) -> None:
+        """Make the next pull misbehave (FaultySource's faults)."""
+        assert isinstance(self.source, FaultySource)
+        self.source.fault = name
 
     async def state(self) -> dict[str, int]:
-        """Pins held by open pulls and blocks in use, after checking the source's invariants."""
+        """Pins held and blocks in use once every pull stream has ended, after checking the source's
+        invariants."""
+        async with self._ended:
+            await self._ended.wait_for(lambda: self._streams == 0)
         self.source.check_invariants()
         return {"pinned": self.source.pinned_blocks, "in_use": self.source.cache.pool.num_in_use}
 
@@ -191,4 +242,4 @@ class TransferActor:
 def make_transfer_actor(node: NodeId, make_source: Callable[[], TransferSource], **options: Any) -> Any:
     """Start `node`'s TransferActor under transfer_actor_name(node); `options` go to `.options()`."""
     cls = ray.remote(TransferActor)
-    return cls.options(name=transfer_actor_name(node), max_concurrency=16, **options).remote(make_source)
+    return cls.options(name=transfer_actor_name(node), max_concurrency=16, **options).remote(make_source, node)

@@ -26,12 +26,15 @@ from rich.table import Table
 
 from radixmesh.cluster.launch import cluster_record, launcher
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
+from radixmesh.cluster.launch.secret_file import SECRET_ENV, deployment_secret
 from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.router.explain import format_report
 from radixmesh.cluster.router.http_api import ROUTE_PATH
 from radixmesh.node_agent.model.config import NAMED_CONFIGS
 from radixmesh.node_agent.model.source import SMOLLM2, resolve_model
 from radixmesh.node_agent.placement import DTYPES
+
+API_KEY_ENV = "RADIXMESH_API_KEY"
 
 
 def _connect(address: str) -> None:
@@ -69,9 +72,15 @@ def _record() -> cluster_record.ClusterRecord:
               help="Agents on GPUs size their KV pool from this share of the device, less weights and a "
                    "measured activation peak (as vLLM does); e.g. 0.9, or 0.4 for two agents per GPU.")
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=f"Cluster secret (hex, mode 0600) [default: ${SECRET_ENV}, else $RADIXMESH_HOME/secret, "
+                   "made on first use].")
+@click.option("--api-key", envvar=API_KEY_ENV, default="",
+              help=f"Bearer key the OpenAI API requires [default: ${API_KEY_ENV}; none].")
+@click.option("--transfer-mac", is_flag=True, help="Agents verify a keyed MAC of every pulled KV chunk.")
 def up(local_nodes: int | None, address: str, state: str, policy: str, host: str, port: int, model_spec: str,
        served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
-       lease_ttl: float) -> None:
+       lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool) -> None:
     """Start metadata service, node agents and router; print the router URL."""
     if cluster_record.load() is not None:
         raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
@@ -80,7 +89,8 @@ def up(local_nodes: int | None, address: str, state: str, policy: str, host: str
         config = LauncherConfig(local_nodes=local_nodes, state=state, policy=policy, host=host, http_port=port,
                                 model=resolve_model(model_spec), model_name=served_model_name, dtype=dtype,
                                 gpu_blocks=gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
-                                lease_ttl_s=lease_ttl)
+                                lease_ttl_s=lease_ttl, secret=deployment_secret(secret_file), api_key=api_key,
+                                transfer_mac=transfer_mac)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if local_nodes is None:
@@ -91,6 +101,8 @@ def up(local_nodes: int | None, address: str, state: str, policy: str, host: str
         deployment = asyncio.run(launcher.up(config))
     except (ValueError, launcher.DeploymentExists) as e:
         raise click.ClickException(str(e)) from None
+    except ray.exceptions.RayError as e:  # a part failed to start (e.g. --state names a dead Redis)
+        raise click.ClickException(f"radixmesh up failed: {_cause(e)}") from None
     pid = os.getpid() if local_nodes is not None else None
     cluster_record.save(cluster_record.ClusterRecord(deployment.router_url, deployment.metadata_address,
                                                      None if pid else address, pid))
@@ -98,6 +110,12 @@ def up(local_nodes: int | None, address: str, state: str, policy: str, host: str
     click.echo(f"router: {deployment.router_url}   (OpenAI API at {deployment.router_url}/v1)", nl=True)
     if local_nodes is not None:
         _serve_until_signalled()
+
+
+def _cause(e: ray.exceptions.RayError) -> str:
+    """The first line of what failed inside an actor, without Ray's traceback."""
+    cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) and e.cause is not None else e
+    return (str(cause).strip().splitlines() or [type(cause).__name__])[-1]
 
 
 def _serve_until_signalled() -> None:
@@ -119,6 +137,10 @@ def down(timeout: float) -> None:
     """Stop the recorded deployment: router and agents, metadata service (and a local `up`'s Ray)."""
     record = _record()
     if record.pid is not None:
+        if not _is_radixmesh(record.pid):
+            cluster_record.remove()
+            raise click.ClickException(f"process {record.pid} is not the `radixmesh up` that made the record "
+                                       "(it ended and its pid was reused): nothing signalled, the record is cleared")
         try:
             os.kill(record.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -139,6 +161,16 @@ def down(timeout: float) -> None:
     stopped = asyncio.run(launcher.down())
     cluster_record.remove()
     click.echo("radixmesh is down" if stopped else "nothing was running; the record is cleared")
+
+
+def _is_radixmesh(pid: int) -> bool:
+    """Whether `pid` runs radixmesh (its command line names it); True without procfs to ask."""
+    try:
+        return b"radixmesh" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()
+    except OSError:
+        return True
 
 
 def _alive(pid: int) -> bool:
@@ -162,7 +194,7 @@ def route(prompt: str, max_tokens: int, cache_salt: str, url: str | None) -> Non
     """Serve PROMPT once and print where it went, why, and where its prompt tokens came from."""
     base = url or _record().router_url
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "cache_salt": cache_salt}).encode()
-    req = urllib.request.Request(f"{base}{ROUTE_PATH}", body, {"Content-Type": "application/json"})
+    req = urllib.request.Request(f"{base}{ROUTE_PATH}", body, {"Content-Type": "application/json", **_auth()})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             doc = json.load(r)
@@ -198,9 +230,15 @@ def stats(url: str | None, watch: bool, interval: float, as_json: bool) -> None:
             pass
 
 
+def _auth() -> dict[str, str]:
+    """The API key header, when RADIXMESH_API_KEY holds the key of the router's --api-key."""
+    key = os.environ.get(API_KEY_ENV, "")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _fetch(base: str) -> dict[str, Any]:
     try:
-        with urllib.request.urlopen(f"{base}/stats", timeout=10) as r:
+        with urllib.request.urlopen(urllib.request.Request(f"{base}/stats", headers=_auth()), timeout=10) as r:
             body: dict[str, Any] = json.load(r)
             return body
     except (urllib.error.URLError, OSError) as e:

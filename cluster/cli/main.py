@@ -15,9 +15,11 @@ from radixmesh.cluster.cli.cluster import down, route, stats, up
 from radixmesh.cluster.cli.demo import demo
 from radixmesh.cluster.cli.replay import replay_command
 from radixmesh.cluster.cli.sim import sim
+from radixmesh.cluster.launch.secret_file import SECRET_ENV, given_secret
 from radixmesh.cluster.metadata.server import ServerOptions, TlsFiles, create_server, serve_until_signalled
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.metadata.store import open_store
+from radixmesh.proto.cluster_secret import check_bind
 
 
 @click.group()
@@ -31,7 +33,8 @@ def main(log_level: str) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", default=50051, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
 @click.option("--state", default="memory", show_default=True, help="'memory' or a redis:// URL.")
-@click.option("--token", envvar="RADIXMESH_TOKEN", default=None, help="Cluster token required on every RPC.")
+@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=f"Cluster secret (hex, mode 0600); default ${SECRET_ENV}. Required unless --host is loopback.")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
@@ -40,7 +43,7 @@ def metadata_server(
     host: str,
     port: int,
     state: str,
-    token: str | None,
+    secret_file: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
     lease_ttl: float,
@@ -51,14 +54,19 @@ def metadata_server(
         raise click.UsageError("--tls-cert and --tls-key go together")
     tls = TlsFiles(tls_cert.read_bytes(), tls_key.read_bytes()) if tls_cert and tls_key else None
     try:
+        secret = given_secret(secret_file)
+        options = ServerOptions(host=host, port=port, secret=secret, tls=tls)
+        check_bind("metadata-server", host, secret)
         store = open_store(state)
     except (ValueError, redis.RedisError) as e:
-        raise click.ClickException(str(e)) from e
+        raise click.ClickException(str(e)) from None
     service = MetadataService(store, ServiceConfig(lease_ttl_s=lease_ttl))
-    options = ServerOptions(host=host, port=port, token=token, tls=tls)
 
     async def serve() -> None:
-        server, bound = create_server(service, options)
+        try:
+            server, bound = create_server(service, options)
+        except RuntimeError as e:  # grpc: "Failed to bind to address ..."
+            raise click.ClickException(f"could not bind {host}:{port}: {e}") from None
         if bound == 0:
             raise click.ClickException(f"could not bind {host}:{port}")
 

@@ -4,6 +4,7 @@ the real cluster's router at trace times; hit rate by source, TTFT percentiles, 
 import asyncio
 import json
 
+import aiohttp
 import click
 import ray
 
@@ -50,7 +51,10 @@ def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup
     config = ReplayConfig(block_size=block_size, sequential=sequential, max_prompt_blocks=max_prompt_blocks,
                           model=model)
     if url is not None:
-        report = asyncio.run(replay(url, requests, config))
+        try:
+            report = asyncio.run(replay(url, requests, config))
+        except (aiohttp.ClientError, OSError) as e:
+            raise click.ClickException(f"router at {url} does not answer: {e}") from None
     else:
         cluster = LauncherConfig(local_nodes=local_nodes, block_size=block_size, model_name=model)
         launcher.init_local_ray(cluster)

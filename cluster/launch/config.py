@@ -13,6 +13,7 @@ from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.model.source import ModelSource, random_source
+from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
 
 NAMESPACE = "radixmesh"
@@ -52,7 +53,13 @@ class LauncherConfig:
     """False: agents neither reuse nor publish prefixes (the demo's "caching off" baseline)."""
     transfer: str = "ucx"
     """KV transfer plane of the agents: one of agent_config.TRANSFER_PLANES ("ucx", "ray", "auto", "none")."""
-    cluster_token: bytes = b"radixmesh-dev-token"
+    secret: ClusterSecret = field(default_factory=ClusterSecret.generate)
+    """The deployment's cluster secret (`up` reads or makes it, see launch.secret_file): the metadata
+    service, every node's credential and the block-hash key derive from it."""
+    api_key: str = ""
+    """Bearer key the OpenAI API requires ("": none)."""
+    transfer_mac: bool = False
+    """Agents verify a keyed MAC of every pulled chunk."""
     heartbeat_interval_s: float = 1.0
     publish_interval_s: float = 0.05
     metadata_retry_s: float = 1.0
@@ -93,10 +100,10 @@ class LauncherConfig:
     def agent_config(self, node: NodeId, metadata_address: str, host: str) -> AgentConfig:
         """The AgentConfig of `node`, whose transfer server binds `host`."""
         memory = MemoryConfig(num_gpu_blocks=self.gpu_blocks, num_host_blocks=self.host_blocks,
-                              enable_prefix_caching=self.prefix_caching)
+                              enable_prefix_caching=self.prefix_caching, hash_key=self.secret.hash_key())
         return AgentConfig(node, model=self.model, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
                            engine=EngineConfig(block_size=self.block_size, memory=memory), host=host,
-                           transfer=self.transfer, cluster_token=self.cluster_token,
+                           transfer=self.transfer, secret=self.secret, transfer_mac=self.transfer_mac,
                            # Without caching there is nothing to publish: agents stay standalone.
                            metadata_address=metadata_address if self.prefix_caching else None,
                            heartbeat_interval_s=self.heartbeat_interval_s,
@@ -106,5 +113,6 @@ class LauncherConfig:
         """The router's settings for agents of `layout` whose blocks hold `block_bytes` of KV."""
         return RouterConfig(layout, block_size=self.block_size, policy=self.policy,
                             policy_config=PolicyConfig(block_bytes=block_bytes), model_name=self.served_model_name,
+                            hash_key=self.secret.hash_key(),
                             limits=self.model.config.prompt_limits(),
                             metadata_retry_s=self.metadata_retry_s)

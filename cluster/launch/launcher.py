@@ -97,7 +97,8 @@ async def up(config: LauncherConfig) -> Deployment:
         raise DeploymentExists("a radixmesh deployment is already running on this Ray cluster")
     where = placements(config)
     try:
-        metadata = make_metadata_actor(config.host, config.metadata_port, config.state, config.lease_ttl_s)
+        metadata = make_metadata_actor(config.host, config.metadata_port, config.state, config.lease_ttl_s,
+                                       config.secret)
         address: str = await metadata.start.remote()
         router = make_router_actor(config, address, where)
         url: str = await router.start.remote()

@@ -21,6 +21,7 @@ from radixmesh.cluster.metadata.server import (
 )
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.metadata.store import open_store
+from radixmesh.proto.cluster_secret import ClusterSecret
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +31,9 @@ METADATA_ACTOR = "radixmesh-metadata"
 class MetadataActor:
     """Hosts one MetadataServer at a time on host:port (port 0 picks one at the first start)."""
 
-    def __init__(self, host: str, port: int, state: str, lease_ttl_s: float) -> None:
+    def __init__(self, host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret) -> None:
         self._host = host
+        self._secret = secret
         self._port = port
         self._state = state
         self._config = ServiceConfig(lease_ttl_s=lease_ttl_s)
@@ -43,7 +45,7 @@ class MetadataActor:
         if self._server is None:
             store = open_store(self._state)
             server, bound = create_server(MetadataService(store, self._config),
-                                          ServerOptions(host=self._host, port=self._port))
+                                          ServerOptions(host=self._host, port=self._port, secret=self._secret))
             if bound == 0:
                 store.close()
                 raise RuntimeError(f"metadata service could not bind {self._host}:{self._port}")
@@ -66,8 +68,8 @@ class MetadataActor:
         return self._server is not None
 
 
-def make_metadata_actor(host: str, port: int, state: str, lease_ttl_s: float) -> Any:
+def make_metadata_actor(host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret) -> Any:
     """Create the detached metadata actor (named METADATA_ACTOR); call `start` on the handle."""
     return ray.remote(MetadataActor).options(
         name=METADATA_ACTOR, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0,
-    ).remote(host, port, state, lease_ttl_s)
+    ).remote(host, port, state, lease_ttl_s, secret)

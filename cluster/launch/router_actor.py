@@ -22,6 +22,7 @@ from radixmesh.cluster.router.http_api import start_http
 from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.auth import CallerCredentials
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.nodes import NodeInfo
 
@@ -70,11 +71,12 @@ class RouterActor:
                    for node, host, placement in self._placements]
         infos = await asyncio.gather(*(c.start() for c in clients))
         layout, block_bytes = deployment_layout(infos)
-        metadata = MetadataClient(self._metadata_address, timeout_s=5.0)
+        metadata = MetadataClient(self._metadata_address, credentials=CallerCredentials.cluster(cfg.secret),
+                                  timeout_s=5.0)
         tokenizer, template = await asyncio.to_thread(lambda: (cfg.model.tokenizer(), cfg.model.chat_template()))
         router = Router(cfg.router_config(layout, block_bytes), StaticAgentDirectory(clients), metadata,
                         tokenizer=tokenizer, chat_template=template)
-        runner, port = await start_http(router, cfg.host, cfg.http_port)
+        runner, port = await start_http(router, cfg.host, cfg.http_port, api_key=cfg.api_key)
         self._runner, self._router = runner, router
         self._url = f"http://{cfg.host}:{port}"
         logger.info("router on %s over %d agent(s)", self._url, len(clients))

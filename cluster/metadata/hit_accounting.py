@@ -18,6 +18,9 @@ from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import HitCounters, HitStats, RequestHits
 
 TOTAL = "total"
+OTHER_TENANTS = "(other)"
+"""The tenant scope that counts every tenant past `max_tenants`: tenant names come from clients, so
+their counters (kept in memory and in the state store) must not grow with every name sent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +37,12 @@ class HitAccounting:
     """Joins Match predictions with realized hits. Predictions are kept for the newest
     `max_predictions` request ids only, so a router that never reports cannot grow memory."""
 
-    def __init__(self, max_predictions: int = 65536) -> None:
-        if max_predictions < 1:
-            raise ValueError(f"max_predictions must be >= 1, got {max_predictions}")
+    def __init__(self, max_predictions: int = 65536, max_tenants: int = 1024) -> None:
+        if max_predictions < 1 or max_tenants < 1:
+            raise ValueError(f"max_predictions and max_tenants must be >= 1, got {max_predictions}, {max_tenants}")
         self._max_predictions = max_predictions
+        self._max_tenants = max_tenants
+        self._tenants = 0
         self._predictions: OrderedDict[str, Prediction] = OrderedDict()
         self._counters: dict[str, HitCounters] = {}
 
@@ -67,13 +72,18 @@ class HitAccounting:
             delta["regret_tokens"] = max(0, cached - t.hits)
             delta["predicted_local_tokens"] = predicted_local
             delta["realized_local_tokens"] = min(local, predicted_local)
-        deltas = {TOTAL: delta, f"node:{node}": delta, f"tenant:{hits.tenant}": delta}
+        tenant = f"tenant:{hits.tenant}"
+        if tenant not in self._counters and self._tenants >= self._max_tenants:
+            tenant = f"tenant:{OTHER_TENANTS}"
+        deltas = {TOTAL: delta, f"node:{node}": delta, tenant: delta}
         self.add(deltas)
         return deltas
 
     def add(self, deltas: dict[str, dict[str, int]]) -> None:
         """Add increments by scope (from `record`, or counters loaded from the state store)."""
         for scope, delta in deltas.items():
+            if scope.startswith("tenant:") and scope not in self._counters:
+                self._tenants += 1
             self._counters[scope] = self._counters.get(scope, HitCounters()).plus(delta)
 
     def stats(self) -> HitStats:

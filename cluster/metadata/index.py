@@ -4,11 +4,13 @@ Chained hashes make a block's hash name its whole prefix, so `match` is a walk o
 dict `hash -> holder mask` (O(len(query)) dict lookups done in C, plus Python work only where the
 set of holders changes along the query), never a tree descent from the root.
 
-The radix tree is kept as parent links (`parents[hash]`): a block's parent is fixed while it is
-indexed, and `check_chains` refuses any event that contradicts it. Child links are derived, not
-stored: only `node_chains` walks downwards, and it builds them for one node's blocks in O(its
-blocks), while storing them cost a set per parent entry (and orphan sets for children whose
-parent was evicted) on the ingest path.
+The radix tree is kept as parent links, per node (`_Holder.parents[hash]`): a block's parent is
+fixed while the node holds it, and `check_chains` refuses any event of that node that contradicts
+its own links. Links are per node, not per layout, because a node's events are its word only: one
+node declaring a false parent for a hash must not get another node's true events refused (with
+chained hashes two honest nodes never disagree, so a disagreement means one of them lies or is
+broken, and the index cannot tell which). Child links are derived, not stored: only `node_chains`
+walks downwards, and it builds them for one node's blocks in O(its blocks).
 
 Holders are bit masks over per-layout node slots: a node in slot s holds a block on gpu when bit
 2s is set, on host when bit 2s+1 is. Masks are plain ints, so an entry is two dict values and no
@@ -49,10 +51,9 @@ class IndexMatch(NamedTuple):
 
 @dataclass(slots=True)
 class _Partition:
-    """One layout's blocks. `masks` and `parents` have the same keys: the indexed blocks."""
+    """One layout's blocks: `masks` has one key per indexed block, held by some node of the layout."""
 
     masks: dict[BlockHash, int] = field(default_factory=dict)
-    parents: dict[BlockHash, BlockHash | None] = field(default_factory=dict)
     slots: list[NodeId | None] = field(default_factory=list)
     """Node of each slot; None for a slot freed by `drop_node`, reused by the next node."""
     gpu_bits: int = 0
@@ -75,8 +76,8 @@ class _Holder:
     layout: str
     part: _Partition
     slot: int
-    held: set[BlockHash] = field(default_factory=set)
-    """Every block the node holds on some tier."""
+    parents: dict[BlockHash, BlockHash | None] = field(default_factory=dict)
+    """Every block the node holds on some tier, with the parent the node declared for it."""
 
     @property
     def both_bits(self) -> int:
@@ -110,15 +111,15 @@ class GlobalIndex:
 
     def node_block_count(self, node: NodeId) -> int:
         m = self._holders.get(node)
-        return len(m.held) if m is not None else 0
+        return len(m.parents) if m is not None else 0
 
     def __len__(self) -> int:
         return sum(len(p.masks) for p in self._parts.values())
 
     def check_chains(self, node: NodeId, chains: Iterable[Chain]) -> None:
         """Raise ValueError if inserting these (hashes, parent) chains for `node` would contradict
-        a known parent link or each other, or make a block its own parent; changes nothing."""
-        parents = self._holder(node).part.parents
+        a parent link of `node` or each other, or make a block its own parent; changes nothing."""
+        parents = self._holder(node).parents
         hs: list[BlockHash] = []
         prevs: list[BlockHash | None] = []
         for hashes, parent in chains:
@@ -140,7 +141,7 @@ class GlobalIndex:
             if h == prev:
                 raise ValueError("a block cannot be its own parent")
             if claimed.setdefault(h, parents.get(h, prev)) != prev:
-                raise ValueError(f"block {h.hex()} already has another parent in this layout")
+                raise ValueError(f"block {h.hex()} already has another parent on node {node}")
 
     def insert(self, node: NodeId, hashes: Sequence[BlockHash], parent: BlockHash | None, tier: Tier) -> None:
         """`node` holds the chain `hashes` (hashes[0]'s parent is `parent`) on `tier`.
@@ -230,11 +231,11 @@ class GlobalIndex:
     def node_chains(self, node: NodeId) -> list[BlockStored]:
         """`node`'s blocks as stored chains (per tier), enough to rebuild them with `insert`."""
         holder = self._holder(node)
-        masks, parents = holder.part.masks, holder.part.parents
+        masks, parents = holder.part.masks, holder.parents
         out: list[BlockStored] = []
         for tier in TIER_SHIFT:
             bit = holder.bit(tier)
-            on_tier = {h for h in holder.held if masks[h] & bit}
+            on_tier = {h for h in parents if masks[h] & bit}
             kids: dict[BlockHash, list[BlockHash]] = {}
             roots = []
             for h in on_tier:
@@ -263,24 +264,21 @@ class GlobalIndex:
         """Raise AssertionError with the numbers if the structure is inconsistent."""
         counted: dict[NodeId, int] = dict.fromkeys(self._holders, 0)
         for layout, part in self._parts.items():
-            assert part.masks.keys() == part.parents.keys(), (
-                f"{layout}: {len(part.masks)} masks, {len(part.parents)} parent links"
-            )
             assert part.gpu_bits == sum(1 << (2 * s) for s in range(len(part.slots))), f"{layout}: gpu_bits"
             for s, n in enumerate(part.slots):
                 m = self._holders.get(n) if n is not None else None
                 assert n is None or (m is not None and m.slot == s and m.part is part), f"slot {s}: {n}"
             for h, mask in part.masks.items():
                 assert mask > 0, f"entry {h.hex()} in {layout} has holder mask {mask}"
-                assert part.parents[h] != h, f"{h.hex()} is its own parent"
                 for slot in (b >> 1 for b in _bits((mask | mask >> 1) & part.gpu_bits)):
                     n = part.slots[slot] if slot < len(part.slots) else None
                     assert n is not None, f"{h.hex()} held by free slot {slot} in {layout}"
-                    assert h in self._holders[n].held, f"{h.hex()} missing from {n}'s block set"
+                    assert h in self._holders[n].parents, f"{h.hex()} missing from {n}'s block set"
                     counted[n] += 1
         for n, holder in self._holders.items():
             assert holder.part is self._parts[holder.layout], f"node {n} attached to another partition"
-            assert counted[n] == len(holder.held), f"{n}: {counted[n]} holder marks, {len(holder.held)} in set"
+            assert counted[n] == len(holder.parents), f"{n}: {counted[n]} holder marks, {len(holder.parents)} held"
+            assert all(h != p for h, p in holder.parents.items()), f"{n}: a block is its own parent"
 
     def _holder(self, node: NodeId) -> _Holder:
         holder = self._holders.get(node)
@@ -294,15 +292,14 @@ class GlobalIndex:
             return
         part, bit = holder.part, holder.bit(tier)
         masks = part.masks
-        # Three C-level passes; check_chains made every new parent link agree with the known ones.
-        part.parents.update(zip(hashes, (parent, *hashes[:-1])))
+        # Two C-level passes; check_chains made every new parent link agree with the node's own.
+        holder.parents.update(zip(hashes, (parent, *hashes[:-1])))
         masks.update(zip(hashes, map(or_, map(masks.get, hashes, repeat(0)), repeat(bit))))
-        holder.held.update(hashes)
 
     @staticmethod
     def _remove(holder: _Holder, hashes: Iterable[BlockHash], tier: Tier) -> None:
         part, bit, both = holder.part, holder.bit(tier), holder.both_bits
-        masks, held = part.masks, holder.held
+        masks, held = part.masks, holder.parents
         for h in hashes:
             mask = masks.get(h, 0)
             if not mask & bit:
@@ -310,23 +307,22 @@ class GlobalIndex:
             mask ^= bit
             if mask:
                 masks[h] = mask
-                if not mask & both:
-                    held.discard(h)
             else:
-                del masks[h], part.parents[h]
-                held.discard(h)
+                del masks[h]
+            if not mask & both:
+                del held[h]
 
     @staticmethod
     def _clear(holder: _Holder) -> None:
         part, keep = holder.part, ~holder.both_bits
         masks = part.masks
-        for h in holder.held:
+        for h in holder.parents:
             mask = masks[h] & keep
             if mask:
                 masks[h] = mask
             else:
-                del masks[h], part.parents[h]
-        holder.held.clear()
+                del masks[h]
+        holder.parents.clear()
 
 
 def _bits(mask: int) -> Iterable[int]:

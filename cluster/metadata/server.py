@@ -1,15 +1,16 @@
-"""The gRPC face of MetadataService: a thin grpc.aio servicer, the cluster-token check, message size
+"""The gRPC face of MetadataService: a thin grpc.aio servicer, caller authentication, message size
 limits, TLS and the standard health service.
 
 Each RPC converts (metadata_codec), calls the plain service object and maps its typed errors to
 status codes: LimitExceeded -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT, StaleEpoch ->
-FAILED_PRECONDITION, UnknownNode -> NOT_FOUND. All RPCs run on the server's one event loop, which
-is what makes the non-thread-safe service safe.
+FAILED_PRECONDITION, UnknownNode -> NOT_FOUND. A call without a valid credential is refused with
+UNAUTHENTICATED before its request is even parsed; a node-scoped call (register, heartbeat, publish,
+snapshot) naming another node than the caller's credential gets PERMISSION_DENIED. All RPCs run on
+the server's one event loop, which is what makes the non-thread-safe service safe.
 """
 
 import asyncio
 import gc
-import hmac
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,12 +21,13 @@ from typing import TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from radixmesh.cluster.metadata.authenticator import Authenticator
 from radixmesh.cluster.metadata.membership import StaleEpoch, UnknownNode
 from radixmesh.cluster.metadata.service import LimitExceeded, MetadataService
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
+from radixmesh.proto.cluster_secret import ClusterSecret, check_bind
 from radixmesh.proto.metadata import codec
-from radixmesh.proto.metadata.auth import TOKEN_METADATA_KEY, bearer
 from radixmesh.proto.metadata.messages import PublishAck, PublishStatus
 
 logger = logging.getLogger(__name__)
@@ -48,8 +50,9 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 0
     """0 picks a free port; create_server returns the one bound."""
-    token: str | None = None
-    """Cluster token every MetadataService RPC must carry; None disables the check."""
+    secret: ClusterSecret | None = None
+    """Every MetadataService RPC must carry a credential derived from it (proto.metadata.auth);
+    None disables authentication, allowed only on a loopback `host`."""
     tls: TlsFiles | None = None
     max_message_bytes: int = 16 << 20
     """Larger messages are refused by gRPC with RESOURCE_EXHAUSTED."""
@@ -57,15 +60,15 @@ class ServerOptions:
     """How often leases are swept and the index persisted; None: only on calls and at stop."""
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses every MetadataService RPC without the cluster token with UNAUTHENTICATED.
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every MetadataService RPC without a valid credential with UNAUTHENTICATED.
 
     The health service stays open: orchestrator probes carry no credentials and health reveals
     nothing about the cluster.
     """
 
-    def __init__(self, token: str) -> None:
-        self._expected = bearer(token).encode()
+    def __init__(self, authenticator: Authenticator) -> None:
+        self._authenticator = authenticator
 
     async def intercept_service(
         self,
@@ -75,9 +78,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if details.method.startswith(_HEALTH_PREFIX) or handler is None:
             return handler
-        given = dict(details.invocation_metadata or ()).get(TOKEN_METADATA_KEY, "")
-        given_bytes = given.encode() if isinstance(given, str) else given
-        if hmac.compare_digest(given_bytes, self._expected):
+        if self._authenticator.authenticate(details.invocation_metadata) is not None:
             return handler
         return _refusal(handler)
 
@@ -86,7 +87,7 @@ def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """A handler of the same shape as `handler` that aborts with UNAUTHENTICATED."""
 
     async def deny(_request: object, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong cluster token")
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong cluster credential")
 
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(deny)
@@ -114,14 +115,26 @@ async def _guarded(context: grpc.aio.ServicerContext, call: Callable[[], T]) -> 
 class MetadataServicer(pb_grpc.MetadataServiceServicer):
     """Converts, calls MetadataService, maps errors; holds no logic of its own."""
 
-    def __init__(self, service: MetadataService) -> None:
+    def __init__(self, service: MetadataService, authenticator: Authenticator) -> None:
         self._service = service
+        self._authenticator = authenticator
+
+    async def _speaks_for(self, context: grpc.aio.ServicerContext, node: str) -> None:
+        """Abort with PERMISSION_DENIED unless the caller holds `node`'s credential (the interceptor
+        already refused callers without any valid credential)."""
+        caller = self._authenticator.authenticate(context.invocation_metadata())
+        if caller is None or not caller.may_speak_for(node, self._authenticator.open):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"this credential does not speak for node {node[:80]!r}")
 
     async def RegisterNode(self, request: pb.RegisterNodeRequest, context: grpc.aio.ServicerContext) -> pb.Lease:
+        await self._speaks_for(context, request.node_id)
         s = self._service
         return await _guarded(context, lambda: codec.lease_to_pb(s.register(codec.node_info_from_pb(request))))
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> pb.Lease:
+        await self._speaks_for(context, request.node_id)
+
         def call() -> pb.Lease:
             hits = [codec.hits_from_pb(h) for h in request.hits]
             load = codec.load_from_pb(request.load)
@@ -134,6 +147,7 @@ class MetadataServicer(pb_grpc.MetadataServiceServicer):
     ) -> pb.PublishAck:
         ack = PublishAck(PublishStatus.OK, 0)
         async for msg in request_iterator:
+            await self._speaks_for(context, msg.node_id)
             ack = await _guarded(context, partial(self._publish, msg))
             if ack.status is PublishStatus.RESYNC:
                 break  # later batches would all gap too: answer now so the node resyncs at once
@@ -143,6 +157,7 @@ class MetadataServicer(pb_grpc.MetadataServiceServicer):
         return self._service.publish(codec.batch_from_pb(msg))
 
     async def SyncSnapshot(self, request: pb.NodeSnapshot, context: grpc.aio.ServicerContext) -> pb.PublishAck:
+        await self._speaks_for(context, request.node_id)
         s = self._service
         return await _guarded(context, lambda: codec.ack_to_pb(s.sync_snapshot(codec.snapshot_from_pb(request))))
 
@@ -210,15 +225,17 @@ def create_server(
     Call it from the event loop that will run the server: grpc.aio binds to the running loop.
 
     Returns the port bound (the one asked for, or a free one for port 0). `extra_handlers` are
-    served behind the same token check and limits (the benchmark's echo baseline uses this).
+    served behind the same authentication and limits (the benchmark's echo baseline uses this).
+    ValueError for a non-loopback host without a secret.
     """
+    check_bind("the metadata service", options.host, options.secret)
     limit = options.max_message_bytes
-    interceptors = [TokenInterceptor(options.token)] if options.token else []
+    authenticator = Authenticator(options.secret)
     server = grpc.aio.server(
-        interceptors=interceptors,
+        interceptors=[AuthInterceptor(authenticator)],
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
     )
-    pb_grpc.add_MetadataServiceServicer_to_server(MetadataServicer(service), server)
+    pb_grpc.add_MetadataServiceServicer_to_server(MetadataServicer(service, authenticator), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if extra_handlers:

@@ -56,6 +56,9 @@ class ServiceLimits:
     """Hashes across all events of one EventBatch."""
     max_snapshot_blocks: int = 1 << 20
     max_hits_per_heartbeat: int = MAX_HITS_PER_HEARTBEAT
+    max_epoch_ahead_s: float = 300.0
+    """Epochs are microseconds of wall time (agent.new_epoch); one further ahead of the service's
+    clock than this is refused, so no caller can fence a node name off for good with a huge epoch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,7 @@ class MetadataService:
         self.store = store or MemoryStore()
         self.index = GlobalIndex()
         self.membership = Membership(self.config.lease_ttl_s, clock)
+        self._clock = clock
         self.hits = HitAccounting(self.config.max_predictions)
         self._restore()
 
@@ -90,6 +94,10 @@ class MetadataService:
         ValueError when another live node of the same layout declared other block_bytes: the layout
         fingerprint covers the dtype and shape, so equal layouts have equal blocks.
         """
+        latest = int((self._clock() + self.config.limits.max_epoch_ahead_s) * 1e6)
+        if info.epoch > latest:
+            raise ValueError(f"epoch {info.epoch} is ahead of the service's clock (at most {latest}: "
+                             "epochs are microseconds of wall time)")
         self._expire()
         for peer in (m.info for m in self.membership.members() if m.info.node_id != info.node_id):
             if peer.layout == info.layout and peer.block_bytes != info.block_bytes:

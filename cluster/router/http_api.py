@@ -10,11 +10,15 @@
     POST /radixmesh/route       {"prompt", "max_tokens", "cache_salt"}: serve it once and explain the route
                                 (router.explain.RouteReport), what `radixmesh route` prints
 
+With an API key (`start_http(..., api_key=...)`, `radixmesh up --api-key`) every path but /healthz
+and /metrics needs `Authorization: Bearer <key>` (as vLLM's --api-key); without one: 401.
+
 Every error is OpenAI's JSON error object with a 4xx/5xx status. A stream whose first token never
 comes answers with a plain error status (the SSE response starts only with the first item); an
 error after that ends the stream with an `error` event, which the openai client raises.
 """
 
+import hmac
 import json
 import logging
 import math
@@ -25,9 +29,11 @@ from dataclasses import asdict
 from typing import Any, NamedTuple
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from radixmesh.cluster.router.admission import Overloaded
 from radixmesh.cluster.router.explain import explain
+from radixmesh.cluster.router.json_body import parse_json_body
 from radixmesh.cluster.router.metrics import merge_expositions, stats_document
 from radixmesh.cluster.router.openai_schema import (
     ApiError,
@@ -45,6 +51,8 @@ from radixmesh.cluster.router.router import (
     RouterItem,
     RouterResult,
 )
+from radixmesh.proto.cluster_secret import is_loopback
+from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.plan import TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -55,6 +63,9 @@ logger = logging.getLogger(__name__)
 ROUTE_PATH = "/radixmesh/route"
 ROUTER_KEY = web.AppKey("router", Router)
 CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("wall_clock")
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+"""Paths served without the API key: probes and Prometheus scrapes (no prompts, no tenant names)."""
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _json_error(e: ApiError) -> web.Response:
@@ -80,10 +91,28 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         return _json_error(ApiError(500, "internal error", type_="server_error", code="internal_error"))
 
 
+def _api_key_check(api_key: str) -> Middleware:
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if request.path in OPEN_PATHS or hmac.compare_digest(given, expected):
+            return await handler(request)
+        response = _json_error(ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)",
+                                        code="invalid_api_key"))
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    return check
+
+
 def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
-               client_max_size: int = 4 << 20) -> web.Application:
-    """The aiohttp application over `router`; `wall_clock` stamps `created` fields."""
-    app = web.Application(middlewares=[_errors], client_max_size=client_max_size)
+               client_max_size: int = 4 << 20, api_key: str = "") -> web.Application:
+    """The aiohttp application over `router`; `wall_clock` stamps `created` fields; a non-empty
+    `api_key` is required on every path but OPEN_PATHS."""
+    middlewares: list[Middleware] = [_errors] if not api_key else [_errors, _api_key_check(api_key)]
+    app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
     app[ROUTER_KEY] = router
     app[CLOCK_KEY] = wall_clock
     app.router.add_post("/v1/completions", _completions)
@@ -96,12 +125,14 @@ def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
     return app
 
 
-async def start_http(router: Router, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def start_http(router: Router, host: str, port: int, *, api_key: str = "") -> tuple[web.AppRunner, int]:
     """Serve `router` on host:port (0: a free port); returns the runner (`await runner.cleanup()`
     stops it) and the bound port."""
+    if not api_key and not is_loopback(host):
+        logger.warning("the OpenAI API on %s needs no API key: anyone who reaches it can use it (--api-key)", host)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the request on
     # its agent (aiohttp otherwise lets a non-streaming handler run to its end).
-    runner = web.AppRunner(create_app(router), access_log=None, handler_cancellation=True)
+    runner = web.AppRunner(create_app(router, api_key=api_key), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -112,10 +143,7 @@ async def start_http(router: Router, host: str, port: int) -> tuple[web.AppRunne
 
 # --- OpenAI endpoints ---------------------------------------------------------------------------
 async def _body(request: web.Request) -> object:
-    try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from e
+    return parse_json_body(await request.read())
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
@@ -306,8 +334,9 @@ async def _route(request: web.Request) -> web.Response:
     max_tokens, cache_salt = body.get("max_tokens", 16), body.get("cache_salt", "")
     if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1):
         raise ApiError(400, "'max_tokens' must be an integer >= 1", param="max_tokens")
-    if not isinstance(cache_salt, str):
-        raise ApiError(400, "'cache_salt' must be a string", param="cache_salt")
+    if not isinstance(cache_salt, str) or len(cache_salt) > MAX_TENANT_CHARS:
+        raise ApiError(400, f"'cache_salt' must be a string of at most {MAX_TENANT_CHARS} characters",
+                       param="cache_salt")
     job = GenerateRequest(f"route-{uuid.uuid4().hex}", tuple(router.tokenizer.encode(body["prompt"])),
                           SamplingParams(max_tokens=max_tokens), cache_salt)
     try:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixmesh.node_agent.model.chat_template import ROLES, ChatMessage
+from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
 from radixmesh.proto.serve.sampling import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 # Fields both endpoints serve; each endpoint adds its prompt field (and chat max_completion_tokens).
@@ -201,6 +202,9 @@ def _params(body: object, prompt_fields: frozenset[str], max_tokens_names: tuple
     cache_salt = body.get("cache_salt")
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise _bad("'cache_salt' must be a string", "cache_salt", "invalid_type")
+    if cache_salt is not None and len(cache_salt) > MAX_TENANT_CHARS:
+        # The tenant travels in every heartbeat's hit reports and keys counters: keep it an id.
+        raise _bad(f"'cache_salt' is at most {MAX_TENANT_CHARS} characters", "cache_salt")
     ignore_eos = body.get("ignore_eos")
     if ignore_eos is not None and not isinstance(ignore_eos, bool):
         raise _bad("'ignore_eos' must be a boolean", "ignore_eos", "invalid_type")

@@ -3,6 +3,10 @@
 A pull never fails the caller's request: whatever goes wrong (refusal, timeout, dead peer, corrupted
 chunk) it returns the blocks that arrived intact, a prefix of the asked hashes, and an outcome;
 the caller recomputes the rest. Blocks that did not arrive intact go back to the pool.
+
+Nothing the owner says sizes anything here: the blocks are allocated before asking, the header
+must announce the chunk size the request asked for and at most the blocks allocated, and every
+chunk must arrive in order with exactly its share of bytes (and its MAC, when asked).
 """
 
 import asyncio
@@ -20,10 +24,23 @@ from radixmesh.kernels import scatter_blocks
 from radixmesh.node_agent.memory.block_pool import OutOfBlocks
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.node_agent.transfer.checksum import DEFAULT_CHECKSUM, checksum_by_name
-from radixmesh.node_agent.transfer.protocol import PullHeader, PullRequest, Status, chunk_plan
+from radixmesh.node_agent.transfer.chunk_mac import chunk_mac
+from radixmesh.node_agent.transfer.protocol import (
+    MAX_CHUNK_BYTES,
+    PullHeader,
+    PullRequest,
+    Status,
+    chunk_plan,
+)
 from radixmesh.node_agent.transfer.serial import Serial, run_inline
 from radixmesh.node_agent.transfer.stats import PeerStats
-from radixmesh.node_agent.transfer.transport import Peer, PeerChannel, Transport, TransportError
+from radixmesh.node_agent.transfer.transport import (
+    Peer,
+    PeerChannel,
+    PeerUnauthenticated,
+    Transport,
+    TransportError,
+)
 from radixmesh.proto.block_hash import HASH_BYTES, BlockHash
 from radixmesh.proto.ids import BlockId, NodeId
 from radixmesh.proto.kv_layout import KVLayout
@@ -38,22 +55,21 @@ _PULL_IDS = itertools.count(1)
 class TransferConfig:
     """Settings of the requester's side of the transfer plane."""
 
-    token: bytes
-    """The shared cluster token; owners refuse pulls without it."""
     chunk_bytes: int = 4 << 20
     """Staging size: pulls move in chunks of this many bytes (at least one block each)."""
     checksum: str = DEFAULT_CHECKSUM
     """"none" (default), "crc32" or "adler32"; see transfer_checksum.DEFAULT_CHECKSUM for why."""
+    mac: bool = False
+    """Verify a keyed MAC of every chunk (transfer.chunk_mac): integrity end to end against anyone
+    but the authenticated owner. bench/transfer.py measures its cost."""
     timeout_s: float = 10.0
     """Bound on one whole pull; past it the pull returns what arrived intact."""
     ewma_alpha: float = 0.2
 
     def __post_init__(self) -> None:
         checksum_by_name(self.checksum)
-        if not self.token:
-            raise ValueError("token must be non-empty")
-        if self.chunk_bytes <= 0 or self.timeout_s <= 0 or not 0 < self.ewma_alpha <= 1:
-            raise ValueError("chunk_bytes and timeout_s must be positive, ewma_alpha in (0, 1]")
+        if not 0 < self.chunk_bytes <= MAX_CHUNK_BYTES or self.timeout_s <= 0 or not 0 < self.ewma_alpha <= 1:
+            raise ValueError("chunk_bytes must be in (0, 1 GiB], timeout_s positive, ewma_alpha in (0, 1]")
 
 
 class PullOutcome(StrEnum):
@@ -116,6 +132,7 @@ class TransferClient:
         self._serial = serial
         self._checksum = checksum_by_name(config.checksum)
         self._fingerprint = layout.fingerprint()
+        self._chunk_blocks = max(1, config.chunk_bytes // layout.block_bytes)
         self._channels: dict[NodeId, PeerChannel] = {}
         self._locks: dict[NodeId, asyncio.Lock] = {}
         self.stats: dict[NodeId, PeerStats] = {}
@@ -155,10 +172,17 @@ class TransferClient:
                 drained = header.status is not Status.OK
                 self._accept(header, len(blocks))
                 plan = chunk_plan(header.found, header.chunk_blocks)
+                index = 0
                 async for trailer, payload in channel.chunks(header):
-                    first, n = plan[trailer.index]
-                    if trailer.nbytes != payload.numel() or self._checksum.of_tensor(payload) != trailer.checksum:
+                    first, n = plan[index]
+                    nbytes = n * self.layout.block_bytes
+                    if (trailer.pull_id, trailer.index, trailer.nbytes, payload.numel()) != (
+                            header.pull_id, index, nbytes, nbytes):
+                        raise _Refused(PullOutcome.INVALID_ARGUMENT, f"chunk {index}: out of order or not {nbytes} bytes")
+                    if self._checksum.of_tensor(payload) != trailer.checksum or (
+                            self.config.mac and chunk_mac(channel.session.key, header.pull_id, index, payload) != trailer.mac):
                         raise _Refused(PullOutcome.CHECKSUM_MISMATCH, f"chunk {trailer.index} corrupted")
+                    index += 1
                     buf = payload.view(self.layout.torch_dtype).view(n, *self.layout.block_shape)
                     await self._serial(scatter_blocks, buf, self.kv, blocks[first : first + n])
                     received = first + n
@@ -168,6 +192,9 @@ class TransferClient:
             logger.warning("pull from %s refused: %s", peer.node_id, e)
         except TimeoutError:
             outcome = PullOutcome.TIMEOUT
+        except PeerUnauthenticated as e:
+            outcome = PullOutcome.UNAUTHENTICATED
+            logger.warning("pull from %s refused: %s", peer.node_id, e)
         except TransportError as e:
             outcome = PullOutcome.PEER_LOST
             logger.warning("pull from %s failed: %s", peer.node_id, e)
@@ -195,8 +222,8 @@ class TransferClient:
                 return []
 
     def _request(self, hashes: Sequence[BlockHash], max_blocks: int) -> PullRequest:
-        return PullRequest(next(_PULL_IDS), self.config.token, self._fingerprint, tuple(hashes), max_blocks,
-                           self.config.chunk_bytes, self.config.checksum)
+        return PullRequest(next(_PULL_IDS), self._fingerprint, tuple(hashes), max_blocks,
+                           self.config.chunk_bytes, self.config.checksum, self.config.mac)
 
     def _accept(self, header: PullHeader, allocated: int) -> None:
         if header.status is not Status.OK:
@@ -205,6 +232,10 @@ class TransferClient:
             raise _Refused(PullOutcome.LAYOUT_MISMATCH, f"owner answered layout {header.fingerprint!r}")
         if header.found > allocated:
             raise _Refused(PullOutcome.INVALID_ARGUMENT, f"owner sends {header.found} > {allocated} blocks")
+        if header.chunk_blocks != self._chunk_blocks:
+            # The requester sizes its staging: an owner's chunk size would let it ask for any amount.
+            raise _Refused(PullOutcome.INVALID_ARGUMENT,
+                           f"owner chunks {header.chunk_blocks} blocks, {self._chunk_blocks} were asked for")
 
     def _keep(self, hashes: Sequence[BlockHash], blocks: list[BlockId], received: int,
               parent: BlockHash | None) -> None:

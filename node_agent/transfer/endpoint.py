@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 
+from radixmesh.node_agent.transfer.handshake import NodeIdentity, ReplayGuard
 from radixmesh.node_agent.transfer.ray_transport import serve_pull
 from radixmesh.node_agent.transfer.serial import Serial
 from radixmesh.node_agent.transfer.server import TransferServer
@@ -57,9 +58,10 @@ class UcxEndpoint(TransferEndpoint):
 
     transport = "ucx"
 
-    def __init__(self, source: TransferSource, host: str, port: int, serial: Serial) -> None:
+    def __init__(self, source: TransferSource, host: str, port: int, serial: Serial, identity: NodeIdentity) -> None:
         self._host = host
-        self._server = TransferServer(source, host, port, loopback=host.startswith("127."), serial=serial)
+        self._server = TransferServer(source, host, port, secret=identity.secret, node_id=identity.node_id,
+                                      loopback=host.startswith("127."), serial=serial)
 
     async def start(self) -> str:
         return f"{self._host}:{await self._server.start()}"
@@ -74,10 +76,12 @@ class RayEndpoint(TransferEndpoint):
 
     transport = "ray"
 
-    def __init__(self, source: TransferSource, host: str, port: int, serial: Serial) -> None:
+    def __init__(self, source: TransferSource, host: str, port: int, serial: Serial, identity: NodeIdentity) -> None:
         # host and port are the UCX endpoint's: peers reach this one by the actor's name instead.
         self._source = source
         self._serial = serial
+        self._identity = identity
+        self._guard = ReplayGuard()
         self._serving = False
 
     async def start(self) -> str:
@@ -96,10 +100,10 @@ class RayEndpoint(TransferEndpoint):
         """transport_ray's stream of one pull (header, then chunks); TransportError once stopped."""
         if not self._serving:
             raise TransportError("this agent's transfer endpoint is stopped")
-        async for item in serve_pull(self._source, request, self._serial):
+        async for item in serve_pull(self._source, request, self._identity, self._guard, self._serial):
             yield item
 
 
-ENDPOINTS: dict[str, Callable[[TransferSource, str, int, Serial], TransferEndpoint]] = {
+ENDPOINTS: dict[str, Callable[[TransferSource, str, int, Serial, NodeIdentity], TransferEndpoint]] = {
     "ucx": UcxEndpoint, "ray": RayEndpoint}
 """Owner-side endpoints by the name of the transport that reaches them."""

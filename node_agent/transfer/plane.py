@@ -12,6 +12,7 @@ from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.tier import TierMemory
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
 from radixmesh.node_agent.transfer.endpoint import ENDPOINTS, RayEndpoint, parse_address
+from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.serial import Serial
 from radixmesh.node_agent.transfer.source import TransferSource
 from radixmesh.node_agent.transfer.stats import PeerStats
@@ -99,10 +100,11 @@ class AgentTransfer:
 
     def __init__(self, tier: TierMemory, layout: KVLayout, config: AgentConfig, serial: Serial, *,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        transport = transport_by_name(config.transfer)
-        source = TransferSource(tier.cache, tier.kv, layout, config.cluster_token)
-        self._endpoint = ENDPOINTS[transport.name](source, config.host, config.transfer_port, serial)
-        client_config = TransferConfig(config.cluster_token, timeout_s=config.pull_timeout_s)
+        identity = NodeIdentity(config.secret, config.node_id)
+        transport = transport_by_name(config.transfer, identity)
+        source = TransferSource(tier.cache, tier.kv, layout)
+        self._endpoint = ENDPOINTS[transport.name](source, config.host, config.transfer_port, serial, identity)
+        client_config = TransferConfig(timeout_s=config.pull_timeout_s, mac=config.transfer_mac)
         self._client = TransferClient(tier.cache, tier.kv, layout, client_config, transport,
                                       clock=clock, serial=serial)
         self.transport = transport.name

@@ -1,11 +1,11 @@
 """Messages of the KV transfer plane and their byte encoding.
 
-A pull, from the requester's side::
+A pull, from the requester's side, once the handshake (transfer.handshake) authenticated both::
 
     requester                                   owner
-      PullRequest(token, fingerprint, hashes) ->
+      PullRequest(fingerprint, hashes) ->
                                                <- PullHeader(status, found, payload length)
-                                               <- chunk 0 payload + ChunkTrailer(checksum)
+                                               <- chunk 0 payload + ChunkTrailer(checksum, mac)
                                                <- ...       (chunks of `chunk_blocks` blocks)
 
 Payload bytes travel on the transport's data path (UCX tagged messages, Ray objects); these small
@@ -23,6 +23,13 @@ from radixmesh.proto.block_hash import HASH_BYTES, BlockHash
 
 MAX_FRAME_BYTES = 64 << 20
 """Largest control message accepted (a request of ~4M hashes); larger ones are refused unread."""
+MAX_HANDSHAKE_FRAME_BYTES = 4096
+"""Largest frame before the peer is authenticated (a hello, a proof and a UCX worker address)."""
+MAX_CHUNK_BYTES = 1 << 30
+"""Largest chunk a requester may ask for: what one staging buffer may cost."""
+MAC_BYTES = 16
+NO_MAC = bytes(MAC_BYTES)
+"""The trailer's MAC when the requester asked for none."""
 
 
 class ProtocolError(ValueError):
@@ -46,6 +53,8 @@ class Kind(IntEnum):
     REQUEST = 3
     HEADER = 4
     TRAILER = 5
+    CHALLENGE = 6
+    AUTH = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +63,6 @@ class PullRequest:
 
     pull_id: int
     """Unique among the requester's pulls; names the payload messages (UCX tags)."""
-    token: bytes
     fingerprint: str
     """KVLayout.fingerprint() of the requester; the owner refuses any other layout."""
     hashes: tuple[BlockHash, ...]
@@ -62,6 +70,9 @@ class PullRequest:
     chunk_bytes: int
     """The requester's staging size; the owner sends chunks of max(1, chunk_bytes // block_bytes) blocks."""
     checksum: str
+    mac: bool = False
+    """Ask for a keyed MAC of every chunk (the session key of the handshake): integrity against
+    anyone but the authenticated owner, where `checksum` only catches accidents."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +94,13 @@ class PullHeader:
 
 @dataclass(frozen=True, slots=True)
 class ChunkTrailer:
-    """Sent with chunk `index` of a pull: its length and its checksum."""
+    """Sent with chunk `index` of a pull: its length, its checksum and its MAC (NO_MAC unless asked)."""
 
     pull_id: int
     index: int
     nbytes: int
     checksum: int
+    mac: bytes = NO_MAC
 
 
 def chunk_plan(found: int, chunk_blocks: int) -> list[tuple[int, int]]:
@@ -104,9 +116,9 @@ def payload_tag(pull_id: int, index: int) -> int:
 
 
 # Fixed-width heads; variable parts (token, strings, hashes) follow with their lengths in the head.
-_REQUEST = struct.Struct("<QIIQHBB")  # pull_id, n_hashes, max_blocks, chunk_bytes, len(token/fp/checksum)
+_REQUEST = struct.Struct("<QIIQBBB")  # pull_id, n_hashes, max_blocks, chunk_bytes, mac, len(fp/checksum)
 _HEADER = struct.Struct("<QBIQIBH")  # pull_id, status, found, block_bytes, chunk_blocks, len(fp), len(msg)
-_TRAILER = struct.Struct("<QIQQ")
+_TRAILER = struct.Struct(f"<QIQQ{MAC_BYTES}s")
 _FRAME = struct.Struct("<IB")
 
 
@@ -114,19 +126,21 @@ def encode_request(r: PullRequest) -> bytes:
     fp, ck = r.fingerprint.encode(), r.checksum.encode()
     if any(len(h) != HASH_BYTES for h in r.hashes):
         raise ValueError(f"every block hash is {HASH_BYTES} bytes")
-    head = _REQUEST.pack(r.pull_id, len(r.hashes), r.max_blocks, r.chunk_bytes, len(r.token), len(fp), len(ck))
-    return b"".join((head, r.token, fp, ck, *r.hashes))
+    head = _REQUEST.pack(r.pull_id, len(r.hashes), r.max_blocks, r.chunk_bytes, r.mac, len(fp), len(ck))
+    return b"".join((head, fp, ck, *r.hashes))
 
 
 def decode_request(data: bytes) -> PullRequest:
-    pull_id, n, max_blocks, chunk_bytes, lt, lf, lc = _unpack(_REQUEST, data)
+    pull_id, n, max_blocks, chunk_bytes, mac, lf, lc = _unpack(_REQUEST, data)
     body = memoryview(data)[_REQUEST.size :]
-    if len(body) != lt + lf + lc + n * HASH_BYTES:
-        raise ProtocolError(f"request body is {len(body)} bytes, its head announces {lt + lf + lc + n * 16}")
-    token, fp, ck = bytes(body[:lt]), bytes(body[lt : lt + lf]), bytes(body[lt + lf : lt + lf + lc])
-    raw = bytes(body[lt + lf + lc :])
+    if len(body) != lf + lc + n * HASH_BYTES:
+        raise ProtocolError(f"request body is {len(body)} bytes, its head announces {lf + lc + n * 16}")
+    if mac > 1:
+        raise ProtocolError(f"mac flag is 0 or 1, got {mac}")
+    fp, ck = bytes(body[:lf]), bytes(body[lf : lf + lc])
+    raw = bytes(body[lf + lc :])
     hashes = tuple(BlockHash(raw[i : i + HASH_BYTES]) for i in range(0, len(raw), HASH_BYTES))
-    return PullRequest(pull_id, token, _text(fp), hashes, max_blocks, chunk_bytes, _text(ck))
+    return PullRequest(pull_id, _text(fp), hashes, max_blocks, chunk_bytes, _text(ck), bool(mac))
 
 
 def encode_header(h: PullHeader) -> bytes:
@@ -150,7 +164,8 @@ def decode_header(data: bytes) -> PullHeader:
 
 
 def encode_trailer(t: ChunkTrailer) -> bytes:
-    return _TRAILER.pack(t.pull_id, t.index, t.nbytes, t.checksum)
+    assert len(t.mac) == MAC_BYTES, len(t.mac)
+    return _TRAILER.pack(t.pull_id, t.index, t.nbytes, t.checksum, t.mac)
 
 
 def decode_trailer(data: bytes) -> ChunkTrailer:
@@ -165,14 +180,14 @@ async def write_frame(writer: asyncio.StreamWriter, kind: Kind, body: bytes) -> 
     await writer.drain()
 
 
-async def read_frame(reader: asyncio.StreamReader, expect: Kind) -> bytes:
-    """Read one frame of kind `expect`; ProtocolError on another kind or an oversized frame.
+async def read_frame(reader: asyncio.StreamReader, expect: Kind, limit: int = MAX_FRAME_BYTES) -> bytes:
+    """Read one frame of kind `expect`; ProtocolError on another kind or a frame over `limit` bytes.
 
     asyncio.IncompleteReadError (a subclass of EOFError) means the peer closed the connection.
     """
     n, kind = _FRAME.unpack(await reader.readexactly(_FRAME.size))
-    if n > MAX_FRAME_BYTES:
-        raise ProtocolError(f"frame of {n} bytes exceeds {MAX_FRAME_BYTES}")
+    if n > limit:
+        raise ProtocolError(f"frame of {n} bytes exceeds {limit}")
     body = await reader.readexactly(n)
     if kind != expect:
         raise ProtocolError(f"expected a {expect.name} frame, got kind {kind}")

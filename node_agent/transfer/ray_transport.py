@@ -6,9 +6,13 @@ generator (`serve_pull`): the header, then one
 (trailer, payload) object per chunk, so the object store moves chunk i while the owner gathers
 i+1. The owner's pins are held inside the generator and released in its `finally`, which Ray runs
 when the stream ends, fails, or its consumer goes away.
+
+Each call carries the requester's one-shot handshake (transfer.handshake) before the request; the
+owner answers its own proof with the header, so each side knows the other holds its node credential.
 """
 
 import asyncio
+import struct
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,12 +21,21 @@ import numpy as np
 import ray
 import torch
 
+from radixmesh.node_agent.transfer.handshake import (
+    HandshakeError,
+    NodeIdentity,
+    OwnerHandshake,
+    ReplayGuard,
+    RequesterHandshake,
+)
 from radixmesh.node_agent.transfer.protocol import (
+    MAX_HANDSHAKE_FRAME_BYTES,
     ChunkTrailer,
     ProtocolError,
     PullHeader,
     PullRequest,
     Status,
+    chunk_plan,
     decode_header,
     decode_request,
     decode_trailer,
@@ -32,21 +45,47 @@ from radixmesh.node_agent.transfer.protocol import (
 )
 from radixmesh.node_agent.transfer.serial import Serial, run_inline
 from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
-from radixmesh.node_agent.transfer.transport import Peer, PeerChannel, Transport, TransportError
+from radixmesh.node_agent.transfer.transport import (
+    Peer,
+    PeerChannel,
+    PeerUnauthenticated,
+    Transport,
+    TransportError,
+)
+from radixmesh.proto.ids import NodeId
+
+_AUTH_LEN = struct.Struct("<H")
 
 
-async def serve_pull(source: TransferSource, request: bytes, serial: Serial = run_inline) -> AsyncIterator[Any]:
-    """One pull as an actor's streaming generator: the encoded header, then (encoded trailer, uint8
-    payload array) per chunk. Pinning and unpinning run through `serial` (the node agent passes its
-    engine thread); the pins are released however the stream ends, consumer gone included."""
+def encode_call(auth: bytes, request: bytes) -> bytes:
+    """One pull call's argument: the one-shot handshake, then the encoded PullRequest."""
+    return _AUTH_LEN.pack(len(auth)) + auth + request
+
+
+async def serve_pull(source: TransferSource, message: bytes, identity: NodeIdentity, guard: ReplayGuard,
+                     serial: Serial = run_inline) -> AsyncIterator[Any]:
+    """One pull as an actor's streaming generator: (owner proof, encoded header), then (encoded
+    trailer, uint8 payload array) per chunk. A requester that does not prove its credential gets
+    an UNAUTHENTICATED header and no proof, before anything is decoded or pinned. Pinning and
+    unpinning run through `serial` (the node agent passes its engine thread); the pins are released
+    however the stream ends, consumer gone included."""
     try:
-        req = decode_request(request)
-    except ProtocolError as e:
-        yield encode_header(PullHeader(0, Status.INVALID_ARGUMENT, 0, "", 0, 1, str(e)))
+        (n,) = _AUTH_LEN.unpack_from(message)
+        if n > MAX_HANDSHAKE_FRAME_BYTES or len(message) < _AUTH_LEN.size + n:
+            raise HandshakeError("malformed handshake")
+        proof, session = OwnerHandshake(identity.secret, identity.node_id).one_shot(
+            message[_AUTH_LEN.size : _AUTH_LEN.size + n], guard)
+    except (HandshakeError, struct.error) as e:
+        yield b"", encode_header(PullHeader(0, Status.UNAUTHENTICATED, 0, "", 0, 1, str(e)))
         return
-    pull: OpenPull = await serial(source.open, req)
     try:
-        yield encode_header(pull.header)
+        req = decode_request(message[_AUTH_LEN.size + n :])
+    except ProtocolError as e:
+        yield proof, encode_header(PullHeader(0, Status.INVALID_ARGUMENT, 0, "", 0, 1, str(e)))
+        return
+    pull: OpenPull = await serial(source.open, req, session)
+    try:
+        yield proof, encode_header(pull.header)
         if pull.header.status is Status.OK:
             for trailer, payload in pull.chunks():
                 # Yielding copies the payload into the object store before the generator resumes,
@@ -57,29 +96,46 @@ async def serve_pull(source: TransferSource, request: bytes, serial: Serial = ru
 
 
 class RayChannel(PeerChannel):
-    """Pulls from one peer's actor (`serve_pull` behind its `pull` method); each pull is one streaming call."""
+    """Pulls from one peer's actor (`serve_pull` behind its `pull` method); each pull is one streaming
+    call, authenticated on its own."""
 
-    def __init__(self, actor: Any):
+    def __init__(self, actor: Any, identity: NodeIdentity, owner: NodeId):
         self._actor = actor
+        self._identity = identity
+        self._owner = owner
         self._stream: Any = None
 
     async def request(self, request: PullRequest) -> PullHeader:
-        self._stream = self._actor.pull.options(num_returns="streaming").remote(encode_request(request))
+        handshake = RequesterHandshake(self._identity.secret, self._identity.node_id, self._owner)
+        call = encode_call(handshake.one_shot(), encode_request(request))
+        self._stream = self._actor.pull.options(num_returns="streaming").remote(call)
         try:
-            header = decode_header(await self._next())
-        except ProtocolError as e:
+            proof, raw = await self._next()
+            header = decode_header(raw)
+        except (ProtocolError, TypeError, ValueError) as e:
             raise TransportError(f"bad header from transfer actor: {e}") from e
+        if header.status is Status.UNAUTHENTICATED:
+            raise PeerUnauthenticated(f"{self._owner} refused our credential: {header.message}")
+        try:
+            self.session = handshake.check_owner(proof)
+        except HandshakeError as e:
+            raise PeerUnauthenticated(str(e)) from e
         if header.pull_id != request.pull_id and header.status is Status.OK:
             raise TransportError(f"header for pull {header.pull_id}, expected {request.pull_id}")
         return header
 
     async def chunks(self, header: PullHeader) -> AsyncIterator[tuple[ChunkTrailer, torch.Tensor]]:
-        for _ in range((header.found + header.chunk_blocks - 1) // header.chunk_blocks):
+        for i, (_, n) in enumerate(chunk_plan(header.found, header.chunk_blocks)):
             raw, payload = await self._next()
             try:
                 trailer = decode_trailer(raw)
             except ProtocolError as e:
                 raise TransportError(str(e)) from e
+            if (trailer.pull_id, trailer.index) != (header.pull_id, i):
+                raise TransportError(f"trailer {trailer.pull_id}/{trailer.index}, expected {header.pull_id}/{i}")
+            expected = n * header.block_bytes
+            if not isinstance(payload, np.ndarray) or payload.dtype != np.uint8 or payload.size != expected:
+                raise TransportError(f"chunk {i} of pull {header.pull_id} is not {expected} bytes")
             with warnings.catch_warnings():
                 # Object-store arrays are read-only; the payload is only read (scattered) from.
                 warnings.simplefilter("ignore", UserWarning)
@@ -108,9 +164,12 @@ class RayChannel(PeerChannel):
 
 
 class RayTransport(Transport):
-    """Channels to peers' actors, found by name in the current Ray cluster."""
+    """Channels to peers' actors, found by name in the current Ray cluster, authenticated as `identity`."""
 
     name = "ray"
+
+    def __init__(self, identity: NodeIdentity):
+        self._identity = identity
 
     async def connect(self, peer: Peer) -> PeerChannel:
         name = peer.actor_name
@@ -120,7 +179,7 @@ class RayTransport(Transport):
             actor = await asyncio.to_thread(ray.get_actor, name)
         except ValueError as e:
             raise TransportError(f"no transfer actor {name!r}: {e}") from e
-        return RayChannel(actor)
+        return RayChannel(actor, self._identity, peer.node_id)
 
 
 def _host_bytes(t: torch.Tensor) -> np.ndarray:

@@ -3,6 +3,11 @@
 One TCP control connection per requester (bound to the address it is given), one UCX endpoint per
 connection to the requester's worker. Pulls on a connection are served one at a time; connections
 are served concurrently. See transport_ucx for why control and payload travel separately.
+
+A connection does no work before its requester is authenticated (transfer.handshake): frames stay
+small (MAX_HANDSHAKE_FRAME_BYTES), the whole handshake has `handshake_timeout_s`, and only then is
+a UCX endpoint created from the address the requester sent. At most `max_connections` are open; one
+past that is closed at once, so idle or slow peers cannot exhaust the owner.
 """
 
 import asyncio
@@ -10,7 +15,9 @@ import logging
 from collections import deque
 from typing import Any
 
+from radixmesh.node_agent.transfer.handshake import PROOF_BYTES, HandshakeError, OwnerHandshake, Session
 from radixmesh.node_agent.transfer.protocol import (
+    MAX_HANDSHAKE_FRAME_BYTES,
     Kind,
     ProtocolError,
     PullHeader,
@@ -25,6 +32,8 @@ from radixmesh.node_agent.transfer.protocol import (
 from radixmesh.node_agent.transfer.serial import Serial, run_inline
 from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
 from radixmesh.node_agent.transfer.ucx_transport import import_ucxx, wire_buffer
+from radixmesh.proto.cluster_secret import ClusterSecret
+from radixmesh.proto.ids import NodeId
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +46,20 @@ class TransferServer:
     """Listens on `host:port` (port 0: any free port, see `port` after start()).
 
     `send_timeout_s` bounds the sending of one pull: past it the requester is presumed gone, its
-    endpoint is aborted (UCX stops reading the pinned blocks) and the pins are released.
+    endpoint is aborted (UCX stops reading the pinned blocks) and the pins are released. Requesters
+    prove their node credential, and this server proves `node_id`'s (see transfer.handshake).
     """
 
-    def __init__(self, source: TransferSource, host: str, port: int = 0, *, send_timeout_s: float = 30.0,
-                 loopback: bool = False, serial: Serial = run_inline):
-        if send_timeout_s <= 0:
-            raise ValueError(f"send_timeout_s must be positive, got {send_timeout_s}")
+    def __init__(self, source: TransferSource, host: str, port: int = 0, *, secret: ClusterSecret,
+                 node_id: NodeId, send_timeout_s: float = 30.0, handshake_timeout_s: float = 5.0,
+                 max_connections: int = 256, loopback: bool = False, serial: Serial = run_inline):
+        if min(send_timeout_s, handshake_timeout_s) <= 0 or max_connections < 1:
+            raise ValueError("send_timeout_s and handshake_timeout_s must be positive, max_connections >= 1")
         self.source = source
+        self._secret = secret
+        self.node_id = node_id
+        self._handshake_timeout_s = handshake_timeout_s
+        self._max_connections = max_connections
         # Pinning and unpinning go through `serial` (the node agent's engine thread: its pool is not
         # thread-safe); gathering stays here, as it only reads pinned blocks nobody may write.
         self._serial = serial
@@ -58,6 +73,8 @@ class TransferServer:
         self._idle = asyncio.Condition()
         self.pulls_served = 0
         self.pulls_failed = 0
+        self.refused_connections = 0
+        """Connections closed before any work: over the cap, or not authenticated."""
 
     async def start(self) -> int:
         """Start listening; returns the bound port."""
@@ -85,6 +102,10 @@ class TransferServer:
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._handlers) >= self._max_connections:
+            self.refused_connections += 1
+            writer.close()
+            return
         self._handlers.add(task)
         ep: Any = None
         # The pins must not wait for UCX to notice a dead peer: the control connection closing
@@ -92,7 +113,13 @@ class TransferServer:
         # watcher per connection: cancelling it would cancel the connection's close future itself.
         hangup = asyncio.ensure_future(writer.wait_closed())
         try:
-            address = await read_frame(reader, Kind.HELLO)
+            try:
+                async with asyncio.timeout(self._handshake_timeout_s):
+                    session, address = await self._authenticate(reader, writer)
+            except (HandshakeError, TimeoutError, ProtocolError, EOFError) as e:
+                self.refused_connections += 1
+                logger.warning("transfer connection refused: %r", e)
+                return
             ep = await self._ucxx.create_endpoint_from_worker_address(
                 self._ucxx.get_ucx_address_from_buffer(address))
             await write_frame(writer, Kind.HELLO_OK, b"")
@@ -106,7 +133,7 @@ class TransferServer:
                     continue
                 self._active_pulls += 1
                 try:
-                    pull: OpenPull = await self._serial(self.source.open, request)
+                    pull: OpenPull = await self._serial(self.source.open, request, session)
                     try:
                         await write_frame(writer, Kind.HEADER, encode_header(pull.header))
                         if pull.header.status is Status.OK and pull.header.found:
@@ -129,6 +156,17 @@ class TransferServer:
             writer.close()
             await asyncio.gather(hangup, return_exceptions=True)
             self._handlers.discard(task)
+
+    async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                            ) -> tuple[Session, bytes]:
+        """The handshake; (session, the requester's UCX worker address). HandshakeError when the
+        requester does not prove its credential."""
+        handshake = OwnerHandshake(self._secret, self.node_id)
+        hello = await read_frame(reader, Kind.HELLO, MAX_HANDSHAKE_FRAME_BYTES)
+        await write_frame(writer, Kind.CHALLENGE, handshake.challenge(hello))
+        auth = await read_frame(reader, Kind.AUTH, MAX_HANDSHAKE_FRAME_BYTES)
+        session = handshake.verify(auth[:PROOF_BYTES])
+        return session, auth[PROOF_BYTES:]
 
     async def _send_watched(self, pull: OpenPull, ep: Any, writer: asyncio.StreamWriter,
                             hangup: "asyncio.Future[None]") -> None:

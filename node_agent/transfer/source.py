@@ -1,15 +1,14 @@
-"""The owner's side of a pull, independent of the transport: authenticate, pin, gather, unpin.
+"""The owner's side of a pull, independent of the transport: validate, pin, gather, unpin.
 
-Every transport drives it the same way::
+Every transport authenticates the requester first (transfer.handshake) and drives it the same way::
 
-    with source.open(request) as pull:      # validates, then pins the blocks it still holds
+    with source.open(request, session) as pull:   # validates, then pins the blocks it still holds
         send(pull.header)
         for trailer, payload in pull.chunks():
             send(payload, trailer)          # payload stays valid until the pull is closed
     # closed: pins released, even when the requester vanished or a send failed
 """
 
-import hmac
 import logging
 from collections.abc import Iterator
 from types import TracebackType
@@ -20,7 +19,17 @@ import torch
 from radixmesh.kernels import gather_blocks
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.node_agent.transfer.checksum import CHECKSUMS, checksum_by_name
-from radixmesh.node_agent.transfer.protocol import ChunkTrailer, PullHeader, PullRequest, Status, chunk_plan
+from radixmesh.node_agent.transfer.chunk_mac import chunk_mac
+from radixmesh.node_agent.transfer.handshake import Session
+from radixmesh.node_agent.transfer.protocol import (
+    MAX_CHUNK_BYTES,
+    NO_MAC,
+    ChunkTrailer,
+    PullHeader,
+    PullRequest,
+    Status,
+    chunk_plan,
+)
 from radixmesh.proto.ids import BlockId
 from radixmesh.proto.kv_layout import KVLayout
 
@@ -33,11 +42,14 @@ MAX_PULL_BLOCKS = 1 << 20
 class OpenPull:
     """One authorised pull: its header, its pinned blocks and a generator of its chunks."""
 
-    def __init__(self, source: "TransferSource", header: PullHeader, blocks: list[BlockId], checksum: str):
+    def __init__(self, source: "TransferSource", header: PullHeader, blocks: list[BlockId], checksum: str,
+                 mac_key: bytes | None = None):
+        """`mac_key`: MAC every chunk with it (the session key); None: no MAC."""
         self.header = header
         self.blocks = blocks
         self._source = source
         self._checksum = checksum_by_name(checksum) if checksum in CHECKSUMS else None
+        self._mac_key = mac_key
         self._closed = False
 
     def chunks(self) -> Iterator[tuple[ChunkTrailer, torch.Tensor]]:
@@ -55,7 +67,8 @@ class OpenPull:
             else:
                 payload = gather_blocks(kv, ids)
             check = self._checksum.of_tensor(payload)
-            yield ChunkTrailer(self.header.pull_id, index, n * self.header.block_bytes, check), payload
+            mac = NO_MAC if self._mac_key is None else chunk_mac(self._mac_key, self.header.pull_id, index, payload)
+            yield ChunkTrailer(self.header.pull_id, index, n * self.header.block_bytes, check, mac), payload
 
     def close(self) -> None:
         """Release the pins (idempotent)."""
@@ -73,13 +86,11 @@ class OpenPull:
 class TransferSource:
     """Serves pulls out of one tier: its PrefixCache and the cache tensor those block ids index.
 
-    Requests with a wrong or missing token, another layout or bad fields get a refusing header and
-    pin nothing.
+    Requests of another layout or with bad fields get a refusing header and pin nothing; who may
+    ask is decided before (the transport's handshake), so `open` takes the authenticated session.
     """
 
-    def __init__(self, cache: PrefixCache, kv: torch.Tensor, layout: KVLayout, token: bytes):
-        if not token:
-            raise ValueError("the transfer plane needs a non-empty cluster token")
+    def __init__(self, cache: PrefixCache, kv: torch.Tensor, layout: KVLayout):
         if tuple(kv.shape[1:]) != layout.block_shape or kv.dtype != layout.torch_dtype:
             raise ValueError(f"kv {tuple(kv.shape)} {kv.dtype} does not match layout {layout.block_shape}")
         if not kv.is_contiguous():
@@ -87,13 +98,13 @@ class TransferSource:
         self.cache = cache
         self.kv = kv
         self.layout = layout
-        self._token = token
         self._fingerprint = layout.fingerprint()
         self.pinned_blocks = 0
         """Blocks pinned by open pulls right now."""
 
-    def open(self, request: PullRequest) -> OpenPull:
-        """Validate `request` and pin the longest prefix of its hashes still cached (at most max_blocks)."""
+    def open(self, request: PullRequest, session: Session) -> OpenPull:
+        """Validate `request` of the authenticated `session` and pin the longest prefix of its hashes
+        still cached (at most max_blocks)."""
         status, message = self._validate(request)
         if status is not Status.OK:
             logger.info("refused pull %d: %s", request.pull_id, message)
@@ -108,7 +119,7 @@ class TransferSource:
         chunk_blocks = max(1, request.chunk_bytes // self.layout.block_bytes)
         header = PullHeader(request.pull_id, Status.OK, len(blocks), self._fingerprint,
                             self.layout.block_bytes, chunk_blocks)
-        return OpenPull(self, header, blocks, request.checksum)
+        return OpenPull(self, header, blocks, request.checksum, session.key if request.mac else None)
 
     def check_invariants(self) -> None:
         """The cache's invariants, and no pins counted below zero."""
@@ -116,15 +127,12 @@ class TransferSource:
         self.cache.check_invariants()
 
     def _validate(self, r: PullRequest) -> tuple[Status, str]:
-        # The token comes first, so an unauthenticated peer learns nothing about layout or contents.
-        if not hmac.compare_digest(r.token, self._token):
-            return Status.UNAUTHENTICATED, "wrong or missing cluster token"
         if r.fingerprint != self._fingerprint:
             return Status.LAYOUT_MISMATCH, f"layout {r.fingerprint!r} != owner's {self._fingerprint!r}"
         if r.checksum not in CHECKSUMS:
             return Status.INVALID_ARGUMENT, f"unknown checksum {r.checksum!r}; valid: {sorted(CHECKSUMS)}"
-        if r.chunk_bytes <= 0 or r.max_blocks < 0 or len(r.hashes) > MAX_PULL_BLOCKS:
-            return Status.INVALID_ARGUMENT, "chunk_bytes must be positive, max_blocks >= 0, <= 1M hashes"
+        if not 0 < r.chunk_bytes <= MAX_CHUNK_BYTES or r.max_blocks < 0 or len(r.hashes) > MAX_PULL_BLOCKS:
+            return Status.INVALID_ARGUMENT, "chunk_bytes must be in (0, 1 GiB], max_blocks >= 0, <= 1M hashes"
         return Status.OK, ""
 
     def _release(self, blocks: list[BlockId]) -> None:

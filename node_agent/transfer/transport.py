@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixmesh.node_agent.transfer.handshake import Session
 from radixmesh.node_agent.transfer.protocol import ChunkTrailer, PullHeader, PullRequest
 from radixmesh.proto.ids import NodeId
 
@@ -29,8 +30,18 @@ class TransportError(Exception):
     """The channel broke (peer died, connection closed, malformed reply); the channel is unusable."""
 
 
+class PeerUnauthenticated(TransportError):
+    """The peer did not prove the node credential it should hold, or refused ours."""
+
+
 class PeerChannel(ABC):
-    """An open connection to one peer. Pulls on one channel run one at a time (callers serialise)."""
+    """An open connection to one peer. Pulls on one channel run one at a time (callers serialise).
+
+    `session` is the authenticated pair of the last handshake (its key checks chunk MACs); a
+    channel has one from `connect` (UCX) or from each `request` (Ray).
+    """
+
+    session: Session
 
     @abstractmethod
     async def request(self, request: PullRequest) -> PullHeader:
@@ -38,7 +49,9 @@ class PeerChannel(ABC):
 
     @abstractmethod
     def chunks(self, header: PullHeader) -> AsyncIterator[tuple[ChunkTrailer, torch.Tensor]]:
-        """The chunks announced by `header`, in order, as (trailer, uint8 payload).
+        """The chunks announced by `header`, in order, as (trailer, uint8 payload of exactly the
+        announced length): a chunk out of order, of another pull, shorter or longer than its share
+        of `header` raises TransportError.
 
         A payload is only valid until the next iteration (staging is reused). Raises TransportError.
         """
@@ -58,4 +71,5 @@ class Transport(ABC):
 
     @abstractmethod
     async def connect(self, peer: Peer) -> PeerChannel:
-        """A new channel to `peer`. Raises TransportError when it cannot be reached."""
+        """A new channel to `peer`. Raises TransportError when it cannot be reached,
+        PeerUnauthenticated when it does not prove `peer.node_id`'s credential."""

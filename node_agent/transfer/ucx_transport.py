@@ -2,9 +2,16 @@
 
 Why not ucxx's own listener: its Python API binds every interface (0.0.0.0), and servers must bind
 only the address they are given. So the control connection is a plain asyncio TCP stream on that
-address, the requester announces its UCX worker address there (HELLO), and the owner opens one UCX
-endpoint to that worker per connection and sends each chunk with tag payload_tag(pull_id, index).
-The requester receives by tag on its worker into staging buffers it owns, never into its pool.
+address; both sides authenticate there (transfer.handshake), the requester sends its UCX worker
+address with its proof (AUTH), and the owner opens one UCX endpoint to that worker per connection
+and sends each chunk with tag payload_tag(pull_id, index). The requester receives by tag on its
+worker into staging buffers it owns, never into its pool.
+
+ucxx does not report how many bytes a receive got, and a shorter message leaves the rest of the
+buffer as it was (the previous chunk's bytes). So before each receive the last bytes of the
+expected region get a fresh random sentinel that the owner never sees: a message that falls short
+by 8 bytes or more leaves it in place and is refused. A shorter cut changes at most the last few
+values, which the checksum or MAC catches when one is on; a longer message fails in UCX itself.
 
 UCX reads its settings from the environment once, when ucxx creates its context (first use).
 `ucx_env()` is the one place that decides them: `import_ucxx()` applies it to this process before
@@ -14,13 +21,16 @@ ucxx can read them, the agent actor factory to a Ray actor's process. `LOOPBACK_
 
 import asyncio
 import os
+import secrets
 from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from radixmesh.node_agent.transfer.handshake import HandshakeError, NodeIdentity, RequesterHandshake, Session
 from radixmesh.node_agent.transfer.protocol import (
+    MAX_HANDSHAKE_FRAME_BYTES,
     ChunkTrailer,
     Kind,
     ProtocolError,
@@ -34,12 +44,19 @@ from radixmesh.node_agent.transfer.protocol import (
     read_frame,
     write_frame,
 )
-from radixmesh.node_agent.transfer.transport import Peer, PeerChannel, Transport, TransportError
+from radixmesh.node_agent.transfer.transport import (
+    Peer,
+    PeerChannel,
+    PeerUnauthenticated,
+    Transport,
+    TransportError,
+)
 
 DEFAULT_ENV = {"UCXPY_PROGRESS_MODE": "blocking", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 """Blocking progress: the default thread mode is 3-6x slower where cores are few."""
 LOOPBACK_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"}
 """TCP over the loopback device only: UCX's own sockets then bind 127.0.0.1."""
+SENTINEL_BYTES = 8
 
 
 def ucx_env(loopback: bool = False) -> dict[str, str]:
@@ -65,7 +82,9 @@ def wire_buffer(t: torch.Tensor) -> Any:
 class UcxChannel(PeerChannel):
     """TCP control stream to one TransferServer; payload received by tag on this process's worker."""
 
-    def __init__(self, ucxx: ModuleType, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, ucxx: ModuleType, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 session: Session):
+        self.session = session
         self._ucxx = ucxx
         self._reader = reader
         self._writer = writer
@@ -88,7 +107,7 @@ class UcxChannel(PeerChannel):
         plan = chunk_plan(header.found, header.chunk_blocks)
         staging = self._staging_for(header.chunk_blocks * header.block_bytes)
         # Two receives in flight: chunk i+1 lands in one staging buffer while the caller scatters i.
-        posted: dict[int, asyncio.Future[Any]] = {}
+        posted: dict[int, tuple[asyncio.Future[Any], bytes]] = {}
         completed = False
         try:
             for i in range(min(2, len(plan))):
@@ -97,8 +116,12 @@ class UcxChannel(PeerChannel):
                 trailer = decode_trailer(await read_frame(self._reader, Kind.TRAILER))
                 if (trailer.pull_id, trailer.index) != (header.pull_id, i):
                     raise ProtocolError(f"trailer {trailer.pull_id}/{trailer.index}, expected {header.pull_id}/{i}")
-                await posted.pop(i)
-                yield trailer, staging[i % 2][: n * header.block_bytes]
+                received, sentinel = posted.pop(i)
+                await received
+                payload = staging[i % 2][: n * header.block_bytes]
+                if _tail(payload) == sentinel:
+                    raise ProtocolError(f"chunk {i} of pull {header.pull_id} is shorter than its {payload.numel()} bytes")
+                yield trailer, payload
                 if i + 2 < len(plan):
                     posted[i + 2] = self._post(header, i + 2, plan[i + 2][1], staging[i % 2])
             completed = True
@@ -110,12 +133,16 @@ class UcxChannel(PeerChannel):
                 # request keeps it alive), never reused, and this channel is not used again.
                 self._broken = True
                 self._staging = []
-                for f in posted.values():
+                for f, _ in posted.values():
                     f.cancel()
 
-    def _post(self, header: PullHeader, index: int, n: int, buf: torch.Tensor) -> "asyncio.Future[Any]":
-        view = wire_buffer(buf[: n * header.block_bytes])
-        return asyncio.ensure_future(self._ucxx.recv(view, tag=payload_tag(header.pull_id, index)))
+    def _post(self, header: PullHeader, index: int, n: int, buf: torch.Tensor
+              ) -> tuple["asyncio.Future[Any]", bytes]:
+        region = buf[: n * header.block_bytes]
+        sentinel = secrets.token_bytes(min(SENTINEL_BYTES, region.numel()))
+        region[-len(sentinel) :] = torch.frombuffer(bytearray(sentinel), dtype=torch.uint8)
+        view = wire_buffer(region)
+        return asyncio.ensure_future(self._ucxx.recv(view, tag=payload_tag(header.pull_id, index))), sentinel
 
     def _staging_for(self, nbytes: int) -> list[torch.Tensor]:
         if not self._staging or self._staging[0].numel() < nbytes:
@@ -135,21 +162,39 @@ class UcxChannel(PeerChannel):
             pass  # the peer already reset the connection: closed either way
 
 
+def _tail(payload: torch.Tensor) -> bytes:
+    return payload[-min(SENTINEL_BYTES, payload.numel()) :].numpy().tobytes()
+
+
 class UcxTransport(Transport):
-    """Channels over ucxx; `loopback` keeps UCX on 127.0.0.1 (see LOOPBACK_ENV)."""
+    """Channels over ucxx, authenticated as `identity`; `loopback` keeps UCX on 127.0.0.1 (see LOOPBACK_ENV)."""
 
     name = "ucx"
 
-    def __init__(self, loopback: bool = False):
+    def __init__(self, identity: NodeIdentity, loopback: bool = False):
+        self._identity = identity
         self._ucxx = import_ucxx(loopback)
 
     async def connect(self, peer: Peer) -> PeerChannel:
+        handshake = RequesterHandshake(self._identity.secret, self._identity.node_id, peer.node_id)
         try:
             reader, writer = await asyncio.open_connection(peer.host, peer.port)
-            address: bytes = self._ucxx.get_worker_address().tobytes()
-            await write_frame(writer, Kind.HELLO, address)
-            await read_frame(reader, Kind.HELLO_OK)
-        except (OSError, EOFError, ProtocolError) as e:
+        except OSError as e:
             raise TransportError(f"cannot reach {peer.node_id} at {peer.host}:{peer.port}: {e!r}") from e
-        return UcxChannel(self._ucxx, reader, writer)
+        try:
+            await write_frame(writer, Kind.HELLO, handshake.hello())
+            challenge = await read_frame(reader, Kind.CHALLENGE, MAX_HANDSHAKE_FRAME_BYTES)
+            proof, session = handshake.answer(challenge)
+            address: bytes = self._ucxx.get_worker_address().tobytes()
+            await write_frame(writer, Kind.AUTH, proof + address)
+            await read_frame(reader, Kind.HELLO_OK, 0)
+        except HandshakeError as e:
+            writer.close()
+            raise PeerUnauthenticated(f"{peer.host}:{peer.port} is not node {peer.node_id}: {e}") from e
+        except (OSError, EOFError, ProtocolError) as e:
+            writer.close()
+            # An owner that does not accept our proof closes the connection before HELLO_OK.
+            raise PeerUnauthenticated(f"{peer.node_id} at {peer.host}:{peer.port} refused the handshake: {e!r}"
+                                      ) from e
+        return UcxChannel(self._ucxx, reader, writer, session)
 

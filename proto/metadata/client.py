@@ -16,7 +16,7 @@ from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata import codec
-from radixmesh.proto.metadata.auth import TOKEN_METADATA_KEY, bearer
+from radixmesh.proto.metadata.auth import NO_CREDENTIALS, CallerCredentials
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.messages import (
     ClusterStats,
@@ -36,12 +36,12 @@ class MetadataClient:
         self,
         target: str,
         *,
-        token: str | None = None,
+        credentials: CallerCredentials = NO_CREDENTIALS,
         root_certificates: bytes | None = None,
         max_message_bytes: int = 16 << 20,
         timeout_s: float | None = 10.0,
     ) -> None:
-        """`root_certificates` (PEM) switches to TLS; `token` is sent with every call."""
+        """`root_certificates` (PEM) switches to TLS; `credentials` are sent with every call."""
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -52,7 +52,7 @@ class MetadataClient:
             creds = grpc.ssl_channel_credentials(root_certificates)
             self._channel = grpc.aio.secure_channel(target, creds, options=options)
         self._stub = pb_grpc.MetadataServiceStub(self._channel)
-        self._metadata = ((TOKEN_METADATA_KEY, bearer(token)),) if token else ()
+        self._metadata = credentials.metadata
         self._timeout_s = timeout_s
 
     async def register(self, info: NodeInfo) -> Lease:

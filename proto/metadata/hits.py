@@ -3,7 +3,11 @@ the metadata service keeps per scope (what `/stats` and the CLI show)."""
 
 from dataclasses import asdict, dataclass, fields
 
+from radixmesh.proto.metadata.limits import MAX_REQUEST_ID_CHARS, MAX_TENANT_CHARS, check_text
 from radixmesh.proto.serve.tokens import TokenSources
+
+MAX_PROMPT_TOKENS = 1 << 31
+"""Tokens one request may report (no context is longer; keeps the counters' sums meaningful)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,6 +17,12 @@ class RequestHits:
     request_id: str
     tenant: str
     tokens: TokenSources
+
+    def __post_init__(self) -> None:
+        check_text("request id", self.request_id, MAX_REQUEST_ID_CHARS)
+        check_text("tenant", self.tenant, MAX_TENANT_CHARS)
+        if self.tokens.prompt > MAX_PROMPT_TOKENS:
+            raise ValueError(f"a request reports at most {MAX_PROMPT_TOKENS} tokens, got {self.tokens.prompt}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,12 @@ from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import HitStats
+from radixmesh.proto.metadata.limits import (
+    MAX_LAYOUT_CHARS,
+    MAX_REQUEST_ID_CHARS,
+    MAX_TENANT_CHARS,
+    check_text,
+)
 from radixmesh.proto.metadata.nodes import NodeLoad
 
 
@@ -55,6 +61,11 @@ class MatchQuery:
     """Set to remember this prediction for hit accounting."""
     include_all_nodes: bool = False
     """Also list live nodes of the layout that hold no prefix (with their load)."""
+
+    def __post_init__(self) -> None:
+        check_text("layout fingerprint", self.layout, MAX_LAYOUT_CHARS)
+        check_text("tenant", self.tenant, MAX_TENANT_CHARS)
+        check_text("request id", self.request_id or "", MAX_REQUEST_ID_CHARS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,23 @@
 """What a node declares when it registers, what it heartbeats, and the lease it gets back."""
 
+import math
 from dataclasses import dataclass, field
 
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.limits import (
+    MAX_ADDRESS_CHARS,
+    MAX_LAYOUT_CHARS,
+    MAX_PEERS_PER_LOAD,
+    check_node_id,
+    check_text,
+)
+
+MAX_BLOCK_SIZE = 1 << 16
+"""Tokens per block, at most (a block is a unit of sharing: far smaller in practice)."""
+MAX_BLOCK_BYTES = 1 << 34
+MAX_CAPACITY_BLOCKS = 1 << 40
+MAX_LOAD_COUNT = 1 << 53
+"""Load counters above this are not counts of anything real (and lose precision as floats)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,18 +37,19 @@ class NodeInfo:
     capacity_blocks: int
 
     def __post_init__(self) -> None:
-        if not self.node_id:
-            raise ValueError("node_id must be non-empty")
+        check_node_id(self.node_id)
         if self.epoch < 1:
             raise ValueError(f"epoch must be >= 1, got {self.epoch}")
         if not self.layout:
             raise ValueError("layout fingerprint must be non-empty")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.block_bytes < 1:
-            raise ValueError(f"block_bytes must be >= 1, got {self.block_bytes}")
-        if self.capacity_blocks < 0:
-            raise ValueError(f"capacity_blocks must be >= 0, got {self.capacity_blocks}")
+        check_text("layout fingerprint", self.layout, MAX_LAYOUT_CHARS)
+        check_text("transfer address", self.transfer_address, MAX_ADDRESS_CHARS)
+        if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be in [1, {MAX_BLOCK_SIZE}], got {self.block_size}")
+        if not 1 <= self.block_bytes <= MAX_BLOCK_BYTES:
+            raise ValueError(f"block_bytes must be in [1, {MAX_BLOCK_BYTES}], got {self.block_bytes}")
+        if not 0 <= self.capacity_blocks <= MAX_CAPACITY_BLOCKS:
+            raise ValueError(f"capacity_blocks must be in [0, {MAX_CAPACITY_BLOCKS}], got {self.capacity_blocks}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +64,15 @@ class NodeLoad:
     """Measured pull bandwidth by peer node id, GB/s."""
 
     def __post_init__(self) -> None:
-        counts = (self.queued_requests, self.running_tokens, self.free_blocks, self.prefill_tokens_per_s)
-        if min(counts) < 0 or any(v < 0 for v in self.pull_gbps.values()):
-            raise ValueError("load figures must be non-negative")
+        # NaN compares false with everything: `not 0 <= x` (not `x < 0`) is what refuses it.
+        figures = (self.queued_requests, self.running_tokens, self.free_blocks, self.prefill_tokens_per_s,
+                   *self.pull_gbps.values())
+        if not all(math.isfinite(v) and 0 <= v <= MAX_LOAD_COUNT for v in figures):
+            raise ValueError(f"load figures must be finite numbers in [0, 2^53], got {figures[:8]}")
+        if len(self.pull_gbps) > MAX_PEERS_PER_LOAD:
+            raise ValueError(f"pull bandwidth of at most {MAX_PEERS_PER_LOAD} peers, got {len(self.pull_gbps)}")
+        for peer in self.pull_gbps:
+            check_node_id(peer)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,51 @@
+"""Who is calling the metadata service: the cluster (router, operator) or one node, proven by the
+tokens of proto.metadata.auth. A service without a secret (loopback development only, see
+server.ServerOptions) admits every caller as the cluster and checks no node scope."""
+
+import hmac
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from radixmesh.proto.cluster_secret import ClusterSecret
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.auth import NODE_METADATA_KEY, TOKEN_METADATA_KEY, bearer
+from radixmesh.proto.metadata.limits import check_node_id
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    node: NodeId | None
+    """The node whose credential the call carried; None for a cluster caller."""
+
+    def may_speak_for(self, node: str, open_service: bool) -> bool:
+        """Whether this caller may act as `node` (register it, renew its lease, publish its events)."""
+        return open_service or self.node == node
+
+
+class Authenticator:
+    """Maps a call's gRPC metadata to a Caller, or None when its credential is missing or wrong."""
+
+    def __init__(self, secret: ClusterSecret | None) -> None:
+        self._secret = secret
+        self._cluster = bearer(secret.metadata_token()).encode() if secret is not None else b""
+
+    @property
+    def open(self) -> bool:
+        """No secret: every call is admitted."""
+        return self._secret is None
+
+    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Caller | None:
+        if self._secret is None:
+            return Caller(None)
+        fields = {k: v.encode() if isinstance(v, str) else v for k, v in metadata or ()}
+        given = fields.get(TOKEN_METADATA_KEY, b"")
+        node_raw = fields.get(NODE_METADATA_KEY)
+        if node_raw is None:
+            return Caller(None) if hmac.compare_digest(given, self._cluster) else None
+        try:
+            node = NodeId(node_raw.decode())
+            check_node_id(node)
+        except ValueError:  # UnicodeDecodeError included
+            return None
+        expected = bearer(self._secret.node_credential(node).hex()).encode()
+        return Caller(node) if hmac.compare_digest(given, expected) else None

@@ -51,12 +51,13 @@ def test_snapshot_has_exact_numbers() -> None:
     assert s.fragmentation_ratio == pytest.approx(1 - 2 / 3)
     # runs [6] and [8, 9]: one of at most 1 block, both of at most 2 (and of any larger bound)
     assert s.free_runs == {"1": 1, **{str(b): 2 for b in FREE_RUN_BUCKETS[1:]}, "+Inf": 2}
-    assert s.oom == {"no_free_block": 1, "no_contiguous_block": 0, "ref_count_lock": 0}
+    assert s.oom == {"no_free_block": 1, "no_contiguous_block": 0, "ref_count_lock": 0, "zone_limit": 0}
     assert s.oom_by_seq_len == {"4096": 1}
     assert (s.preemptions, s.swapped_to_host_bytes) == (1, 2 * BB)
     assert (s.prefix_query_blocks, s.prefix_hit_blocks, s.prefix_hit_rate) == (4, 2, 0.5)
     assert s.pool_mean_refcount == pytest.approx(7 / 5)  # refs 2, 2, 1, 1, 1
     assert s.ghost_block_bytes == 0 and s.evictions == 0 and s.gc_runs == 0
+    assert s.gc_auto_runs == 0 and s.gc_trigger_free_run_bytes == 0
 
 
 def test_prometheus_text_parses_with_radixmesh_names_and_tier_labels() -> None:

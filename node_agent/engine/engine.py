@@ -77,6 +77,7 @@ class Engine:
         self.policy = make_preemption_policy(config.preemption, self.layout.block_bytes)
         self.memory = PagedMemory(self.layout, config.memory, self.counters, self.policy,
                                   device=device, clock=clock)
+        self.memory.zones.set_weights_bytes(sum(p.numel() * p.element_size() for p in model.parameters()))
         self.scheduler = Scheduler(self.memory, self.policy, config.max_num_batched_tokens, config.max_num_seqs)
         self.device = device
         self._eos = frozenset((model.config.eos_token_id, *config.eos_token_ids))
@@ -163,8 +164,10 @@ class Engine:
         ids = [t for c in group for t in c.seq.tokens[c.seq.num_computed: c.seq.num_computed + c.num_tokens]]
         last_rows = (batch.cu_seqlens[1:] - 1).long()
         t0 = self._clock()
+        self.memory.begin_forward()
         logits = self.model(torch.tensor(ids, device=self.device), positions, batch, self.memory.gpu.kv,
                             last_rows).cpu()
+        self.memory.end_forward()
         if not batch.is_decode:
             self.policy.observe_prefill(len(ids), self._clock() - t0)
         for row, (seq, n) in enumerate(group):
@@ -271,6 +274,6 @@ class Engine:
         return engine_stats(c, len(self.scheduler.running), len(self.scheduler.waiting))
 
     def prometheus_text(self) -> str:
-        """Memory metrics of every tier plus the engine's, in one Prometheus exposition."""
+        """Memory metrics of every tier and zone plus the engine's, in one Prometheus exposition."""
         snaps: list[object] = [memory_stats(t.pool, t.cache) for t in self.memory.tiers]
-        return render_prometheus([*snaps, self.stats()])
+        return render_prometheus([*snaps, *self.memory.zone_snapshots(), self.stats()])

@@ -19,7 +19,10 @@ from radixmesh.node_agent.engine.scheduler import SequenceState
 from radixmesh.node_agent.engine.tier import TierMemory
 from radixmesh.node_agent.memory.block_pool import OutOfBlocks
 from radixmesh.node_agent.memory.block_table import BlockTable, SequenceManager
+from radixmesh.node_agent.memory.physical import StepPeakMeter, device_memory, process_resident_bytes
 from radixmesh.node_agent.memory.pool_config import PoolConfig
+from radixmesh.node_agent.memory.zone_metrics import physical_stats, zone_stats
+from radixmesh.node_agent.memory.zoned_pool import ZoneGovernor, ZoneSetup
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId
@@ -43,6 +46,8 @@ class MemoryConfig:
     """Copy prefix blocks evicted from the gpu tier into the host tier (when there is one) instead
     of dropping them; the host tier's own LRU makes room."""
     pool: PoolConfig = field(default_factory=PoolConfig)
+    zones: ZoneSetup = field(default_factory=ZoneSetup)
+    """How the gpu pool is split between running KV and the prefix cache (zoned_pool.py)."""
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 1 or self.num_host_blocks < 0:
@@ -76,6 +81,25 @@ class PagedMemory:
         self.tiers: tuple[TierMemory, ...] = (self.gpu, *self.host.tiers)
         """The tiers this node has, gpu first."""
         self.sequences = SequenceManager(self.gpu.cache, self.block_size, key=config.hash_key)
+        self.zones = ZoneGovernor(self.gpu.pool, config.zones, clock)
+        """Weights, activations, running KV and prefix cache over the gpu tier's budget."""
+        self._device = torch.device(device)
+        self._meter = StepPeakMeter(self._device)
+
+    # --- zones -------------------------------------------------------------------------------
+    def begin_forward(self) -> None:
+        """Start measuring a forward pass's activation peak."""
+        self._meter.start()
+
+    def end_forward(self) -> None:
+        """The forward pass is over: its activations are reclaimed; record their measured peak and
+        rebalance the kv and prefix zones."""
+        self.zones.after_step(self._meter.stop())
+
+    def zone_snapshots(self) -> list[object]:
+        """Every zone's stats and the physical layer's, for the node's Prometheus exposition."""
+        physical = physical_stats(process_resident_bytes(), device_memory(self._device), self.zones.activation_peak)
+        return [*zone_stats(self.zones), physical]
 
     def blocks_for(self, num_tokens: int) -> int:
         return self.sequences.blocks_for(num_tokens)

@@ -17,7 +17,7 @@ from radixmesh.proto.ids import BlockId
 
 logger = logging.getLogger(__name__)
 
-OOMReason = Literal["no_free_block", "no_contiguous_block", "ref_count_lock"]
+OOMReason = Literal["no_free_block", "no_contiguous_block", "ref_count_lock", "zone_limit"]
 EvictionListener = Callable[[Sequence[tuple[BlockId, BlockHash]]], None]
 
 
@@ -26,7 +26,8 @@ class OutOfBlocks(Exception):
 
     `reason`: ``no_contiguous_block`` when enough blocks could be freed but no run of `requested`
     consecutive ids can; ``ref_count_lock`` when the shortfall is covered by cached prefix blocks
-    that are pinned by references (memory exists, references hold it); else ``no_free_block``.
+    that are pinned by references (memory exists, references hold it); ``zone_limit`` when the kv
+    zone's limit (set_zone_limits) would be passed although the pool has room; else ``no_free_block``.
     """
 
     def __init__(self, reason: OOMReason, requested: int, detail: str) -> None:
@@ -70,6 +71,8 @@ class BlockPool:
         self._num_in_use = 0
         self._last_gc = clock()
         self._listener: EvictionListener | None = None
+        self._kv_limit: int | None = None
+        self._prefix_limit: int | None = None
 
     # --- state -------------------------------------------------------------------------------
     @property
@@ -123,6 +126,8 @@ class BlockPool:
         free = self._free
         if n > free.num_free + self.num_cached:
             raise self._oom(n, seq_len, None)
+        if self._kv_limit is not None and self._num_in_use + n > self._kv_limit:
+            raise self._oom(n, seq_len, "zone_limit")
         if contiguous:
             got = free.take_run(n)
             ids = got if got is not None else self._carve_window(n, seq_len)
@@ -177,6 +182,7 @@ class BlockPool:
                 ref[b] = 0
             self._num_in_use -= n
             self._lru.renew(group, self._clock())
+            self._enforce_prefix_limit()
             return
         # Next fastest, a first release: distinct blocks (set) in range (min, and IndexError from
         # the read), each held once, so each reaches ref 0.
@@ -220,11 +226,13 @@ class BlockPool:
         hashes = self._hash
         if None not in read_many(hashes, zeros):
             self._lru.push(zeros, self._clock())
+            self._enforce_prefix_limit()
             return
         cached = [b for b in zeros if hashes[b] is not None]
         if cached:
             self._lru.push(cached, self._clock())
         self._free.add(b for b in zeros if hashes[b] is None)
+        self._enforce_prefix_limit()
 
     def set_hash(self, block_id: BlockId, block_hash: BlockHash) -> None:
         """Name an in-use, unhashed block by its hash (PrefixCache.insert); at ref 0 it is cached."""
@@ -238,6 +246,26 @@ class BlockPool:
         after their hashes are cleared and before the blocks are freed or handed to the allocating
         caller, so their KV is still intact while it runs."""
         self._listener = listener
+
+    def set_zone_limits(self, kv_blocks: int | None, prefix_blocks: int | None) -> int:
+        """Cap the blocks in use (the kv zone: allocate refuses past it with ``zone_limit``) and the
+        cached blocks (the prefix zone: the least recently released beyond it are evicted at once,
+        and again whenever a release passes it). None lifts a cap. Returns the blocks evicted now."""
+        if (kv_blocks is not None and kv_blocks < 0) or (prefix_blocks is not None and prefix_blocks < 0):
+            raise ValueError(f"zone limits must be >= 0, got {kv_blocks}, {prefix_blocks}")
+        self._kv_limit, self._prefix_limit = kv_blocks, prefix_blocks
+        return self._enforce_prefix_limit()
+
+    @property
+    def zone_limits(self) -> tuple[int | None, int | None]:
+        """The (kv, prefix) caps in blocks that set_zone_limits set; None: uncapped."""
+        return self._kv_limit, self._prefix_limit
+
+    def _enforce_prefix_limit(self) -> int:
+        limit = self._prefix_limit
+        if limit is None or self.num_cached <= limit:
+            return 0
+        return self.evict(self.num_cached - limit)
 
     def record_preemption(self, swapped_bytes: int) -> None:
         """Count a preempted sequence and the bytes it moved to the host tier (0 when recomputed)."""
@@ -286,6 +314,7 @@ class BlockPool:
         cfg = self.config
         short = cfg.gc_trigger_free_run_blocks and self._free.largest() < cfg.gc_trigger_free_run_blocks
         if short and self._clock() - self._last_gc >= cfg.gc_min_interval_s:
+            self.counters.gc_auto_runs += 1
             self.gc()
 
     def _evict(self, k: int) -> list[BlockId]:

@@ -45,6 +45,10 @@ class MemoryStats:
     ghost_block_bytes: int = metric("gauge", "Bytes in blocks at ref 0 that are neither free nor evictable.")
     evictions: int = metric("counter", "Cached blocks evicted.")
     gc_runs: int = metric("counter", "Two-phase GC passes.")
+    gc_auto_runs: int = metric(
+        "counter", "GC passes started automatically because the largest free run fell under the trigger.")
+    gc_trigger_free_run_bytes: int = metric(
+        "gauge", "Automatic GC runs when the largest free run is shorter than this many bytes (0: off).")
 
 
 def free_runs_by_size(sizes: Iterable[int]) -> dict[str, int]:
@@ -73,7 +77,7 @@ def memory_stats(pool: BlockPool, cache: PrefixCache | None = None) -> MemorySta
         largest_free_run_bytes=largest * pool.block_bytes,
         fragmentation_ratio=1.0 - largest / free if free else 0.0,
         oom={
-            r: c.oom_by_reason.get(r, 0) for r in ("no_free_block", "no_contiguous_block", "ref_count_lock")
+            r: c.oom_by_reason.get(r, 0) for r in ("no_free_block", "no_contiguous_block", "ref_count_lock", "zone_limit")
         },
         oom_by_seq_len=dict(c.oom_by_seq_len),
         preemptions=c.preemptions,
@@ -85,5 +89,7 @@ def memory_stats(pool: BlockPool, cache: PrefixCache | None = None) -> MemorySta
         ghost_block_bytes=pool.ghost_blocks() * pool.block_bytes,
         evictions=c.evictions,
         gc_runs=c.gc_runs,
+        gc_auto_runs=c.gc_auto_runs,
+        gc_trigger_free_run_bytes=pool.config.gc_trigger_free_run_blocks * pool.block_bytes,
     )
 

@@ -19,6 +19,8 @@ class PoolCounters:
 
     evictions: int = 0
     gc_runs: int = 0
+    gc_auto_runs: int = 0
+    """GC passes the pool started itself because its largest free run fell under the trigger."""
     preemptions: int = 0
     swapped_to_host_bytes: int = 0
     oom_by_reason: dict[str, int] = field(default_factory=dict)

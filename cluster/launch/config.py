@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
+from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
@@ -28,7 +29,9 @@ class LauncherConfig:
     """N simulated nodes on this machine (agents pinned by custom resources); None: one agent per GPU
     of the Ray cluster."""
     host: str = "127.0.0.1"
-    """Address the router's HTTP server and the metadata service bind (and advertise)."""
+    """Address the router's HTTP server and the metadata service bind (and advertise); "": the address
+    of the Ray node `up` runs on (a multi-host cluster: reachable by every node, unlike 127.0.0.1).
+    Never 0.0.0.0 unless given."""
     http_port: int = 0
     """Router HTTP port; 0: a free one (the URL is printed)."""
     metadata_port: int = 0
@@ -66,6 +69,8 @@ class LauncherConfig:
     """How long the router routes without prefixes after a failed Match before asking again."""
     model_name: str = ""
     """The model id clients name in requests (--served-model-name); "": the model's own name."""
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
+    """Requests the router runs and queues at once; past them it answers 429."""
 
     def __post_init__(self) -> None:
         if self.local_nodes is not None and not 1 <= self.local_nodes <= 64:
@@ -114,5 +119,5 @@ class LauncherConfig:
         return RouterConfig(layout, block_size=self.block_size, policy=self.policy,
                             policy_config=PolicyConfig(block_bytes=block_bytes), model_name=self.served_model_name,
                             hash_key=self.secret.hash_key(),
-                            limits=self.model.config.prompt_limits(),
+                            limits=self.model.config.prompt_limits(), admission=self.admission,
                             metadata_retry_s=self.metadata_retry_s)

@@ -1,0 +1,1 @@
+"""External engines (vLLM, SGLang) as nodes of the cluster: their KV events into the global index."""

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from ray.autoscaler._private.util import validate_config
+from ray.autoscaler._private.util import prepare_config, validate_config
 from router_cluster import MODEL_NAME, local_cluster
 
 from radixmesh.cluster.router.http_api import start_http
@@ -21,7 +21,8 @@ REQUIRED_PANELS = ("hit rate", "by source", "ttft", "gb/s", "utilization", "frag
 
 @pytest.mark.parametrize("name", ["cluster.yaml", "local-cluster.yaml"])
 def test_cluster_yaml_validates_against_rays_schema(name: str) -> None:
-    config = yaml.safe_load((DEPLOY / name).read_text())
+    # As `ray up` does: fill in the provider's defaults (the local provider's node type), then check.
+    config = prepare_config(yaml.safe_load((DEPLOY / name).read_text()))
     validate_config(config)  # raises jsonschema.ValidationError (or ValueError) when invalid
     assert "radixmesh up" in " ".join(config["head_start_ray_commands"])
     assert any("redis-server" in c for c in config["setup_commands"])

@@ -58,7 +58,8 @@ def _record() -> cluster_record.ClusterRecord:
 @click.option("--address", default="auto", show_default=True, help="Ray cluster to join (without --local).")
 @click.option("--state", default="memory", show_default=True, help="'memory' or a redis:// URL.")
 @click.option("--policy", type=click.Choice(policy_names()), default="cost", show_default=True)
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address router and metadata bind.")
+@click.option("--host", default=None,
+              help="Address router and metadata bind [default: 127.0.0.1 with --local, else this Ray node's address].")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Router HTTP port.")
 @click.option("--model", "model_spec", default="tiny", show_default=True,
               help=f"{', '.join(sorted(NAMED_CONFIGS))} (seeded random), {SMOLLM2}, a local Hugging Face "
@@ -78,7 +79,7 @@ def _record() -> cluster_record.ClusterRecord:
 @click.option("--api-key", envvar=API_KEY_ENV, default="",
               help=f"Bearer key the OpenAI API requires [default: ${API_KEY_ENV}; none].")
 @click.option("--transfer-mac", is_flag=True, help="Agents verify a keyed MAC of every pulled KV chunk.")
-def up(local_nodes: int | None, address: str, state: str, policy: str, host: str, port: int, model_spec: str,
+def up(local_nodes: int | None, address: str, state: str, policy: str, host: str | None, port: int, model_spec: str,
        served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
        lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool) -> None:
     """Start metadata service, node agents and router; print the router URL."""
@@ -86,6 +87,8 @@ def up(local_nodes: int | None, address: str, state: str, policy: str, host: str
         raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
                                    "`radixmesh down` first")
     try:
+        # Without --host: loopback on one machine, else (host "") the address of this Ray node.
+        host = host if host is not None else "127.0.0.1" if local_nodes is not None else ""
         config = LauncherConfig(local_nodes=local_nodes, state=state, policy=policy, host=host, http_port=port,
                                 model=resolve_model(model_spec), model_name=served_model_name, dtype=dtype,
                                 gpu_blocks=gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,

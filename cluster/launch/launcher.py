@@ -5,16 +5,20 @@ process (`radixmesh up --local` and the demo keep it in the foreground), `ray.in
 joins an existing cluster. Placement:
 
     --local N      N agents on this machine, each pinned to its own custom resource (a simulated
-                   node), transfer servers on 127.0.0.1, UCX over loopback TCP
-    Ray cluster    one agent per GPU (num_gpus=1), pinned to its node by Ray's `node:<ip>`
-                   resource and binding that node's address
+                   node), every server on 127.0.0.1, UCX over loopback TCP
+    Ray cluster    one agent per GPU (num_gpus=1), or one on a CPU-only node that offers the
+                   `radixmesh_agent` resource, pinned to its node by Ray's `node:<ip>` resource;
+                   its transfer server binds that node's address and UCX that address's interface.
+                   Router and metadata service bind the address of the node `up` runs on (the
+                   head), unless told otherwise. Agents follow the cluster (reconcile.py).
 
 Order: the metadata service first (agents register with it on start), then the router actor,
-which creates the agents, waits for them and opens HTTP. `down` reverses it; it is idempotent.
+which creates the agents, waits for the first ones and opens HTTP. `down` reverses it; it is
+idempotent.
 """
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -22,14 +26,12 @@ import ray
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.local_ray import init_loopback_ray
 from radixmesh.cluster.launch.metadata_actor import METADATA_ACTOR, make_metadata_actor
+from radixmesh.cluster.launch.reconcile import AGENT_RESOURCE, node_slots
 from radixmesh.cluster.launch.router_actor import ROUTER_ACTOR, make_router_actor
-from radixmesh.node_agent.actor import AgentPlacement, agent_actor_name, node_resource
+from radixmesh.node_agent.actor import agent_actor_name, node_resource
 from radixmesh.proto.ids import NodeId
 
 logger = logging.getLogger(__name__)
-
-Placement = tuple[NodeId, str, AgentPlacement]
-"""(node id, address its transfer server binds, where its actor runs)."""
 
 
 class DeploymentExists(Exception):
@@ -64,27 +66,29 @@ def init_local_ray(config: LauncherConfig) -> None:
                       log_to_driver=False, configure_logging=False)
 
 
-def placements(config: LauncherConfig) -> list[Placement]:
-    """Where each agent runs. Raises ValueError when the Ray cluster has no node to put one on."""
+def check_room_for_agents(config: LauncherConfig) -> None:
+    """Raises ValueError when the connected Ray cluster has no room for an agent now (later nodes
+    get theirs as they join, but `up` needs one to learn the deployment's KV layout)."""
     if config.local_nodes is not None:
         nodes = config.node_ids(config.local_nodes)
         missing = [n for n in nodes if ray.cluster_resources().get(node_resource(n), 0) < 1]
         if missing:
             raise ValueError(f"the Ray cluster lacks the simulated-node resources of {missing} "
                              "(start it with init_local_ray or `radixmesh up --local N`)")
-        return [(n, config.host, AgentPlacement.simulated(n)) for n in nodes]
-    out: list[Placement] = []
-    for node in sorted(ray.nodes(), key=lambda n: n["NodeManagerAddress"]):
-        if not node["Alive"]:
-            continue
-        ip = node["NodeManagerAddress"]
-        for gpu in range(int(node["Resources"].get("GPU", 0))):
-            # Ray gives every node a `node:<ip>` resource: a sliver of it pins the actor there.
-            placement = AgentPlacement(num_gpus=1.0, resources=((f"node:{ip}", 0.001),))
-            out.append((NodeId(f"{ip}-gpu{gpu}"), ip, placement))
-    if not out:
-        raise ValueError("the Ray cluster has no GPU; run `radixmesh up --local N` to simulate nodes")
-    return out
+    elif not node_slots(ray.nodes()):
+        raise ValueError(f"the Ray cluster has no node with a GPU or the {AGENT_RESOURCE!r} resource; "
+                         "run `radixmesh up --local N` to simulate nodes")
+
+
+def this_node_address() -> str:
+    """The address of the Ray node this driver runs on (the head, under `ray up`)."""
+    address: str = ray.util.get_node_ip_address()
+    return address
+
+
+def bind_here(config: LauncherConfig) -> LauncherConfig:
+    """`config` with router and metadata bound to this Ray node's address when no host was given."""
+    return config if config.host else replace(config, host=this_node_address())
 
 
 async def up(config: LauncherConfig) -> Deployment:
@@ -95,18 +99,22 @@ async def up(config: LauncherConfig) -> Deployment:
     """
     if _actor(ROUTER_ACTOR) is not None or _actor(METADATA_ACTOR) is not None:
         raise DeploymentExists("a radixmesh deployment is already running on this Ray cluster")
-    where = placements(config)
+    config = bind_here(config)
+    check_room_for_agents(config)
+    # Both servers bind `config.host`, an address of this node: their actors must run here.
+    here = this_node_address()
     try:
         metadata = make_metadata_actor(config.host, config.metadata_port, config.state, config.lease_ttl_s,
-                                       config.secret)
+                                       config.secret, here)
         address: str = await metadata.start.remote()
-        router = make_router_actor(config, address, where)
+        router = make_router_actor(config, address, here)
         url: str = await router.start.remote()
+        nodes: list[NodeId] = await router.nodes.remote()
     except BaseException:
         await down()
         raise
-    deployment = Deployment(url, address, tuple(n for n, _, _ in where))
-    logger.info("radixmesh up: router %s, metadata %s, %d agent(s)", url, address, len(where))
+    deployment = Deployment(url, address, tuple(nodes))
+    logger.info("radixmesh up: router %s, metadata %s, %d agent(s)", url, address, len(nodes))
     return deployment
 
 

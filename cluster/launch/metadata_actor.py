@@ -68,8 +68,11 @@ class MetadataActor:
         return self._server is not None
 
 
-def make_metadata_actor(host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret) -> Any:
-    """Create the detached metadata actor (named METADATA_ACTOR); call `start` on the handle."""
+def make_metadata_actor(host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret,
+                        node_ip: str) -> Any:
+    """Create the detached metadata actor (named METADATA_ACTOR) on the Ray node `node_ip` (the
+    one whose address `host` is); call `start` on the handle."""
     return ray.remote(MetadataActor).options(
         name=METADATA_ACTOR, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0,
+        resources={f"node:{node_ip}": 0.001},
     ).remote(host, port, state, lease_ttl_s, secret)

@@ -1,5 +1,6 @@
 """The router as a detached Ray actor: it creates (and so owns) the node agents, then serves the
-Router's HTTP API on its own event loop.
+Router's HTTP API on its own event loop. Agents follow the cluster: an AgentReconciler starts one
+for every slot a joining node offers and drops those of nodes that left (reconcile.py).
 
 Owning the agents keeps them alive after the `radixmesh up` driver exits (an actor lives as long
 as its owner) and makes `down` one kill away. What survives a restart: nothing; Ray does not
@@ -17,10 +18,10 @@ import ray
 from aiohttp import web
 
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
-from radixmesh.cluster.router.agent_clients import RayAgentClient, StaticAgentDirectory
+from radixmesh.cluster.launch.reconcile import AgentReconciler, RayAgents
+from radixmesh.cluster.router.agent_clients import StaticAgentDirectory
 from radixmesh.cluster.router.http_api import start_http
 from radixmesh.cluster.router.router import Router
-from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.auth import CallerCredentials
 from radixmesh.proto.metadata.client import MetadataClient
@@ -29,6 +30,8 @@ from radixmesh.proto.metadata.nodes import NodeInfo
 logger = logging.getLogger(__name__)
 
 ROUTER_ACTOR = "radixmesh-router"
+RECONCILE_INTERVAL_S = 1.0
+"""How often the agents are matched against the cluster's nodes (one GCS call per round)."""
 
 
 def deployment_layout(infos: Sequence[NodeInfo]) -> tuple[str, int]:
@@ -43,22 +46,28 @@ def deployment_layout(infos: Sequence[NodeInfo]) -> tuple[str, int]:
     return kinds.pop()
 
 
-class RouterActor:
-    """Creates the agents of `placements`, then runs a Router over them behind HTTP."""
+def one_layout(info: NodeInfo, others: list[NodeInfo]) -> None:
+    """An agent may join a deployment only with the KV layout of the agents already in it."""
+    deployment_layout([*others, info])
 
-    def __init__(self, config: LauncherConfig, metadata_address: str,
-                 placements: Sequence[tuple[NodeId, str, AgentPlacement]]) -> None:
-        """`placements`: (node id, address its transfer server binds, where its actor runs)."""
+
+class RouterActor:
+    """Starts the agents the cluster has slots for, then runs a Router over them behind HTTP while
+    the agents follow the cluster."""
+
+    def __init__(self, config: LauncherConfig, metadata_address: str) -> None:
         self._config = config
         self._metadata_address = metadata_address
-        self._placements = list(placements)
+        agents = RayAgents(config, metadata_address)
+        self._reconciler = AgentReconciler(agents.desired, agents.start, agents.stop, StaticAgentDirectory([]),
+                                           accept=one_layout)
         self._router: Router | None = None
         self._runner: web.AppRunner | None = None
         self._url = ""
         self._lock = asyncio.Lock()
 
     async def start(self) -> str:
-        """Start every agent (in parallel), then the router; the router's base URL."""
+        """Start the agents of every slot offered now (at least one), then the router; its base URL."""
         async with self._lock:
             if self._router is None:
                 await self._start()
@@ -66,20 +75,18 @@ class RouterActor:
 
     async def _start(self) -> None:
         cfg = self._config
-        clients = [RayAgentClient(node, make_agent_actor(cfg.agent_config(node, self._metadata_address, host),
-                                                         placement))
-                   for node, host, placement in self._placements]
-        infos = await asyncio.gather(*(c.start() for c in clients))
-        layout, block_bytes = deployment_layout(infos)
+        await self._reconciler.until_any(RECONCILE_INTERVAL_S)
+        layout, block_bytes = deployment_layout(list(self._reconciler.infos.values()))
         metadata = MetadataClient(self._metadata_address, credentials=CallerCredentials.cluster(cfg.secret),
                                   timeout_s=5.0)
         tokenizer, template = await asyncio.to_thread(lambda: (cfg.model.tokenizer(), cfg.model.chat_template()))
-        router = Router(cfg.router_config(layout, block_bytes), StaticAgentDirectory(clients), metadata,
+        router = Router(cfg.router_config(layout, block_bytes), self._reconciler.directory, metadata,
                         tokenizer=tokenizer, chat_template=template)
         runner, port = await start_http(router, cfg.host, cfg.http_port, api_key=cfg.api_key)
         self._runner, self._router = runner, router
         self._url = f"http://{cfg.host}:{port}"
-        logger.info("router on %s over %d agent(s)", self._url, len(clients))
+        self._reconciler.follow(RECONCILE_INTERVAL_S)
+        logger.info("router on %s over %d agent(s)", self._url, len(router.directory.nodes()))
 
     def url(self) -> str:
         return self._url
@@ -88,15 +95,17 @@ class RouterActor:
         return self._router.directory.nodes() if self._router is not None else []
 
     async def stop(self) -> None:
-        """Stop HTTP; the agents go with this actor."""
+        """Stop following the cluster and HTTP; the agents go with this actor."""
+        await self._reconciler.close()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
 
 
-def make_router_actor(config: LauncherConfig, metadata_address: str,
-                      placements: Sequence[tuple[NodeId, str, AgentPlacement]]) -> Any:
-    """Create the detached router actor (named ROUTER_ACTOR); call `start` on the handle."""
+def make_router_actor(config: LauncherConfig, metadata_address: str, node_ip: str) -> Any:
+    """Create the detached router actor (named ROUTER_ACTOR) on the Ray node `node_ip` (the one whose
+    address `config.host` is); call `start` on the handle."""
     return ray.remote(RouterActor).options(
         name=ROUTER_ACTOR, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0,
-    ).remote(config, metadata_address, list(placements))
+        resources={f"node:{node_ip}": 0.001},
+    ).remote(config, metadata_address)

@@ -1,0 +1,235 @@
+"""Agents follow the cluster: every node that can hold an agent gets exactly one per GPU (or one, on a
+CPU-only node that offers the custom resource AGENT_RESOURCE), started when the node joins and
+dropped when it leaves.
+
+`AgentReconciler` compares the slots the cluster offers now (`desired`, a callable) with the agents
+it runs and closes the gap, one round at a time:
+
+    slot offered, no agent    -> start one; it joins the router's directory once it has started
+    agent, slot gone          -> leave the directory, kill the actor (Ray would otherwise keep
+                                 restarting it on a node that is not there); its metadata lease is
+                                 not touched and simply expires, so the index drops its blocks
+    agent whose start failed  -> forgotten, retried next round
+
+It is a plain class (slots, starting and stopping are injected), so tests run it without Ray; the
+router actor runs it with `ray_slots` and real agent actors.
+"""
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import socket
+import struct
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
+from radixmesh.cluster.router.agent_client import AgentClient
+from radixmesh.cluster.router.agent_clients import RayAgentClient, StaticAgentDirectory
+from radixmesh.node_agent.actor import AgentPlacement, agent_actor_name, make_agent_actor
+from radixmesh.node_agent.transfer.ucx_transport import ucx_env
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.nodes import NodeInfo
+
+logger = logging.getLogger(__name__)
+
+AGENT_RESOURCE = "radixmesh_agent"
+"""Custom resource a CPU-only Ray node offers to hold one agent (`ray start --resources=...`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSlot:
+    """One agent the cluster has room for."""
+
+    node: NodeId
+    host: str
+    """Address of the Ray node it runs on: its transfer server binds it, UCX uses its interface."""
+    placement: AgentPlacement
+
+
+def simulated_slots(nodes: Iterable[NodeId], host: str) -> list[AgentSlot]:
+    """`--local`: one agent per simulated node, each pinned by its own custom resource, on `host`."""
+    return [AgentSlot(n, host, AgentPlacement.simulated(n)) for n in nodes]
+
+
+def node_slots(ray_nodes: Iterable[Mapping[str, Any]]) -> list[AgentSlot]:
+    """The slots of the alive nodes in `ray_nodes` (records as `ray.nodes()` gives them): one per GPU,
+    else one where AGENT_RESOURCE is offered. Ray gives every node a `node:<ip>` resource: a sliver
+    of it pins the actor there."""
+    out: list[AgentSlot] = []
+    for node in ray_nodes:
+        if not node["Alive"]:
+            continue
+        ip = node["NodeManagerAddress"]
+        resources = node["Resources"]
+        pin = (f"node:{ip}", 0.001)
+        gpus = int(resources.get("GPU", 0))
+        for gpu in range(gpus):
+            out.append(AgentSlot(NodeId(f"{ip}-gpu{gpu}"), ip, AgentPlacement(num_gpus=1.0, resources=(pin,))))
+        if gpus == 0 and resources.get(AGENT_RESOURCE, 0) >= 1:
+            out.append(AgentSlot(NodeId(f"{ip}-cpu"), ip, AgentPlacement(resources=((AGENT_RESOURCE, 1.0), pin))))
+    return sorted(out, key=lambda s: s.node)
+
+
+async def ray_slots() -> list[AgentSlot]:
+    """node_slots of the connected Ray cluster (ray.nodes() is a blocking GCS call: off the loop)."""
+    return node_slots(await asyncio.to_thread(ray.nodes))
+
+
+def interface_of(address: str) -> str | None:
+    """The name of this machine's network interface whose IPv4 address is `address`, or None."""
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                # SIOCGIFADDR: the interface's IPv4 address at bytes 20..24 of the returned ifreq.
+                ifreq = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on this interface
+                continue
+        if socket.inet_ntoa(ifreq[20:24]) == address:
+            return name
+    return None
+
+
+async def pinned_to_interface(slot: AgentSlot) -> AgentSlot:
+    """`slot` with UCX held to the interface of its host address (UCX_NET_DEVICES), found by a task
+    on that node: otherwise UCX opens its sockets on every interface of the node."""
+    pin = dict(slot.placement.resources)
+    find = ray.remote(interface_of).options(num_cpus=0, resources={k: v for k, v in pin.items()
+                                                                    if k.startswith("node:")})
+    device = await find.remote(slot.host)
+    if device is None:
+        raise ValueError(f"no interface of node {slot.node} has the address {slot.host}")
+    env = {**ucx_env(), "UCX_NET_DEVICES": device}
+    placement = AgentPlacement(num_gpus=slot.placement.num_gpus, resources=slot.placement.resources,
+                               max_restarts=slot.placement.max_restarts, num_cpus=slot.placement.num_cpus,
+                               env_vars=tuple(sorted(env.items())))
+    return AgentSlot(slot.node, slot.host, placement)
+
+
+@dataclass(frozen=True, slots=True)
+class StartedAgent:
+    client: AgentClient
+    info: NodeInfo
+
+
+StartAgent = Callable[[AgentSlot], Awaitable[StartedAgent]]
+StopAgent = Callable[[NodeId], Awaitable[None]]
+
+
+class AgentReconciler:
+    """Keeps `directory` holding one started agent per slot of `desired()`.
+
+    `start` creates an agent and waits until it runs (raising when it cannot); one that has not
+    started within `start_timeout_s` counts as failed. `stop` ends one (a no-op for an agent that
+    does not exist). `accept(info, infos)` vets a started agent against those already running (e.g.
+    one KV layout per deployment) and raises ValueError to refuse it. Use from one event loop.
+    """
+
+    def __init__(self, desired: Callable[[], Awaitable[list[AgentSlot]]], start: StartAgent, stop: StopAgent,
+                 directory: StaticAgentDirectory, accept: Callable[[NodeInfo, list[NodeInfo]], None],
+                 start_timeout_s: float = 300.0) -> None:
+        self._desired = desired
+        self._start = start
+        self._stop = stop
+        self._accept = accept
+        self._start_timeout_s = start_timeout_s
+        self.directory = directory
+        self.infos: dict[NodeId, NodeInfo] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def reconcile(self) -> None:
+        """One round: start the missing agents (in parallel), stop those whose slot is gone."""
+        slots = {s.node: s for s in await self._desired()}
+        running = set(self.directory.nodes())
+        for node in sorted(running - slots.keys()):
+            logger.info("node %s left the cluster: stopping its agent (its lease will expire)", node)
+            self.directory.remove(node)
+            self.infos.pop(node, None)
+            await self._stop(node)
+        missing = [slots[n] for n in sorted(slots.keys() - running)]
+        started = await asyncio.gather(*(asyncio.wait_for(self._start(s), self._start_timeout_s) for s in missing),
+                                       return_exceptions=True)
+        for slot, result in zip(missing, started):
+            if isinstance(result, BaseException):
+                logger.warning("agent for %s did not start (retried next round): %r", slot.node, result)
+                await self._stop(slot.node)
+                continue
+            try:
+                self._accept(result.info, list(self.infos.values()))
+            except ValueError as e:
+                logger.error("agent %s refused: %s", slot.node, e)
+                await self._stop(slot.node)
+                continue
+            self.directory.add(result.client)
+            self.infos[slot.node] = result.info
+            logger.info("agent %s joined (epoch %d, transfer %s)", slot.node, result.info.epoch,
+                        result.info.transfer_address)
+
+    async def until_any(self, interval_s: float) -> None:
+        """Reconcile until at least one agent runs."""
+        while True:
+            await self.reconcile()
+            if self.directory.nodes():
+                return
+            await asyncio.sleep(interval_s)  # the reconcile period: nodes join on their own time
+
+    def follow(self, interval_s: float) -> None:
+        """Reconcile every `interval_s` in the background until `close`."""
+        self._task = asyncio.create_task(self._loop(interval_s))
+
+    async def _loop(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)  # the reconcile period
+            try:
+                await self.reconcile()
+            except Exception:  # a failed round (GCS briefly unreachable) must not end following
+                logger.exception("reconcile round failed")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+
+class RayAgents:
+    """The agent actors of one deployment: which slots the cluster offers, start, stop.
+
+    The process that calls `start` owns the actors (the router actor: they live as long as it does).
+    """
+
+    def __init__(self, config: LauncherConfig, metadata_address: str) -> None:
+        self._config = config
+        self._metadata_address = metadata_address
+        self._handles: dict[NodeId, Any] = {}
+
+    async def desired(self) -> list[AgentSlot]:
+        cfg = self._config
+        if cfg.local_nodes is not None:
+            return simulated_slots(cfg.node_ids(cfg.local_nodes), cfg.host)
+        return await ray_slots()
+
+    async def start(self, slot: AgentSlot) -> StartedAgent:
+        """Create `slot`'s agent actor and wait until it has started (raises when it cannot)."""
+        if self._config.local_nodes is None:
+            slot = await pinned_to_interface(slot)
+        config = self._config.agent_config(slot.node, self._metadata_address, slot.host)
+        handle = make_agent_actor(config, slot.placement)
+        self._handles[slot.node] = handle
+        client = RayAgentClient(slot.node, handle)
+        return StartedAgent(client, await client.start())
+
+    async def stop(self, node: NodeId) -> None:
+        """Kill `node`'s actor for good (no restart); nothing when there is none."""
+        handle = self._handles.pop(node, None)
+        if handle is None:
+            with contextlib.suppress(ValueError):
+                handle = ray.get_actor(agent_actor_name(node), namespace=NAMESPACE)
+        if handle is not None:
+            ray.kill(handle, no_restart=True)

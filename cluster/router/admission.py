@@ -60,6 +60,13 @@ class Admission:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def check(self) -> None:
+        """Raise Overloaded now when a request would be refused: callers refuse before the work of
+        parsing and tokenizing it, so that refusals stay cheap under overload."""
+        if self.running >= self.capacity and len(self._waiting) >= self.limits.max_waiting:
+            raise Overloaded(f"{self.running} requests running and {len(self._waiting)} waiting: retry later",
+                             self.limits.retry_after_s)
+
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         """Hold a running slot for the body; raises Overloaded when none comes."""
@@ -73,9 +80,7 @@ class Admission:
         if self.running < self.capacity and not self._waiting:
             self.running += 1
             return
-        if len(self._waiting) >= self.limits.max_waiting:
-            raise Overloaded(f"{self.running} requests running and {len(self._waiting)} waiting: retry later",
-                             self.limits.retry_after_s)
+        self.check()
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append(turn)
         try:

@@ -148,6 +148,7 @@ async def _body(request: web.Request) -> object:
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     router = request.app[ROUTER_KEY]
+    _admit(router)
     parsed = parse_completion(await _body(request))
     prompt = parsed.prompt
     tokens = tuple(router.tokenizer.encode(prompt)) if isinstance(prompt, str) else prompt
@@ -156,6 +157,7 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 async def _chat(request: web.Request) -> web.StreamResponse:
     router = request.app[ROUTER_KEY]
+    _admit(router)
     parsed = parse_chat(await _body(request))
     try:
         prompt = router.chat_template.render(parsed.messages)
@@ -203,6 +205,15 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
     assert isinstance(end, _End)
     text = "".join(p for p in pieces if isinstance(p, str))
     return web.json_response(shape.envelope(shape.kind, ids, shape.full_choice(text, end.finish_reason), end.usage))
+
+
+def _admit(router: Router) -> None:
+    """Refuse a request for capacity before its body is even read."""
+    try:
+        router.admission.check()
+    except Overloaded as e:
+        router.metrics.record_request("refused")
+        raise _refusal(e) from e
 
 
 def _refusal(e: InvalidRequest | Overloaded | NoNodeAvailable) -> ApiError:

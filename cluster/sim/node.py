@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from radixmesh.cluster.policy.base import RouteDecision
-from radixmesh.node_agent.memory.block_pool import BlockPool
+from radixmesh.node_agent.memory.block_pool import BlockPool, CopiesElsewhere
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import CacheEvent
@@ -39,9 +39,15 @@ class SimJob:
 class SimNode:
     """Queue and cache of one node; the simulator moves jobs through start() and finish()."""
 
-    def __init__(self, node: NodeId, capacity_blocks: int, prefill_tokens_per_s: float) -> None:
+    def __init__(self, node: NodeId, capacity_blocks: int, prefill_tokens_per_s: float,
+                 copies: CopiesElsewhere | None = None, eviction_window: int = 0) -> None:
         self.node = node
         self.cache = PrefixCache(BlockPool(capacity_blocks))
+        if copies is not None:
+            # Cluster-aware eviction prefers blocks another node holds, but only chain ends here:
+            # evicting a chain's head would strand its cached tail (matches are prefixes).
+            cache = self.cache
+            self.cache.pool.set_cluster_eviction(lambda h: copies(h) if cache.is_leaf(h) else 0, eviction_window)
         self.rate = prefill_tokens_per_s
         self.waiting: deque[SimJob] = deque()
         self.current: SimJob | None = None

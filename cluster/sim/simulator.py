@@ -21,6 +21,7 @@ from radixmesh.cluster.policy.cost_model import CostModel
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.recent_work import RecentWork
 from radixmesh.cluster.policy.view import ClusterView, NodeView
+from radixmesh.cluster.sim.holders import HolderCount
 from radixmesh.cluster.sim.node import SimJob, SimNode
 from radixmesh.cluster.sim.oracle import global_lru, infinite_bound
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceRequest
@@ -59,6 +60,10 @@ class SimConfig:
     load_half_life_s: float = PolicyConfig().load_half_life_s
     """Half-life of the recent-work load measure (`PolicyConfig.load_half_life_s`)."""
     pending_ttl_s: float = 10.0
+    eviction: str = "lru"
+    """Each node's eviction: ``lru``, or ``cluster`` (replicated blocks first among the oldest
+    `eviction_window`: BlockPool.set_cluster_eviction, holder counts from the cluster's events)."""
+    eviction_window: int = 64
     seed: int = 0
     check_every: int = 0
     """Run every node's and the index's check_invariants() every this many arrivals (0: never)."""
@@ -70,6 +75,8 @@ class SimConfig:
             )
         if not (math.isfinite(self.prefill_tokens_per_s) and self.prefill_tokens_per_s > 0):
             raise ValueError("prefill_tokens_per_s must be a finite number > 0")
+        if self.eviction not in ("lru", "cluster"):
+            raise ValueError(f"eviction must be 'lru' or 'cluster', got {self.eviction!r}")
         if self.kv_bytes_per_token < 0 or not self.pull_bytes_per_s > 0 or self.check_every < 0:
             raise ValueError("kv_bytes_per_token and check_every must be >= 0, pull_bytes_per_s > 0")
 
@@ -141,9 +148,12 @@ class Simulator:
         self.policy = make_policy(config.policy, policy_config, random.Random(config.seed))
         self.cost = CostModel(policy_config)
         self.nodes: dict[NodeId, SimNode] = {}
+        self.holders = HolderCount()
+        copies = self.holders.others if config.eviction == "cluster" else None
         for i in range(config.nodes):
             nid = NodeId(f"n{i:03d}")
-            self.nodes[nid] = SimNode(nid, config.capacity_blocks, config.prefill_tokens_per_s)
+            self.nodes[nid] = SimNode(nid, config.capacity_blocks, config.prefill_tokens_per_s, copies,
+                                      config.eviction_window)
             self.index.add_node(nid, _LAYOUT)
         self.hits = {"local": 0, "remote": 0, "miss": 0}
         self.ttfts: list[float] = []
@@ -220,7 +230,7 @@ class Simulator:
             source.release(pinned)
             peer = len(pinned)
         job = node.start_next(peer)
-        self.index.apply(node.node, node.take_events())  # evictions made room for the new blocks
+        self._apply_events(node)  # evictions made room for the new blocks
         computed = len(job.hashes) - job.local_blocks - job.pull_blocks
         self.hits["local"] += job.local_blocks
         self.hits["remote"] += job.pull_blocks
@@ -232,10 +242,15 @@ class Simulator:
 
     def _finish(self, node: SimNode) -> None:
         job = node.finish()
-        self.index.apply(node.node, node.take_events())
+        self._apply_events(node)
         self.ttfts.append(self.now - job.arrival_s)
         if node.waiting:
             self._start(node)
+
+    def _apply_events(self, node: SimNode) -> None:
+        events = node.take_events()
+        self.index.apply(node.node, events)
+        self.holders.apply(events)
 
     def check_invariants(self) -> None:
         """Every node's cache and queue, the index, and the pending index."""

@@ -19,6 +19,8 @@ logger = logging.getLogger(__name__)
 
 OOMReason = Literal["no_free_block", "no_contiguous_block", "ref_count_lock", "zone_limit"]
 EvictionListener = Callable[[Sequence[tuple[BlockId, BlockHash]]], None]
+CopiesElsewhere = Callable[[BlockHash], int]
+"""How many other nodes hold a block (the cluster index's answer), for cluster-aware eviction."""
 
 
 class OutOfBlocks(Exception):
@@ -73,6 +75,8 @@ class BlockPool:
         self._listener: EvictionListener | None = None
         self._kv_limit: int | None = None
         self._prefix_limit: int | None = None
+        self._copies: CopiesElsewhere | None = None
+        self._window = 0
 
     # --- state -------------------------------------------------------------------------------
     @property
@@ -317,8 +321,28 @@ class BlockPool:
             self.counters.gc_auto_runs += 1
             self.gc()
 
+    def set_cluster_eviction(self, copies: CopiesElsewhere | None, window: int = 0) -> None:
+        """Cluster-aware eviction: among the k + `window` least recently released cached blocks (k:
+        the blocks needed), evict first those another node also holds (a later request can pull them
+        instead of recomputing), oldest first, then the rest in LRU order, so the cluster's last copy
+        of a prefix outlives the duplicates around it. None (the default): plain LRU."""
+        if window < 0:
+            raise ValueError(f"window must be >= 0, got {window}")
+        self._copies, self._window = copies, window
+
     def _evict(self, k: int) -> list[BlockId]:
-        victims = self._lru.pop_oldest(k)
+        copies = self._copies
+        if copies is None or k == 0:
+            victims = self._lru.pop_oldest(k)
+        else:
+            hashes = self._hash
+            window = self._lru.oldest(k + self._window)
+            shared = [b for b in window if copies(hashes[b]) > 0]  # type: ignore[arg-type]  # cached: hashed
+            victims = shared[:k]
+            if len(victims) < k:
+                chosen = set(victims)
+                victims += [b for b in window if b not in chosen][: k - len(victims)]
+            self._lru.discard(victims)
         self._forget(victims)
         return victims  # type: ignore[return-value]
 

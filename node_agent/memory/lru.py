@@ -96,6 +96,16 @@ class LazyLRU:
                 self._queue.appendleft((gen, group))
         return out
 
+    def oldest(self, n: int) -> list[int]:
+        """The n least recently released members (fewer if there are fewer), oldest first; removes none."""
+        out: list[int] = []
+        for gen, group in self._queue:
+            if len(out) >= n:
+                break
+            if gen == group.gen:
+                out.extend(self._live(group))
+        return out[:n]
+
     def released_before(self, cutoff: float) -> list[int]:
         """Members released strictly before `cutoff`, oldest first (current items are in time order)."""
         out: list[int] = []

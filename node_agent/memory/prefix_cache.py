@@ -1,6 +1,7 @@
 """Block hash -> block id for one tier: longest-prefix match, insert after prefill, and the events
 that let the global index follow every change."""
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -40,6 +41,8 @@ class PrefixCache:
         self.tier = pool.tier
         self._table: dict[BlockHash, BlockId] = {}
         self._parent: dict[BlockHash, BlockHash | None] = {}
+        self._children: Counter[BlockHash] = Counter()
+        """Cached hashes whose parent is the key: a block with none ends every chain through it here."""
         self._events: list[CacheEvent] = []
         self.query_blocks = 0
         self.hit_blocks = 0
@@ -103,6 +106,8 @@ class PrefixCache:
                 pool.set_hash(b, h)
                 table[h] = b
                 self._parent[h] = prev
+                if prev is not None:
+                    self._children[prev] += 1
                 run.append(h)
             prev = h
         self._emit_stored(run, run_parent)
@@ -125,8 +130,18 @@ class PrefixCache:
         if run:
             self._events.append(BlockStored(tuple(run), parent, self.tier))
 
+    def is_leaf(self, block_hash: BlockHash) -> bool:
+        """Whether no cached block here names `block_hash` as its parent (evicting it cuts no chain)."""
+        return not self._children.get(block_hash)
+
     def _on_evict(self, pairs: Sequence[tuple[BlockId, BlockHash]]) -> None:
         evicted = [EvictedBlock(b, h, self._parent.pop(h)) for b, h in pairs]
+        children = self._children
+        for e in evicted:
+            if e.parent is not None:
+                children[e.parent] -= 1
+                if not children[e.parent]:
+                    del children[e.parent]
         for _, h in pairs:
             del self._table[h]
         self._events.append(BlockRemoved(tuple(h for _, h in pairs), self.tier))
@@ -143,3 +158,5 @@ class PrefixCache:
             f"{hashed} hashed blocks in the pool, {len(self._table)} in the table"
         )
         assert self._parent.keys() == self._table.keys(), "parent map and table disagree"
+        kids = Counter(p for p in self._parent.values() if p is not None)
+        assert kids == self._children, "child counts drifted from the parent map"

@@ -19,7 +19,6 @@ cached ones, a device-to-device copy of the pulled bytes for the pull rate (host
 import argparse
 import asyncio
 import json
-import secrets
 import statistics
 import sys
 import time
@@ -37,6 +36,7 @@ from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.model.source import ModelSource, resolve_model
 from radixmesh.node_agent.transfer.ucx_transport import ucx_env
+from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -58,11 +58,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def agent_config(node: NodeId, source: ModelSource, secret: bytes, on_gpu: bool) -> AgentConfig:
+def agent_config(node: NodeId, source: ModelSource, secret: ClusterSecret, on_gpu: bool) -> AgentConfig:
     # On a GPU each agent sizes its pool from its share of the device; on a CPU, a fixed pool.
     memory = MemoryConfig(num_gpu_blocks=512)
     return AgentConfig(node, model=source, engine=EngineConfig(block_size=BLOCK_SIZE, memory=memory),
-                       gpu_memory_utilization=0.35 if on_gpu else None, transfer="ucx", cluster_token=secret)
+                       gpu_memory_utilization=0.35 if on_gpu else None, transfer="ucx", secret=secret)
 
 
 def placement(node: NodeId, on_gpu: bool) -> AgentPlacement:
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda" if on_gpu else "cpu")
     source = resolve_model(args.model)
-    secret = secrets.token_bytes(32)
+    secret = ClusterSecret.generate()
     init_loopback_ray(num_cpus=4, num_gpus=1 if on_gpu else 0, resources={node_resource(n): 1.0 for n in NODES},
                       log_to_driver=False, configure_logging=False)
     try:

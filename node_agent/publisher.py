@@ -8,11 +8,16 @@ When a heartbeat or publish says the lease is unknown (it ended), it registers a
 
 Ordering: one lock serialises every call to the service, so batches leave in sequence order and a
 snapshot never overtakes a batch it does not cover.
+
+Backoff: while calls fail, each loop waits twice as long after every failed round (up to
+`max_backoff_s`, with jitter so that nodes restarted together do not retry in step), so a service
+that refuses or cannot keep up is not hammered; the first success restores the normal pace.
 """
 
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -56,6 +61,8 @@ class PublisherConfig:
     max_pending_batches: int = 256
     """Unacknowledged batches kept while the service is unreachable; past it they are dropped and a
     snapshot is sent once it is back."""
+    max_backoff_s: float = 30.0
+    """Longest wait between rounds while calls keep failing."""
 
 
 def chains(pairs: Iterable[tuple[BlockHash, BlockHash | None]], tier: Tier) -> list[BlockStored]:
@@ -79,8 +86,10 @@ def chains(pairs: Iterable[tuple[BlockHash, BlockHash | None]], tier: Tier) -> l
 class EventPublisher:
     """Publishes one node's events and heartbeats through `client` (which it closes on stop)."""
 
-    def __init__(self, node: PublishedNode, client: MetadataClient, config: PublisherConfig) -> None:
+    def __init__(self, node: PublishedNode, client: MetadataClient, config: PublisherConfig,
+                 rng: random.Random | None = None) -> None:
         self._node = node
+        self._rng = rng or random.Random()
         self._client = client
         self.config = config
         info = node.node_info()
@@ -98,6 +107,8 @@ class EventPublisher:
         self.registrations = 0
         self.snapshots = 0
         self.batches = 0
+        self.failures = 0
+        """Failed calls since the last successful one (what the backoff grows with)."""
 
     @property
     def lease(self) -> Lease | None:
@@ -174,11 +185,20 @@ class EventPublisher:
         self._pending.clear()
         self._resync = False
 
+    def next_delay(self, interval_s: float) -> float:
+        """How long a loop of period `interval_s` waits before its next round."""
+        if not self.failures:
+            return interval_s
+        grown = min(self.config.max_backoff_s, interval_s * 2.0 ** min(self.failures, 30))
+        return grown * (0.5 + 0.5 * self._rng.random())
+
     @contextlib.contextmanager
     def _on_rpc_error(self, what: str) -> Iterator[None]:
         try:
             yield
+            self.failures = 0
         except grpc.aio.AioRpcError as e:
+            self.failures += 1
             code = e.code()
             if code is grpc.StatusCode.NOT_FOUND:
                 logger.info("node %s: lease unknown to the service, registering again", self.node_id)
@@ -196,11 +216,10 @@ class EventPublisher:
             else:
                 logger.warning("%s to the metadata service failed: %s %s", what, code, e.details())
 
-    @staticmethod
-    async def _every(interval_s: float, fn: "_Round") -> None:
+    async def _every(self, interval_s: float, fn: "_Round") -> None:
         while True:
             await fn()
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(self.next_delay(interval_s))
 
 
 class _Round(Protocol):

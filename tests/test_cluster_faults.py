@@ -23,12 +23,15 @@ from router_cluster import SOURCE, reference
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer
+from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.auth import CallerCredentials
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.serve.sampling import SamplingParams
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 TOK = ByteTokenizer()
+SECRET = ClusterSecret.generate()
 BS, LONG = 4, 160
 SYSTEM = "System: you are the assistant of a radixmesh cluster under fault injection; be brief."
 
@@ -50,7 +53,7 @@ def redis_module() -> Iterator[str]:
 @pytest.fixture(scope="module")
 async def deployment(redis_module: str) -> AsyncIterator[launcher.Deployment]:
     config = LauncherConfig(local_nodes=3, model=SOURCE, block_size=BS, gpu_blocks=512, state=redis_module,
-                            lease_ttl_s=1.5, heartbeat_interval_s=0.2, publish_interval_s=0.01,
+                            secret=SECRET, lease_ttl_s=1.5, heartbeat_interval_s=0.2, publish_interval_s=0.01,
                             metadata_retry_s=0.1, model_name="tiny-test")
     launcher.init_local_ray(config)
     try:
@@ -154,7 +157,8 @@ async def test_killed_agent_requests_retried_index_drops_it_hit_rate_recovers(
     after_kill = (await stats(deployment))["router"]
     assert after_kill["retries"] >= 1 and after_kill["nodes"][victim]["failed_attempts"] >= 1
 
-    async with MetadataClient(deployment.metadata_address, timeout_s=5.0) as meta:
+    async with MetadataClient(deployment.metadata_address, credentials=CallerCredentials.cluster(SECRET),
+                              timeout_s=5.0) as meta:
         async def dropped() -> bool:
             return (await meta.stats()).live_nodes == 2
 

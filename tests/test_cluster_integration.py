@@ -23,6 +23,7 @@ from radixmesh.cluster.router.agent_clients import RayAgentClient
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.auth import CallerCredentials
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import MatchQuery
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult
@@ -84,11 +85,12 @@ async def test_cached_on_one_agent_pulled_by_another_outputs_exact(local_ray: No
         assert stats["local_gpu"] + stats["remote"] + stats["local_host"] == stats["prompt_tokens"] - stats["computed"]
 
         # Force each system prompt's requests onto a node that does not hold it: it pulls over UCX.
-        async with MetadataClient(d.metadata_address, timeout_s=5.0) as meta:
+        async with MetadataClient(d.metadata_address, credentials=CallerCredentials.cluster(CONFIG.secret),
+                                  timeout_s=5.0) as meta:
             layout = (await launcher.agent_handle(NodeId("node-0")).node_info.remote()).layout
             for i, system in enumerate(SYSTEMS):
                 tokens = tuple(TOK.encode(f"{system} A new user {i} asks something else entirely."))
-                hashes = hash_blocks(tokens, BS)
+                hashes = hash_blocks(tokens, BS, key=CONFIG.secret.hash_key())  # the deployment's key
                 [match] = await meta.match([MatchQuery(layout, tuple(hashes))])
                 holder = match.nodes[0]
                 assert holder.gpu_blocks >= len(TOK.encode(system)) // BS

@@ -1,6 +1,7 @@
 """EventPublisher against a real in-process metadata gRPC server on 127.0.0.1: registration, batched
 events, RESYNC and re-registration with snapshots, heartbeats with load and realized hits."""
 
+import random
 import time
 from collections.abc import AsyncIterator
 
@@ -10,7 +11,7 @@ from radixmesh.cluster.metadata.server import MetadataServer, ServerOptions, cre
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.metadata.store import MemoryStore
 from radixmesh.node_agent.agent import NodeAgent
-from radixmesh.node_agent.publisher import EventPublisher, chains
+from radixmesh.node_agent.publisher import EventPublisher, PublisherConfig, chains
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
@@ -185,5 +186,27 @@ async def test_unreachable_service_does_not_stop_serving(metadata: Metadata) -> 
         await publisher(agent).heartbeat()
         assert publisher(agent).lease is None and publisher(agent).registrations == 0
         await agent.check_invariants()
+    finally:
+        await agent.stop()
+
+
+async def test_the_publisher_backs_off_while_the_service_refuses(metadata: Metadata) -> None:
+    agent = await new_agent("a", metadata)
+    try:
+        # Nothing listens at 127.0.0.1:1: every round fails, and each makes the next wait longer.
+        refused = MetadataClient("127.0.0.1:1", timeout_s=1.0)
+        p = EventPublisher(agent, refused, PublisherConfig(publish_interval_s=0.05, max_backoff_s=1.0),
+                           rng=random.Random(0))
+        assert p.next_delay(0.05) == 0.05
+        delays = []
+        for _ in range(6):
+            await p.flush()
+            delays.append(p.next_delay(0.05))
+        assert p.failures == 6
+        # Doubling with jitter in [1/2, 1] of the grown delay, capped at max_backoff_s.
+        grown = [min(1.0, 0.05 * 2**n) for n in range(1, 7)]
+        assert all(g / 2 <= d <= g for g, d in zip(grown, delays, strict=True)), delays
+        assert delays[-1] <= 1.0
+        await refused.close()
     finally:
         await agent.stop()

@@ -1,15 +1,19 @@
 """Attacks on the router's HTTP API (a real aiohttp server over real agents): requests without the API
 key, bodies Python's json accepts but nothing downstream can carry, and an oversized cache_salt, each
-answered with a 4xx JSON error while the next honest request gets the exact tokens."""
+answered with a 4xx JSON error while the next honest request gets the exact tokens; and the API over
+TLS with a certificate the test makes."""
 
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 from router_cluster import MODEL_NAME, local_cluster
 from test_http_api import greedy
 
-from radixmesh.cluster.router.http_api import start_http
+from radixmesh.cluster.router.http_api import server_tls, start_http
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 KEY = "sk-test-key"
@@ -80,3 +84,30 @@ async def test_an_oversized_cache_salt_gets_400(api: str) -> None:
         async with http.post(f"{api}/radixmesh/route", json=route, headers=headers) as r:
             assert r.status == 400
         await still_exact(http, api)
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key (PEM)."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+async def test_the_api_over_tls_with_a_certificate_the_test_makes(certificate: tuple[Path, Path]) -> None:
+    cert, key = certificate
+    async with local_cluster(1) as c:
+        runner, port = await start_http(c.router, "127.0.0.1", 0, api_key=KEY, tls=server_tls(cert, key))
+        try:
+            trusting = ssl.create_default_context(cafile=str(cert))
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=trusting)) as http:
+                await still_exact(http, f"https://127.0.0.1:{port}")
+            async with aiohttp.ClientSession() as http:  # a client that does not trust the certificate
+                with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                    await http.get(f"https://127.0.0.1:{port}/healthz")
+                with pytest.raises(aiohttp.ClientError):  # plain HTTP gets no answer from a TLS port
+                    await http.get(f"http://127.0.0.1:{port}/healthz")
+        finally:
+            await runner.cleanup()

@@ -6,6 +6,7 @@ stderr and a non-zero exit.
 
 import asyncio
 import logging
+import socket
 from pathlib import Path
 
 import click
@@ -63,6 +64,8 @@ def metadata_server(
     service = MetadataService(store, ServiceConfig(lease_ttl_s=lease_ttl))
 
     async def serve() -> None:
+        if port:
+            _check_port_free(host, port)
         try:
             server, bound = create_server(service, options)
         except RuntimeError as e:  # grpc: "Failed to bind to address ..."
@@ -76,6 +79,16 @@ def metadata_server(
         await serve_until_signalled(server, grace, ready)
 
     asyncio.run(serve())
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """One clean line for a busy port (gRPC's own failure also prints its C-core log to stderr)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise click.ClickException(f"could not bind {host}:{port}: {e.strerror}") from None
 
 
 main.add_command(sim)

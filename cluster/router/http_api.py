@@ -22,10 +22,12 @@ import hmac
 import json
 import logging
 import math
+import ssl
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from aiohttp import web
@@ -125,20 +127,29 @@ def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
     return app
 
 
-async def start_http(router: Router, host: str, port: int, *, api_key: str = "") -> tuple[web.AppRunner, int]:
-    """Serve `router` on host:port (0: a free port); returns the runner (`await runner.cleanup()`
-    stops it) and the bound port."""
+async def start_http(router: Router, host: str, port: int, *, api_key: str = "",
+                     tls: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
+    """Serve `router` on host:port (0: a free port), over HTTPS with `tls` (a server context, see
+    `server_tls`); returns the runner (`await runner.cleanup()` stops it) and the bound port."""
     if not api_key and not is_loopback(host):
         logger.warning("the OpenAI API on %s needs no API key: anyone who reaches it can use it (--api-key)", host)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the request on
     # its agent (aiohttp otherwise lets a non-streaming handler run to its end).
     runner = web.AppRunner(create_app(router, api_key=api_key), access_log=None, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=tls)
     await site.start()
     bound = int(runner.addresses[0][1])
     logger.info("router HTTP API on http://%s:%d", host, bound)
     return runner, bound
+
+
+def server_tls(cert_chain: Path, private_key: Path) -> ssl.SSLContext:
+    """A TLS server context from PEM files (TLS 1.2 or later); OSError/ssl.SSLError when unreadable."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_chain, private_key)
+    return context
 
 
 # --- OpenAI endpoints ---------------------------------------------------------------------------

@@ -1,0 +1,129 @@
+"""The cluster secret (where it comes from, how it is stored, what derives from it), the refusal to
+serve a non-loopback address without one, and the CLI's one-line errors for hostile or broken
+setups: a shared secret file, a busy port, dead URLs, a dead Redis, a recorded pid reused."""
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from radixmesh.cluster.cli.main import main
+from radixmesh.cluster.launch import cluster_record
+from radixmesh.cluster.launch.secret_file import SECRET_ENV, create_secret, deployment_secret, read_secret
+from radixmesh.cluster.metadata.server import ServerOptions, create_server
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.proto.cluster_secret import ClusterSecret, check_bind, is_loopback
+from radixmesh.proto.ids import NodeId
+
+TRACE = Path(__file__).resolve().parent / "data" / "traces" / "mooncake_trace_1000.jsonl"
+EXE = Path(sys.executable).with_name("radixmesh")
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RADIXMESH_HOME", str(tmp_path))
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    return tmp_path
+
+
+def test_derived_keys_are_distinct_and_the_secret_never_printed() -> None:
+    s = ClusterSecret.generate()
+    keys = [s.metadata_token().encode(), s.hash_key(), s.node_credential(NodeId("a")), s.node_credential(NodeId("b"))]
+    assert len(set(keys)) == 4 and s.value not in b"".join(keys)
+    assert s.to_hex() not in repr(s) and "hidden" in repr(s)
+    assert ClusterSecret.from_hex(s.to_hex() + "\n") == s
+    with pytest.raises(ValueError, match="at least 32 bytes"):
+        ClusterSecret(b"short")
+    with pytest.raises(ValueError, match="hex digits"):
+        ClusterSecret.from_hex("not hex")
+
+
+def test_up_makes_one_secret_0600_and_reuses_it(home: Path) -> None:
+    first = deployment_secret(None)
+    path = home / "secret"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert deployment_secret(None) == first  # the next `up` joins the same cluster
+
+
+def test_a_given_secret_wins_and_a_shared_file_is_refused(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    given = create_secret(home / "given")
+    assert deployment_secret(home / "given") == given
+    monkeypatch.setenv(SECRET_ENV, ClusterSecret.generate().to_hex())
+    assert deployment_secret(None) != given and not (home / "secret").exists()
+    (home / "given").chmod(0o644)
+    with pytest.raises(ValueError, match="accessible to other users"):
+        read_secret(home / "given")
+    with pytest.raises(FileExistsError):
+        create_secret(home / "given")  # never overwritten
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::", ""])
+def test_no_non_loopback_bind_without_a_secret(host: str) -> None:
+    assert not is_loopback(host)
+    with pytest.raises(ValueError, match="refuses to bind"):
+        check_bind("x", host, None)
+    with pytest.raises(ValueError, match="refuses to bind"):
+        create_server(MetadataService(), ServerOptions(host=host, port=0))
+    check_bind("x", host, ClusterSecret.generate())
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(EXE), "--log-level", "ERROR", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, check=False)
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], proc.stderr
+
+
+def test_metadata_server_refuses_a_public_bind_without_a_secret_and_a_busy_port(home: Path) -> None:
+    one_line_error(run_cli("metadata-server", "--host", "0.0.0.0", "--port", "0"), "refuses to bind")
+    shared = home / "shared"
+    shared.write_text(ClusterSecret.generate().to_hex())
+    shared.chmod(0o644)
+    one_line_error(run_cli("metadata-server", "--secret-file", str(shared)), "accessible to other users")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        one_line_error(run_cli("metadata-server", "--port", str(port)), f"could not bind 127.0.0.1:{port}")
+
+
+def test_route_and_replay_against_a_dead_url_are_one_line(home: Path) -> None:
+    one_line_error(run_cli("route", "hello", "--url", "http://127.0.0.1:9"), "does not answer")
+    one_line_error(run_cli("replay", str(TRACE), "--url", "http://127.0.0.1:9", "--limit", "2"), "does not answer")
+
+
+def test_down_never_signals_a_process_that_is_not_radixmesh(home: Path) -> None:
+    # A record whose pid now belongs to another program (the `up` ended, the pid was reused).
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        cluster_record.save(cluster_record.ClusterRecord("http://127.0.0.1:9", "127.0.0.1:9", None, other.pid))
+        result = CliRunner().invoke(main, ["down"])
+        assert result.exit_code != 0 and "is not the `radixmesh up`" in result.output
+        assert other.poll() is None  # not signalled
+        assert cluster_record.load() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_up_on_a_dead_redis_is_one_line(home: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    proc = run_cli("up", "--local", "1", "--port", "0", "--state", f"redis://127.0.0.1:{dead}/0", timeout=200)
+    one_line_error(proc, "radixmesh up failed")
+    assert not (home / "cluster.json").exists()
+    assert (home / "secret").exists()  # made before anything started, kept for the next `up`

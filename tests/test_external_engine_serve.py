@@ -1,0 +1,81 @@
+"""radixmesh's routing as a Ray Serve request router, on local Ray: requests that share a prefix
+go to the replica that served it, and that replica's own prefix cache shows the hits."""
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from radixmesh.cluster.launch.local_ray import init_loopback_ray
+from radixmesh.cluster.router.serve_router import RadixmeshRequestRouter, prompt_of
+from radixmesh.node_agent.model.tokenizer import ByteTokenizer
+from radixmesh.proto.block_hash import hash_blocks
+
+BS = 4
+
+
+@serve.deployment(
+    num_replicas=3,
+    max_ongoing_requests=8,
+    ray_actor_options={"num_cpus": 0},  # three replicas on two shared cores
+    request_router_config=RequestRouterConfig(request_router_class=RadixmeshRequestRouter,
+                                              request_router_kwargs={"block_size": BS, "seed": 0}),
+)
+class CachingReplica:
+    """A replica with a prefix cache of its own, the way an engine replica has one."""
+
+    def __init__(self) -> None:
+        self.cache: set[bytes] = set()
+        self.replica = serve.get_replica_context().replica_id.unique_id
+
+    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        hashes = hash_blocks(request["prompt"], BS)
+        hit = 0
+        while hit < len(hashes) and hashes[hit] in self.cache:
+            hit += 1
+        self.cache.update(hashes)
+        return {"replica": self.replica, "cached_tokens": hit * BS}
+
+
+@pytest.fixture(scope="module")
+def serve_app() -> Iterator[Any]:
+    init_loopback_ray(num_cpus=2, log_to_driver=False)
+    try:
+        serve.start(proxy_location="Disabled")
+        yield serve.run(CachingReplica.bind(), name="radixmesh-serve-test", route_prefix=None)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_shared_prefixes_stay_on_their_replica_and_hit(serve_app: Any) -> None:
+    prefixes = {g: [g * 50 + i for i in range(32)] for g in (1, 2, 3)}  # 8 blocks each
+    served: dict[int, list[dict[str, Any]]] = {g: [] for g in prefixes}
+    for turn in range(3):
+        for g, prefix in prefixes.items():
+            served[g].append(serve_app.remote({"prompt": [*prefix, 200 + turn, 201, 202, 203]}).result(timeout_s=60))
+    for g, results in served.items():
+        assert len({r["replica"] for r in results}) == 1, f"group {g} was split: {results}"
+        assert [r["cached_tokens"] for r in results] == [0, 32, 32], f"group {g}: {results}"
+
+
+def test_prompts_are_read_from_text_token_ids_or_messages() -> None:
+    class Req:
+        def __init__(self, **fields: Any) -> None:
+            self.__dict__.update(fields)
+
+    class Pending:
+        def __init__(self, *args: Any) -> None:
+            self.args, self.kwargs = list(args), {}
+
+    tok = ByteTokenizer()
+    assert prompt_of(Pending(Req(prompt=[1, 2, 3], cache_salt="t")), tok) == ([1, 2, 3], "t")  # type: ignore[arg-type]
+    assert prompt_of(Pending(Req(prompt="hi")), tok) == (tok.encode("hi"), "")  # type: ignore[arg-type]
+    messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    assert prompt_of(Pending({"messages": messages}), tok) == (tok.encode("ab"), "")  # type: ignore[arg-type]
+    assert prompt_of(Pending(42), tok) is None  # type: ignore[arg-type]

@@ -252,7 +252,19 @@ def test_allocation_triggers_gc_when_the_largest_run_is_short() -> None:
     pool.free(ids(0))
     assert pool.allocate(4, contiguous=True) == [0, 1, 2, 3]  # GC coalesced 0..3 first
     assert pool.counters.gc_runs == 1 and pool.counters.evictions == 2
+    assert pool.counters.gc_auto_runs == 1
+    pool.gc()
+    assert (pool.counters.gc_runs, pool.counters.gc_auto_runs) == (2, 1)  # a called GC is not automatic
     pool.check_invariants()
+
+
+def test_gc_trigger_in_bytes_rounds_up_to_blocks_and_takes_the_larger() -> None:
+    assert BlockPool(8, block_bytes=100, config=PoolConfig(gc_trigger_free_run_bytes=250)).gc_trigger_blocks == 3
+    cfg = PoolConfig(gc_trigger_free_run_blocks=5, gc_trigger_free_run_bytes=250)
+    assert BlockPool(8, block_bytes=100, config=cfg).gc_trigger_blocks == 5
+    assert BlockPool(8, config=PoolConfig(gc_trigger_free_run_bytes=250)).gc_trigger_blocks == 0  # no byte size
+    with pytest.raises(ValueError, match="gc_trigger_free_run_bytes"):
+        PoolConfig(gc_trigger_free_run_bytes=-1)
 
 
 def test_host_tier_pool_and_preemption_counters() -> None:

@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from radixmesh.node_agent.memory.block_pool import BlockPool, OutOfBlocks
 from radixmesh.node_agent.memory.metrics import FREE_RUN_BUCKETS, MemoryStats, memory_stats
+from radixmesh.node_agent.memory.pool_config import PoolConfig
 from radixmesh.node_agent.memory.pool_counters import seq_len_bucket
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.node_agent.metrics_exposition import (
@@ -58,6 +59,11 @@ def test_snapshot_has_exact_numbers() -> None:
     assert s.pool_mean_refcount == pytest.approx(7 / 5)  # refs 2, 2, 1, 1, 1
     assert s.ghost_block_bytes == 0 and s.evictions == 0 and s.gc_runs == 0
     assert s.gc_auto_runs == 0 and s.gc_trigger_free_run_bytes == 0
+
+
+def test_gc_trigger_is_exported_in_bytes() -> None:
+    pool = BlockPool(10, block_bytes=BB, config=PoolConfig(gc_trigger_free_run_bytes=3 * BB - 1))
+    assert memory_stats(pool).gc_trigger_free_run_bytes == 3 * BB
 
 
 def test_prometheus_text_parses_with_radixmesh_names_and_tier_labels() -> None:

@@ -64,6 +64,10 @@ class BlockPool:
         self.tier = tier
         self.block_bytes = block_bytes
         self.config = config or PoolConfig()
+        cfg = self.config
+        by_bytes = -(-cfg.gc_trigger_free_run_bytes // block_bytes) if block_bytes else 0
+        self.gc_trigger_blocks = max(cfg.gc_trigger_free_run_blocks, by_bytes)
+        """Automatic GC runs when the largest free run is shorter than this (0: never)."""
         self.counters = PoolCounters()
         self._clock = clock
         self._ref = [0] * num_blocks
@@ -315,9 +319,9 @@ class BlockPool:
         return len(evicted)
 
     def _maybe_auto_gc(self) -> None:
-        cfg = self.config
-        short = cfg.gc_trigger_free_run_blocks and self._free.largest() < cfg.gc_trigger_free_run_blocks
-        if short and self._clock() - self._last_gc >= cfg.gc_min_interval_s:
+        trigger = self.gc_trigger_blocks
+        short = trigger and self._free.largest() < trigger
+        if short and self._clock() - self._last_gc >= self.config.gc_min_interval_s:
             self.counters.gc_auto_runs += 1
             self.gc()
 

@@ -90,6 +90,6 @@ def memory_stats(pool: BlockPool, cache: PrefixCache | None = None) -> MemorySta
         evictions=c.evictions,
         gc_runs=c.gc_runs,
         gc_auto_runs=c.gc_auto_runs,
-        gc_trigger_free_run_bytes=pool.config.gc_trigger_free_run_blocks * pool.block_bytes,
+        gc_trigger_free_run_bytes=pool.gc_trigger_blocks * pool.block_bytes,
     )
 

@@ -13,6 +13,9 @@ class PoolConfig:
     gc_trigger_free_run_blocks: int = 0
     """Allocation runs GC first when the largest contiguous free run is shorter than this many
     blocks; 0 turns the automatic trigger off (``gc()`` still works)."""
+    gc_trigger_free_run_bytes: int = 0
+    """The same trigger in bytes (e.g. 500 MB on a GPU), rounded up to whole blocks; the pool uses the
+    larger of the two. 0: off."""
     gc_min_interval_s: float = 1.0
     """The automatic trigger fires at most once per this many seconds of the pool's clock, so a full
     pool does not rescan its cache on every allocation."""
@@ -24,5 +27,7 @@ class PoolConfig:
             raise ValueError(
                 f"gc_trigger_free_run_blocks must be >= 0, got {self.gc_trigger_free_run_blocks}"
             )
+        if self.gc_trigger_free_run_bytes < 0:
+            raise ValueError(f"gc_trigger_free_run_bytes must be >= 0, got {self.gc_trigger_free_run_bytes}")
         if not (math.isfinite(self.gc_min_interval_s) and self.gc_min_interval_s >= 0):
             raise ValueError(f"gc_min_interval_s must be a finite number >= 0, got {self.gc_min_interval_s}")

@@ -24,6 +24,7 @@ from radixmesh.cluster.router.agent_client import AgentUnavailable
 from radixmesh.cluster.router.agent_clients import StaticAgentDirectory
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.engine_client import EngineAgentClient
+from radixmesh.cluster.router.external_fleet import ExternalFleet
 from radixmesh.cluster.router.router import GenerateRequest, Router
 from radixmesh.node_agent.publisher import PublisherConfig
 from radixmesh.proto.block_hash import hash_blocks, tenant_salt
@@ -76,8 +77,8 @@ async def fake_engine(*args: str) -> AsyncIterator[FakeEngineProcess]:
 @dataclass
 class Fleet:
     service: MetadataService
-    engines: dict[str, ExternalEngine]
-    clients: dict[str, EngineAgentClient]
+    engines: dict[NodeId, ExternalEngine]
+    clients: dict[NodeId, EngineAgentClient]
     fakes: dict[str, FakeEngineProcess]
     router: Router
     metadata: MetadataClient
@@ -109,6 +110,12 @@ async def until(condition: Callable[[], bool], what: str, timeout_s: float = 15.
     assert condition(), what
 
 
+def engine_config(name: str, fake: FakeEngineProcess) -> ExternalEngineConfig:
+    return ExternalEngineConfig(
+        NodeId(name), fake.url, SubscriberConfig(fake.pub, fake.replay), LAYOUT, "fake-model", block_size=BS,
+        block_bytes=4096, capacity_blocks=64, publisher=PublisherConfig(publish_interval_s=0.01, heartbeat_interval_s=0.1))
+
+
 @contextlib.asynccontextmanager
 async def fleet() -> AsyncIterator[Fleet]:
     """Engine "plain" (no replay socket) and engine "replayed" (with one), both publishing vLLM
@@ -123,19 +130,11 @@ async def fleet() -> AsyncIterator[Fleet]:
         http = await stack.enter_async_context(aiohttp.ClientSession())
         fakes = {"plain": await stack.enter_async_context(fake_engine()),
                  "replayed": await stack.enter_async_context(fake_engine("--replay"))}
-        engines, clients = {}, {}
-        for name, fake in fakes.items():
-            config = ExternalEngineConfig(
-                NodeId(name), fake.url, SubscriberConfig(fake.pub, fake.replay), LAYOUT, "fake-model", block_size=BS,
-                block_bytes=4096, capacity_blocks=64,
-                publisher=PublisherConfig(publish_interval_s=0.01, heartbeat_interval_s=0.1))
-            node_client = MetadataClient(target, credentials=CallerCredentials.node(SECRET, NodeId(name)))
-            engine = ExternalEngine(config, node_client)
-            await engine.start()
-            stack.push_async_callback(engine.stop)
-            engines[name] = engine
-            clients[name] = EngineAgentClient(config, on_hits=engine.node.record_hits)
-            stack.push_async_callback(clients[name].close)
+        external = ExternalFleet([engine_config(name, fake) for name, fake in fakes.items()],
+                                 lambda node: MetadataClient(target, credentials=CallerCredentials.node(SECRET, node)))
+        await external.start()
+        stack.push_async_callback(external.stop)
+        engines, clients = external.engines, external.clients
         metadata = MetadataClient(target, credentials=CallerCredentials.cluster(SECRET))
         stack.push_async_callback(metadata.close)
         config = RouterConfig(LAYOUT, block_size=BS, policy="cost_no_pull", model_name="fake-model",
@@ -157,14 +156,18 @@ def _subscribed(f: Fleet, name: str) -> bool:
 
 
 async def _wait_subscribers(f: Fleet) -> None:
-    """Each fake engine saw our SUB socket's subscription (a PUB drops what it sends before that)."""
+    for fake in f.fakes.values():
+        await wait_subscribed(f.http, fake)
+
+
+async def wait_subscribed(http: aiohttp.ClientSession, fake: FakeEngineProcess) -> None:
+    """The fake engine saw our SUB socket's subscription (a PUB drops what it sends before that)."""
     async with asyncio.timeout(15):
-        for fake in f.fakes.values():
-            while True:
-                async with f.http.get(f"{fake.url}/control/subscribers") as r:
-                    if (await r.json())["subscribers"] >= 1:
-                        break
-                await asyncio.sleep(0.01)
+        while True:
+            async with http.get(f"{fake.url}/control/subscribers") as r:
+                if (await r.json())["subscribers"] >= 1:
+                    return
+            await asyncio.sleep(0.01)
 
 
 SYSTEM = list(range(1, 41))
@@ -209,6 +212,9 @@ async def test_a_sequence_gap_without_replay_forgets_then_rebuilds() -> None:
         await until(lambda: f.holds("plain", longer) == 12, "rebuilt from the next batch")
         assert f.holds("plain", other) == 0
         assert f.engines["plain"].subscriber.stats.forgets == 1
+        metrics = await f.clients["plain"].prometheus_text()
+        assert "vllm:kv_cache_usage_perc" in metrics and "radixmesh_kv_event_gaps_total 1.0" in metrics
+        assert "radixmesh_external_engine_blocks 12.0" in metrics
 
 
 async def test_a_sequence_gap_is_filled_from_vllms_replay_socket() -> None:
@@ -253,3 +259,20 @@ async def test_the_engine_client_maps_refusals_and_dead_engines() -> None:
                 await gone.prometheus_text()
         finally:
             await gone.close()
+
+
+async def test_an_engine_publishing_vllm_0_11_array_frames_is_followed() -> None:
+    # vLLM <= 0.11 (and SGLang) encode array_like structs and carry no extra keys: no cache_salt.
+    async with fake_engine("--encoding", "array") as fake:
+        external = ExternalFleet([engine_config("old", fake)], None)
+        [client] = await external.start()
+        try:
+            async with aiohttp.ClientSession() as http:
+                await wait_subscribed(http, fake)
+            plan = ServePlan("old-1", (*SYSTEM, 7), SamplingParams(max_tokens=1, seed=0))
+            [item async for item in client.serve(plan)]
+            blocks = external.engines[NodeId("old")].node.blocks
+            await until(lambda: len(blocks) == 10, "the array-encoded batch")
+            assert blocks.chains()[0].hashes == tuple(hash_blocks(SYSTEM, BS))
+        finally:
+            await external.stop()

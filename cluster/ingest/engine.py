@@ -18,8 +18,10 @@ import aiohttp
 
 from radixmesh.cluster.ingest.block_map import EngineBlockMap
 from radixmesh.cluster.ingest.engine_metrics import EngineMetrics, parse_engine_metrics
+from radixmesh.cluster.ingest.metrics import ingest_stats
 from radixmesh.cluster.ingest.subscriber import KVEventSubscriber, SubscriberConfig
 from radixmesh.cluster.ingest.vllm_events import EngineEventBatch
+from radixmesh.node_agent.metrics_exposition import render_prometheus
 from radixmesh.node_agent.publisher import EventPublisher, PublisherConfig
 from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
@@ -170,3 +172,7 @@ class ExternalEngine:
         if self.publisher is not None:
             await self.publisher.stop()
         await self.node.close()
+
+    def prometheus_text(self) -> str:
+        """How following its events goes (radixmesh_kv_event_*), in Prometheus text format."""
+        return render_prometheus([ingest_stats(self.subscriber.stats, self.node.blocks)])

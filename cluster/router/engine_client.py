@@ -39,11 +39,13 @@ class EngineAgentClient:
     engine's ExternalEngineNode.record_hits, so its heartbeats report them)."""
 
     def __init__(self, config: ExternalEngineConfig, *, on_hits: Callable[[RequestHits], None] | None = None,
-                 session: aiohttp.ClientSession | None = None, clock: Callable[[], float] = time.monotonic,
-                 read_timeout_s: float = 300.0) -> None:
+                 extra_metrics: Callable[[], str] | None = None, session: aiohttp.ClientSession | None = None,
+                 clock: Callable[[], float] = time.monotonic, read_timeout_s: float = 300.0) -> None:
+        """`extra_metrics` is appended to the engine's own /metrics (its ingestion's radixmesh metrics)."""
         self.config = config
         self.node: NodeId = config.node_id
         self._on_hits = on_hits
+        self._extra_metrics = extra_metrics
         self._session = session
         self._clock = clock
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=read_timeout_s)
@@ -120,9 +122,12 @@ class EngineAgentClient:
             timeout = aiohttp.ClientTimeout(total=self.config.metrics_timeout_s)
             async with self._session_now().get(f"{self.config.base_url}/metrics", timeout=timeout) as r:
                 r.raise_for_status()
-                return await r.text()
+                text = await r.text()
         except (aiohttp.ClientError, TimeoutError) as e:
             raise AgentUnavailable(f"engine {self.node} metrics: {e}") from e
+        if self._extra_metrics is None:
+            return text
+        return text + ("" if text.endswith("\n") or not text else "\n") + self._extra_metrics()
 
     async def close(self) -> None:
         if self._session is not None:

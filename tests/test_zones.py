@@ -262,3 +262,40 @@ def test_weights_bytes_grow_the_budget() -> None:
     gov.set_weights_bytes(5000)
     assert gov.budget.total == 6000 and gov.budget[WEIGHTS].watermark == 1.0
     gov.budget.check_invariants()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["alloc", "release", "tick"]), st.integers(1, 12)), max_size=50))
+def test_borrow_governor_keeps_pool_and_budget_consistent(ops: list[tuple[str, int]]) -> None:
+    """Random allocations, releases (cached under fresh hashes) and clock ticks under `borrow`: after
+    every rebalance the pool's caps are the budget's kv allotment in whole blocks and the rest, the
+    prefix cap holds, the caps follow the budget's moves exactly, and every invariant holds."""
+    now = [0.0]
+    bb = 10
+    cache = PrefixCache(BlockPool(40, block_bytes=bb))
+    pool = cache.pool
+    gov = ZoneGovernor(pool, ZoneSetup(policy="borrow", kv_fraction=0.5,
+                                       watermarks=ZoneConfig(borrow_step=0.25, borrow_interval_s=1.0)),
+                       clock=lambda: now[0])
+    held: list[BlockId] = []
+    serial = 0
+    for op, n in ops:
+        if op == "alloc":
+            try:
+                held += pool.allocate(n)
+            except OutOfBlocks as e:
+                assert e.reason in ("zone_limit", "no_free_block")
+        elif op == "release" and held:
+            b = held.pop(n % len(held))
+            serial += 1
+            cache.insert([h(1000 + serial)], [b])
+            cache.release([b])
+        else:
+            now[0] += n / 4
+        gov.rebalance()
+        kv_blocks = gov.budget.allotted(KV) // bb
+        assert pool.zone_limits == (kv_blocks, 40 - kv_blocks)
+        assert pool.num_cached <= 40 - kv_blocks
+        gov.budget.check_invariants()
+        cache.check_invariants()
+        assert pool.num_in_use == len(held)

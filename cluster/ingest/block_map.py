@@ -11,7 +11,9 @@ ours, because BlockRemoved names engine hashes only.
 Rules (each a why, not a guess):
 - The salt: vLLM mixes `cache_salt` into the first block's extra keys, after the LoRA name and any
   multimodal keys; the router salts a tenant's prompt with tenant_salt(cache_salt). So a root block's
-  extra string (once the LoRA name is set aside) is the tenant.
+  extra string (once the LoRA name is set aside) is the tenant; SGLang names it in the event's
+  metadata. vLLM v0.11 publishes no extra keys: there a salted chain looks public (the router may
+  then expect a hit the engine's salt denies; it never serves wrong output, the engine hashes itself).
 - Blocks whose hash covers more than tokens (multimodal or prompt-embedding keys, LoRA adapters) are
   not translated: the same token ids do not mean the same KV, and the router never asks for them.
   Their descendants cannot be translated either (no parent), and are skipped the same way.
@@ -42,8 +44,8 @@ from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, CacheE
 
 logger = logging.getLogger(__name__)
 
-MEDIUM_TIERS = {"GPU": Tier.GPU, "CPU": Tier.HOST}
-"""vLLM's medium names (None means GPU: events from before `medium` existed)."""
+MEDIUM_TIERS = {"GPU": Tier.GPU, "CPU": Tier.HOST, "CPU_PINNED": Tier.HOST}
+"""vLLM's medium names, and SGLang's for host memory (None means GPU: events from before `medium`)."""
 
 
 @dataclass(slots=True)
@@ -126,6 +128,8 @@ class EngineBlockMap:
                 extra = extra[1:]
             if i == 0 and e.parent_block_hash is None and len(extra) == 1 and isinstance(extra[0], str):
                 salt = tenant_salt(extra.pop())
+            elif i == 0 and e.parent_block_hash is None and e.cache_salt:
+                salt = tenant_salt(e.cache_salt)
             if extra:  # multimodal or prompt-embedding keys: tokens do not name this KV
                 self.skipped["extra_keys"] += n - i
                 break

@@ -13,7 +13,9 @@ lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind,
 kv_cache_spec_sliding_window)`, `BlockRemoved(block_hashes, medium, group_idx)`, `AllBlocksCleared()`.
 Up to v0.11 the structs are `array_like` (a batch is `[ts, events, rank]`, an event `[tag, field,
 ...]` with trailing defaults omitted); main encodes them as maps (`{"ts": ..., "events": [...]}`, an
-event `{"type": tag, field: value, ...}`). SGLang's publisher sends the array form. Both forms decode
+event `{"type": tag, field: value, ...}`). SGLang's publisher (`sglang/srt/disaggregation/kv_events.py`)
+sends the array form, with int hashes, medium "CPU_PINNED" for host memory, and for a salted request
+`BlockStoredWithMetadata`: BlockStored's six fields then a map `{"cache_salt": ...}`. All forms decode
 here, with the plain `msgpack` library (no schema classes needed for two shapes), and every field
 is checked: malformed input raises EventDecodeError and nothing else.
 
@@ -61,6 +63,8 @@ class EngineBlockStored:
     lora_name: str | None = None
     extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
     group_idx: int | None = None
+    cache_salt: str | None = None
+    """SGLang's BlockStoredWithMetadata carries the request's cache_salt here (vLLM: in extra_keys)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +116,14 @@ def decode_batch(payload: bytes) -> EngineEventBatch:
 
 
 def _event(raw: object) -> EngineEvent:
+    metadata: object = None
     if isinstance(raw, list):
         if not raw or not isinstance(raw[0], str):
             raise EventDecodeError("an array event starts with its type tag")
         tag, names = raw[0], _fields(raw[0])
+        if tag == "BlockStored" and len(raw) == 8 and isinstance(raw[7], dict):
+            # SGLang's BlockStoredWithMetadata: its 7th field is a map, where vLLM has lora_name.
+            raw, metadata = raw[:7], raw[7]
         if len(raw) - 1 > len(names):
             raise EventDecodeError(f"{tag} has at most {len(names)} fields, got {len(raw) - 1}")
         values = dict(zip(names, raw[1:], strict=False))
@@ -125,6 +133,7 @@ def _event(raw: object) -> EngineEvent:
             raise EventDecodeError("a map event carries its type tag under 'type'")
         tag, names = type_tag, _fields(type_tag)
         values = {k: v for k, v in raw.items() if k != "type"}
+        metadata = values.pop("metadata", None)
         # Fields added after this reader was written are skipped, as msgspec itself does.
         values = {k: v for k, v in values.items() if k in names}
     else:
@@ -147,12 +156,21 @@ def _event(raw: object) -> EngineEvent:
         lora_name=_opt(values.get("lora_name"), _str, "lora_name"),
         extra_keys=_opt(values.get("extra_keys"), _extra_keys, "extra_keys"),
         group_idx=_opt(values.get("group_idx"), _int, "group_idx"),
+        cache_salt=_cache_salt(metadata),
     )
     if stored.block_size < 1:
         raise EventDecodeError(f"block_size must be >= 1, got {stored.block_size}")
     if stored.extra_keys is not None and len(stored.extra_keys) != len(stored.block_hashes):
         raise EventDecodeError(f"{len(stored.extra_keys)} extra keys for {len(stored.block_hashes)} blocks")
     return stored
+
+
+def _cache_salt(metadata: object) -> str | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise EventDecodeError(f"BlockStored metadata must be a map, got {type(metadata).__name__}")
+    return _opt(metadata.get("cache_salt"), _str, "cache_salt")
 
 
 def _fields(tag: str) -> tuple[str, ...]:

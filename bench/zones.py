@@ -98,6 +98,7 @@ class Run:
     preemptions: int = 0
     kv_w: list[float] = field(default_factory=list)
     prefix_w: list[float] = field(default_factory=list)
+    fragmentation: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, float]:
         tt = sorted(self.ttft)
@@ -106,10 +107,14 @@ class Run:
                 "hit_rate": self.hit_blocks / max(self.prompt_blocks, 1), "ooms": self.ooms,
                 "preemptions": self.preemptions,
                 "kv_w_mean": sum(self.kv_w) / len(self.kv_w), "kv_w_peak": max(self.kv_w),
-                "prefix_w_mean": sum(self.prefix_w) / len(self.prefix_w), "prefix_w_peak": max(self.prefix_w)}
+                "prefix_w_mean": sum(self.prefix_w) / len(self.prefix_w), "prefix_w_peak": max(self.prefix_w),
+                "fragmentation_mean": sum(self.fragmentation) / len(self.fragmentation)}
 
 
-def simulate(policy: str, reqs: list[Req], rate: float) -> Run:
+def simulate(policy: str, reqs: list[Req], rate: float, *, weak: bool = True) -> Run:
+    """One run. `weak`: a finished request's prompt blocks stay matchable as weak references (cached,
+    ref 0: reclaimed the moment an allocation needs them); False: the prefix cache holds them strongly
+    (one reference each) until two-phase GC's idle TTL expires, as a cache that owns its blocks would."""
     now = [0.0]
     pool = BlockPool(POOL_BLOCKS, config=PoolConfig(idle_ttl_s=IDLE_TTL_S), clock=lambda: now[0])
     cache = PrefixCache(pool)
@@ -124,6 +129,7 @@ def simulate(policy: str, reqs: list[Req], rate: float) -> Run:
     waiting: list[Req] = []
     running: list[Req] = []
     next_tick = 1.0
+    strong: list[tuple[float, list[BlockId]]] = []  # (released at, blocks) the cache holds, oldest first
     while pending or waiting or running:
         while pending and pending[-1].arrival <= now[0]:
             waiting.append(pending.pop())
@@ -181,6 +187,10 @@ def simulate(policy: str, reqs: list[Req], rate: float) -> Run:
                 run.ttft.append(now[0] - r.arrival)
         for r in [r for r in running if r.generated >= r.output]:
             running.remove(r)
+            if not weak:
+                held = [b for b in r.blocks[: r.prompt_blocks] if pool.hash_of(b) is not None]
+                pool.incref(held)
+                strong.append((now[0], held))
             cache.release(r.blocks)
             run.served += 1
             run.prompt_blocks += r.prompt_blocks
@@ -188,9 +198,15 @@ def simulate(policy: str, reqs: list[Req], rate: float) -> Run:
         gov.after_step(0)
         if now[0] >= next_tick:
             next_tick += 1.0
+            while strong and strong[0][0] <= now[0] - IDLE_TTL_S:
+                cache.release(strong.pop(0)[1])
             pool.gc()
+            free = pool.num_free
+            run.fragmentation.append(1 - pool.largest_free_run() / free if free else 0.0)
             run.kv_w.append(pool.num_in_use / kv_base)
             run.prefix_w.append(pool.num_cached / prefix_base)
+    for _, held in strong:
+        cache.release(held)
     run.seconds = now[0]
     cache.check_invariants()
     assert pool.ghost_blocks() == 0
@@ -245,6 +261,18 @@ def main() -> None:
               f"{s['prefix_w_mean']:>11.2f}/{s['prefix_w_peak']:<8.2f}")
         out["policies"][p] = {"max_rate_at_slo": rate, "rate_ratio_vs_shared": rate / base_rate,  # type: ignore[index]
                               "at_slo": at_slo[p][1].summary(), "at_common_rate": s}
+    # Weak vs strong references to cached prefix blocks (shared pool), at the common rate and at the
+    # shared pool's highest rate within the SLO, where memory is tight.
+    refs: dict[str, dict[str, dict[str, float]]] = {}
+    for rate in (common, base_rate):
+        wl = workload(args.requests, rate, args.seed)
+        pair = refs[f"{rate:.2f}"] = {"weak": simulate("shared", wl, rate).summary(),
+                                      "strong": simulate("shared", wl, rate, weak=False).summary()}
+        print(f"\nprefix blocks as weak vs strong references (shared pool, {rate:.2f} req/s):")
+        for kind, s in pair.items():
+            print(f"  {kind:<7} hit rate {s['hit_rate']:.3f}  OOMs {s['ooms']:>5}  preemptions {s['preemptions']:>4}  "
+                  f"TTFT p99 {s['ttft_p99_s']:.3f} s  fragmentation mean {s['fragmentation_mean']:.3f}")
+    out["references"] = refs
     best = max(POLICIES, key=lambda p: (at_slo[p][0], same_rate[p]["hit_rate"]))
     out["best"] = best
     out["wall_s"] = round(time.perf_counter() - t0, 1)

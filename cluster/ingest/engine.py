@@ -10,6 +10,8 @@ An engine registers with an empty transfer address: nobody pulls from it, and ro
 `cost_no_pull` pulls nothing into it either (we do not own its memory).
 """
 
+import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -108,8 +110,8 @@ class ExternalEngineNode:
         return tuple(self.blocks.chains())
 
     async def load(self) -> NodeLoad:
-        """The last reading of /metrics, refreshed now (a failed read keeps the previous one)."""
-        await self.refresh_metrics()
+        """The last reading of /metrics (ExternalEngine refreshes it on its own loop, so a slow
+        engine never holds up the publisher, whose lock also orders the event batches)."""
         m = self.metrics
         free = round((1.0 - m.kv_usage) * self.config.capacity_blocks)
         return NodeLoad(queued_requests=m.waiting + m.running, free_blocks=free,
@@ -155,23 +157,36 @@ class ExternalEngine:
         self.node = ExternalEngineNode(config)
         self.subscriber = KVEventSubscriber(config.events, self.node.on_batch, self.node.on_gap)
         self.publisher = EventPublisher(self.node, metadata, config.publisher) if metadata is not None else None
+        self._metrics_task: asyncio.Task[None] | None = None
 
     @property
     def node_id(self) -> NodeId:
         return self.config.node_id
 
     async def start(self) -> None:
+        await self.node.refresh_metrics()
         await self.subscriber.start()
         if self.publisher is not None:
             await self.publisher.start()
+        self._metrics_task = asyncio.create_task(self._poll_metrics(), name=f"metrics {self.node_id}")
         logger.info("external engine %s: events from %s, requests to %s", self.node_id,
                     self.config.events.endpoint, self.config.base_url)
 
     async def stop(self) -> None:
+        if self._metrics_task is not None:
+            self._metrics_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._metrics_task
+            self._metrics_task = None
         await self.subscriber.stop()
         if self.publisher is not None:
             await self.publisher.stop()
         await self.node.close()
+
+    async def _poll_metrics(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.publisher.heartbeat_interval_s)
+            await self.node.refresh_metrics()
 
     def prometheus_text(self) -> str:
         """How following its events goes (radixmesh_kv_event_*), in Prometheus text format."""

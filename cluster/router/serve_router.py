@@ -38,6 +38,7 @@ from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
 
 logger = logging.getLogger(__name__)
+_MAX_UNROUTED = 10_000
 
 
 def prompt_of(request: PendingRequest, tokenizer: Tokenizer) -> tuple[list[int], str] | None:
@@ -100,6 +101,8 @@ class RadixmeshRequestRouter(RequestRouter):
         decision = self._policy.route(RouteRequest(len(tokens), len(hashes), self._block_size), view.cluster)
         assert pending_request is not None
         self._routing[pending_request.metadata.internal_request_id] = (hashes, len(tokens))
+        while len(self._routing) > _MAX_UNROUTED:  # requests cancelled between choice and routing
+            del self._routing[next(iter(self._routing))]
         self.decisions = [*self.decisions[-999:], (decision.node, decision.reason)]
         logger.debug("request %s -> replica %s: %s", pending_request.metadata.internal_request_id, decision.node,
                      decision.reason)

@@ -190,7 +190,8 @@ class BlockPool:
                 ref[b] = 0
             self._num_in_use -= n
             self._lru.renew(group, self._clock())
-            self._enforce_prefix_limit()
+            if self._prefix_limit is not None:
+                self._enforce_prefix_limit()
             return
         # Next fastest, a first release: distinct blocks (set) in range (min, and IndexError from
         # the read), each held once, so each reaches ref 0.
@@ -234,7 +235,8 @@ class BlockPool:
         hashes = self._hash
         if None not in read_many(hashes, zeros):
             self._lru.push(zeros, self._clock())
-            self._enforce_prefix_limit()
+            if self._prefix_limit is not None:
+                self._enforce_prefix_limit()
             return
         cached = [b for b in zeros if hashes[b] is not None]
         if cached:

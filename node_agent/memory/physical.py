@@ -48,7 +48,12 @@ def device_memory(device: torch.device) -> DeviceMemory:
 class StepPeakMeter:
     """Peak bytes a step allocates beyond what was held when it began: `start()` before the forward
     pass, `stop()` after it. GPU: the caching allocator's peak. CPU: the growth of the resident set's
-    high-water mark, which is reset at `start()` (0 where the kernel does not offer the reset)."""
+    high-water mark, which is reset at `start()` (0 where the kernel does not offer the reset).
+
+    Both resets are process-wide: whoever reads the same peak around a longer span sees only what
+    came after the last step's start. engine.gpu_budget profiles exactly one forward step, whose
+    live tensors the reset keeps (peak := allocated now), so its figure is unchanged. On the CPU the
+    figure is a lower bound: memory the allocator reuses without growing the resident set is unseen."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -7,6 +7,8 @@ import contextlib
 import dataclasses
 import json
 import random
+import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -276,3 +278,55 @@ async def test_an_engine_publishing_vllm_0_11_array_frames_is_followed() -> None
             assert blocks.chains()[0].hashes == tuple(hash_blocks(SYSTEM, BS))
         finally:
             await external.stop()
+
+
+@pytest.mark.slow
+async def test_radixmesh_front_serves_the_openai_api_over_fake_engines() -> None:
+    async with fake_engine() as a, fake_engine("--replay") as b:
+        specs = [f"name=a,url={a.url},events={a.pub}", f"name=b,url={b.url},events={b.pub},replay={b.replay}"]
+        args = [sys.executable, "-m", "radixmesh.cluster.cli", "front", "--model", "fake-model", "--block-size",
+                str(BS), "--port", "0"]
+        for spec in specs:
+            args += ["--engine", spec]
+        process = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
+        assert process.stdout is not None
+        try:
+            async with asyncio.timeout(60):
+                line = (await process.stdout.readline()).decode()
+            assert line.startswith("radixmesh front: http://127.0.0.1:"), line
+            api = line.split()[2]
+            async with aiohttp.ClientSession() as http:
+                for fake in (a, b):
+                    await wait_subscribed(http, fake)
+                body = {"model": "fake-model", "prompt": [*SYSTEM, 1], "max_tokens": 2, "cache_salt": "acme"}
+                async with http.post(f"{api}/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    first = await r.json()
+                assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+                # Once the engine's events reach the index, the sibling goes where its prefix is.
+                async with asyncio.timeout(15):
+                    while True:
+                        async with http.get(f"{api[:-len('/v1')]}/stats") as r:
+                            if (await r.json())["metadata"]["indexed_blocks"] >= 10:
+                                break
+                        await asyncio.sleep(0.02)
+                async with http.post(f"{api}/completions", json={**body, "prompt": [*SYSTEM, 2, 3]}) as r:
+                    assert r.status == 200, await r.text()
+                    assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] == 40
+                async with http.post(f"{api}/completions", json={**body, "model": "other"}) as r:
+                    assert r.status == 404
+                async with http.get(f"{api[:-len('/v1')]}/metrics") as r:
+                    text = await r.text()
+                assert "radixmesh_external_engine_blocks" in text and "vllm:kv_cache_usage_perc" in text
+        finally:
+            process.send_signal(signal.SIGINT)
+            async with asyncio.timeout(30):
+                assert await process.wait() == 0
+
+
+@pytest.mark.slow
+def test_radixmesh_front_refuses_a_bad_engine_spec() -> None:
+    run = subprocess.run([sys.executable, "-m", "radixmesh.cluster.cli", "front", "--model", "m", "--engine",
+                          "name=a,url=http://127.0.0.1:1"], capture_output=True, text=True, check=False, timeout=120)
+    assert run.returncode == 2 and "lacks events" in run.stderr

@@ -14,6 +14,7 @@ import redis
 
 from radixmesh.cluster.cli.cluster import down, route, stats, up
 from radixmesh.cluster.cli.demo import demo
+from radixmesh.cluster.cli.front import front
 from radixmesh.cluster.cli.replay import replay_command
 from radixmesh.cluster.cli.sim import sim
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, given_secret
@@ -98,3 +99,4 @@ main.add_command(route)
 main.add_command(stats)
 main.add_command(demo)
 main.add_command(replay_command)
+main.add_command(front)

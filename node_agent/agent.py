@@ -99,8 +99,9 @@ class NodeAgent:
         except BaseException:
             await self.stop()
             raise
-        logger.info("agent %s epoch %d up: %s on %s, layout %s, transfer %s", self.node, self.epoch,
-                    source.name, placement.device, engine.layout.fingerprint(), self.transfer_address or "none")
+        logger.info("agent %s epoch %d up: %s on %s, layout %s, transfer %s at %s (memory path %s)", self.node,
+                    self.epoch, source.name, placement.device, engine.layout.fingerprint(), self._transfer.transport,
+                    self.transfer_address or "-", self._transfer.memory_path or "-")
 
     async def stop(self) -> None:
         """Abort what runs, stop the publisher, the transfer plane and the engine thread. Idempotent."""
@@ -253,7 +254,7 @@ class NodeAgent:
         """Memory of both tiers, the engine, the transfer plane and the agent's own counters."""
         text = await self.runner.call(self.engine.prometheus_text)
         peers = self._transfer.peer_stats()
-        return text + render_agent_metrics(self.node, self.counters, peers)
+        return text + render_agent_metrics(self.node, self.counters, peers, self._transfer.memory_path)
 
     async def check_invariants(self) -> None:
         """The engine's and both tiers' invariants (raises AssertionError with the numbers)."""

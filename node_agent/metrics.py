@@ -44,10 +44,14 @@ class AgentStats:
     pull_bytes: dict[str, int] = metric("counter", "KV bytes pulled from each peer.", "peer")
     pull_seconds: dict[str, float] = metric("counter", "Time spent pulling from each peer.", "peer")
     pulls: dict[tuple[str, str], int] = metric("counter", "Pulls by outcome.", "peer", "outcome")
+    transfer_memory_path: dict[str, int] = metric(
+        "gauge", "1 for the memory pulled KV bytes travel through: host, cuda-direct or cuda-staged.", "path")
 
 
-def agent_stats(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats]) -> AgentStats:
-    """A snapshot of `counters` and of the pull totals of each peer in `peers`."""
+def agent_stats(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats],
+                memory_path: str | None = None) -> AgentStats:
+    """A snapshot of `counters`, of the pull totals of each peer in `peers` and of the transfer
+    plane's memory path (None: no plane)."""
     ordered = sorted(peers.items())
     return AgentStats(
         node=node,
@@ -58,9 +62,11 @@ def agent_stats(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, Pe
         pull_bytes={peer: s.bytes for peer, s in ordered},
         pull_seconds={peer: s.seconds for peer, s in ordered},
         pulls={(peer, outcome): n for peer, s in ordered for outcome, n in sorted(s.outcomes.items())},
+        transfer_memory_path={} if memory_path is None else {memory_path: 1},
     )
 
 
-def render_agent_metrics(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats]) -> str:
-    """Prometheus text of the agent's counters and per-peer pull totals."""
-    return render_prometheus([agent_stats(node, counters, peers)])
+def render_agent_metrics(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats],
+                         memory_path: str | None = None) -> str:
+    """Prometheus text of the agent's counters, per-peer pull totals and transfer memory path."""
+    return render_prometheus([agent_stats(node, counters, peers, memory_path)])

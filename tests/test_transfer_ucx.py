@@ -217,3 +217,19 @@ def test_owner_killed_mid_transfer(loop: asyncio.AbstractEventLoop) -> None:
     finally:
         dying.proc.kill()
         dying.proc.join(10)
+
+
+def test_a_staged_owner_sends_the_same_bytes(loop: asyncio.AbstractEventLoop) -> None:
+    """The owner side of MemoryPath.CUDA_STAGED (chunks copied to host memory first): what arrives is
+    bitwise the owner's KV. On a CPU pool the copy is the identity; the path is the GPU one."""
+    staged = Owner(OwnerSpec(stage_to_host=True))
+    try:
+        req = Requester(loop)
+        hashes = sequence_hashes(40)
+        result = req.pull(staged.peer(), hashes)
+        assert result.outcome is PullOutcome.OK and result.blocks == 40
+        assert kv_digest(req.kv, result.block_ids) == staged.call("digest", 40)
+        req.finish(result)
+        assert_owner_clean(staged)
+    finally:
+        staged.stop()

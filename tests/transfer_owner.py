@@ -51,6 +51,8 @@ class OwnerSpec:
     max_connections: int = 256
     impostor: bool = False
     """Serve with another cluster's secret: a host that took over the owner's address."""
+    stage_to_host: bool = False
+    """Send host copies of every chunk (MemoryPath.CUDA_STAGED's owner side)."""
 
 
 def sequence_hashes(n: int, seed: int = 0) -> list[BlockHash]:
@@ -135,7 +137,7 @@ def build_source(spec: OwnerSpec) -> FaultySource:
         kv[b] = torch.randn(LAYOUT.block_shape, generator=gen)
     cache.insert(hashes, order)
     cache.release(order)
-    return FaultySource(cache, kv, LAYOUT)
+    return FaultySource(cache, kv, LAYOUT, stage_to_host=spec.stage_to_host)
 
 
 def run_owner(conn: Connection, spec: OwnerSpec) -> None:

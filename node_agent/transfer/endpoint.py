@@ -42,7 +42,7 @@ class TransferEndpoint(ABC):
     """Serves pulls of one TransferSource until stopped."""
 
     transport: str
-    """The requester-side transport (transport.TRANSPORTS) that reaches this endpoint."""
+    """The requester-side transport (transports.transport_by_name) that reaches this endpoint."""
 
     @abstractmethod
     async def start(self) -> str:

@@ -13,6 +13,7 @@ from radixmesh.node_agent.engine.tier import TierMemory
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
 from radixmesh.node_agent.transfer.endpoint import ENDPOINTS, RayEndpoint, parse_address
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
+from radixmesh.node_agent.transfer.memory_path import MemoryPath, memory_path
 from radixmesh.node_agent.transfer.serial import Serial
 from radixmesh.node_agent.transfer.source import TransferSource
 from radixmesh.node_agent.transfer.stats import PeerStats
@@ -47,6 +48,8 @@ class TransferPlane(Protocol):
     transport: str
     address: str
     """Where peers pull from ("" when nothing is served)."""
+    memory_path: MemoryPath | None
+    """Which memory pulled bytes travel through (None without a plane)."""
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -72,6 +75,7 @@ class NoTransfer:
 
     transport = "none"
     address = ""
+    memory_path = None
 
     async def start(self) -> None:
         """Nothing to start."""
@@ -101,8 +105,9 @@ class AgentTransfer:
     def __init__(self, tier: TierMemory, layout: KVLayout, config: AgentConfig, serial: Serial, *,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         identity = NodeIdentity(config.secret, config.node_id)
-        transport = transport_by_name(config.transfer, identity)
-        source = TransferSource(tier.cache, tier.kv, layout)
+        transport = transport_by_name(config.transfer, identity, tier.kv.device)
+        self.memory_path = memory_path(tier.kv.device, transport.active_transports)
+        source = TransferSource(tier.cache, tier.kv, layout, stage_to_host=self.memory_path.staged)
         self._endpoint = ENDPOINTS[transport.name](source, config.host, config.transfer_port, serial, identity)
         client_config = TransferConfig(timeout_s=config.pull_timeout_s, mac=config.transfer_mac)
         self._client = TransferClient(tier.cache, tier.kv, layout, client_config, transport,

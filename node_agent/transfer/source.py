@@ -66,6 +66,8 @@ class OpenPull:
                 payload = kv[ids[0] : ids[0] + n]
             else:
                 payload = gather_blocks(kv, ids)
+            if self._source.stage_to_host:
+                payload = payload.cpu()
             check = self._checksum.of_tensor(payload)
             mac = NO_MAC if self._mac_key is None else chunk_mac(self._mac_key, self.header.pull_id, index, payload)
             yield ChunkTrailer(self.header.pull_id, index, n * self.header.block_bytes, check, mac), payload
@@ -90,7 +92,9 @@ class TransferSource:
     ask is decided before (the transport's handshake), so `open` takes the authenticated session.
     """
 
-    def __init__(self, cache: PrefixCache, kv: torch.Tensor, layout: KVLayout):
+    def __init__(self, cache: PrefixCache, kv: torch.Tensor, layout: KVLayout, *, stage_to_host: bool = False):
+        """`stage_to_host`: chunks leave as host copies (MemoryPath.CUDA_STAGED: the transport cannot
+        read device memory)."""
         if tuple(kv.shape[1:]) != layout.block_shape or kv.dtype != layout.torch_dtype:
             raise ValueError(f"kv {tuple(kv.shape)} {kv.dtype} does not match layout {layout.block_shape}")
         if not kv.is_contiguous():
@@ -98,6 +102,7 @@ class TransferSource:
         self.cache = cache
         self.kv = kv
         self.layout = layout
+        self.stage_to_host = stage_to_host
         self._fingerprint = layout.fingerprint()
         self.pinned_blocks = 0
         """Blocks pinned by open pulls right now."""

@@ -69,6 +69,10 @@ class Transport(ABC):
 
     name: str
 
+    def active_transports(self) -> frozenset[str]:
+        """The UCX transports in use (memory_path reads cuda_copy from them); none: host memory only."""
+        return frozenset()
+
     @abstractmethod
     async def connect(self, peer: Peer) -> PeerChannel:
         """A new channel to `peer`. Raises TransportError when it cannot be reached,

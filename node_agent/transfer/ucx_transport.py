@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from radixmesh.node_agent.transfer.handshake import HandshakeError, NodeIdentity, RequesterHandshake, Session
+from radixmesh.node_agent.transfer.memory_path import MemoryPath, host_buffer, memory_path
 from radixmesh.node_agent.transfer.protocol import (
     MAX_HANDSHAKE_FRAME_BYTES,
     ChunkTrailer,
@@ -83,8 +84,10 @@ class UcxChannel(PeerChannel):
     """TCP control stream to one TransferServer; payload received by tag on this process's worker."""
 
     def __init__(self, ucxx: ModuleType, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 session: Session):
+                 session: Session, staging_device: torch.device, pool_device: torch.device):
         self.session = session
+        self._staging_device = staging_device
+        self._pool_device = pool_device
         self._ucxx = ucxx
         self._reader = reader
         self._writer = writer
@@ -146,7 +149,9 @@ class UcxChannel(PeerChannel):
 
     def _staging_for(self, nbytes: int) -> list[torch.Tensor]:
         if not self._staging or self._staging[0].numel() < nbytes:
-            self._staging = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(2)]
+            self._staging = [torch.empty(nbytes, dtype=torch.uint8, device=self._staging_device)
+                             if self._staging_device.type == "cuda" else host_buffer(nbytes, self._pool_device)
+                             for _ in range(2)]
         return self._staging
 
     @property
@@ -171,9 +176,17 @@ class UcxTransport(Transport):
 
     name = "ucx"
 
-    def __init__(self, identity: NodeIdentity, loopback: bool = False):
+    def __init__(self, identity: NodeIdentity, loopback: bool = False, *,
+                 pool_device: torch.device = torch.device("cpu")):  # noqa: B008  (immutable)
+        """`pool_device`: where the pool that pulled blocks land in lives (memory_path)."""
         self._identity = identity
         self._ucxx = import_ucxx(loopback)
+        self._pool_device = pool_device
+        direct = memory_path(pool_device, self.active_transports) is MemoryPath.CUDA_DIRECT
+        self._staging_device = pool_device if direct else torch.device("cpu")
+
+    def active_transports(self) -> frozenset[str]:
+        return frozenset(self._ucxx.get_active_transports())
 
     async def connect(self, peer: Peer) -> PeerChannel:
         handshake = RequesterHandshake(self._identity.secret, self._identity.node_id, peer.node_id)
@@ -196,5 +209,5 @@ class UcxTransport(Transport):
             # An owner that does not accept our proof closes the connection before HELLO_OK.
             raise PeerUnauthenticated(f"{peer.node_id} at {peer.host}:{peer.port} refused the handshake: {e!r}"
                                       ) from e
-        return UcxChannel(self._ucxx, reader, writer, session)
+        return UcxChannel(self._ucxx, reader, writer, session, self._staging_device, self._pool_device)
 

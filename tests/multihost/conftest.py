@@ -11,12 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from netns_hosts import sweep_leftovers
 from ray_up_cluster import RayUpCluster
 from ssh_hosts import SSHD
 
 from radixmesh.cluster.metadata.redis_server import redis_server_binary
 
 LOCK = Path("/run/lock/radixmesh-multihost.lock")
+FAMILY = "rmh"
+"""Every namespace and link of these tests is named rmh<run><...>."""
 
 
 def missing_requirement() -> str | None:
@@ -52,7 +55,8 @@ def ray_up_cluster() -> Iterator[RayUpCluster]:
     redis = redis_server_binary()
     assert redis is not None
     with multihost_lock(), tempfile.TemporaryDirectory(prefix="radixmesh-mh-", dir="/var/tmp") as tmp:
-        cluster = RayUpCluster(Path(tmp), f"rmh{os.getpid() % 10000}", redis)
+        sweep_leftovers(FAMILY)  # a run killed before its own cleanup (the lock says none is alive)
+        cluster = RayUpCluster(Path(tmp), f"{FAMILY}{os.getpid() % 10000}", redis)
         try:
             for _ in range(3):
                 cluster.add_host()

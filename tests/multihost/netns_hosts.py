@@ -40,6 +40,25 @@ def ip(*args: str) -> str:
     return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
 
 
+def netns_pids(netns: str) -> list[int]:
+    try:
+        return [int(p) for p in ip("netns", "pids", netns).split()]
+    except subprocess.CalledProcessError:  # the namespace is gone
+        return []
+
+
+def kill_netns_processes(netns: str, timeout_s: float = 10.0) -> None:
+    """SIGKILL every process in network namespace `netns`, until none is left."""
+    deadline = time.monotonic() + timeout_s
+    while pids := netns_pids(netns):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"processes {pids} of {netns} survive SIGKILL")
+        time.sleep(0.05)  # polling the kernel's view of the namespace: there is nothing to wait on
+
+
 class HostNetwork:
     """A bridge and the hosts attached to it; a context manager that removes everything on exit."""
 
@@ -79,22 +98,9 @@ class HostNetwork:
         return subprocess.run(["ip", "netns", "exec", host.netns, *argv], check=True, capture_output=True,
                               text=True).stdout
 
-    def pids(self, host: Host) -> list[int]:
-        try:
-            return [int(p) for p in ip("netns", "pids", host.netns).split()]
-        except subprocess.CalledProcessError:  # the namespace is gone
-            return []
-
-    def kill_processes(self, host: Host, timeout_s: float = 10.0) -> None:
+    def kill_processes(self, host: Host) -> None:
         """SIGKILL every process in `host` (a host that dies), until none is left."""
-        deadline = time.monotonic() + timeout_s
-        while pids := self.pids(host):
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"processes {pids} of {host.netns} survive SIGKILL")
-            time.sleep(0.05)  # polling the kernel's view of the namespace: there is nothing to wait on
+        kill_netns_processes(host.netns)
 
     def partition(self, host: Host) -> None:
         ip("link", "set", host.veth, "down")
@@ -125,4 +131,24 @@ def listening_sockets(network: HostNetwork, host: Host) -> list[tuple[str, str, 
         pid = int(users.split("pid=")[1].split(",")[0]) if "pid=" in users else 0
         out.append((proto, local, name, pid))
     return out
+
+
+def sweep_leftovers(family: str) -> list[str]:
+    """Remove the namespaces and links whose names start with `family` (left by a run that was
+    killed before its cleanup): their processes first, by `ip netns pids`. Call only while no other
+    run of the family can be alive (under the multi-host lock). The names removed."""
+    removed = []
+    for line in ip("netns", "list").splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith(family):
+            kill_netns_processes(name)
+            ip("netns", "del", name)
+            removed.append(name)
+    for line in ip("-o", "link", "show").splitlines():
+        link = line.split(":")[1].strip().split("@")[0]
+        if link.startswith(family):
+            with contextlib.suppress(subprocess.CalledProcessError):  # a veth goes with its peer
+                ip("link", "del", link)
+            removed.append(link)
+    return removed
 

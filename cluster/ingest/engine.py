@@ -75,26 +75,35 @@ class ExternalEngineConfig:
 class ExternalEngineNode:
     """The engine as the EventPublisher sees a node (node_agent.publisher.PublishedNode)."""
 
-    def __init__(self, config: ExternalEngineConfig, session: aiohttp.ClientSession | None = None) -> None:
+    def __init__(self, config: ExternalEngineConfig, *, publishing: bool = True,
+                 session: aiohttp.ClientSession | None = None) -> None:
+        """`publishing` False: nothing takes events and hits (no metadata service), so none are kept."""
         self.config = config
+        self._publishing = publishing
         self.blocks = EngineBlockMap(config.block_size, hash_key=config.hash_key)
         self.epoch = time.time_ns() // 1000
         self.metrics = EngineMetrics()
         """Its last /metrics reading."""
         self.metrics_failures = 0
+        self._metrics_failing = False
         self._events: list[CacheEvent] = []
         self._hits: list[RequestHits] = []
         self._session = session
 
     # --- fed by the subscriber and the engine client -------------------------------------------
     def on_batch(self, batch: EngineEventBatch) -> None:
-        self._events += self.blocks.apply(batch.events)
+        events = self.blocks.apply(batch.events)
+        if self._publishing:
+            self._events += events
 
     def on_gap(self) -> None:
-        self._events += self.blocks.forget_holdings()
+        events = self.blocks.forget_holdings()
+        if self._publishing:
+            self._events += events
 
     def record_hits(self, hits: RequestHits) -> None:
-        self._hits.append(hits)
+        if self._publishing:
+            self._hits.append(hits)
 
     # --- PublishedNode -------------------------------------------------------------------------
     def node_info(self) -> NodeInfo:
@@ -130,8 +139,14 @@ class ExternalEngineNode:
                 r.raise_for_status()
                 self.metrics = parse_engine_metrics(await r.text())
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            if not self._metrics_failing:  # once per outage, not once per heartbeat
+                logger.warning("%s: %s unreadable (%s); load stays as last read", self.config.node_id, url, e)
+            self._metrics_failing = True
             self.metrics_failures += 1
-            logger.info("%s: %s unreadable (%s); load stays as last read", self.config.node_id, url, e)
+            return self.metrics
+        if self._metrics_failing:
+            logger.info("%s: %s readable again", self.config.node_id, url)
+        self._metrics_failing = False
         return self.metrics
 
     async def close(self) -> None:
@@ -154,7 +169,7 @@ class ExternalEngine:
 
     def __init__(self, config: ExternalEngineConfig, metadata: MetadataClient | None) -> None:
         self.config = config
-        self.node = ExternalEngineNode(config)
+        self.node = ExternalEngineNode(config, publishing=metadata is not None)
         self.subscriber = KVEventSubscriber(config.events, self.node.on_batch, self.node.on_gap)
         self.publisher = EventPublisher(self.node, metadata, config.publisher) if metadata is not None else None
         self._metrics_task: asyncio.Task[None] | None = None

@@ -155,10 +155,11 @@ def test_redis_store_round_trip(redis_url: str) -> None:
     store.add_counters({"total": {"requests": 1}, "node:n": {"requests": 1}})
     store.save_index(b"\x00blob")
     again = RedisStore(redis_url)
+    assert again.load_nodes() == {} and store.pending() == 4  # write-behind: nothing written yet
+    store.close()  # writes what is pending
     assert again.load_nodes() == {"n": b"rec"}
     assert again.load_counters() == {"total": {"requests": 3, "prompt_tokens": 5}, "node:n": {"requests": 1}}
     assert again.load_index() == b"\x00blob"
-    store.close()
     again.close()
 
 

@@ -190,18 +190,22 @@ class MetadataServer:
         self.service = service
         self._upkeep_interval_s = upkeep_interval_s
         self._upkeep: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self._server.start()
         await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         if self._upkeep_interval_s is not None:
             self._upkeep = asyncio.create_task(self._run_upkeep(self._upkeep_interval_s))
+        self._writer = asyncio.create_task(self.service.store.write_behind(), name="state-store-writer")
 
     async def stop(self, grace_s: float | None = 5.0) -> None:
         await self._health.enter_graceful_shutdown()
-        if self._upkeep is not None:
-            self._upkeep.cancel()
+        for task in (self._upkeep, self._writer):
+            if task is not None:
+                task.cancel()
         await self._server.stop(grace_s)
+        await asyncio.gather(*(t for t in (self._upkeep, self._writer) if t is not None), return_exceptions=True)
         self.service.close()
 
     async def wait_for_termination(self) -> None:

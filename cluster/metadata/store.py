@@ -6,12 +6,16 @@ index snapshot (one opaque blob). The in-memory store is the default and dies wi
 Redis store lets a restarted service answer Match and GetStats at once, before nodes resync.
 """
 
+import asyncio
 import logging
+import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+import redis.asyncio
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +24,8 @@ CounterDeltas = Mapping[str, Mapping[str, int]]
 
 
 class StateStore(ABC):
-    """Durable state of the metadata service. Calls are synchronous and short; all raise on failure."""
+    """Durable state of the metadata service. Calls are synchronous and never wait on the network:
+    loads (at start) raise on failure; writes are recorded, and stored by `write_behind`."""
 
     @abstractmethod
     def save_node(self, node: str, record: bytes) -> None:
@@ -52,6 +57,14 @@ class StateStore(ABC):
 
     def close(self) -> None:
         """Release connections; the state itself stays."""
+
+    def pending(self) -> int:
+        """Writes recorded but not yet stored (write-behind stores)."""
+        return 0
+
+    async def write_behind(self) -> None:
+        """Store what the calls recorded, for as long as the service runs (a task on its loop);
+        stores that write at once have nothing to do."""
 
 
 class MemoryStore(StateStore):
@@ -89,29 +102,49 @@ class MemoryStore(StateStore):
 
 class RedisStore(StateStore):
     """State in Redis under `prefix`: a hash of node records, one hash per counter scope, the set of
-    scopes, and one string for the index snapshot."""
+    scopes, and one string for the index snapshot.
 
-    def __init__(self, url: str, prefix: str = "radixmesh:", socket_timeout_s: float = 2.0) -> None:
+    Write-behind: the service's calls only record what is to be written (the latest record per node,
+    counter increments summed, the latest index), so no RPC ever waits on Redis; `write_behind`, a task
+    on the service's event loop, writes it with redis.asyncio and a timeout, and retries with backoff
+    while Redis is down (the service serves from memory meanwhile, and `describe` says so). Counter
+    increments go in batches with an id that Redis records in the same script, so a batch retried after
+    a lost reply is not counted twice. What is pending when the process dies is lost: at most one
+    write round.
+    """
+
+    def __init__(self, url: str, prefix: str = "radixmesh:", socket_timeout_s: float = 2.0,
+                 max_backoff_s: float = 5.0) -> None:
         self._url = url
         self._prefix = prefix
         self._redis = redis.Redis.from_url(url, socket_timeout=socket_timeout_s)
         self._redis.ping()  # fail at startup, not on the first heartbeat
+        self._async = redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout_s,
+                                                   socket_connect_timeout=socket_timeout_s)
+        self._max_backoff_s = max_backoff_s
+        self._nodes: dict[str, bytes] = {}
+        self._counters: dict[str, dict[str, int]] = {}
+        self._batch: tuple[str, dict[str, dict[str, int]]] | None = None
+        """Counter increments being written, under their batch id (kept until Redis confirms)."""
+        self._index: bytes | None = None
+        self._dirty = asyncio.Event()
+        self._down_since: float | None = None
+        self.write_failures = 0
 
     def save_node(self, node: str, record: bytes) -> None:
-        self._redis.hset(self._key("nodes"), node, record)
+        self._nodes[node] = record
+        self._dirty.set()
 
     def load_nodes(self) -> dict[str, bytes]:
         raw: dict[bytes, bytes] = self._redis.hgetall(self._key("nodes"))  # type: ignore[assignment]
         return {k.decode(): v for k, v in raw.items()}
 
     def add_counters(self, deltas: CounterDeltas) -> None:
-        pipe = self._redis.pipeline(transaction=True)
         for scope, fields in deltas.items():
-            pipe.sadd(self._key("scopes"), scope)
+            mine = self._counters.setdefault(scope, {})
             for name, delta in fields.items():
-                if delta:
-                    pipe.hincrby(self._key(f"counters:{scope}"), name, delta)
-        pipe.execute()
+                mine[name] = mine.get(name, 0) + delta
+        self._dirty.set()
 
     def load_counters(self) -> dict[str, dict[str, int]]:
         scopes: set[bytes] = self._redis.smembers(self._key("scopes"))  # type: ignore[assignment]
@@ -123,23 +156,125 @@ class RedisStore(StateStore):
         return out
 
     def save_index(self, blob: bytes) -> None:
-        self._redis.set(self._key("index"), blob)
+        self._index = blob
+        self._dirty.set()
 
     def load_index(self) -> bytes | None:
         blob: bytes | None = self._redis.get(self._key("index"))  # type: ignore[assignment]
         return blob
 
+    def pending(self) -> int:
+        """Writes not yet in Redis: node records, counter scopes and the index."""
+        batch = len(self._batch[1]) if self._batch is not None else 0
+        return len(self._nodes) + len(self._counters) + batch + (self._index is not None)
+
     def describe(self) -> str:
         parts = urlsplit(self._url)
         host = parts.hostname or ""
         netloc = f"{host}:{parts.port}" if parts.port else host
-        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        url = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        if self._down_since is None:
+            return url
+        return (f"{url} (unreachable for {time.monotonic() - self._down_since:.0f} s: serving from memory, "
+                f"{self.pending()} writes pending)")
+
+    async def write_behind(self) -> None:
+        backoff = 0.05
+        while True:
+            await self._dirty.wait()
+            try:
+                await self.flush()
+            except (redis.RedisError, OSError) as e:
+                self.write_failures += 1
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                    logger.warning("state store %s unreachable (%s): serving from memory, retrying",
+                                   self.describe(), e)
+                await asyncio.sleep(backoff)  # a retry schedule, not a synchronisation
+                backoff = min(2 * backoff, self._max_backoff_s)
+                continue
+            if self._down_since is not None:
+                logger.info("state store %s reachable again after %.1f s", self.describe(),
+                            time.monotonic() - self._down_since)
+                self._down_since = None
+            backoff = 0.05
+
+    async def flush(self) -> None:
+        """Write everything pending; raises redis.RedisError (what failed stays pending)."""
+        self._dirty.clear()
+        nodes, self._nodes = self._nodes, {}
+        index, self._index = self._index, None
+        try:
+            # A batch that failed is retried under its id first; increments recorded since form the next.
+            while self._batch is not None or self._counters:
+                if self._batch is None:
+                    self._batch, self._counters = (uuid.uuid4().hex, self._counters), {}
+                batch_id, counters = self._batch
+                keys, args = self._counter_script_args(batch_id, counters)
+                await self._async.eval(_ADD_COUNTERS_ONCE, len(keys), *keys, *args)  # type: ignore[misc]
+                self._batch = None
+            if nodes:
+                await self._async.hset(self._key("nodes"), mapping=nodes)  # type: ignore[arg-type,misc]
+            if index is not None:
+                await self._async.set(self._key("index"), index)
+        except BaseException:
+            # Newer values recorded meanwhile win over the ones that failed to be written.
+            self._nodes = {**nodes, **self._nodes}
+            self._index = self._index if self._index is not None else index
+            self._dirty.set()
+            raise
 
     def close(self) -> None:
+        """Write what is pending (once, synchronously: the loop may be gone) and disconnect."""
+        try:
+            for batch_id, counters in [*([self._batch] if self._batch else []), (uuid.uuid4().hex, self._counters)]:
+                if counters:
+                    keys, args = self._counter_script_args(batch_id, counters)
+                    self._redis.eval(_ADD_COUNTERS_ONCE, len(keys), *keys, *args)
+            if self._nodes:
+                self._redis.hset(self._key("nodes"), mapping=self._nodes)  # type: ignore[arg-type]
+            if self._index is not None:
+                self._redis.set(self._key("index"), self._index)
+        except redis.RedisError as e:
+            logger.warning("state store %s: %d pending writes lost at close (%s)", self.describe(),
+                           self.pending(), e)
         self._redis.close()
+
+    def _counter_script_args(self, batch_id: str, counters: Mapping[str, Mapping[str, int]]
+                             ) -> tuple[list[str], list[str | int]]:
+        """KEYS: the batch marker, the scope set, one hash per scope; ARGV: marker ttl, then per scope
+        its name, its field count and field/increment pairs."""
+        keys = [self._key(f"batch:{batch_id}"), self._key("scopes")]
+        args: list[str | int] = [_BATCH_MARKER_TTL_S]
+        for scope, fields in counters.items():
+            keys.append(self._key(f"counters:{scope}"))
+            args += [scope, len(fields)]
+            for name, delta in fields.items():
+                args += [name, delta]
+        return keys, args
 
     def _key(self, name: str) -> str:
         return f"{self._prefix}{name}"
+
+
+_BATCH_MARKER_TTL_S = 86400
+"""How long Redis remembers a counter batch id: far longer than any retry of it."""
+
+# Adds one batch of counter increments unless its marker exists (it was added before, and the reply
+# was lost): the marker and the increments are one atomic script.
+_ADD_COUNTERS_ONCE = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+local a = 2
+for k = 3, #KEYS do
+  redis.call('SADD', KEYS[2], ARGV[a])
+  local n = tonumber(ARGV[a + 1])
+  for f = 0, n - 1 do
+    redis.call('HINCRBY', KEYS[k], ARGV[a + 2 + 2 * f], ARGV[a + 3 + 2 * f])
+  end
+  a = a + 2 + 2 * n
+end
+return 1
+"""
 
 
 def open_store(spec: str) -> StateStore:

@@ -22,6 +22,8 @@ class AgentCounters:
     prompt_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
     pull_failures: int = 0
     ttft_seconds: float = 0.0
+    background_errors: int = 0
+    """Unexpected failures of background loops (the publisher's), each followed by a retry."""
 
     def count_request(self, stats: ServeStats) -> None:
         self.requests += 1
@@ -41,11 +43,13 @@ class AgentStats:
         "counter", "Prompt tokens by where their KV came from.", "source")
     agent_pull_failures: int = metric("counter", "Requests whose planned pull fell short (recomputed).")
     agent_ttft_seconds: float = metric("counter", "Sum of times to first token, pulls included.")
+    agent_background_errors: int = metric(
+        "counter", "Unexpected failures of background loops (publisher, heartbeats); each is retried with backoff.")
     pull_bytes: dict[str, int] = metric("counter", "KV bytes pulled from each peer.", "peer")
     pull_seconds: dict[str, float] = metric("counter", "Time spent pulling from each peer.", "peer")
     pulls: dict[tuple[str, str], int] = metric("counter", "Pulls by outcome.", "peer", "outcome")
     transfer_memory_path: dict[str, int] = metric(
-        "gauge", "1 for the memory pulled KV bytes travel through: host, cuda-direct or cuda-staged.", "path")
+        "gauge", "1 for the memory path pulled KV blocks take: host, cuda-direct or cuda-staged.", "path")
 
 
 def agent_stats(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats],
@@ -59,6 +63,7 @@ def agent_stats(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, Pe
         agent_prompt_tokens=dict(counters.prompt_tokens),
         agent_pull_failures=counters.pull_failures,
         agent_ttft_seconds=counters.ttft_seconds,
+        agent_background_errors=counters.background_errors,
         pull_bytes={peer: s.bytes for peer, s in ordered},
         pull_seconds={peer: s.seconds for peer, s in ordered},
         pulls={(peer, outcome): n for peer, s in ordered for outcome, n in sorted(s.outcomes.items())},

@@ -13,6 +13,11 @@ Backoff: while calls fail, each loop waits twice as long after every failed roun
 `max_backoff_s`, never below its own interval, with jitter so that nodes restarted together do not
 retry in step), so a service that refuses or cannot keep up is not hammered; the first success
 restores the normal pace.
+
+Supervision: an unexpected exception in a round (not the service's answer: a bug, or the node in a
+state it should not be in) is logged with its traceback, counted in `loop_errors` and treated as a
+failed round, so the loop backs off and goes on; it never silently ends the heartbeats of a node
+that keeps serving.
 """
 
 import asyncio
@@ -112,6 +117,8 @@ class EventPublisher:
         self.batches = 0
         self.failures = 0
         """Failed calls since the last successful one (what the backoff grows with)."""
+        self.loop_errors = 0
+        """Rounds that raised unexpectedly (the loop went on)."""
 
     @property
     def lease(self) -> Lease | None:
@@ -221,7 +228,13 @@ class EventPublisher:
 
     async def _every(self, interval_s: float, fn: "_Round") -> None:
         while True:
-            await fn()
+            try:
+                await fn()
+            except Exception:
+                self.loop_errors += 1
+                self.failures += 1
+                logger.exception("node %s: a %s round failed unexpectedly; backing off", self.node_id,
+                                 getattr(fn, "__name__", "publisher"))
             await asyncio.sleep(self.next_delay(interval_s))
 
 

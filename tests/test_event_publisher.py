@@ -1,6 +1,7 @@
 """EventPublisher against a real in-process metadata gRPC server on 127.0.0.1: registration, batched
 events, RESYNC and re-registration with snapshots, heartbeats with load and realized hits."""
 
+import asyncio
 import random
 import time
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ from radixmesh.cluster.metadata.store import MemoryStore
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.publisher import EventPublisher, PublisherConfig, chains
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
-from radixmesh.proto.events import BlockStored, Tier
+from radixmesh.proto.events import BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import MatchQuery
@@ -208,5 +209,40 @@ async def test_the_publisher_backs_off_while_the_service_refuses(metadata: Metad
         assert all(max(0.05, g / 2) <= d <= g for g, d in zip(grown, delays, strict=True)), delays
         assert delays[-1] <= 1.0
         await refused.close()
+    finally:
+        await agent.stop()
+
+
+class FlakyNode:
+    """The agent, except that its first `failures` event drains raise (a bug in the node)."""
+
+    def __init__(self, agent: NodeAgent, failures: int) -> None:
+        self._agent, self.failures = agent, failures
+
+    async def take_events(self) -> list[CacheEvent]:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("the node's event log is corrupt")
+        return await self._agent.take_events()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._agent, name)
+
+
+async def test_an_unexpected_error_is_counted_and_the_loops_go_on(metadata: Metadata) -> None:
+    agent = await new_agent("a", metadata)
+    try:
+        await collect(agent.serve(plan("q", prompt(41, 14))))
+        p = EventPublisher(FlakyNode(agent, failures=2), MetadataClient(metadata.address, timeout_s=5.0),  # type: ignore[arg-type]
+                           PublisherConfig(publish_interval_s=0.01, heartbeat_interval_s=0.01, max_backoff_s=0.05))
+        await p.start()
+        try:
+            deadline = time.monotonic() + 30
+            while p.batches == 0:  # the publish loop survived both errors and sent the node's events
+                assert time.monotonic() < deadline, "the publish loop did not recover"
+                await asyncio.sleep(0.01)
+        finally:
+            await p.stop()
+        assert p.loop_errors == 2
     finally:
         await agent.stop()

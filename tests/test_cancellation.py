@@ -3,14 +3,20 @@ within a step or so and frees every block it held (issue 15)."""
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
-from router_cluster import MODEL_NAME, Cluster, local_cluster
+from router_cluster import BS, MODEL_NAME, Cluster, agent_config, local_cluster
+from test_agent import collect
 
 from radixmesh.cluster.router.http_api import start_http
+from radixmesh.node_agent.agent import NodeAgent
+from radixmesh.node_agent.engine.request import RequestId
+from radixmesh.proto.serve.plan import PullPlan, ServePlan
+from radixmesh.proto.serve.sampling import SamplingParams
 
 pytestmark = pytest.mark.anyio
 MAX_TOKENS = 900  # far more than the test lets run: a request that was not cancelled would finish it
@@ -71,3 +77,33 @@ async def test_a_stream_closed_midway_cancels_its_request(served: tuple[Cluster,
         assert json.loads(first.removeprefix(b"data: "))["object"] == "text_completion"
         resp.close()  # drops the connection mid-stream
     await all_free(cluster)
+
+
+async def test_a_request_cancelled_during_its_pull_frees_both_nodes() -> None:
+    owner, puller = (NodeAgent(agent_config(n, transfer="ucx")) for n in ("owner", "puller"))
+    await owner.start()
+    await puller.start()
+    try:
+        tokens = tuple((7 * i) % 250 for i in range(48))
+        await collect(owner.serve(ServePlan("warm", tokens, SamplingParams(max_tokens=2, ignore_eos=True))))
+        full = len(tokens) // BS
+        # The owner's engine thread is held: it cannot pin the blocks, so the pull hangs mid-way.
+        held = threading.Event()
+        hold = asyncio.ensure_future(owner.runner.call(held.wait))
+        plan = ServePlan("pulling", tokens, SamplingParams(max_tokens=50, ignore_eos=True),
+                         pull=PullPlan(owner.node, owner.transfer_address, 0, full))
+        serving = asyncio.ensure_future(collect(puller.serve(plan)))
+        # The hold, then the pull's pin: the puller's request is waiting on the owner.
+        await until(lambda: owner.runner.pending_calls >= 2, "the pull to reach the owner")
+        serving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await serving
+        held.set()
+        await hold
+        for agent in (owner, puller):
+            await until(lambda a=agent: a.engine.memory.gpu.pool.num_in_use == 0, f"{agent.node} to free its blocks")
+            await agent.check_invariants()
+        assert not puller.runner.is_active(RequestId("pulling")) and not puller.engine.has_work
+    finally:
+        await puller.stop()
+        await owner.stop()

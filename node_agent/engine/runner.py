@@ -49,6 +49,8 @@ class EngineRunner:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._queues: dict[RequestId, asyncio.Queue[StreamItem]] = {}  # event loop only
         self._driver: asyncio.Task[None] | None = None
+        self.pending_calls = 0
+        """Jobs queued on or running on the engine thread (steps, submits, the transfer plane's pins)."""
         self.prefill_tokens_per_s = 0.0
         """Measured: tokens computed per second of the steps that ran a prefill (EWMA)."""
 
@@ -56,8 +58,13 @@ class EngineRunner:
         """Run `fn` on the engine thread. The job completes even if the caller is cancelled, so a
         pool mutation is never skipped half way (its result is then dropped)."""
         loop = asyncio.get_running_loop()
+        self.pending_calls += 1
         fut = loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+        fut.add_done_callback(self._call_done)
         return await asyncio.shield(fut)
+
+    def _call_done(self, _: "asyncio.Future[object]") -> None:
+        self.pending_calls -= 1
 
     async def submit(self, request: Request, *, on_refused: Callable[[], object] | None = None
                      ) -> "asyncio.Queue[StreamItem]":

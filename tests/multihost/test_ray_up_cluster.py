@@ -110,16 +110,24 @@ def test_shared_prefixes_are_pulled_across_hosts_over_ucx_with_cacheless_outputs
     print(f"\nKV bytes pulled (node <- peer): {pulled}")
 
 
-# Who may listen on a wildcard address, and why. Everything radixmesh opens binds the host's own
-# address (router, metadata service, transfer servers, UCX) or 127.0.0.1 (Redis).
-RAY_WILDCARD = {
-    "gcs_server": "Ray's GCS (6379): Ray binds its gRPC servers on every interface",
-    "raylet": "Ray's raylet and object manager",
-    "ray::": "the gRPC server of every Ray worker process (Ray's core worker), our actors included",
-    "ray/dashboard/": "Ray's dashboard (head) modules",
-    "ray/autoscaler/": "Ray's autoscaler monitor (head)",
-    "ray.util.client.server": "Ray client server (head)",
-}
+PARTS = (
+    # (process name or a piece of its command line, what it is); the first match names a socket.
+    ("ray::RouterActo", "radixmesh router: HTTP on the head's address"),
+    ("ray::MetadataAc", "radixmesh metadata service: gRPC on the head's address"),
+    ("ray::AgentActor", "radixmesh agent: KV transfer server and UCX on its host's address"),
+    ("redis-server", "Redis, the metadata service's state: loopback of the head"),
+    ("sshd", "the host's sshd (ray up and the autoscaler log in through it)"),
+    ("gcs_server", "Ray's GCS"),
+    ("raylet", "Ray's raylet and object manager"),
+    ("ray::DashboardA", "Ray's dashboard agent (HTTP, gRPC, metrics export)"),
+    ("ray::RuntimeEnv", "Ray's runtime-env agent"),
+    ("ray/dashboard/", "Ray's dashboard (head)"),
+    ("ray/autoscaler/", "Ray's autoscaler monitor (head)"),
+    ("ray.util.client.server", "Ray's client server (head)"),
+    ("ray::", "a Ray worker process"),
+)
+RADIXMESH = ("ray::RouterActo", "ray::MetadataAc", "ray::AgentActor", "redis-server")
+WILDCARD = {"*", "0.0.0.0", "[::]"}
 
 
 def process_line(pid: int) -> str:
@@ -130,34 +138,42 @@ def process_line(pid: int) -> str:
 
 
 def test_every_host_listens_only_where_it_should(ray_up_cluster: RayUpCluster) -> None:
+    """What listens on every host, on which address, and why. Everything radixmesh opens binds the
+    host's own address, or loopback; only Ray binds every interface (its gRPC servers, one of them
+    in every Ray worker process, our actors' included)."""
     c = ray_up_cluster
     metadata_address = json.loads((c.home / ".radixmesh" / "cluster.json").read_text())["metadata_address"]
     table = []
     for host in c.hosts:
         own = {host.address, f"[::ffff:{host.address}]", "127.0.0.1", "[::ffff:127.0.0.1]"}
+        wildcards: dict[int, int] = {}
         for proto, local, name, pid in listening_sockets(c.network, host):
-            address, port = local.rsplit(":", 1)
+            address = local.rsplit(":", 1)[0]
             cmd = process_line(pid)
-            if address in own:
-                why = "radixmesh" if name.startswith(("ray::RouterActo", "ray::MetadataAc", "ray::AgentActor",
-                                                      "redis-server")) else name
-            else:
-                assert address in {"*", "0.0.0.0", "[::]"}, f"{host.netns}: {local} ({name}) is not this host's"
-                reasons = [why for key, why in RAY_WILDCARD.items() if key in name or key in cmd]
-                assert reasons, f"{host.netns}: {local} listens on every interface: {name} {cmd[:120]}"
-                why = reasons[0]
+            [why, *_] = [why for key, why in PARTS if key in name or key in cmd] or [f"unknown: {cmd[:80]}"]
+            assert not why.startswith("unknown"), f"{host.netns}: {local} {name}: {why}"
+            assert address in own | WILDCARD, f"{host.netns}: {local} ({name}) is not this host's address"
+            if address in WILDCARD:
+                assert name.startswith("ray::") or "ray" in cmd, f"{host.netns}: {name} listens on {local}"
+                wildcards[pid] = wildcards.get(pid, 0) + 1
+                if name.startswith(RADIXMESH):
+                    why = "Ray's core-worker gRPC server inside our actor's process"
             table.append((host.address, proto, local, name, why))
-    print("\n" + "\n".join(" ".join(f"{x:<22}" for x in row) for row in table))
+        for pid, n in wildcards.items():
+            # Our actors' processes open one wildcard socket, Ray's core worker; none of ours.
+            if process_line(pid).startswith(RADIXMESH):
+                assert n == 1, (host.netns, pid, process_line(pid))
+    print("\n" + "\n".join(f"{h:<11} {p:<4} {local:<26} {name:<16} {why}" for h, p, local, name, why in table))
     head = c.head.address
     on_head = {(local, name) for h, _, local, name, _ in table if h == head}
     assert (f"{head}:8000", "ray::RouterActo") in on_head
     host, port = metadata_address.rsplit(":", 1)
     assert host == head and {(f"{head}:{port}", "ray::MetadataAc"), (f"[::ffff:{head}]:{port}", "ray::MetadataAc")} & on_head
     assert ("127.0.0.1:6380", "redis-server") in on_head
-    for host in c.hosts[1:]:
+    for worker in c.hosts[1:]:
         # The transfer server and UCX's own listener, on the host's address only.
-        mine = [row for row in table if row[0] == host.address and row[3] == "ray::AgentActor"
-                and row[2].startswith(f"{host.address}:")]
+        mine = [row for row in table if row[0] == worker.address and row[3] == "ray::AgentActor"
+                and row[2].startswith(f"{worker.address}:")]
         assert len(mine) >= 2, mine
 
 

@@ -1,6 +1,7 @@
 """The router's HTTP API on 127.0.0.1: OpenAI shapes, SSE streaming, errors that change nothing,
 /stats, /metrics, /healthz, /v1/models."""
 
+import importlib.metadata
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -374,3 +375,32 @@ async def test_accepted_and_neutral_fields_are_served(api: Api) -> None:
     status, _ = await api.post("/v1/chat/completions", {"model": MODEL_NAME, "messages": messages, "max_tokens": 2,
                                                         "response_format": {"type": "text"}, "tool_choice": "none"})
     assert status == 200
+
+
+# --- what vLLM users call besides completions ---------------------------------------------------
+async def test_model_card_tokenize_detokenize_health_and_version(api: Api) -> None:
+    status, card = await api.get(f"/v1/models/{MODEL_NAME}")
+    assert status == 200 and json.loads(card)["id"] == MODEL_NAME
+    status, missing = await api.get("/v1/models/gpt-5")
+    assert status == 404 and json.loads(missing)["error"]["code"] == "model_not_found"
+    status, tokens = await api.post("/tokenize", {"prompt": PROMPT})
+    assert status == 200 and tokens["tokens"] == TOK.encode(PROMPT) and tokens["count"] == len(tokens["tokens"])
+    status, chat = await api.post("/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
+    rendered = PlainChatTemplate().render([ChatMessage("user", "hi")])
+    assert status == 200 and chat["tokens"] == TOK.encode(rendered)
+    status, text = await api.post("/detokenize", {"tokens": tokens["tokens"]})
+    assert status == 200 and text["prompt"] == PROMPT
+    for path, body in (("/tokenize", {"prompt": "x", "add_special_tokens": True}), ("/tokenize", {"prompt": 3}),
+                       ("/detokenize", {"tokens": [10**9]}), ("/detokenize", {"tokens": "abc"})):
+        status, error = await api.post(path, body)
+        assert status == 400 and error["error"]["message"], (path, body)
+    assert (await api.get("/health")) == (200, "")
+    status, version = await api.get("/version")
+    assert status == 200 and json.loads(version)["version"] == importlib.metadata.version("radixmesh")
+
+
+async def test_router_histograms_count_every_gap_request_and_wait(api: Api) -> None:
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 12, "ignore_eos": True, "stream": True}
+    await api.sse("/v1/completions", body)
+    m = api.cluster.router.metrics
+    assert (m.e2e.snapshot().count, m.queue.snapshot().count, m.inter_token.snapshot().count) == (1, 1, 11)

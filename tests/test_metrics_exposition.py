@@ -22,7 +22,9 @@ from radixmesh.proto.serve.sampling import SamplingParams
 
 # Distributions observed since start; anything else typed histogram is a mistake (a point-in-time
 # distribution is a labelled gauge: radixmesh_free_runs{size_le}).
-HISTOGRAMS = {"radixmesh_transfer_seconds", "radixmesh_router_ttft_seconds", "radixmesh_time_to_first_token_seconds"}
+HISTOGRAMS = {"radixmesh_transfer_seconds", "radixmesh_router_ttft_seconds", "radixmesh_time_to_first_token_seconds",
+              "radixmesh_router_inter_token_latency_seconds", "radixmesh_router_e2e_request_latency_seconds",
+              "radixmesh_router_queue_seconds"}
 BYTES_HELP = re.compile(r"\bbytes\b", re.IGNORECASE)
 SECONDS_HELP = re.compile(r"\b(seconds?|times?|latency|duration)\b", re.IGNORECASE)
 

@@ -3,7 +3,11 @@
 
     POST /v1/completions        prompt text or token ids; SSE when "stream": true
     POST /v1/chat/completions   messages rendered by chat_template; SSE when "stream": true
-    GET  /v1/models             the one model served
+    GET  /v1/models             the one model served; /v1/models/{id} that model, or 404
+    POST /tokenize              vLLM's: {"prompt"} or {"messages"} -> {"tokens", "count", "max_model_len"}
+    POST /detokenize            vLLM's: {"tokens"} -> {"prompt"}
+    GET  /health                vLLM's liveness probe: 200 with an empty body while the router serves
+    GET  /version               {"version": radixmesh's version}
     GET  /stats                 JSON: the router's own counters and the metadata service's GetStats
     GET  /metrics               Prometheus: the router's metrics and every agent's, labelled `node`
     GET  /healthz               200 while some agent is known, else 503
@@ -19,6 +23,7 @@ error after that ends the stream with an `error` event, which the openai client 
 """
 
 import hmac
+import importlib.metadata
 import json
 import logging
 import math
@@ -65,7 +70,7 @@ logger = logging.getLogger(__name__)
 ROUTE_PATH = "/radixmesh/route"
 ROUTER_KEY = web.AppKey("router", Router)
 CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("wall_clock")
-OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+OPEN_PATHS = frozenset({"/healthz", "/health", "/metrics"})
 """Paths served without the API key: probes and Prometheus scrapes (no prompts, no tenant names)."""
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -120,6 +125,11 @@ def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/models/{model_id}", _model)
+    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/detokenize", _detokenize)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/version", _version)
     app.router.add_get("/stats", _stats)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
@@ -313,10 +323,64 @@ async def _stream(request: web.Request, reply: AsyncIterator[str | _End], ids: t
 
 
 # --- operations ----------------------------------------------------------------------------------
+def _model_card(router: Router) -> dict[str, Any]:
+    return {"id": router.config.model_name, "object": "model", "created": 0, "owned_by": "radixmesh",
+            "max_model_len": router.config.limits.max_context_tokens}
+
+
 async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [_model_card(request.app[ROUTER_KEY])]})
+
+
+async def _model(request: web.Request) -> web.Response:
     router = request.app[ROUTER_KEY]
-    model = {"id": router.config.model_name, "object": "model", "created": 0, "owned_by": "radixmesh"}
-    return web.json_response({"object": "list", "data": [model]})
+    if request.match_info["model_id"] != router.config.model_name:
+        raise ApiError(404, f"model {request.match_info['model_id']!r} does not exist; this server serves "
+                            f"{router.config.model_name!r}", param="model", code="model_not_found")
+    return web.json_response(_model_card(router))
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    """vLLM's /tokenize: a prompt as the router tokenizes it (a chat as its template renders it)."""
+    router = request.app[ROUTER_KEY]
+    body = await _body(request)
+    unknown = sorted(body.keys() - {"model", "prompt", "messages"}) if isinstance(body, dict) else []
+    if unknown:  # the OpenAI endpoints' policy: no field is silently ignored
+        raise ApiError(400, f"unrecognized request argument supplied: '{unknown[0]}'", param=unknown[0],
+                       code="unknown_parameter")
+    if isinstance(body, dict) and "messages" in body:
+        try:
+            chat = parse_chat({"model": router.config.model_name, "messages": body["messages"]})
+            text = router.chat_template.render(chat.messages)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="messages", code="invalid_messages") from e
+    elif isinstance(body, dict) and isinstance(body.get("prompt"), str):
+        text = body["prompt"]
+    else:
+        raise ApiError(400, "the body must be a JSON object with a string 'prompt' or a 'messages' list",
+                       param="prompt")
+    tokens = router.tokenizer.encode(text)
+    return web.json_response({"tokens": tokens, "count": len(tokens),
+                              "max_model_len": router.config.limits.max_context_tokens})
+
+
+async def _detokenize(request: web.Request) -> web.Response:
+    router = request.app[ROUTER_KEY]
+    body = await _body(request)
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    vocab = router.config.limits.vocab_size
+    if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                             for t in tokens)):
+        raise ApiError(400, f"'tokens' must be a list of token ids in [0, {vocab})", param="tokens")
+    return web.json_response({"prompt": router.tokenizer.decode(tokens)})
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _version(request: web.Request) -> web.Response:
+    return web.json_response({"version": importlib.metadata.version("radixmesh")})
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -83,6 +83,8 @@ class TokenTable:
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Upper bounds (seconds) of radixmesh_router_ttft_seconds."""
+ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+"""Upper bounds (seconds) of radixmesh_router_inter_token_latency_seconds."""
 TRANSFER_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 """Upper bounds (seconds) of radixmesh_transfer_seconds."""
 
@@ -102,6 +104,12 @@ class RouterStats:
     transfer_bytes: int = metric("counter", "KV bytes pulled between nodes.")
     transfer_seconds: HistogramSnapshot = metric("histogram", "Time of one request's pull.")
     router_ttft_seconds: HistogramSnapshot = metric("histogram", "Time to first token, end to end at the router.")
+    router_inter_token_latency_seconds: HistogramSnapshot = metric(
+        "histogram", "Time between consecutive tokens of a reply, as the router streams them.")
+    router_e2e_request_latency_seconds: HistogramSnapshot = metric(
+        "histogram", "Arrival at the router to the reply's last token, of requests served.")
+    router_queue_seconds: HistogramSnapshot = metric(
+        "histogram", "Time a request waited for a running slot of admission control.")
     routing_regret_tokens: int = metric(
         "counter", "Prompt tokens cached somewhere in the cluster (per Match) but recomputed.")
     metadata_available: int = metric(
@@ -127,6 +135,9 @@ class RouterMetrics:
         self.transfer_bytes = 0
         self.transfer_seconds = Histogram(TRANSFER_BUCKETS_S)
         self.ttft = Histogram(TTFT_BUCKETS_S)
+        self.inter_token = Histogram(ITL_BUCKETS_S)
+        self.e2e = Histogram(TTFT_BUCKETS_S)
+        self.queue = Histogram(TTFT_BUCKETS_S)
         self.metadata_available = True
         """Set by the router: False while the metadata service does not answer."""
         self.admission: Admission | None = None
@@ -166,6 +177,9 @@ class RouterMetrics:
             transfer_bytes=self.transfer_bytes,
             transfer_seconds=self.transfer_seconds.snapshot(),
             router_ttft_seconds=self.ttft.snapshot(),
+            router_inter_token_latency_seconds=self.inter_token.snapshot(),
+            router_e2e_request_latency_seconds=self.e2e.snapshot(),
+            router_queue_seconds=self.queue.snapshot(),
             routing_regret_tokens=self.total.regret_tokens,
             metadata_available=int(self.metadata_available),
             router_requests_running=self.admission.running if self.admission else 0,

@@ -220,13 +220,23 @@ class Router:
         refused it: nothing routed) or NoNodeAvailable after `max_attempts` nodes failed.
         """
         status = "error"
+        arrival = self._clock()
         try:
             self.validate(request)
-            async with self.admission.slot(), contextlib.aclosing(self._serve(self._with_seed(request))) as items:
-                async for item in items:
-                    if isinstance(item, RouterResult):
-                        status = "ok"  # counted as served even if the consumer stops reading now
-                    yield item
+            async with self.admission.slot():
+                self.metrics.queue.observe(self._clock() - arrival)
+                async with contextlib.aclosing(self._serve(self._with_seed(request))) as items:
+                    last: float | None = None
+                    async for item in items:
+                        now = self._clock()
+                        if isinstance(item, RouterResult):
+                            status = "ok"  # counted as served even if the consumer stops reading now
+                            self.metrics.e2e.observe(now - arrival)
+                        elif last is not None:
+                            for _ in item.token_ids:  # a delta of n tokens: n gaps of (now - last) / n
+                                self.metrics.inter_token.observe((now - last) / len(item.token_ids))
+                        last = now if isinstance(item, TokenDelta) else last
+                        yield item
         except InvalidRequest:
             status = "invalid"
             raise

@@ -23,8 +23,9 @@ from radixmesh.proto.block_hash import HASH_BYTES, BlockHash
 
 MAX_FRAME_BYTES = 64 << 20
 """Largest control message accepted (a request of ~4M hashes); larger ones are refused unread."""
-MAX_HANDSHAKE_FRAME_BYTES = 4096
-"""Largest frame before the peer is authenticated (a hello, a proof and a UCX worker address)."""
+MAX_HANDSHAKE_FRAME_BYTES = 16 << 10
+"""Largest frame before the peer is authenticated: a hello, or a proof and a UCX worker address
+(a few hundred bytes over TCP, more with several RDMA devices; 16 KiB leaves room for any)."""
 MAX_CHUNK_BYTES = 1 << 30
 """Largest chunk a requester may ask for: what one staging buffer may cost."""
 MAC_BYTES = 16

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -87,11 +87,10 @@ async def pinned_to_interface(slot: AgentSlot) -> AgentSlot:
     device = await find.remote(slot.host)
     if device is None:
         raise ValueError(f"no interface of node {slot.node} has the address {slot.host}")
+    # One Ethernet device: UCX's TCP transport then listens and connects on the agent's address
+    # only. (An RDMA cluster would list its HCA too, e.g. "mlx5_0:1,eth0"; not handled here yet.)
     env = {**ucx_env(), "UCX_NET_DEVICES": device}
-    placement = AgentPlacement(num_gpus=slot.placement.num_gpus, resources=slot.placement.resources,
-                               max_restarts=slot.placement.max_restarts, num_cpus=slot.placement.num_cpus,
-                               env_vars=tuple(sorted(env.items())))
-    return AgentSlot(slot.node, slot.host, placement)
+    return replace(slot, placement=replace(slot.placement, env_vars=tuple(sorted(env.items()))))
 
 
 @dataclass(frozen=True, slots=True)

@@ -286,3 +286,74 @@ class StoredIndex(_message.Message):
     NODES_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSnapshot]
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeSnapshot, _Mapping]]] = ...) -> None: ...
+
+class WatchIndexRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WatchedNode(_message.Message):
+    __slots__ = ("node_id", "layout_fingerprint", "transfer_address", "block_size", "load")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    layout_fingerprint: str
+    transfer_address: str
+    block_size: int
+    load: NodeLoad
+    def __init__(self, node_id: _Optional[str] = ..., layout_fingerprint: _Optional[str] = ..., transfer_address: _Optional[str] = ..., block_size: _Optional[int] = ..., load: _Optional[_Union[NodeLoad, _Mapping]] = ...) -> None: ...
+
+class NodeBlocks(_message.Message):
+    __slots__ = ("node_id", "replace", "events")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    replace: bool
+    events: _containers.RepeatedCompositeFieldContainer[CacheEvent]
+    def __init__(self, node_id: _Optional[str] = ..., replace: _Optional[bool] = ..., events: _Optional[_Iterable[_Union[CacheEvent, _Mapping]]] = ...) -> None: ...
+
+class IndexUpdate(_message.Message):
+    __slots__ = ("seq", "reset", "left", "nodes", "blocks", "incarnation")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    LEFT_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    reset: bool
+    left: _containers.RepeatedScalarFieldContainer[str]
+    nodes: _containers.RepeatedCompositeFieldContainer[WatchedNode]
+    blocks: _containers.RepeatedCompositeFieldContainer[NodeBlocks]
+    incarnation: str
+    def __init__(self, seq: _Optional[int] = ..., reset: _Optional[bool] = ..., left: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[_Union[WatchedNode, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[NodeBlocks, _Mapping]]] = ..., incarnation: _Optional[str] = ...) -> None: ...
+
+class Prediction(_message.Message):
+    __slots__ = ("request_id", "cluster_tokens", "local_tokens")
+    class LocalTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    cluster_tokens: int
+    local_tokens: _containers.ScalarMap[str, int]
+    def __init__(self, request_id: _Optional[str] = ..., cluster_tokens: _Optional[int] = ..., local_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class PredictionBatch(_message.Message):
+    __slots__ = ("predictions",)
+    PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
+    predictions: _containers.RepeatedCompositeFieldContainer[Prediction]
+    def __init__(self, predictions: _Optional[_Iterable[_Union[Prediction, _Mapping]]] = ...) -> None: ...
+
+class ReportAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -64,6 +64,16 @@ class MetadataServiceStub:
                 request_serializer=radixmesh_dot_proto_dot_radixmesh__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=radixmesh_dot_proto_dot_radixmesh__pb2.ClusterStats.FromString,
                 _registered_method=True)
+        self.WatchIndex = channel.unary_stream(
+                '/radixmesh.v1.MetadataService/WatchIndex',
+                request_serializer=radixmesh_dot_proto_dot_radixmesh__pb2.WatchIndexRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_proto_dot_radixmesh__pb2.IndexUpdate.FromString,
+                _registered_method=True)
+        self.ReportPredictions = channel.unary_unary(
+                '/radixmesh.v1.MetadataService/ReportPredictions',
+                request_serializer=radixmesh_dot_proto_dot_radixmesh__pb2.PredictionBatch.SerializeToString,
+                response_deserializer=radixmesh_dot_proto_dot_radixmesh__pb2.ReportAck.FromString,
+                _registered_method=True)
 
 
 class MetadataServiceServicer:
@@ -121,6 +131,26 @@ class MetadataServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchIndex(self, request, context):
+        """Server stream that keeps a replica of the index (a router's) in step with the service: first
+        one IndexUpdate with reset = true (a snapshot of every live node and its blocks), then one
+        IndexUpdate per change, in the order the service applied them, seq counting up by one. A
+        watcher that sees any other seq than last + 1 must discard its replica and watch again; a
+        watcher too slow to keep up is sent a fresh snapshot (reset = true) instead of the updates it
+        missed. A node whose lease ends, or that registers a new incarnation, arrives in `left`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportPredictions(self, request, context):
+        """Predictions of requests a router matched on its own replica, for hit accounting, as Match
+        with a request_id would have remembered them. Batched; fire and forget.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MetadataServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +183,16 @@ def add_MetadataServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=radixmesh_dot_proto_dot_radixmesh__pb2.GetStatsRequest.FromString,
                     response_serializer=radixmesh_dot_proto_dot_radixmesh__pb2.ClusterStats.SerializeToString,
+            ),
+            'WatchIndex': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchIndex,
+                    request_deserializer=radixmesh_dot_proto_dot_radixmesh__pb2.WatchIndexRequest.FromString,
+                    response_serializer=radixmesh_dot_proto_dot_radixmesh__pb2.IndexUpdate.SerializeToString,
+            ),
+            'ReportPredictions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportPredictions,
+                    request_deserializer=radixmesh_dot_proto_dot_radixmesh__pb2.PredictionBatch.FromString,
+                    response_serializer=radixmesh_dot_proto_dot_radixmesh__pb2.ReportAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -317,6 +357,60 @@ class MetadataService:
             '/radixmesh.v1.MetadataService/GetStats',
             radixmesh_dot_proto_dot_radixmesh__pb2.GetStatsRequest.SerializeToString,
             radixmesh_dot_proto_dot_radixmesh__pb2.ClusterStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/radixmesh.v1.MetadataService/WatchIndex',
+            radixmesh_dot_proto_dot_radixmesh__pb2.WatchIndexRequest.SerializeToString,
+            radixmesh_dot_proto_dot_radixmesh__pb2.IndexUpdate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportPredictions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixmesh.v1.MetadataService/ReportPredictions',
+            radixmesh_dot_proto_dot_radixmesh__pb2.PredictionBatch.SerializeToString,
+            radixmesh_dot_proto_dot_radixmesh__pb2.ReportAck.FromString,
             options,
             channel_credentials,
             insecure,

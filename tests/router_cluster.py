@@ -117,6 +117,7 @@ async def local_cluster(n: int, *, with_metadata: bool = True, publish: bool = F
         cluster = Cluster(agents, router, directory, clock, servers, port)
         yield cluster
         router.check_invariants()
+        await router.close()
     finally:
         for a in agents:
             await a.stop()

@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from radixmesh.cluster.metadata.authenticator import Authenticator
+from radixmesh.cluster.metadata.feed import FeedClosed
 from radixmesh.cluster.metadata.membership import StaleEpoch, UnknownNode
 from radixmesh.cluster.metadata.service import LimitExceeded, MetadataService
 from radixmesh.proto import radixmesh_pb2 as pb
@@ -170,6 +171,33 @@ class MetadataServicer(pb_grpc.MetadataServiceServicer):
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ClusterStats:
         return codec.stats_to_pb(self._service.stats())
 
+    async def WatchIndex(
+        self, request: pb.WatchIndexRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.IndexUpdate]:
+        sub, first = self._service.watch()
+        try:
+            yield codec.update_to_pb(first)
+            while True:
+                try:
+                    batch = await sub.next_batch()
+                except FeedClosed:
+                    return
+                if batch is None:
+                    logger.info("an index watcher fell behind: sending it a fresh snapshot")
+                    yield codec.update_to_pb(self._service.resnapshot(sub))
+                    continue
+                for update in batch:
+                    yield codec.update_to_pb(update)
+        finally:
+            self._service.feed.unsubscribe(sub)
+
+    async def ReportPredictions(
+        self, request: pb.PredictionBatch, context: grpc.aio.ServicerContext
+    ) -> pb.ReportAck:
+        s = self._service
+        await _guarded(context, lambda: s.record_predictions(codec.predictions_from_pb(request)))
+        return pb.ReportAck()
+
 
 class MetadataServer:
     """One bound grpc.aio server for a MetadataService, with its health service and upkeep task.
@@ -201,6 +229,7 @@ class MetadataServer:
 
     async def stop(self, grace_s: float | None = 5.0) -> None:
         await self._health.enter_graceful_shutdown()
+        self.service.feed.close()  # watch streams never end on their own: end them before draining
         for task in (self._upkeep, self._writer):
             if task is not None:
                 task.cancel()

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from radixmesh.cluster.metadata.feed import IndexFeed, Subscription
 from radixmesh.cluster.metadata.hit_accounting import HitAccounting, Prediction
 from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.cluster.metadata.membership import Member, Membership, SeqVerdict
@@ -30,12 +31,16 @@ from radixmesh.proto.metadata.limits import MAX_HASHES_PER_QUERY, MAX_HITS_PER_H
 from radixmesh.proto.metadata.messages import (
     ClusterStats,
     EventBatch,
+    IndexUpdate,
+    MatchPrediction,
     MatchQuery,
     MatchResult,
+    NodeBlocks,
     NodeMatch,
     NodeSnapshot,
     PublishAck,
     PublishStatus,
+    WatchedNode,
 )
 from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
 
@@ -56,6 +61,7 @@ class ServiceLimits:
     """Hashes across all events of one EventBatch."""
     max_snapshot_blocks: int = 1 << 20
     max_hits_per_heartbeat: int = MAX_HITS_PER_HEARTBEAT
+    max_predictions_per_report: int = 4096
     max_epoch_ahead_s: float = 300.0
     """Epochs are microseconds of wall time (agent.new_epoch); one further ahead of the service's
     clock than this is refused, so no caller can fence a node name off for good with a huge epoch."""
@@ -68,6 +74,8 @@ class ServiceConfig:
     max_predictions: int = 65536
     """Match predictions kept for hit accounting (newest request ids)."""
     limits: ServiceLimits = field(default_factory=ServiceLimits)
+    watch_backlog: int = 65536
+    """Updates queued per WatchIndex stream; a watcher further behind is sent a fresh snapshot."""
 
 
 class MetadataService:
@@ -86,6 +94,8 @@ class MetadataService:
         self.membership = Membership(self.config.lease_ttl_s, clock)
         self._clock = clock
         self.hits = HitAccounting(self.config.max_predictions)
+        self.feed = IndexFeed(self.config.watch_backlog)
+        """Every change below is recorded here, in order, for the routers' index replicas."""
         self._restore()
 
     def register(self, info: NodeInfo) -> Lease:
@@ -107,6 +117,7 @@ class MetadataService:
         if fresh:
             self.index.drop_node(info.node_id)
             self.index.add_node(info.node_id, info.layout)
+            self.feed.record(left=(info.node_id,), nodes=(_watched(member),))
             logger.info("node %s registered, epoch %d, layout %s", info.node_id, info.epoch, info.layout)
         self.store.save_node(info.node_id, self.membership.encode(info.node_id))
         return self.membership.lease(member, snapshot_required=fresh)
@@ -115,7 +126,11 @@ class MetadataService:
         """Renew the lease, record load and realized hits (counted once per call)."""
         _check_limit("hits per heartbeat", len(hits), self.config.limits.max_hits_per_heartbeat)
         self._expire()
+        known = self.membership.get(node)
+        before = known.load if known is not None else None
         member = self.membership.heartbeat(node, epoch, load)
+        if load != before:
+            self.feed.record(nodes=(_watched(member),))
         deltas: dict[str, dict[str, int]] = {}
         for h in hits:
             for scope, delta in self.hits.record(node, h).items():
@@ -147,6 +162,7 @@ class MetadataService:
         if verdict is SeqVerdict.APPLY:
             self.index.apply(batch.node_id, batch.events)
             member.last_seq = batch.seq
+            self.feed.record(blocks=(NodeBlocks(batch.node_id, batch.events),))
         return PublishAck(PublishStatus.OK, member.last_seq + 1)
 
     def sync_snapshot(self, snapshot: NodeSnapshot) -> PublishAck:
@@ -160,6 +176,7 @@ class MetadataService:
         if snapshot.seq >= member.last_seq:
             self.index.replace(snapshot.node_id, snapshot.chains)
             member.last_seq = snapshot.seq
+            self.feed.record(blocks=(NodeBlocks(snapshot.node_id, snapshot.chains, replace=True),))
         return PublishAck(PublishStatus.OK, member.last_seq + 1)
 
     def match(self, queries: Sequence[MatchQuery]) -> list[MatchResult]:
@@ -173,6 +190,38 @@ class MetadataService:
             _check_hashes(q.hashes)
         self._expire()
         return [self._match_one(q) for q in queries]
+
+    def record_predictions(self, predictions: Sequence[MatchPrediction]) -> None:
+        """Remember predictions a router made on its own replica, as `match` does for a request id."""
+        _check_limit("predictions per report", len(predictions), self.config.limits.max_predictions_per_report)
+        for p in predictions:
+            self.hits.predict(p.request_id, Prediction(p.cluster_tokens, dict(p.local_tokens)))
+
+    def watch(self) -> tuple[Subscription, IndexUpdate]:
+        """A new watcher's subscription and its first message, a snapshot: every change recorded
+        after it is queued on the subscription (taken in one step, so none is missed or doubled)."""
+        self._expire()
+        return self.feed.subscribe(), self.snapshot_update()
+
+    def resnapshot(self, sub: Subscription) -> IndexUpdate:
+        """A fresh snapshot for a watcher that fell behind; its queue restarts after it."""
+        self._expire()
+        sub.restart()
+        return self.snapshot_update()
+
+    def snapshot_update(self) -> IndexUpdate:
+        """The whole state a watcher replicates, as one reset update at the feed's current seq."""
+        members = self.membership.members()
+        return IndexUpdate(
+            self.feed.seq,
+            reset=True,
+            nodes=tuple(_watched(m) for m in members),
+            blocks=tuple(
+                NodeBlocks(m.info.node_id, tuple(self.index.node_chains(m.info.node_id)), replace=True)
+                for m in members
+            ),
+            incarnation=self.feed.incarnation,
+        )
 
     def stats(self) -> ClusterStats:
         self._expire()
@@ -234,9 +283,12 @@ class MetadataService:
         return m
 
     def _expire(self) -> None:
-        for node in self.membership.expire():
+        gone = self.membership.expire()
+        for node in gone:
             self.index.drop_node(node)
             self.store.save_node(node, self.membership.encode(node))
+        if gone:
+            self.feed.record(left=tuple(gone))
 
     def _restore(self) -> None:
         for node, record in self.store.load_nodes().items():
@@ -256,6 +308,11 @@ class MetadataService:
             len(self.membership.members()),
             len(self.index),
         )
+
+
+def _watched(m: Member) -> WatchedNode:
+    i = m.info
+    return WatchedNode(i.node_id, i.layout, i.transfer_address, i.block_size, m.load)
 
 
 def _check_limit(what: str, n: int, limit: int) -> None:

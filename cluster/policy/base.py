@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from radixmesh.cluster.policy.recent_work import DEFAULT_HALF_LIFE_S
-from radixmesh.cluster.policy.view import ClusterView, NodeView
+from radixmesh.cluster.policy.view import ClusterView, FleetLoad, NodeView
 from radixmesh.proto.ids import NodeId
 
 
@@ -96,7 +96,7 @@ class PolicyConfig:
 
 
 def within_load_cap(
-    nodes: tuple[NodeView, ...], eps: float, tokens: int, floor_s: float = 0.0
+    nodes: tuple[NodeView, ...], eps: float, tokens: int, floor_s: float = 0.0, fleet: FleetLoad | None = None
 ) -> list[NodeView]:
     """Nodes that may take one more request of `tokens` prompt tokens under bounded load
     (Mirrokni et al., consistent hashing with bounded loads) on recent work:
@@ -109,9 +109,13 @@ def within_load_cap(
     recent work still bounds what each node is given over the run.
 
     A request too large for any node's work share (one bigger than eps x the mean window) goes to
-    the nodes with the least recent work. Never empty, in the order of `nodes`.
+    the nodes with the least recent work. Never empty, in the order of `nodes`. With `fleet`, the
+    mean is the fleet's (`nodes` are then only the candidates scored).
     """
-    work_cap = (1 + eps) * (sum(v.recent_tokens for v in nodes) + tokens) / len(nodes)
+    if fleet is not None and fleet.nodes > 0:
+        work_cap = (1 + eps) * (fleet.recent_tokens + tokens) / fleet.nodes
+    else:
+        work_cap = (1 + eps) * (sum(v.recent_tokens for v in nodes) + tokens) / len(nodes)
     # The relative slack absorbs float rounding of decayed sums, so equal loads compare equal.
     within = [
         v

@@ -69,7 +69,7 @@ class CostPolicy:
     def route(self, request: RouteRequest, cluster: ClusterView) -> RouteDecision:
         self._pulls.prepare(cluster)
         scored = []
-        for v in within_load_cap(cluster.nodes, self._eps, request.prompt_tokens, self._floor_s):
+        for v in within_load_cap(cluster.nodes, self._eps, request.prompt_tokens, self._floor_s, cluster.fleet):
             holder = self._pulls.holder(v, cluster)
             scored.append((self._model.estimate(request, v, holder), v, holder))
         best = min((est.total_s, v.inflight) for est, v, _ in scored)

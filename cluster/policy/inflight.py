@@ -3,7 +3,7 @@ prefilled, and recent work, per node. It changes the moment the router routes, w
 seconds old, and bounded load must hold for the burst in between."""
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from radixmesh.cluster.policy.recent_work import DEFAULT_HALF_LIFE_S, RecentWork
@@ -65,6 +65,13 @@ class InflightTable:
 
     def recent_tokens(self, node: NodeId) -> float:
         return self._recent.value(node)
+
+    def total_recent_tokens(self) -> float:
+        return self._recent.total()
+
+    def least_loaded(self, k: int, pool: Sequence[NodeId], usable: Callable[[NodeId], bool]) -> list[NodeId]:
+        """Up to `k` nodes of `pool` with the least recent work (see RecentWork.least)."""
+        return self._recent.least(k, pool, usable)
 
     def inflight(self, node: NodeId) -> int:
         return self._inflight.get(node, 0)

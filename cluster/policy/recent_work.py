@@ -12,8 +12,10 @@ L_i <= c x mean(L) kept at every routing also holds for sum over time of (work r
 is L_i(T) + ln2/half_life x integral of L_i dt.
 """
 
+import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 from radixmesh.proto.ids import NodeId
 
@@ -33,13 +35,44 @@ class RecentWork:
         self._clock = clock
         # Lazy decay: each node keeps its value as of its last update and decays on read.
         self._value: dict[NodeId, tuple[float, float]] = {}
+        # Every value decays at the same rate, so log2(value) + t / half_life orders the nodes the
+        # same at any later time: `least` compares these keys without decaying anything.
+        self._key: dict[NodeId, float] = {}
+        self._total = (0.0, 0.0)
+        """(sum of every node's value, as of time t)."""
 
     def add(self, node: NodeId, work: float) -> None:
         """Record `work` (>= 0, finite) routed to `node` now; ValueError (and no change) otherwise."""
         if not (math.isfinite(work) and work >= 0):
             raise ValueError(f"work must be a finite number >= 0, got {work}")
         now = self._clock()
-        self._value[node] = (self._decayed(node, now) + work, now)
+        value = self._decayed(node, now) + work
+        self._value[node] = (value, now)
+        self._key[node] = math.log2(value) + now / self.half_life_s if value > 0 else -math.inf
+        self._total = (self._decay(*self._total, now) + work, now)
+
+    def total(self) -> float:
+        """Every node's decayed work summed, as of now; O(1)."""
+        return self._decay(*self._total, self._clock())
+
+    def least(self, k: int, pool: Sequence[NodeId], usable: Callable[[NodeId], bool]) -> list[NodeId]:
+        """Up to `k` nodes of `pool` passing `usable` with the least work: nodes never given work
+        first (by name), then by work. No value is decayed here and the pool is only scanned by C
+        code (set difference, nsmallest), so once every node has had work this costs O(k) Python
+        steps for a pool of any size."""
+        keys = self._key
+        members = set(pool)
+        out = sorted(n for n in members.difference(keys) if usable(n))[:k]
+        if len(out) < k:
+            want = k - len(out)
+            # A few extra for nodes `usable` refuses; a full pass only when those are not enough.
+            for extra in (want + 8, len(keys)):
+                picked = [n for n, _ in heapq.nsmallest(extra, keys.items(), key=itemgetter(1))
+                          if n in members and usable(n)]
+                if len(picked) >= want or extra >= len(keys):
+                    break
+            out.extend(picked[:want])
+        return out
 
     def value(self, node: NodeId) -> float:
         """`node`'s decayed work as of now (0.0 for a node never routed to)."""
@@ -47,6 +80,9 @@ class RecentWork:
 
     def _decayed(self, node: NodeId, now: float) -> float:
         v, t = self._value.get(node, (0.0, now))
+        return self._decay(v, t, now)
+
+    def _decay(self, v: float, t: float, now: float) -> float:
         # A clock that steps back (it should not) reads as no time passed, never as growth.
         return v * 2.0 ** (-max(0.0, now - t) / self.half_life_s)
 
@@ -54,3 +90,4 @@ class RecentWork:
         """Every stored value is finite and >= 0."""
         for node, (v, t) in self._value.items():
             assert math.isfinite(v) and v >= 0 and math.isfinite(t), f"{node}: value {v} at {t}"
+        assert self._key.keys() == self._value.keys(), "ordering keys differ from the values"

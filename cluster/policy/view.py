@@ -48,13 +48,24 @@ class NodeView:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetLoad:
+    """Recent work over the whole fleet, when the view holds only some of its nodes."""
+
+    nodes: int
+    recent_tokens: float
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterView:
-    """Every candidate node, and the measured pull bandwidth between them."""
+    """The candidate nodes, and the measured pull bandwidth between them."""
 
     nodes: tuple[NodeView, ...]
     pull_bytes_per_s: Mapping[tuple[NodeId, NodeId], float] = field(default_factory=dict)
     """(puller, holder) -> measured bytes/s; pairs not measured use the default."""
     default_pull_bytes_per_s: float = 10e9
+    fleet: FleetLoad | None = None
+    """Set when `nodes` are a subset (the prefix holders and the least loaded): bounded load then
+    compares with the fleet's mean, not the candidates'. None: the candidates are the fleet."""
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -85,6 +96,7 @@ def build_view(
     pending: Mapping[NodeId, int],
     table: InflightTable,
     default_prefill_tokens_per_s: float,
+    fleet: FleetLoad | None = None,
 ) -> CandidateView:
     """Views of `candidates` (in the given order), sorted nowhere else so round robin is stable.
 
@@ -116,4 +128,5 @@ def build_view(
                 if gbps > 0:
                     bandwidth[(node, NodeId(peer))] = gbps * 1e9
     addresses = {n: found[n].transfer_address for n in candidates if n in found}
-    return CandidateView(ClusterView(tuple(views), bandwidth), addresses, match.cluster_blocks if match else 0)
+    cluster = ClusterView(tuple(views), bandwidth, fleet=fleet)
+    return CandidateView(cluster, addresses, match.cluster_blocks if match else 0)

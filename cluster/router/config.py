@@ -37,6 +37,12 @@ class RouterConfig:
     so an outage does not add match_timeout_s to every request."""
     max_match_blocks: int = MAX_HASHES_PER_QUERY
     """Blocks of a prompt sent to Match at most (the service's per-query limit)."""
+    index_replica: bool = True
+    """Keep a replica of the global index in the router (WatchIndex) and route on it without a Match
+    RPC while it is in sync; Match stays the fallback. False: Match on every request."""
+    least_loaded_candidates: int = 4
+    """Routing on the replica scores the prompt's prefix holders plus this many least-loaded nodes,
+    so a decision's cost follows the holders, not the node count."""
     pending_ttl_s: float = 5.0
     """How long a routed request's blocks count as speculatively held by its node."""
     default_prefill_tokens_per_s: float = 2000.0
@@ -57,6 +63,7 @@ class RouterConfig:
             "block_size": self.block_size,
             "max_match_blocks": self.max_match_blocks,
             "max_attempts": self.max_attempts,
+            "least_loaded_candidates": self.least_loaded_candidates,
         }
         for name, value in positive.items():
             if value < 1:

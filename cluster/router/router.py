@@ -1,9 +1,13 @@
 """The global router: one request in, the node where it starts fastest chosen, its tokens streamed back.
 
-Per request: hash the prompt's full blocks with the tenant salt, ask the metadata service `Match`
-(short deadline), merge its answer with the router's own in-flight table and pending holders into a
-ClusterView, let the policy decide, record the decision as pending, and send the agent a ServePlan
-(with a PullPlan when the decision pulls from a peer that has a transfer address).
+Per request: hash the prompt's full blocks with the tenant salt, match them against the router's
+own replica of the global index (IndexWatcher keeps it in step with the metadata service; the
+prediction goes to hit accounting in the background) or, while the replica is not in sync, ask the
+metadata service `Match` (short deadline); merge the answer with the router's own in-flight table
+and pending holders into a ClusterView, let the policy decide, record the decision as pending, and
+send the agent a ServePlan (with a PullPlan when the decision pulls from a peer that has a transfer
+address). On the replica the candidates are the prefix holders plus a few least-loaded nodes (cost
+independent of the node count); on Match every live node.
 
 Degraded mode: when Match fails or times out, requests are routed by the fallback policy
 (least_loaded over the router's own in-flight counts) and the metadata service is probed again
@@ -30,17 +34,19 @@ import grpc
 from radixmesh.cluster.policy.base import RouteDecision, RoutePolicy, RouteRequest, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
-from radixmesh.cluster.policy.view import ClusterView, build_view
+from radixmesh.cluster.policy.view import ClusterView, FleetLoad, build_view
 from radixmesh.cluster.router.admission import Admission, Overloaded
 from radixmesh.cluster.router.agent_client import AgentClient, AgentDirectory, AgentUnavailable
 from radixmesh.cluster.router.config import RouterConfig
+from radixmesh.cluster.router.index_watch import IndexWatcher
 from radixmesh.cluster.router.metrics import RouterMetrics
+from radixmesh.cluster.router.prediction_report import PredictionReporter
 from radixmesh.node_agent.model.chat_template import ChatTemplate, PlainChatTemplate
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer, Tokenizer
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.client import MetadataClient
-from radixmesh.proto.metadata.messages import ClusterStats, MatchQuery, MatchResult
+from radixmesh.proto.metadata.messages import ClusterStats, MatchQuery, MatchResult, NodeMatch
 from radixmesh.proto.serve.limits import InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult, TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams, draw_seed
@@ -130,6 +136,12 @@ class Router:
         self._inflight = InflightTable(clock, config.policy_config.load_half_life_s)
         self._down_since: float | None = None if metadata is not None else clock()
         self.metrics.metadata_available = metadata is not None
+        use_replica = metadata is not None and config.index_replica
+        self.watcher = IndexWatcher(metadata, retry_s=config.metadata_retry_s) if use_replica else None
+        """Keeps the router's index replica; started by the first request (it needs the loop)."""
+        self._reporter = PredictionReporter(metadata) if use_replica else None
+        self.replica_decisions = 0
+        """Decisions made on the replica (the rest asked Match or had no prefix knowledge)."""
 
     # --- state --------------------------------------------------------------------------------
     @property
@@ -148,6 +160,23 @@ class Router:
         self._inflight.check_invariants()
         self._pending.check_invariants()
 
+    def start(self) -> None:
+        """Start watching the index now (the first request does it otherwise); needs a running loop."""
+        if self.watcher is not None:
+            self.watcher.start()
+
+    async def close(self) -> None:
+        """Stop the index watch and the prediction reports; routing continues on Match."""
+        if self.watcher is not None:
+            await self.watcher.close()
+        if self._reporter is not None:
+            await self._reporter.close()
+
+    async def flush_predictions(self) -> None:
+        """Wait until the predictions of requests routed so far reached the metadata service."""
+        if self._reporter is not None:
+            await self._reporter.flush()
+
     # --- routing ------------------------------------------------------------------------------
     def block_hashes(self, request: GenerateRequest) -> list[BlockHash]:
         """The prompt's full-block hashes as the agents compute them (tenant salt, cluster key)."""
@@ -158,17 +187,22 @@ class Router:
         """Decide where `request` goes (never to a node of `exclude`) and record the decision as
         pending. Raises NoNodeAvailable when no candidate is left."""
         hashes = self.block_hashes(request)[: self.config.max_match_blocks]
-        match = await self._match(hashes, request)
-        candidates = [n for n in self.directory.nodes() if n not in exclude]
-        if match is not None:
-            live = {m.node_id for m in match.nodes}
-            # The directory says who is reachable, the lease who is alive; agents that never
-            # registered (standalone) are still served rather than refused.
-            candidates = [n for n in candidates if n in live] or candidates
+        pending = self._pending.match(hashes)
+        fleet: FleetLoad | None = None
+        replicated = self._replica_match(hashes, request)
+        if replicated is not None:
+            match, candidates, fleet = self._replica_candidates(replicated, pending, exclude)
+        else:
+            match = await self._match(hashes, request)
+            candidates = [n for n in self.directory.nodes() if n not in exclude]
+            if match is not None:
+                live = {m.node_id for m in match.nodes}
+                # The directory says who is reachable, the lease who is alive; agents that never
+                # registered (standalone) are still served rather than refused.
+                candidates = [n for n in candidates if n in live] or candidates
         if not candidates:
             raise NoNodeAvailable(f"no node left to serve request {request.request_id}")
-        view = build_view(candidates, match, self._pending.match(hashes), self._inflight,
-                          self.config.default_prefill_tokens_per_s)
+        view = build_view(candidates, match, pending, self._inflight, self.config.default_prefill_tokens_per_s, fleet)
         policy = self._policy if match is not None else self._fallback
         route_request = RouteRequest(len(request.prompt_token_ids), len(hashes), self.config.block_size)
         decision = policy.route(route_request, view.cluster)
@@ -183,6 +217,50 @@ class Router:
         logger.debug("request %s -> %s (%s): %s", request.request_id, decision.node, policy.name, decision.reason)
         return RoutedPlan(plan, decision, policy.name, view.cluster_blocks * self.config.block_size,
                           match is not None, view.cluster)
+
+    def _replica_match(self, hashes: list[BlockHash], request: GenerateRequest) -> MatchResult | None:
+        """The replica's answer (holders only), or None while it is not in sync."""
+        if self.watcher is None:
+            return None
+        self.watcher.start()
+        replica = self.watcher.replica
+        if not replica.in_sync:
+            return None
+        result = replica.match(self.config.layout, hashes)
+        if self._reporter is not None:
+            self._reporter.add(replica.prediction(request.request_id, result))
+        if self._down_since is not None:
+            logger.info("index replica in sync: routing by %s", self._policy.name)
+            self._down_since = None
+            self.metrics.metadata_available = True
+        self.replica_decisions += 1
+        return result
+
+    def _replica_candidates(
+        self, match: MatchResult, pending: dict[NodeId, int], exclude: frozenset[NodeId]
+    ) -> tuple[MatchResult, list[NodeId], FleetLoad]:
+        """The prefix holders (indexed or pending) and the least-loaded live nodes that the directory
+        can reach, with the least-loaded ones added to `match` (no blocks, their heartbeated load)."""
+        assert self.watcher is not None
+        replica, directory = self.watcher.replica, self.directory
+
+        def usable(n: NodeId) -> bool:
+            return n not in exclude and replica.is_live(n) and directory.get(n) is not None
+
+        pool = directory.nodes()
+        chosen = dict.fromkeys(n for n in (*(m.node_id for m in match.nodes), *pending) if usable(n))
+        extra = []
+        for n in self._inflight.least_loaded(self.config.least_loaded_candidates, pool, usable):
+            if n not in chosen:
+                chosen[n] = None
+                w = replica.node(n)
+                assert w is not None
+                extra.append(NodeMatch(n, w.transfer_address, 0, 0, 0, w.load))
+        candidates = list(chosen)
+        if not candidates:  # agents that never registered (standalone) are served rather than refused
+            candidates = [n for n in pool if n not in exclude]
+        fleet = FleetLoad(len(pool), self._inflight.total_recent_tokens())
+        return MatchResult(match.cluster_blocks, match.nodes + tuple(extra)), candidates, fleet
 
     async def _match(self, hashes: list[BlockHash], request: GenerateRequest) -> MatchResult | None:
         """Match's answer, or None while the service is (considered) unreachable."""

@@ -6,7 +6,7 @@ channel; share it between tasks of one event loop.
 """
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from types import TracebackType
 from typing import Self
 
@@ -21,6 +21,8 @@ from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.messages import (
     ClusterStats,
     EventBatch,
+    IndexUpdate,
+    MatchPrediction,
     MatchQuery,
     MatchResult,
     NodeSnapshot,
@@ -81,6 +83,19 @@ class MetadataClient:
     async def match(self, queries: Sequence[MatchQuery]) -> list[MatchResult]:
         reply = await self._stub.Match(codec.match_request_to_pb(queries), **self._call_kwargs())
         return codec.match_response_from_pb(reply)
+
+    async def watch_index(self) -> AsyncIterator[IndexUpdate]:
+        """The service's WatchIndex stream: a reset snapshot, then every change in order. It has no
+        deadline (it lasts as long as the service); it ends with the AioRpcError that broke it."""
+        call = self._stub.WatchIndex(pb.WatchIndexRequest(), metadata=self._metadata)
+        try:
+            async for m in call:
+                yield codec.update_from_pb(m)
+        finally:
+            call.cancel()
+
+    async def report_predictions(self, predictions: Sequence[MatchPrediction]) -> None:
+        await self._stub.ReportPredictions(codec.predictions_to_pb(predictions), **self._call_kwargs())
 
     async def stats(self) -> ClusterStats:
         return codec.stats_from_pb(await self._stub.GetStats(pb.GetStatsRequest(), **self._call_kwargs()))

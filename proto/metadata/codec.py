@@ -16,12 +16,16 @@ from radixmesh.proto.metadata.hits import COUNTER_FIELDS, HitCounters, HitStats,
 from radixmesh.proto.metadata.messages import (
     ClusterStats,
     EventBatch,
+    IndexUpdate,
+    MatchPrediction,
     MatchQuery,
     MatchResult,
+    NodeBlocks,
     NodeMatch,
     NodeSnapshot,
     PublishAck,
     PublishStatus,
+    WatchedNode,
 )
 from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
 from radixmesh.proto.serve.tokens import TokenSources
@@ -266,3 +270,52 @@ def encode_stored_index(snapshots: Sequence[NodeSnapshot]) -> bytes:
 
 def decode_stored_index(blob: bytes) -> list[NodeSnapshot]:
     return [snapshot_from_pb(s) for s in pb.StoredIndex.FromString(blob).nodes]
+
+
+def update_to_pb(u: IndexUpdate) -> pb.IndexUpdate:
+    return pb.IndexUpdate(
+        seq=u.seq,
+        reset=u.reset,
+        left=u.left,
+        nodes=[
+            pb.WatchedNode(node_id=n.node_id, layout_fingerprint=n.layout, transfer_address=n.transfer_address,
+                           block_size=n.block_size, load=load_to_pb(n.load))
+            for n in u.nodes
+        ],
+        blocks=[
+            pb.NodeBlocks(node_id=b.node_id, replace=b.replace, events=[event_to_pb(e) for e in b.events])
+            for b in u.blocks
+        ],
+        incarnation=u.incarnation,
+    )
+
+
+def update_from_pb(m: pb.IndexUpdate) -> IndexUpdate:
+    return IndexUpdate(
+        m.seq,
+        m.reset,
+        tuple(NodeId(n) for n in m.left),
+        tuple(
+            WatchedNode(NodeId(n.node_id), n.layout_fingerprint, n.transfer_address, n.block_size,
+                        load_from_pb(n.load))
+            for n in m.nodes
+        ),
+        tuple(NodeBlocks(NodeId(b.node_id), tuple(event_from_pb(e) for e in b.events), b.replace) for b in m.blocks),
+        m.incarnation,
+    )
+
+
+def predictions_to_pb(predictions: Sequence[MatchPrediction]) -> pb.PredictionBatch:
+    return pb.PredictionBatch(
+        predictions=[
+            pb.Prediction(request_id=p.request_id, cluster_tokens=p.cluster_tokens, local_tokens=p.local_tokens)
+            for p in predictions
+        ]
+    )
+
+
+def predictions_from_pb(m: pb.PredictionBatch) -> list[MatchPrediction]:
+    return [
+        MatchPrediction(p.request_id, p.cluster_tokens, {NodeId(k): v for k, v in p.local_tokens.items()})
+        for p in m.predictions
+    ]

@@ -92,3 +92,52 @@ class ClusterStats:
     live_nodes: int
     indexed_blocks: int
     state_store: str
+
+
+@dataclass(frozen=True, slots=True)
+class WatchedNode:
+    """A live node as a watcher of the index needs it (WatchIndex)."""
+
+    node_id: NodeId
+    layout: str
+    transfer_address: str
+    block_size: int
+    load: NodeLoad
+
+
+@dataclass(frozen=True, slots=True)
+class NodeBlocks:
+    """One node's block changes, applied like an EventBatch; `replace`: `events` (BlockStored chains)
+    become its whole block set, as SyncSnapshot does."""
+
+    node_id: NodeId
+    events: tuple[CacheEvent, ...]
+    replace: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class IndexUpdate:
+    """One change of the service's state as WatchIndex streams it; applied in the order left, nodes,
+    blocks. `reset`: a snapshot, so the watcher forgets everything first."""
+
+    seq: int
+    reset: bool = False
+    left: tuple[NodeId, ...] = ()
+    nodes: tuple[WatchedNode, ...] = ()
+    blocks: tuple[NodeBlocks, ...] = ()
+    incarnation: str = ""
+    """The serving process; a new one always starts its streams with a reset."""
+
+
+@dataclass(frozen=True, slots=True)
+class MatchPrediction:
+    """What a router's own replica predicted for one request, in tokens (Match's prediction)."""
+
+    request_id: str
+    cluster_tokens: int
+    local_tokens: dict[NodeId, int]
+
+    def __post_init__(self) -> None:
+        check_text("request id", self.request_id, MAX_REQUEST_ID_CHARS)
+        if self.cluster_tokens < 0 or any(v < 0 for v in self.local_tokens.values()):
+            raise ValueError("predicted tokens must be >= 0")

@@ -1,0 +1,74 @@
+"""The router on its index replica over real gRPC: no Match RPC once in sync, the same node choice
+as Match would give, predictions still reaching hit accounting, and the candidate set of a decision
+(prefix holders plus the least loaded) independent of the node count."""
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+from router_cluster import BS, local_cluster
+
+from radixmesh.cluster.policy.recent_work import RecentWork
+from radixmesh.cluster.router.router import GenerateRequest
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.messages import MatchQuery
+from radixmesh.proto.serve.sampling import SamplingParams
+
+pytestmark = pytest.mark.anyio
+
+
+def prompt(seed: int, n: int) -> tuple[int, ...]:
+    return tuple((seed * 31 + i * 7) % 250 for i in range(n))
+
+
+def request(rid: str, tokens: tuple[int, ...]) -> GenerateRequest:
+    return GenerateRequest(rid, tokens, SamplingParams(max_tokens=4, ignore_eos=True))
+
+
+async def poll(cond: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached before the deadline"
+        await asyncio.sleep(0.01)
+
+
+async def test_router_routes_on_its_replica_and_predictions_reach_hit_accounting() -> None:
+    async with local_cluster(3, publish=True, pending_ttl_s=1.0) as c:
+        r = c.router
+        assert r.watcher is not None
+        replica = r.watcher.replica
+        r.start()
+        await poll(lambda: replica.in_sync and len(replica.nodes()) == 3)
+        tokens = prompt(3, 5 * BS + 3)
+        first = await r.complete(request("p1", tokens))
+        assert first.routed.metadata_used and r.replica_decisions == 1
+        hashes = r.block_hashes(request("p1", tokens))
+        await poll(lambda: replica.match(r.config.layout, hashes).cluster_blocks == 5)
+        c.clock.now += 2.0  # the pending (speculative) holder has expired: only the replica knows
+        second = await r.complete(request("p2", (*tokens, 9, 9)))
+        assert r.replica_decisions == 2 and second.result.node == first.result.node
+        assert second.routed.decision.local_blocks == 5
+        assert r.metadata is not None
+        [want] = await r.metadata.match([MatchQuery(r.config.layout, tuple(hashes))])
+        assert want.nodes[0].node_id == first.result.node
+        await r.flush_predictions()
+        await poll(lambda: c.service.stats().hits.total.predicted_local_tokens >= 5 * BS)
+        assert c.service.stats().hits.total.realized_local_tokens >= 5 * BS
+
+
+def test_least_loaded_candidates_follow_recent_work_without_decaying_every_node() -> None:
+    now = [0.0]
+    work = RecentWork(10.0, lambda: now[0])
+    pool = [NodeId(f"n{i:03d}") for i in range(64)]
+    assert work.least(3, pool, lambda n: True) == pool[:3]  # nobody had work: by name
+    for i, n in enumerate(pool):
+        work.add(n, 100.0 + i)
+    now[0] = 25.0  # decay changes every value, not their order
+    work.add(pool[10], 1000.0)
+    assert work.least(3, pool, lambda n: True) == pool[:3]
+    assert work.least(2, pool, lambda n: n != pool[0]) == pool[1:3]
+    assert work.least(2, pool[5:], lambda n: True) == pool[5:7]
+    total = sum(work.value(n) for n in pool)
+    assert abs(work.total() - total) < 1e-6 * total
+    work.check_invariants()

@@ -133,3 +133,34 @@ def test_up_route_stats_down_end_to_end(home: Path, up_process: subprocess.Popen
     assert down.exit_code == 0 and "radixmesh is down" in down.output
     assert up_process.wait(timeout=60) == 0
     assert not (home / "cluster.json").exists()
+
+
+def test_options_come_from_a_config_file_and_the_environment(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = home / "radixmesh.yaml"
+    config.write_text("up:\n  local: 0\n")
+    from_file = CliRunner().invoke(main, ["--config", str(config), "up"])
+    assert from_file.exit_code != 0 and "0 is not in the range" in from_file.output  # the file's value was used
+    monkeypatch.setenv("RADIXMESH_UP_LOCAL_NODES", "0")
+    from_env = CliRunner().invoke(main, ["up"])
+    assert from_env.exit_code != 0 and "0 is not in the range" in from_env.output
+    # The command line wins over both: --local 2 is fine, so the next check (the state URL) speaks.
+    cli_wins = CliRunner().invoke(main, ["--config", str(config), "up", "--local", "2", "--state", "mysql://x"])
+    assert cli_wins.exit_code != 0 and "state must be 'memory' or a redis:// URL" in cli_wins.output
+
+
+@pytest.mark.parametrize("text, message", [
+    ("up:\n  gpu-blokcs: 3\n", "`up` has no option 'gpu-blokcs'"),
+    ("upp:\n  local: 2\n", "'upp' is not a command"),
+    ("- up\n", "must map command names"),
+    ("up: [unclosed\n", "cannot read"),
+])
+def test_a_bad_config_file_is_one_clear_error(home: Path, text: str, message: str) -> None:
+    config = home / "bad.yaml"
+    config.write_text(text)
+    result = CliRunner().invoke(main, ["--config", str(config), "up"])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_help_names_each_option_s_environment_variable() -> None:
+    result = CliRunner().invoke(main, ["up", "--help"])
+    assert result.exit_code == 0 and "RADIXMESH_UP_GPU_BLOCKS" in result.output

@@ -2,6 +2,12 @@
 
 Errors a user can fix (a bad --state, an unreachable Redis, unreadable TLS files) end as one line on
 stderr and a non-zero exit.
+
+Every option can also come from the environment, `RADIXMESH_<COMMAND>_<PARAMETER>` (e.g.
+`RADIXMESH_UP_GPU_BLOCKS=2048`, `RADIXMESH_UP_LOCAL_NODES=3`, `RADIXMESH_LOG_LEVEL=DEBUG`; `--help`
+names each one), or from `--config FILE`, a YAML
+mapping of command to options (`up: {model: smollm2-135m-instruct, gpu-blocks: 2048}`). The command
+line wins over the environment, which wins over the file.
 """
 
 import asyncio
@@ -11,6 +17,7 @@ from pathlib import Path
 
 import click
 import redis
+import yaml
 
 from radixmesh.cluster.cli.cluster import down, route, stats, up
 from radixmesh.cluster.cli.demo import demo
@@ -24,7 +31,40 @@ from radixmesh.cluster.metadata.store import open_store
 from radixmesh.proto.cluster_secret import check_bind
 
 
-@click.group()
+def _load_config(ctx: click.Context, _: click.Parameter, path: Path | None) -> None:
+    """Make the YAML file at `path` the commands' defaults (click's default_map)."""
+    if path is None:
+        return
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise click.BadParameter(f"cannot read {path}: {e}") from None
+    group = ctx.command
+    assert isinstance(group, click.Group)
+    if not isinstance(loaded, dict):
+        raise click.BadParameter(f"{path} must map command names to their options")
+    defaults: dict[str, dict[str, object]] = {}
+    for name, options in loaded.items():
+        command = group.commands.get(str(name))
+        if command is None or not isinstance(options, dict):
+            raise click.BadParameter(f"{path}: {name!r} is not a command with options "
+                                     f"(commands: {', '.join(sorted(group.commands))})")
+        # Keys are the options as typed (`gpu-blocks` or `gpu_blocks` for --gpu-blocks), or their names.
+        known = {opt.lstrip("-").replace("-", "_"): p.name for p in command.params if p.name
+                 for opt in (*p.opts, p.name)}
+        mine = defaults[str(name)] = {}
+        for key, value in options.items():
+            param = known.get(str(key).lstrip("-").replace("-", "_"))
+            if param is None:
+                raise click.BadParameter(f"{path}: `{name}` has no option {key!r}")
+            mine[param] = value
+    ctx.default_map = defaults
+
+
+@click.group(context_settings={"auto_envvar_prefix": "RADIXMESH"})
+@click.option("--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              is_eager=True, expose_value=False, callback=_load_config,
+              help="YAML file of defaults per command, e.g. `up: {model: tiny, gpu-blocks: 2048}`.")
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def main(log_level: str) -> None:
     """radixmesh: a distributed prefix KV-cache cluster for LLM serving."""
@@ -100,3 +140,8 @@ main.add_command(stats)
 main.add_command(demo)
 main.add_command(replay_command)
 main.add_command(front)
+# `--help` names the environment variable of every option (click derives them from the prefix).
+for _command in main.commands.values():
+    for _param in _command.params:
+        if isinstance(_param, click.Option):
+            _param.show_envvar = True

@@ -28,6 +28,7 @@ from radixmesh.cluster.launch import cluster_record, launcher
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, deployment_secret
 from radixmesh.cluster.policy.base import policy_names
+from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.cluster.router.explain import format_report
 from radixmesh.cluster.router.http_api import ROUTE_PATH
 from radixmesh.node_agent.model.config import NAMED_CONFIGS
@@ -38,7 +39,11 @@ API_KEY_ENV = "RADIXMESH_API_KEY"
 
 
 def _connect(address: str) -> None:
-    ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
+    except ConnectionError as e:  # no Ray cluster at `address`: one line, not a traceback
+        raise click.ClickException(f"no Ray cluster at {address!r} ({e}); start one (`ray up`, `ray start "
+                                   "--head`) or run `radixmesh up --local N`") from None
 
 
 def _record() -> cluster_record.ClusterRecord:
@@ -79,9 +84,14 @@ def _record() -> cluster_record.ClusterRecord:
 @click.option("--api-key", envvar=API_KEY_ENV, default="",
               help=f"Bearer key the OpenAI API requires [default: ${API_KEY_ENV}; none].")
 @click.option("--transfer-mac", is_flag=True, help="Agents verify a keyed MAC of every pulled KV chunk.")
+@click.option("--max-running-per-node", default=AdmissionLimits().max_running_per_node, show_default=True,
+              type=click.IntRange(min=1), help="Requests the router runs at once per node; past them they wait.")
+@click.option("--max-waiting", default=AdmissionLimits().max_waiting, show_default=True, type=click.IntRange(min=0),
+              help="Requests waiting for a slot at most; past them the router answers 429 with Retry-After.")
 def up(local_nodes: int | None, address: str, state: str, policy: str, host: str | None, port: int, model_spec: str,
        served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
-       lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool) -> None:
+       lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, max_running_per_node: int,
+       max_waiting: int) -> None:
     """Start metadata service, node agents and router; print the router URL."""
     if cluster_record.load() is not None:
         raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
@@ -93,7 +103,9 @@ def up(local_nodes: int | None, address: str, state: str, policy: str, host: str
                                 model=resolve_model(model_spec), model_name=served_model_name, dtype=dtype,
                                 gpu_blocks=gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
                                 lease_ttl_s=lease_ttl, secret=deployment_secret(secret_file), api_key=api_key,
-                                transfer_mac=transfer_mac)
+                                transfer_mac=transfer_mac,
+                                admission=AdmissionLimits(max_running_per_node=max_running_per_node,
+                                                          max_waiting=max_waiting))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if local_nodes is None:
@@ -157,10 +169,7 @@ def down(timeout: float) -> None:
         click.echo("radixmesh is down")
         return
     assert record.ray_address is not None
-    try:
-        _connect(record.ray_address)
-    except ConnectionError as e:
-        raise click.ClickException(f"Ray at {record.ray_address} is unreachable: {e}") from None
+    _connect(record.ray_address)
     stopped = asyncio.run(launcher.down())
     cluster_record.remove()
     click.echo("radixmesh is down" if stopped else "nothing was running; the record is cleared")

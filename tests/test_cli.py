@@ -164,4 +164,3 @@ def test_a_bad_config_file_is_one_clear_error(home: Path, text: str, message: st
 def test_help_names_each_option_s_environment_variable() -> None:
     result = CliRunner().invoke(main, ["up", "--help"])
     assert result.exit_code == 0 and "RADIXMESH_UP_GPU_BLOCKS" in result.output
-

@@ -1,16 +1,24 @@
 """How routing overhead and index memory grow with the cluster (8 -> 512 nodes) and the trace.
 
-    python bench/scale.py [--limit K]
+    python bench/scale.py [--limit K] [--route-decisions N] [--lag-events N]
 
 For each size it replays the synthetic trace with the `cost` policy (500 blocks per node) and
 measures, on this machine: GlobalIndex match latency per request, full routing-decision time per
 request (index match + pending match + cost policy over every node), and index memory per
 (block, holder) entry (tracemalloc while rebuilding the index from every node's cache snapshot).
-Baseline in the same run: the 8-node figures; ratios are against them. Writes
-bench/results/scale.json and bench/results/scale.png; the last line printed is the JSON.
+Baseline in the same run: the 8-node figures; ratios are against them.
+
+Then the production Router's decision at 8, 64 and 512 nodes (bench/route_paths.py): on its
+in-process index replica (WatchIndex), on today's Match RPC (real grpc.aio on 127.0.0.1), and a bare
+dict lookup of the prompt's hashes as the floor, all on the same requests in the same run
+(`replica_route_p99_ms` by node count, wall time); and replica lag, BlockStored published by an
+agent until the router's replica applied it, at the trace's pace x `--lag-speedup`.
+
+Writes bench/results/scale.json and bench/results/scale.png; the last line printed is the JSON.
 """
 
 import argparse
+import asyncio
 import json
 import time
 import tracemalloc
@@ -20,6 +28,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from route_paths import bench_lag, bench_routes
 
 from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.cluster.sim.simulator import SimConfig, SimRequest, Simulator, prepare
@@ -68,8 +77,41 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--capacity", type=int, default=500)
     ap.add_argument("--limit", type=int, default=None, help="first K requests for the node sweep")
+    ap.add_argument("--route-warm", type=int, default=1000, help="requests indexed before routing")
+    ap.add_argument("--route-decisions", type=int, default=1000, help="decisions timed per path")
+    ap.add_argument("--lag-events", type=int, default=500)
+    ap.add_argument("--lag-speedup", type=float, default=50.0, help="trace pace multiplier for the lag run")
+    ap.add_argument("--routes-only", action="store_true", help="skip the simulator sweeps")
     args = ap.parse_args()
-    full = prepare(read_trace(TRACE))
+    trace = read_trace(TRACE)
+    route_rows = []
+    for n in (8, 64, 512):
+        route_rows.append(asyncio.run(bench_routes(n, trace, args.route_warm, args.route_decisions)))
+        print(json.dumps(route_rows[-1]))
+    lag = asyncio.run(bench_lag(trace, args.lag_speedup, args.lag_events))
+    print(json.dumps(lag))
+    print(f"\n{'nodes':>6}{'replica p50/p99 ms':>22}{'(cpu p99)':>11}{'Match RPC p50/p99 ms':>24}{'dict p99 ms':>13}")
+    for row in route_rows:
+        rep, rpc, d = row["replica"], row["match_rpc"], row["dict_lookup"]
+        print(f"{row['nodes']:>6}{rep['p50_ms']:>11.3f} /{rep['p99_ms']:>8.3f}{rep['cpu_p99_ms']:>11.3f}"
+              f"{rpc['p50_ms']:>13.3f} /{rpc['p99_ms']:>8.3f}{d['p99_ms']:>13.4f}")
+    print(f"replica lag: p50 {lag['lag_p50_ms']:.2f} ms, p99 {lag['lag_p99_ms']:.2f} ms "
+          f"at {lag['events_per_s']:.0f} batches/s")
+    routes = {
+        "route_paths": route_rows,
+        "replica_route_p99_ms": {str(r["nodes"]): r["replica"]["p99_ms"] for r in route_rows},
+        "replica_route_cpu_p99_ms": {str(r["nodes"]): r["replica"]["cpu_p99_ms"] for r in route_rows},
+        "match_rpc_route_p99_ms": {str(r["nodes"]): r["match_rpc"]["p99_ms"] for r in route_rows},
+        "replica_lag": lag,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    if args.routes_only:
+        old = json.loads((RESULTS / "scale.json").read_text()) if (RESULTS / "scale.json").exists() else {}
+        line = json.dumps(old | routes, sort_keys=True)
+        (RESULTS / "scale.json").write_text(line + "\n")
+        print(line)
+        return
+    full = prepare(trace)
     sweep = full[: args.limit] if args.limit else full
     by_nodes = []
     for n in (8, 32, 128, 512):
@@ -118,6 +160,7 @@ def main() -> None:
         "by_nodes": by_nodes,
         "by_trace_64_nodes": by_trace,
         "route_us_512_over_8": by_nodes[-1]["route_us"] / base["route_us"],
+        **routes,
     }
     line = json.dumps(out, sort_keys=True)
     (RESULTS / "scale.json").write_text(line + "\n")

@@ -14,8 +14,9 @@ is L_i(T) + ln2/half_life x integral of L_i dt.
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from operator import itemgetter
+from typing import Any
 
 from radixmesh.proto.ids import NodeId
 
@@ -62,16 +63,10 @@ class RecentWork:
         steps for a pool of any size."""
         keys = self._key
         members = set(pool)
-        out = sorted(n for n in members.difference(keys) if usable(n))[:k]
+        out = _first(k, members.difference(keys), None, usable)
         if len(out) < k:
-            want = k - len(out)
-            # A few extra for nodes `usable` refuses; a full pass only when those are not enough.
-            for extra in (want + 8, len(keys)):
-                picked = [n for n, _ in heapq.nsmallest(extra, keys.items(), key=itemgetter(1))
-                          if n in members and usable(n)]
-                if len(picked) >= want or extra >= len(keys):
-                    break
-            out.extend(picked[:want])
+            ranked = _first(k - len(out), keys.items(), itemgetter(1), lambda n: n in members and usable(n))
+            out.extend(ranked)
         return out
 
     def value(self, node: NodeId) -> float:
@@ -91,3 +86,15 @@ class RecentWork:
         for node, (v, t) in self._value.items():
             assert math.isfinite(v) and v >= 0 and math.isfinite(t), f"{node}: value {v} at {t}"
         assert self._key.keys() == self._value.keys(), "ordering keys differ from the values"
+
+
+def _first(k: int, items: Collection[Any], key: Callable[[Any], Any] | None, usable: Callable[[NodeId], bool]) -> list[NodeId]:
+    """The `k` smallest of `items` (nodes, or (node, key) pairs ranked by `key`) that pass `usable`:
+    C-level nsmallest over a few extra first, a full pass only when `usable` refused too many."""
+    picked: list[NodeId] = []
+    for extra in (k + 8, len(items)):
+        ranked = heapq.nsmallest(extra, items, key=key)
+        picked = [n for n in (ranked if key is None else (n for n, _ in ranked)) if usable(n)]
+        if len(picked) >= k or extra >= len(items):
+            break
+    return picked[:k]

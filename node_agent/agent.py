@@ -92,7 +92,8 @@ class NodeAgent:
             await self._transfer.start()
             if self.config.metadata_address is not None:
                 client = MetadataClient(self.config.metadata_address,
-                                        credentials=CallerCredentials.node(self.config.secret, self.node))
+                                        credentials=CallerCredentials.node(self.config.secret, self.node),
+                                        root_certificates=self.config.metadata_root_certificates)
                 self.publisher = EventPublisher(self, client, PublisherConfig(
                     self.config.publish_interval_s, self.config.heartbeat_interval_s))
                 await self.publisher.start()

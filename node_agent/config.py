@@ -49,6 +49,8 @@ class AgentConfig:
     """Bound on one pull; past it the missing blocks are recomputed."""
     metadata_address: str | None = None
     """host:port of the metadata service; None runs standalone (no events, no heartbeats)."""
+    metadata_root_certificates: bytes | None = None
+    """PEM certificates the metadata service's TLS certificate must chain to; None: plain gRPC."""
     heartbeat_interval_s: float = 1.0
     publish_interval_s: float = 0.05
     """How long cache events are batched before they are sent."""

@@ -1,12 +1,15 @@
 """The cluster secret (where it comes from, how it is stored, what derives from it), the refusal to
-serve a non-loopback address without one, and the CLI's one-line errors for hostile or broken
-setups: a shared secret file, a busy port, dead URLs, a dead Redis, a recorded pid reused."""
+serve a non-loopback address without one, the CLI's one-line errors for hostile or broken setups (a
+shared secret file, a busy port, dead URLs, a dead Redis, a recorded pid reused), and `up` with TLS."""
 
 import os
 import socket
+import ssl
 import stat
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -127,3 +130,41 @@ def test_up_on_a_dead_redis_is_one_line(home: Path) -> None:
     one_line_error(proc, "radixmesh up failed")
     assert not (home / "cluster.json").exists()
     assert (home / "secret").exists()  # made before anything started, kept for the next `up`
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_up_with_tls_serves_https_and_metadata_over_tls(home: Path) -> None:
+    key, cert = home / "key.pem", home / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    env = {**os.environ, "RADIXMESH_HOME": str(home), "SSL_CERT_FILE": str(cert)}
+    up = subprocess.Popen([str(EXE), "--log-level", "WARNING", "up", "--local", "1", "--port", "0",
+                           "--tls-cert", str(cert), "--tls-key", str(key)],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert up.stdout is not None
+        url = next((line.split()[1] for line in up.stdout if line.startswith("router: ")), None)
+        assert url is not None and url.startswith("https://127.0.0.1:"), f"`up` exited with {up.poll()}"
+        trusting = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(f"{url}/healthz", context=trusting, timeout=30) as r:
+            assert r.status == 200
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            urllib.request.urlopen(f"{url}/healthz", context=ssl.create_default_context(), timeout=30)
+        # `route` (the router's Match to the metadata service, over TLS) and `stats` trust the
+        # certificate through SSL_CERT_FILE.
+        routed = subprocess.run([str(EXE), "route", "hello there, general kenobi", "--max-tokens", "2"],
+                                env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert routed.returncode == 0, routed.stderr
+        stats = subprocess.run([str(EXE), "stats", "--json"], env=env, capture_output=True, text=True, timeout=60,
+                               check=False)
+        assert '"live_nodes": 1' in stats.stdout, stats.stdout + stats.stderr  # agents reached it over TLS
+        down = subprocess.run([str(EXE), "down"], env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert down.returncode == 0, down.stderr
+        assert up.wait(timeout=60) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()

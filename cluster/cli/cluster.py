@@ -27,6 +27,7 @@ from rich.table import Table
 from radixmesh.cluster.launch import cluster_record, launcher
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, deployment_secret
+from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.cluster.router.explain import format_report
@@ -84,18 +85,25 @@ def _record() -> cluster_record.ClusterRecord:
 @click.option("--api-key", envvar=API_KEY_ENV, default="",
               help=f"Bearer key the OpenAI API requires [default: ${API_KEY_ENV}; none].")
 @click.option("--transfer-mac", is_flag=True, help="Agents verify a keyed MAC of every pulled KV chunk.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="PEM certificate (valid for --host) the metadata service and the HTTP API serve TLS with.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Its PEM private key.")
 @click.option("--max-running-per-node", default=AdmissionLimits().max_running_per_node, show_default=True,
               type=click.IntRange(min=1), help="Requests the router runs at once per node; past them they wait.")
 @click.option("--max-waiting", default=AdmissionLimits().max_waiting, show_default=True, type=click.IntRange(min=0),
               help="Requests waiting for a slot at most; past them the router answers 429 with Retry-After.")
 def up(local_nodes: int | None, address: str, state: str, policy: str, host: str | None, port: int, model_spec: str,
        served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
-       lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, max_running_per_node: int,
-       max_waiting: int) -> None:
+       lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, tls_cert: Path | None,
+       tls_key: Path | None, max_running_per_node: int, max_waiting: int) -> None:
     """Start metadata service, node agents and router; print the router URL."""
     if cluster_record.load() is not None:
         raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
                                    "`radixmesh down` first")
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    tls = TlsFiles(tls_cert.read_bytes(), tls_key.read_bytes()) if tls_cert and tls_key else None
     try:
         # Without --host: loopback on one machine, else (host "") the address of this Ray node.
         host = host if host is not None else "127.0.0.1" if local_nodes is not None else ""
@@ -103,7 +111,7 @@ def up(local_nodes: int | None, address: str, state: str, policy: str, host: str
                                 model=resolve_model(model_spec), model_name=served_model_name, dtype=dtype,
                                 gpu_blocks=gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
                                 lease_ttl_s=lease_ttl, secret=deployment_secret(secret_file), api_key=api_key,
-                                transfer_mac=transfer_mac,
+                                transfer_mac=transfer_mac, tls=tls,
                                 admission=AdmissionLimits(max_running_per_node=max_running_per_node,
                                                           max_waiting=max_waiting))
     except ValueError as e:

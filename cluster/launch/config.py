@@ -7,6 +7,7 @@ AgentConfig and the router's RouterConfig from it, so every agent of a deploymen
 import math
 from dataclasses import dataclass, field
 
+from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.cluster.router.config import RouterConfig
@@ -63,6 +64,9 @@ class LauncherConfig:
     """Bearer key the OpenAI API requires ("": none)."""
     transfer_mac: bool = False
     """Agents verify a keyed MAC of every pulled chunk."""
+    tls: TlsFiles | None = None
+    """Certificate (PEM, valid for `host`) and key that the metadata service and the router's HTTP API
+    serve TLS with; agents and the router then verify the metadata service against it."""
     heartbeat_interval_s: float = 1.0
     publish_interval_s: float = 0.05
     metadata_retry_s: float = 1.0
@@ -109,6 +113,7 @@ class LauncherConfig:
         return AgentConfig(node, model=self.model, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
                            engine=EngineConfig(block_size=self.block_size, memory=memory), host=host,
                            transfer=self.transfer, secret=self.secret, transfer_mac=self.transfer_mac,
+                           metadata_root_certificates=self.tls.cert_chain if self.tls else None,
                            # Without caching there is nothing to publish: agents stay standalone.
                            metadata_address=metadata_address if self.prefix_caching else None,
                            heartbeat_interval_s=self.heartbeat_interval_s,

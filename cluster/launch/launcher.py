@@ -105,7 +105,7 @@ async def up(config: LauncherConfig) -> Deployment:
     here = this_node_address()
     try:
         metadata = make_metadata_actor(config.host, config.metadata_port, config.state, config.lease_ttl_s,
-                                       config.secret, here)
+                                       config.secret, here, config.tls)
         address: str = await metadata.start.remote()
         router = make_router_actor(config, address, here)
         url: str = await router.start.remote()

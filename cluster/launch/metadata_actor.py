@@ -16,6 +16,7 @@ from radixmesh.cluster.launch.config import NAMESPACE
 from radixmesh.cluster.metadata.server import (
     MetadataServer,
     ServerOptions,
+    TlsFiles,
     create_server,
     tune_gc_for_serving,
 )
@@ -31,9 +32,11 @@ METADATA_ACTOR = "radixmesh-metadata"
 class MetadataActor:
     """Hosts one MetadataServer at a time on host:port (port 0 picks one at the first start)."""
 
-    def __init__(self, host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret) -> None:
+    def __init__(self, host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret,
+                 tls: TlsFiles | None) -> None:
         self._host = host
         self._secret = secret
+        self._tls = tls
         self._port = port
         self._state = state
         self._config = ServiceConfig(lease_ttl_s=lease_ttl_s)
@@ -45,7 +48,8 @@ class MetadataActor:
         if self._server is None:
             store = open_store(self._state)
             server, bound = create_server(MetadataService(store, self._config),
-                                          ServerOptions(host=self._host, port=self._port, secret=self._secret))
+                                          ServerOptions(host=self._host, port=self._port, secret=self._secret,
+                                                        tls=self._tls))
             if bound == 0:
                 store.close()
                 raise RuntimeError(f"metadata service could not bind {self._host}:{self._port}")
@@ -69,10 +73,10 @@ class MetadataActor:
 
 
 def make_metadata_actor(host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret,
-                        node_ip: str) -> Any:
+                        node_ip: str, tls: TlsFiles | None = None) -> Any:
     """Create the detached metadata actor (named METADATA_ACTOR) on the Ray node `node_ip` (the
     one whose address `host` is); call `start` on the handle."""
     return ray.remote(MetadataActor).options(
         name=METADATA_ACTOR, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0,
         resources={f"node:{node_ip}": 0.001},
-    ).remote(host, port, state, lease_ttl_s, secret)
+    ).remote(host, port, state, lease_ttl_s, secret, tls)

@@ -20,7 +20,7 @@ from aiohttp import web
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.reconcile import AgentReconciler, RayAgents
 from radixmesh.cluster.router.agent_clients import StaticAgentDirectory
-from radixmesh.cluster.router.http_api import start_http
+from radixmesh.cluster.router.http_api import server_tls_pem, start_http
 from radixmesh.cluster.router.router import Router
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.auth import CallerCredentials
@@ -78,13 +78,14 @@ class RouterActor:
         await self._reconciler.until_any(RECONCILE_INTERVAL_S)
         layout, block_bytes = deployment_layout(list(self._reconciler.infos.values()))
         metadata = MetadataClient(self._metadata_address, credentials=CallerCredentials.cluster(cfg.secret),
-                                  timeout_s=5.0)
+                                  root_certificates=cfg.tls.cert_chain if cfg.tls else None, timeout_s=5.0)
         tokenizer, template = await asyncio.to_thread(lambda: (cfg.model.tokenizer(), cfg.model.chat_template()))
         router = Router(cfg.router_config(layout, block_bytes), self._reconciler.directory, metadata,
                         tokenizer=tokenizer, chat_template=template)
-        runner, port = await start_http(router, cfg.host, cfg.http_port, api_key=cfg.api_key)
+        tls = server_tls_pem(cfg.tls.cert_chain, cfg.tls.private_key) if cfg.tls else None
+        runner, port = await start_http(router, cfg.host, cfg.http_port, api_key=cfg.api_key, tls=tls)
         self._runner, self._router = runner, router
-        self._url = f"http://{cfg.host}:{port}"
+        self._url = f"{'https' if tls else 'http'}://{cfg.host}:{port}"
         self._reconciler.follow(RECONCILE_INTERVAL_S)
         logger.info("router on %s over %d agent(s)", self._url, len(router.directory.nodes()))
 

@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import ssl
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -160,6 +161,16 @@ def server_tls(cert_chain: Path, private_key: Path) -> ssl.SSLContext:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(cert_chain, private_key)
     return context
+
+
+def server_tls_pem(cert_chain: bytes, private_key: bytes) -> ssl.SSLContext:
+    """`server_tls` from PEM bytes (ssl loads keys only from files: they live in a private temporary
+    directory for the duration of the load)."""
+    with tempfile.TemporaryDirectory() as d:
+        cert, key = Path(d) / "cert.pem", Path(d) / "key.pem"
+        cert.write_bytes(cert_chain)
+        key.write_bytes(private_key)
+        return server_tls(cert, key)
 
 
 # --- OpenAI endpoints ---------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from radixmesh.proto.metadata.auth import CallerCredentials
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
-from radixmesh.proto.serve.limits import InvalidRequest, usable_prefix_blocks
+from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.plan import ServeItem, ServePlan, ServeResult, ServeStats, TokenDelta
 
 logger = logging.getLogger(__name__)
@@ -177,6 +177,8 @@ class NodeAgent:
         """Refuse, before anything is pulled, what the engine would refuse (it checks again)."""
         prompt = plan.prompt_token_ids
         self.engine.limits.check(prompt, plan.sampling.max_tokens)
+        if self.runner.active_requests >= self.config.max_requests:
+            raise AgentBusy(f"agent {self.node} holds {self.runner.active_requests} requests already")
         if self.runner.is_active(RequestId(plan.request_id)):
             raise InvalidRequest(f"request id {plan.request_id!r} is already being served")
         if plan.pull is not None:

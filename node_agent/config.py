@@ -47,6 +47,9 @@ class AgentConfig:
     """Verify a keyed MAC of every pulled chunk (TransferConfig.mac)."""
     pull_timeout_s: float = 10.0
     """Bound on one pull; past it the missing blocks are recomputed."""
+    max_requests: int = 512
+    """Requests this agent holds at once (queued or running); past it new plans are refused with
+    AgentBusy, so several routers cannot pile up an unbounded queue on one node."""
     metadata_address: str | None = None
     """host:port of the metadata service; None runs standalone (no events, no heartbeats)."""
     metadata_root_certificates: bytes | None = None
@@ -63,6 +66,8 @@ class AgentConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.transfer not in TRANSFER_PLANES:
             raise ValueError(f"transfer must be one of {TRANSFER_PLANES}, got {self.transfer!r}")
+        if self.max_requests < 1:
+            raise ValueError(f"max_requests must be >= 1, got {self.max_requests}")
         if not 0 <= self.transfer_port < 65536:
             raise ValueError(f"transfer_port must be in [0, 65535], got {self.transfer_port}")
         for name in ("pull_timeout_s", "heartbeat_interval_s", "publish_interval_s"):

@@ -2,15 +2,21 @@
 with HTTP 429 and Retry-After, counted, and nothing of theirs reaches an agent (issue 15)."""
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from router_cluster import MODEL_NAME, Cluster, local_cluster
+from router_cluster import MODEL_NAME, Cluster, agent_config, local_cluster, router_config
 
 from radixmesh.cluster.router.admission import Admission, AdmissionLimits, Overloaded
+from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.router.http_api import start_http
+from radixmesh.cluster.router.router import GenerateRequest, Router
+from radixmesh.node_agent.agent import NodeAgent
+from radixmesh.proto.serve.plan import TokenDelta
+from radixmesh.proto.serve.sampling import SamplingParams
 
 pytestmark = pytest.mark.anyio
 
@@ -99,3 +105,30 @@ async def test_past_the_limit_http_answers_429_with_retry_after(full: tuple[Clus
             assert after.status == 200
     assert cluster.router.metrics.status_counts["refused"] == 1
     assert sum(cluster.router.metrics.routed.values()) == 2  # the holder and the last one: never the refused one
+
+
+async def test_agents_bound_their_requests_and_a_fully_busy_cluster_is_overloaded() -> None:
+    agents = [NodeAgent(dataclasses.replace(agent_config(n), max_requests=1)) for n in ("a", "b")]
+    for a in agents:
+        await a.start()
+    try:
+        router = Router(router_config(agents[0].layout.fingerprint()),
+                        StaticAgentDirectory([LocalAgentClient(a) for a in agents]), None)
+        sampling = SamplingParams(max_tokens=300, ignore_eos=True)
+        holders = [router.generate(GenerateRequest(f"hold-{i}", (5, 6, 7, 8, 9), sampling)) for i in range(2)]
+        for h in holders:  # each holds one agent's only slot while it streams
+            assert isinstance(await anext(h), TokenDelta)
+        assert sorted(a.runner.active_requests for a in agents) == [1, 1]
+        with pytest.raises(Overloaded, match="busy"):
+            await router.complete(GenerateRequest("third", (5, 6, 7), SamplingParams(max_tokens=2)))
+        assert router.metrics.status_counts.get("refused") == 1 and not router.metrics.failed_attempts
+        for h in holders:
+            await h.aclose()
+        assert [a.runner.active_requests for a in agents] == [0, 0]
+        done = await router.complete(GenerateRequest("after", (5, 6, 7), SamplingParams(max_tokens=2)))
+        assert len(done.result.output_token_ids) == 2
+        with pytest.raises(ValueError, match="max_requests"):
+            dataclasses.replace(agent_config("c"), max_requests=0)
+    finally:
+        for a in agents:
+            await a.stop()

@@ -4,6 +4,7 @@ Both clients honour cluster.agent_client's contract: `serve` yields TokenDelta i
 ServeResult, raises InvalidRequest for a refused plan and AgentUnavailable when the agent is gone.
 """
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -15,7 +16,7 @@ from radixmesh.node_agent.actor import agent_actor_name
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.nodes import NodeInfo
-from radixmesh.proto.serve.limits import InvalidRequest
+from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest
 from radixmesh.proto.serve.plan import ServeItem, ServePlan
 
 logger = logging.getLogger(__name__)
@@ -30,9 +31,11 @@ class LocalAgentClient:
 
     async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
         try:
-            async for item in self.agent.serve(plan):
-                yield item
-        except InvalidRequest:
+            # aclosing: closing this stream closes the agent's now, which aborts the request at once
+            async with contextlib.aclosing(self.agent.serve(plan)) as items:
+                async for item in items:
+                    yield item
+        except (InvalidRequest, AgentBusy):
             raise
         except Exception as e:  # a stopped or broken agent: the router retries elsewhere
             raise AgentUnavailable(f"agent {self.node}: {e}") from e
@@ -79,6 +82,8 @@ class RayAgentClient:
             match e.cause:
                 case InvalidRequest() as refused:  # the agent refused the plan: the caller's error
                     raise InvalidRequest(str(refused)) from None
+                case AgentBusy() as busy:
+                    raise AgentBusy(str(busy)) from None
                 case cause:
                     raise AgentUnavailable(f"agent {self.node} failed: {cause!r}") from e
         except ray.exceptions.RayError as e:  # actor died, or is unreachable

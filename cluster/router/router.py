@@ -47,7 +47,7 @@ from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import ClusterStats, MatchQuery, MatchResult, NodeMatch
-from radixmesh.proto.serve.limits import InvalidRequest, usable_prefix_blocks
+from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult, TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams, draw_seed
 
@@ -348,8 +348,15 @@ class Router:
         first_token_at: float | None = None
         sent: list[int] = []
         exclude: set[NodeId] = set()
+        busy: set[NodeId] = set()
         for attempt in range(1, self.config.max_attempts + 1):
-            routed = await self.plan(request, frozenset(exclude))
+            try:
+                routed = await self.plan(request, frozenset(exclude))
+            except NoNodeAvailable:
+                if busy:
+                    raise Overloaded(f"every node left is busy ({sorted(busy)}): retry later",
+                                     self.config.admission.retry_after_s) from None
+                raise
             node = routed.decision.node
             client = self.directory.get(node)
             if client is None:
@@ -383,6 +390,10 @@ class Router:
                         yield RouterResult(item, routed, attempt, ttft)
                         return
                 raise AgentUnavailable(f"agent {node} ended the stream without a result")
+            except AgentBusy as e:  # refused before anything ran: another node may take it
+                logger.info("request %s: %s; trying another node", request.request_id, e)
+                busy.add(node)
+                exclude.add(node)
             except AgentUnavailable as e:
                 logger.warning("request %s: agent %s unavailable (%s); %d token(s) already sent, retrying",
                                request.request_id, node, e, len(sent))
@@ -392,6 +403,8 @@ class Router:
                 self._inflight.finish(ticket)
                 # Close the agent's stream now (not at garbage collection) so it frees the request's blocks.
                 await stream.aclose()
+        if busy and busy == exclude:
+            raise Overloaded(f"every node tried is busy ({sorted(busy)}): retry later", self.config.admission.retry_after_s)
         raise NoNodeAvailable(f"request {request.request_id}: {len(exclude)} node(s) failed: {sorted(exclude)}")
 
     # --- what /stats and /metrics read ---------------------------------------------------------

@@ -89,6 +89,11 @@ class EngineRunner:
         self._queues.pop(request_id, None)
         return await self.call(self._abort, request_id)
 
+    @property
+    def active_requests(self) -> int:
+        """Requests with an open stream (queued or running)."""
+        return len(self._queues)
+
     def is_active(self, request_id: RequestId) -> bool:
         """Whether a stream for `request_id` is open."""
         return request_id in self._queues

@@ -13,6 +13,11 @@ class InvalidRequest(ValueError):
     agent/router boundary as itself, so the client's 4xx names the agent's reason."""
 
 
+class AgentBusy(Exception):
+    """An agent refused a plan for capacity (it holds AgentConfig.max_requests already): nothing was
+    pulled, taken or queued. The router tries another node, and answers 429 when every one is busy."""
+
+
 @dataclass(frozen=True, slots=True)
 class PromptLimits:
     """The model's limits on a prompt."""

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radixmesh.cluster.metadata.index import GlobalIndex
-from radixmesh.cluster.policy.base import PolicyConfig, RouteRequest, make_policy
+from radixmesh.cluster.policy.base import PolicyConfig, RoutePolicy, RouteRequest, make_policy
 from radixmesh.cluster.policy.cost_model import CostModel
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.recent_work import RecentWork
-from radixmesh.cluster.policy.view import ClusterView, NodeView
+from radixmesh.cluster.policy.view import ClusterView, FleetLoad, NodeView
 from radixmesh.cluster.sim.holders import HolderCount
 from radixmesh.cluster.sim.node import SimJob, SimNode
 from radixmesh.cluster.sim.oracle import global_lru, infinite_bound
@@ -65,10 +65,23 @@ class SimConfig:
     `eviction_window`: BlockPool.set_cluster_eviction, holder counts from the cluster's events)."""
     eviction_window: int = 64
     seed: int = 0
+    candidates: int = 0
+    """0: the policy scores every node. k > 0: only the prefix holders (indexed or pending) and the
+    k least-loaded nodes, with bounded load against the fleet's mean, as the router does on its
+    index replica."""
+    routers: int = 1
+    """Routers behind a round-robin balancer (request i to router i mod routers). They share the index
+    (each holds an in-sync replica) but not what only a router knows: its pending (speculative)
+    holders, its recent-work load table and its policy state. Node queues stay the nodes' truth."""
+    shared_pending: bool = False
+    """Routers share one PendingIndex (as if speculative inserts went through the metadata stream
+    with no lag): measures what not sharing them costs."""
     check_every: int = 0
     """Run every node's and the index's check_invariants() every this many arrivals (0: never)."""
 
     def __post_init__(self) -> None:
+        if self.routers < 1:
+            raise ValueError(f"routers must be >= 1, got {self.routers}")
         if self.nodes < 1 or self.capacity_blocks < 1:
             raise ValueError(
                 f"nodes and capacity_blocks must be >= 1, got {self.nodes}, {self.capacity_blocks}"
@@ -130,6 +143,19 @@ def percentile(values: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
+@dataclass(slots=True)
+class _SimRouter:
+    """What one router knows that the others do not."""
+
+    pending: PendingIndex
+    recent: RecentWork
+    policy: RoutePolicy | None = None
+
+
+def _anyone(node: NodeId) -> bool:
+    return True
+
+
 class Simulator:
     """Replays requests through the policy over `config.nodes` virtual nodes. One run per instance."""
 
@@ -137,8 +163,15 @@ class Simulator:
         self.config = config
         self.now = 0.0
         self.index = GlobalIndex()
-        self.pending = PendingIndex(config.pending_ttl_s, clock=lambda: self.now)
-        self.recent = RecentWork(config.load_half_life_s, clock=lambda: self.now)
+        shared = PendingIndex(config.pending_ttl_s, clock=lambda: self.now)
+        self._routers = [
+            _SimRouter(shared if config.shared_pending or k == 0
+                       else PendingIndex(config.pending_ttl_s, clock=lambda: self.now),
+                       RecentWork(config.load_half_life_s, clock=lambda: self.now))
+            for k in range(config.routers)
+        ]
+        self.pending, self.recent = self._routers[0].pending, self._routers[0].recent
+        """Router 0's (the only one unless config.routers > 1)."""
         policy_config = PolicyConfig(
             load_eps=config.load_eps,
             load_half_life_s=config.load_half_life_s,
@@ -146,6 +179,9 @@ class Simulator:
             pull_latency_s=config.pull_latency_s,
         )
         self.policy = make_policy(config.policy, policy_config, random.Random(config.seed))
+        for k, router in enumerate(self._routers):
+            router.policy = self.policy if k == 0 else make_policy(
+                config.policy, policy_config, random.Random(config.seed + k))
         self.cost = CostModel(policy_config)
         self.nodes: dict[NodeId, SimNode] = {}
         self.holders = HolderCount()
@@ -155,12 +191,18 @@ class Simulator:
             self.nodes[nid] = SimNode(nid, config.capacity_blocks, config.prefill_tokens_per_s, copies,
                                       config.eviction_window)
             self.index.add_node(nid, _LAYOUT)
+        self._node_ids = list(self.nodes)
         self.hits = {"local": 0, "remote": 0, "miss": 0}
         self.ttfts: list[float] = []
         self._route_s = 0.0
         self._match_s = 0.0
         self._events: list[tuple[float, int, int, int | NodeId]] = []
         self._seq = 0
+
+    def share_recent_work(self) -> None:
+        """Every router reads and records one recent-work table (load shared with no lag)."""
+        for router in self._routers:
+            router.recent = self.recent
 
     def run(self, requests: Sequence[SimRequest]) -> SimReport:
         """Replay all requests to completion and report."""
@@ -190,9 +232,18 @@ class Simulator:
         t0 = time.perf_counter()
         found = self.index.match(_LAYOUT, r.hashes).prefixes
         self._match_s += time.perf_counter() - t0
-        pending = self.pending.match(r.hashes)
+        router = self._routers[i % len(self._routers)]
+        pending = router.pending.match(r.hashes)
         views = []
-        for nid, node in self.nodes.items():
+        fleet = None
+        scored = self.nodes.keys()
+        if self.config.candidates:
+            chosen = dict.fromkeys((*found, *pending))
+            chosen.update(dict.fromkeys(router.recent.least(self.config.candidates, self._node_ids, _anyone)))
+            scored = chosen.keys()
+            fleet = FleetLoad(len(self.nodes), router.recent.total())
+        for nid in scored:
+            node = self.nodes[nid]
             p = found.get(nid)
             extra = pending.get(nid, 0)
             views.append(
@@ -202,16 +253,17 @@ class Simulator:
                     local_blocks=max(p.any_tier if p else 0, extra),
                     queued_tokens=node.queued_tokens(self.now),
                     inflight=node.inflight,
-                    recent_tokens=self.recent.value(nid),
+                    recent_tokens=router.recent.value(nid),
                     prefill_tokens_per_s=node.rate,
                 )
             )
         request = RouteRequest(r.prompt_tokens, len(r.hashes), TRACE_BLOCK_TOKENS)
-        cluster = ClusterView(tuple(views), default_pull_bytes_per_s=self.config.pull_bytes_per_s)
-        decision = self.policy.route(request, cluster)
+        cluster = ClusterView(tuple(views), default_pull_bytes_per_s=self.config.pull_bytes_per_s, fleet=fleet)
+        assert router.policy is not None
+        decision = router.policy.route(request, cluster)
         self._route_s += time.perf_counter() - t0
-        self.pending.add(decision.node, r.hashes)
-        self.recent.add(decision.node, r.prompt_tokens)
+        router.pending.add(decision.node, r.hashes)
+        router.recent.add(decision.node, r.prompt_tokens)
         reused = decision.local_blocks + decision.pull_blocks
         est = r.prompt_tokens - reused * TRACE_BLOCK_TOKENS
         node = self.nodes[decision.node]
@@ -257,8 +309,9 @@ class Simulator:
         for node in self.nodes.values():
             node.check_invariants()
         self.index.check_invariants()
-        self.pending.check_invariants()
-        self.recent.check_invariants()
+        for router in self._routers:
+            router.pending.check_invariants()
+            router.recent.check_invariants()
 
     def _report(self, requests: Sequence[SimRequest]) -> SimReport:
         prompts = [r.hashes for r in requests]

@@ -316,23 +316,35 @@ class NodeBlocks(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., replace: _Optional[bool] = ..., events: _Optional[_Iterable[_Union[CacheEvent, _Mapping]]] = ...) -> None: ...
 
 class IndexUpdate(_message.Message):
-    __slots__ = ("seq", "reset", "left", "nodes", "blocks", "incarnation")
+    __slots__ = ("seq", "reset", "left", "nodes", "blocks", "incarnation", "work")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     RESET_FIELD_NUMBER: _ClassVar[int]
     LEFT_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    WORK_FIELD_NUMBER: _ClassVar[int]
     seq: int
     reset: bool
     left: _containers.RepeatedScalarFieldContainer[str]
     nodes: _containers.RepeatedCompositeFieldContainer[WatchedNode]
     blocks: _containers.RepeatedCompositeFieldContainer[NodeBlocks]
     incarnation: str
-    def __init__(self, seq: _Optional[int] = ..., reset: _Optional[bool] = ..., left: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[_Union[WatchedNode, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[NodeBlocks, _Mapping]]] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    work: _containers.RepeatedCompositeFieldContainer[RoutedWork]
+    def __init__(self, seq: _Optional[int] = ..., reset: _Optional[bool] = ..., left: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[_Union[WatchedNode, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[NodeBlocks, _Mapping]]] = ..., incarnation: _Optional[str] = ..., work: _Optional[_Iterable[_Union[RoutedWork, _Mapping]]] = ...) -> None: ...
+
+class RoutedWork(_message.Message):
+    __slots__ = ("router_id", "node_id", "tokens")
+    ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    router_id: str
+    node_id: str
+    tokens: int
+    def __init__(self, router_id: _Optional[str] = ..., node_id: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class Prediction(_message.Message):
-    __slots__ = ("request_id", "cluster_tokens", "local_tokens")
+    __slots__ = ("request_id", "cluster_tokens", "local_tokens", "routed_node", "routed_tokens")
     class LocalTokensEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -343,16 +355,22 @@ class Prediction(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_NODE_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     cluster_tokens: int
     local_tokens: _containers.ScalarMap[str, int]
-    def __init__(self, request_id: _Optional[str] = ..., cluster_tokens: _Optional[int] = ..., local_tokens: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    routed_node: str
+    routed_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., cluster_tokens: _Optional[int] = ..., local_tokens: _Optional[_Mapping[str, int]] = ..., routed_node: _Optional[str] = ..., routed_tokens: _Optional[int] = ...) -> None: ...
 
 class PredictionBatch(_message.Message):
-    __slots__ = ("predictions",)
+    __slots__ = ("predictions", "router_id")
     PREDICTIONS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
     predictions: _containers.RepeatedCompositeFieldContainer[Prediction]
-    def __init__(self, predictions: _Optional[_Iterable[_Union[Prediction, _Mapping]]] = ...) -> None: ...
+    router_id: str
+    def __init__(self, predictions: _Optional[_Iterable[_Union[Prediction, _Mapping]]] = ..., router_id: _Optional[str] = ...) -> None: ...
 
 class ReportAck(_message.Message):
     __slots__ = ()

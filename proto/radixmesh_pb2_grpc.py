@@ -145,7 +145,8 @@ class MetadataServiceServicer:
 
     def ReportPredictions(self, request, context):
         """Predictions of requests a router matched on its own replica, for hit accounting, as Match
-        with a request_id would have remembered them. Batched; fire and forget.
+        with a request_id would have remembered them, and where each was routed: that work reaches
+        every watcher in IndexUpdate.work, so router replicas share one load picture. Batched.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

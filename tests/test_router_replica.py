@@ -10,7 +10,7 @@ import pytest
 from router_cluster import BS, local_cluster
 
 from radixmesh.cluster.policy.recent_work import RecentWork
-from radixmesh.cluster.router.router import GenerateRequest
+from radixmesh.cluster.router.router import GenerateRequest, Router
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchQuery
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -72,3 +72,22 @@ def test_least_loaded_candidates_follow_recent_work_without_decaying_every_node(
     total = sum(work.value(n) for n in pool)
     assert abs(work.total() - total) < 1e-6 * total
     work.check_invariants()
+
+
+async def test_router_replicas_share_routed_work_through_the_stream() -> None:
+    async with local_cluster(3, publish=True) as c:
+        other = Router(c.router.config, c.directory, c.router.metadata, clock=c.clock)
+        try:
+            for r in (c.router, other):
+                r.start()
+                assert r.watcher is not None
+                replica = r.watcher.replica
+                await poll(lambda rep=replica: rep.in_sync and len(rep.nodes()) == 3)
+            tokens = prompt(4, 3 * BS)
+            routed = await c.router.plan(request("w1", tokens))
+            node = routed.decision.node
+            # The other router learns of the work from the metadata stream, not from routing it.
+            await poll(lambda: other.recent_tokens(node) >= len(tokens))
+            assert c.router.recent_tokens(node) == 0  # plan alone records nothing here: serving does
+        finally:
+            await other.close()

@@ -16,7 +16,7 @@ import uuid
 from collections import deque
 
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.messages import IndexUpdate, NodeBlocks, WatchedNode
+from radixmesh.proto.metadata.messages import IndexUpdate, NodeBlocks, RoutedWork, WatchedNode
 
 
 class FeedClosed(Exception):
@@ -92,11 +92,12 @@ class IndexFeed:
         left: tuple[NodeId, ...] = (),
         nodes: tuple[WatchedNode, ...] = (),
         blocks: tuple[NodeBlocks, ...] = (),
+        work: tuple[RoutedWork, ...] = (),
     ) -> None:
         self.seq += 1
         if not self._subs:
             return  # nobody watches: build no message
-        update = IndexUpdate(self.seq, False, left, nodes, blocks, self.incarnation)
+        update = IndexUpdate(self.seq, False, left, nodes, blocks, self.incarnation, work)
         for sub in self._subs:
             sub.push(update)
 

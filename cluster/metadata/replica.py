@@ -95,11 +95,14 @@ class IndexReplica:
         nodes.sort(key=lambda n: n.any_tier_blocks, reverse=True)
         return MatchResult(found.cluster_blocks, tuple(nodes))
 
-    def prediction(self, request_id: str, result: MatchResult) -> MatchPrediction:
-        """What Match with `request_id` would have remembered for hit accounting."""
+    def prediction(
+        self, request_id: str, result: MatchResult, routed_node: NodeId | None = None, routed_tokens: int = 0
+    ) -> MatchPrediction:
+        """What Match with `request_id` would have remembered for hit accounting, and where the request
+        went (shared with the other routers)."""
         block_size = self._nodes[result.nodes[0].node_id].block_size if result.nodes else 0
         local = {n.node_id: n.any_tier_blocks * block_size for n in result.nodes}
-        return MatchPrediction(request_id, result.cluster_blocks * block_size, local)
+        return MatchPrediction(request_id, result.cluster_blocks * block_size, local, routed_node, routed_tokens)
 
     def check_invariants(self) -> None:
         self.index.check_invariants()

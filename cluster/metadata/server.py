@@ -194,8 +194,11 @@ class MetadataServicer(pb_grpc.MetadataServiceServicer):
     async def ReportPredictions(
         self, request: pb.PredictionBatch, context: grpc.aio.ServicerContext
     ) -> pb.ReportAck:
-        s = self._service
-        await _guarded(context, lambda: s.record_predictions(codec.predictions_from_pb(request)))
+        def call() -> None:
+            router_id, predictions = codec.predictions_from_pb(request)
+            self._service.record_predictions(predictions, router_id)
+
+        await _guarded(context, call)
         return pb.ReportAck()
 
 

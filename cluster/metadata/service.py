@@ -27,7 +27,12 @@ from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.codec import decode_stored_index, encode_stored_index
 from radixmesh.proto.metadata.hits import RequestHits
-from radixmesh.proto.metadata.limits import MAX_HASHES_PER_QUERY, MAX_HITS_PER_HEARTBEAT
+from radixmesh.proto.metadata.limits import (
+    MAX_HASHES_PER_QUERY,
+    MAX_HITS_PER_HEARTBEAT,
+    MAX_REQUEST_ID_CHARS,
+    check_text,
+)
 from radixmesh.proto.metadata.messages import (
     ClusterStats,
     EventBatch,
@@ -40,6 +45,7 @@ from radixmesh.proto.metadata.messages import (
     NodeSnapshot,
     PublishAck,
     PublishStatus,
+    RoutedWork,
     WatchedNode,
 )
 from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
@@ -191,11 +197,16 @@ class MetadataService:
         self._expire()
         return [self._match_one(q) for q in queries]
 
-    def record_predictions(self, predictions: Sequence[MatchPrediction]) -> None:
-        """Remember predictions a router made on its own replica, as `match` does for a request id."""
+    def record_predictions(self, predictions: Sequence[MatchPrediction], router_id: str = "") -> None:
+        """Remember predictions a router made on its own replica, as `match` does for a request id, and
+        pass where it routed them on to every watcher (the other routers' load tables)."""
         _check_limit("predictions per report", len(predictions), self.config.limits.max_predictions_per_report)
+        check_text("router id", router_id, MAX_REQUEST_ID_CHARS)
         for p in predictions:
             self.hits.predict(p.request_id, Prediction(p.cluster_tokens, dict(p.local_tokens)))
+        work = tuple(RoutedWork(router_id, p.routed_node, p.routed_tokens) for p in predictions if p.routed_node)
+        if work:
+            self.feed.record(work=work)
 
     def watch(self) -> tuple[Subscription, IndexUpdate]:
         """A new watcher's subscription and its first message, a snapshot: every change recorded

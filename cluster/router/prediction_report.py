@@ -20,8 +20,11 @@ logger = logging.getLogger(__name__)
 
 
 class PredictionReporter:
-    def __init__(self, client: MetadataClient, max_batch: int = 1024, max_buffered: int = 65536) -> None:
+    def __init__(
+        self, client: MetadataClient, router_id: str = "", max_batch: int = 1024, max_buffered: int = 65536
+    ) -> None:
         self._client = client
+        self._router_id = router_id
         self._max_batch = max_batch
         self._max_buffered = max_buffered
         self._buffer: list[MatchPrediction] = []
@@ -52,7 +55,7 @@ class PredictionReporter:
         while self._buffer:
             batch, self._buffer = self._buffer[: self._max_batch], self._buffer[self._max_batch :]
             try:
-                await self._client.report_predictions(batch)
+                await self._client.report_predictions(batch, self._router_id)
                 self.sent += len(batch)
             except (grpc.aio.AioRpcError, TimeoutError) as e:
                 self.dropped += len(batch)

@@ -94,8 +94,9 @@ class MetadataClient:
         finally:
             call.cancel()
 
-    async def report_predictions(self, predictions: Sequence[MatchPrediction]) -> None:
-        await self._stub.ReportPredictions(codec.predictions_to_pb(predictions), **self._call_kwargs())
+    async def report_predictions(self, predictions: Sequence[MatchPrediction], router_id: str = "") -> None:
+        request = codec.predictions_to_pb(predictions, router_id)
+        await self._stub.ReportPredictions(request, **self._call_kwargs())
 
     async def stats(self) -> ClusterStats:
         return codec.stats_from_pb(await self._stub.GetStats(pb.GetStatsRequest(), **self._call_kwargs()))

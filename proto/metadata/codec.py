@@ -25,6 +25,7 @@ from radixmesh.proto.metadata.messages import (
     NodeSnapshot,
     PublishAck,
     PublishStatus,
+    RoutedWork,
     WatchedNode,
 )
 from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
@@ -287,6 +288,7 @@ def update_to_pb(u: IndexUpdate) -> pb.IndexUpdate:
             for b in u.blocks
         ],
         incarnation=u.incarnation,
+        work=[pb.RoutedWork(router_id=w.router_id, node_id=w.node_id, tokens=w.tokens) for w in u.work],
     )
 
 
@@ -302,20 +304,25 @@ def update_from_pb(m: pb.IndexUpdate) -> IndexUpdate:
         ),
         tuple(NodeBlocks(NodeId(b.node_id), tuple(event_from_pb(e) for e in b.events), b.replace) for b in m.blocks),
         m.incarnation,
+        tuple(RoutedWork(w.router_id, NodeId(w.node_id), w.tokens) for w in m.work),
     )
 
 
-def predictions_to_pb(predictions: Sequence[MatchPrediction]) -> pb.PredictionBatch:
+def predictions_to_pb(predictions: Sequence[MatchPrediction], router_id: str = "") -> pb.PredictionBatch:
     return pb.PredictionBatch(
         predictions=[
-            pb.Prediction(request_id=p.request_id, cluster_tokens=p.cluster_tokens, local_tokens=p.local_tokens)
+            pb.Prediction(request_id=p.request_id, cluster_tokens=p.cluster_tokens, local_tokens=p.local_tokens,
+                          routed_node=p.routed_node or "", routed_tokens=p.routed_tokens)
             for p in predictions
-        ]
+        ],
+        router_id=router_id,
     )
 
 
-def predictions_from_pb(m: pb.PredictionBatch) -> list[MatchPrediction]:
-    return [
-        MatchPrediction(p.request_id, p.cluster_tokens, {NodeId(k): v for k, v in p.local_tokens.items()})
+def predictions_from_pb(m: pb.PredictionBatch) -> tuple[str, list[MatchPrediction]]:
+    """(router id, predictions)."""
+    return m.router_id, [
+        MatchPrediction(p.request_id, p.cluster_tokens, {NodeId(k): v for k, v in p.local_tokens.items()},
+                        NodeId(p.routed_node) if p.routed_node else None, p.routed_tokens)
         for p in m.predictions
     ]

@@ -127,6 +127,17 @@ class IndexUpdate:
     blocks: tuple[NodeBlocks, ...] = ()
     incarnation: str = ""
     """The serving process; a new one always starts its streams with a reset."""
+    work: tuple["RoutedWork", ...] = ()
+    """Requests routers routed since the last update (never part of a snapshot)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedWork:
+    """Prompt tokens router `router_id` sent to `node_id`."""
+
+    router_id: str
+    node_id: NodeId
+    tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +147,11 @@ class MatchPrediction:
     request_id: str
     cluster_tokens: int
     local_tokens: dict[NodeId, int]
+    routed_node: NodeId | None = None
+    """Where the router sent the request (shared with the other routers as RoutedWork)."""
+    routed_tokens: int = 0
 
     def __post_init__(self) -> None:
         check_text("request id", self.request_id, MAX_REQUEST_ID_CHARS)
-        if self.cluster_tokens < 0 or any(v < 0 for v in self.local_tokens.values()):
+        if min(self.cluster_tokens, self.routed_tokens, *self.local_tokens.values()) < 0:
             raise ValueError("predicted tokens must be >= 0")

@@ -19,6 +19,7 @@ from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.view import NodeView, build_view
 from radixmesh.cluster.router.metrics import RouterMetrics, merge_expositions
 from radixmesh.cluster.router.router import GenerateRequest, NoNodeAvailable, RouterResult
+from radixmesh.cluster.router.stats_log import StatsLogger
 from radixmesh.node_agent.model.chat_template import ChatMessage, PlainChatTemplate
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
@@ -286,3 +287,17 @@ async def test_agent_metrics_are_asked_at_once_and_a_stuck_agent_is_left_out() -
             await asyncio.gather(*holds)
     assert list(texts) == [c.agents[2].node]
     assert elapsed < 1.5 * deadline  # asked one after another, the two stuck ones would take 2 deadlines
+
+
+async def test_the_stats_line_covers_the_window_since_the_last_one() -> None:
+    async with local_cluster(2, with_metadata=False) as c:
+        stats = StatsLogger(c.router, clock=lambda: c.clock.now)
+        assert stats.line() is None  # nothing happened yet: nothing is logged
+        tokens = prompt(12, 20)
+        await c.router.complete(request("s1", tokens))
+        await c.router.complete(request("s2", tokens))
+        c.clock.now += 2.0
+        line = stats.line()
+        assert line is not None and line.startswith("router: 1.0 req/s, prompt 20 tok/s, hit rate ")
+        assert "running 0, waiting 0, refused 0, retries 0" in line
+        assert stats.line() is None  # the next window is empty again

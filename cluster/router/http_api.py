@@ -22,6 +22,7 @@ comes answers with a plain error status (the SSE response starts only with the f
 error after that ends the stream with an `error` event, which the openai client raises.
 """
 
+import asyncio
 import hmac
 import importlib.metadata
 import json
@@ -59,6 +60,7 @@ from radixmesh.cluster.router.router import (
     RouterItem,
     RouterResult,
 )
+from radixmesh.cluster.router.stats_log import StatsLogger
 from radixmesh.proto.cluster_secret import is_loopback
 from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
 from radixmesh.proto.serve.limits import InvalidRequest
@@ -116,9 +118,11 @@ def _api_key_check(api_key: str) -> Middleware:
 
 
 def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
-               client_max_size: int = 4 << 20, api_key: str = "") -> web.Application:
+               client_max_size: int = 4 << 20, api_key: str = "",
+               stats_interval_s: float | None = 10.0) -> web.Application:
     """The aiohttp application over `router`; `wall_clock` stamps `created` fields; a non-empty
-    `api_key` is required on every path but OPEN_PATHS."""
+    `api_key` is required on every path but OPEN_PATHS; every `stats_interval_s` a summary line is
+    logged (stats_log; None: never)."""
     middlewares: list[Middleware] = [_errors] if not api_key else [_errors, _api_key_check(api_key)]
     app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
     app[ROUTER_KEY] = router
@@ -135,7 +139,18 @@ def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
     app.router.add_post(ROUTE_PATH, _route)
+    if stats_interval_s is not None:
+        app.cleanup_ctx.append(_periodic_stats(StatsLogger(router, stats_interval_s)))
     return app
+
+
+def _periodic_stats(stats: StatsLogger) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(stats.run(), name="router-stats-log")
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return lifetime
 
 
 async def start_http(router: Router, host: str, port: int, *, api_key: str = "",

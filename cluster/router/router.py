@@ -349,9 +349,11 @@ class Router:
 
     async def complete(self, request: GenerateRequest) -> RouterResult:
         """`generate` run to its end."""
-        async for item in self.generate(request):
-            if isinstance(item, RouterResult):
-                return item
+        # aclosing: the request's admission slot and stream end here, not when the generator is collected
+        async with contextlib.aclosing(self.generate(request)) as items:
+            async for item in items:
+                if isinstance(item, RouterResult):
+                    return item
         raise AssertionError("generate ended without a result")
 
     def _with_seed(self, request: GenerateRequest) -> GenerateRequest:

@@ -1,7 +1,8 @@
 """Agents follow the cluster (cluster/launch/reconcile.py), without Ray: which slots the cluster's
 nodes offer, and the reconcile rounds as nodes join, leave, fail to start or disagree on layout."""
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -40,6 +41,12 @@ def test_one_slot_per_gpu_or_one_per_cpu_node_offering_the_agent_resource() -> N
 def test_interface_of_an_address() -> None:
     assert interface_of("127.0.0.1") == "lo"
     assert interface_of("203.0.113.7") is None  # TEST-NET-3: on no interface here
+
+
+async def settled(r: AgentReconciler) -> None:
+    """One reconcile round, and the starts it began."""
+    await r.reconcile()
+    await r.settle()
 
 
 class IdleAgent:
@@ -91,13 +98,13 @@ async def test_nodes_that_join_get_an_agent_and_nodes_that_leave_lose_it() -> No
     cluster = FakeCluster()
     r = cluster.reconciler()
     cluster.offer("a", "b")
-    await r.reconcile()
+    await settled(r)
     assert r.directory.nodes() == ["a", "b"] and sorted(r.infos) == ["a", "b"]
     cluster.offer("a", "b", "c")  # c joins
-    await r.reconcile()
+    await settled(r)
     assert r.directory.nodes() == ["a", "b", "c"] and cluster.started == ["a", "b", "c"]
     cluster.offer("a", "c")  # b leaves: its agent is stopped, its lease left to expire
-    await r.reconcile()
+    await settled(r)
     assert r.directory.nodes() == ["a", "c"] and cluster.stopped == ["b"] and sorted(r.infos) == ["a", "c"]
     await r.reconcile()  # nothing changed: nothing started or stopped
     assert cluster.started == ["a", "b", "c"] and cluster.stopped == ["b"]
@@ -109,11 +116,39 @@ async def test_an_agent_that_fails_to_start_is_retried_next_round() -> None:
     r = cluster.reconciler()
     cluster.offer("a", "b")
     cluster.failing = {NodeId("b")}
-    await r.reconcile()
+    await settled(r)
     assert r.directory.nodes() == ["a"] and cluster.stopped == ["b"]
     cluster.failing = set()
-    await r.reconcile()
+    await settled(r)
     assert r.directory.nodes() == ["a", "b"] and cluster.started == ["a", "b", "b"]
+
+
+@pytest.mark.anyio
+async def test_a_slow_start_holds_up_no_other_node() -> None:
+    cluster = FakeCluster()
+    release = asyncio.Event()
+    start = cluster.start
+
+    async def slow_for_a(slot: AgentSlot) -> StartedAgent:
+        if slot.node == "a":
+            await release.wait()
+        return await start(slot)
+
+    cluster.start = slow_for_a  # type: ignore[method-assign]
+    r = cluster.reconciler()
+    cluster.offer("a")
+    await r.reconcile()
+    cluster.offer("a", "b")
+    await r.reconcile()
+    await asyncio.wait_for(wait_until(lambda: r.directory.nodes() == ["b"]), 5)
+    release.set()
+    await r.settle()
+    assert r.directory.nodes() == ["a", "b"]
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0)  # let the start tasks run
 
 
 @pytest.mark.anyio
@@ -121,10 +156,10 @@ async def test_an_agent_with_another_kv_layout_is_refused() -> None:
     cluster = FakeCluster()
     r = cluster.reconciler()
     cluster.offer("a")
-    await r.reconcile()
+    await settled(r)
     cluster.layouts[NodeId("b")] = "layout-b"
     cluster.offer("a", "b")
-    await r.reconcile()
+    await settled(r)
     assert r.directory.nodes() == ["a"] and cluster.stopped == ["b"]
 
 

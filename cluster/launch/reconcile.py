@@ -9,7 +9,8 @@ it runs and closes the gap, one round at a time:
     agent, slot gone          -> leave the directory, kill the actor (Ray would otherwise keep
                                  restarting it on a node that is not there); its metadata lease is
                                  not touched and simply expires, so the index drops its blocks
-    agent whose start failed  -> forgotten, retried next round
+    agent whose start failed  -> forgotten, retried next round (starts run in the background:
+                                 a slow one holds up no other node)
 
 It is a plain class (slots, starting and stopping are injected), so tests run it without Ray; the
 router actor runs it with `ray_slots` and real agent actors.
@@ -107,9 +108,10 @@ class AgentReconciler:
     """Keeps `directory` holding one started agent per slot of `desired()`.
 
     `start` creates an agent and waits until it runs (raising when it cannot); one that has not
-    started within `start_timeout_s` counts as failed. `stop` ends one (a no-op for an agent that
-    does not exist). `accept(info, infos)` vets a started agent against those already running (e.g.
-    one KV layout per deployment) and raises ValueError to refuse it. Use from one event loop.
+    started within `start_timeout_s` counts as failed. Starts run as their own tasks, so a slow one
+    holds up no other join or leave. `stop` ends one (a no-op for an agent that does not exist).
+    `accept(info, infos)` vets a started agent against those already running (e.g. one KV layout
+    per deployment) and raises ValueError to refuse it. Use from one event loop.
     """
 
     def __init__(self, desired: Callable[[], Awaitable[list[AgentSlot]]], start: StartAgent, stop: StopAgent,
@@ -122,40 +124,48 @@ class AgentReconciler:
         self._start_timeout_s = start_timeout_s
         self.directory = directory
         self.infos: dict[NodeId, NodeInfo] = {}
+        self._starting: dict[NodeId, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def reconcile(self) -> None:
-        """One round: start the missing agents (in parallel), stop those whose slot is gone."""
+        """One round: stop the agents whose slot is gone (or is still starting), start the missing
+        ones in the background (`settle` waits for them)."""
         slots = {s.node: s for s in await self._desired()}
-        running = set(self.directory.nodes())
-        for node in sorted(running - slots.keys()):
+        for node in sorted(set(self._starting) - slots.keys()):
+            self._starting.pop(node).cancel()
+            await self._stop(node)
+        for node in sorted(set(self.directory.nodes()) - slots.keys()):
             logger.info("node %s left the cluster: stopping its agent (its lease will expire)", node)
             self.directory.remove(node)
             self.infos.pop(node, None)
             await self._stop(node)
-        missing = [slots[n] for n in sorted(slots.keys() - running)]
-        started = await asyncio.gather(*(asyncio.wait_for(self._start(s), self._start_timeout_s) for s in missing),
-                                       return_exceptions=True)
-        for slot, result in zip(missing, started):
-            if isinstance(result, BaseException):
-                logger.warning("agent for %s did not start (retried next round): %r", slot.node, result)
-                await self._stop(slot.node)
-                continue
-            try:
-                self._accept(result.info, list(self.infos.values()))
-            except ValueError as e:
-                logger.error("agent %s refused: %s", slot.node, e)
-                await self._stop(slot.node)
-                continue
-            self.directory.add(result.client)
-            self.infos[slot.node] = result.info
-            logger.info("agent %s joined (epoch %d, transfer %s)", slot.node, result.info.epoch,
-                        result.info.transfer_address)
+        for node in sorted(slots.keys() - set(self.directory.nodes()) - set(self._starting)):
+            self._starting[node] = asyncio.create_task(self._join(slots[node]))
+
+    async def settle(self) -> None:
+        """Wait until every start under way has ended (joined, failed or been refused)."""
+        await asyncio.gather(*self._starting.values(), return_exceptions=True)
+
+    async def _join(self, slot: AgentSlot) -> None:
+        try:
+            result = await asyncio.wait_for(self._start(slot), self._start_timeout_s)
+            self._accept(result.info, list(self.infos.values()))
+        except Exception:  # failed, timed out or refused: the next round tries again
+            logger.warning("agent for %s did not join (retried next round)", slot.node, exc_info=True)
+            self._starting.pop(slot.node, None)
+            await self._stop(slot.node)
+            return
+        self._starting.pop(slot.node, None)
+        self.directory.add(result.client)
+        self.infos[slot.node] = result.info
+        logger.info("agent %s joined (epoch %d, transfer %s)", slot.node, result.info.epoch,
+                    result.info.transfer_address)
 
     async def until_any(self, interval_s: float) -> None:
-        """Reconcile until at least one agent runs."""
+        """Reconcile until at least one agent runs (waiting for the starts of each round)."""
         while True:
             await self.reconcile()
+            await self.settle()
             if self.directory.nodes():
                 return
             await asyncio.sleep(interval_s)  # the reconcile period: nodes join on their own time
@@ -173,6 +183,10 @@ class AgentReconciler:
                 logger.exception("reconcile round failed")
 
     async def close(self) -> None:
+        for task in self._starting.values():
+            task.cancel()
+        await asyncio.gather(*self._starting.values(), return_exceptions=True)
+        self._starting.clear()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -139,10 +139,14 @@ class RayUpCluster:
     def logs(self) -> str:
         """The tails of the `radixmesh up` log and of the autoscaler's, for failure messages."""
         parts = []
-        for path in [self.home / "radixmesh-up.log",
-                     *sorted(self.workdir.glob("host0/tmp/ray/session_2*/logs/monitor.*"))]:
+        logs = self.workdir.glob("host0/tmp/ray/session_2*/logs")
+        for path in [self.home / "radixmesh-up.log", *sorted(p for d in logs for p in d.glob("monitor.*")),
+                     *sorted(p for d in logs for p in d.glob("worker-*.err"))]:
             with contextlib.suppress(OSError):
-                parts.append(f"--- {path}\n{path.read_text()[-3000:]}")
+                text = path.read_text()
+                if path.name.startswith("worker-") and "RouterActor" not in text:
+                    continue  # the router actor's log holds the reconcile loop's
+                parts.append(f"--- {path}\n{text[-3000:]}")
         return "\n".join(parts)
 
     def get(self, path: str, timeout_s: float = 10) -> Any:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
@@ -63,7 +63,7 @@ class EngineRunner:
         fut.add_done_callback(self._call_done)
         return await asyncio.shield(fut)
 
-    def _call_done(self, _: "asyncio.Future[object]") -> None:
+    def _call_done(self, _: "asyncio.Future[Any]") -> None:
         self.pending_calls -= 1
 
     async def submit(self, request: Request, *, on_refused: Callable[[], object] | None = None

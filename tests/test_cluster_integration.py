@@ -92,9 +92,12 @@ async def test_cached_on_one_agent_pulled_by_another_outputs_exact(local_ray: No
                 tokens = tuple(TOK.encode(f"{system} A new user {i} asks something else entirely."))
                 hashes = hash_blocks(tokens, BS, key=CONFIG.secret.hash_key())  # the deployment's key
                 [match] = await meta.match([MatchQuery(layout, tuple(hashes))])
-                holder = match.nodes[0]
+                holder = max(match.nodes, key=lambda m: m.gpu_blocks)
                 assert holder.gpu_blocks >= len(TOK.encode(system)) // BS
-                target = next(n for n in d.nodes if n != holder.node_id)
+                # The node holding the least of it (routing may have put a prompt on two nodes).
+                held = {m.node_id: m.gpu_blocks for m in match.nodes}
+                target = min(d.nodes, key=lambda n: held.get(n, 0))
+                assert held.get(target, 0) < holder.gpu_blocks, "every node holds the whole prefix"
                 plan = ServePlan(f"forced-{i}", tokens, sampling,
                                  pull=PullPlan(holder.node_id, holder.transfer_address, 0, holder.gpu_blocks))
                 result = await serve_forced(target, plan)

@@ -43,10 +43,16 @@ class MetadataClient:
         max_message_bytes: int = 16 << 20,
         timeout_s: float | None = 10.0,
     ) -> None:
-        """`root_certificates` (PEM) switches to TLS; `credentials` are sent with every call."""
+        """`root_certificates` (PEM) switches to TLS; `credentials` are sent with every call. `target`
+        may list an active and a standby service (`ipv4:h:p1,h:p2`): calls go to whichever listens."""
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            # Reconnect within ~0.1 s, not gRPC's default 1 s then doubling: a standby service
+            # (a second address in `target`) must be found within its 2 s takeover.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
         ]
         if root_certificates is None:
             self._channel = grpc.aio.insecure_channel(target, options=options)

@@ -1,0 +1,104 @@
+"""LeaderLease: which of several metadata services on one Redis is the active one.
+
+The active service holds a Redis key (`SET key name NX PX ttl`) and renews it every ttl / 3; a standby
+polls for the key and, once it gets it, builds its MetadataService (which restores nodes, leases,
+counters and the index from the same Redis) and starts serving. Clients list both addresses
+(`ipv4:host:p1,host:p2`: gRPC's pick_first connects to whichever listens), so they fail over when the
+active one stops listening. An active service that cannot renew within its ttl stops serving at once
+(`serve_while_leader`): the standby may already hold the key.
+
+Not fenced: writes the old active's write-behind task had in flight when it lost the key may still
+land (at most one write round; the new active's next persist overwrites the index).
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import redis.asyncio
+import redis.exceptions
+
+from radixmesh.cluster.metadata.server import MetadataServer
+
+logger = logging.getLogger(__name__)
+
+_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+class LeaderLease:
+    """The leader key `key` in the Redis at `url`, claimed under `name` for `ttl_s`."""
+
+    def __init__(self, url: str, name: str, *, key: str = "radixmesh:leader", ttl_s: float = 1.0) -> None:
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        self.name = name
+        self.key = key
+        self.ttl_s = ttl_s
+        self._redis = redis.asyncio.Redis.from_url(url, socket_timeout=ttl_s / 3,
+                                                   socket_connect_timeout=ttl_s / 3)
+
+    async def try_acquire(self) -> bool:
+        """True when this name holds the key now (taken, or already ours and renewed)."""
+        try:
+            if await self._redis.set(self.key, self.name, nx=True, px=int(self.ttl_s * 1000)):
+                return True
+            return await self.renew()
+        except (redis.exceptions.RedisError, OSError) as e:
+            logger.info("leader key %s: %s", self.key, e)
+            return False
+
+    async def renew(self) -> bool:
+        """Extend the key's ttl if this name still holds it."""
+        try:
+            return bool(await self._redis.eval(_RENEW, 1, self.key, self.name, int(self.ttl_s * 1000)))
+        except (redis.exceptions.RedisError, OSError) as e:
+            logger.warning("leader key %s not renewed: %s", self.key, e)
+            return False
+
+    async def release(self) -> None:
+        """Give the key up (only if this name holds it) so a standby takes over without waiting."""
+        with contextlib.suppress(redis.exceptions.RedisError, OSError):
+            await self._redis.eval(_RELEASE, 1, self.key, self.name)
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    async def acquire(self, poll_s: float | None = None) -> None:
+        """Wait until this name holds the key (a standby's wait)."""
+        while not await self.try_acquire():
+            await asyncio.sleep(poll_s if poll_s is not None else self.ttl_s / 5)  # polling Redis, by design
+
+    async def keep(self) -> None:
+        """Renew every ttl / 3; return as soon as a renewal fails (the lease may be lost)."""
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            if not await self.renew():
+                return
+
+
+async def serve_while_leader(
+    lease: LeaderLease, start: Callable[[], Awaitable[MetadataServer]], stop: asyncio.Event
+) -> bool:
+    """Wait for leadership, `start` a server (build the service only now: it restores from Redis),
+    serve until `stop` is set (then release the key: True) or the lease is lost (False).
+    The server is stopped either way."""
+    await lease.acquire()
+    logger.info("%s holds %s: serving", lease.name, lease.key)
+    server = await start()
+    keeper = asyncio.create_task(lease.keep(), name="leader-lease")
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({keeper, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (keeper, stopping):
+            t.cancel()
+        await asyncio.gather(keeper, stopping, return_exceptions=True)
+        lost = not stop.is_set()
+        if lost:
+            logger.error("%s lost %s: stopping at once", lease.name, lease.key)
+        await server.stop(0 if lost else 5.0)
+        if not lost:
+            await lease.release()
+    return not lost

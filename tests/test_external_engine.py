@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from conftest import free_port
+from local_servers import free_port
 
 from radixmesh.cluster.ingest.engine import ExternalEngine, ExternalEngineConfig
 from radixmesh.cluster.ingest.subscriber import SubscriberConfig

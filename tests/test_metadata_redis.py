@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict
 
 import pytest
-from conftest import free_port
+from local_servers import free_port
 
 from radixmesh.cluster.metadata.membership import StaleEpoch
 from radixmesh.cluster.metadata.server import ServerOptions, create_server

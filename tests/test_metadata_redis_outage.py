@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import free_port
+from local_servers import free_port
 
 from radixmesh.cluster.metadata.redis_server import redis_server_binary
 from radixmesh.cluster.metadata.server import ServerOptions, create_server

@@ -6,7 +6,7 @@ import time
 
 import grpc
 import pytest
-from conftest import free_port
+from local_servers import free_port
 
 from radixmesh.cluster.metadata.leader import LeaderLease, serve_while_leader
 from radixmesh.cluster.metadata.server import MetadataServer, ServerOptions, create_server

@@ -12,6 +12,7 @@ line wins over the environment, which wins over the file.
 
 import asyncio
 import logging
+import signal
 import socket
 from pathlib import Path
 
@@ -25,7 +26,14 @@ from radixmesh.cluster.cli.front import front
 from radixmesh.cluster.cli.replay import replay_command
 from radixmesh.cluster.cli.sim import sim
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, given_secret
-from radixmesh.cluster.metadata.server import ServerOptions, TlsFiles, create_server, serve_until_signalled
+from radixmesh.cluster.metadata.leader import LeaderLease, serve_while_leader
+from radixmesh.cluster.metadata.server import (
+    MetadataServer,
+    ServerOptions,
+    TlsFiles,
+    create_server,
+    serve_until_signalled,
+)
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.metadata.store import open_store
 from radixmesh.proto.cluster_secret import check_bind
@@ -81,6 +89,9 @@ def main(log_level: str) -> None:
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option("--grace", default=5.0, show_default=True, type=click.FloatRange(min=0), help="Seconds to drain.")
+@click.option("--leader-lease", is_flag=True,
+              help="With --state redis://: serve only while holding the leader key in that Redis, so a second "
+                   "one started the same way is a standby that takes over (clients list both addresses).")
 def metadata_server(
     host: str,
     port: int,
@@ -90,10 +101,13 @@ def metadata_server(
     tls_key: Path | None,
     lease_ttl: float,
     grace: float,
+    leader_lease: bool,
 ) -> None:
     """Run the global metadata service until SIGINT/SIGTERM."""
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("--tls-cert and --tls-key go together")
+    if leader_lease and not state.startswith(("redis://", "rediss://", "unix://")):
+        raise click.UsageError("--leader-lease needs --state redis://...")
     tls = TlsFiles(tls_cert.read_bytes(), tls_key.read_bytes()) if tls_cert and tls_key else None
     try:
         secret = given_secret(secret_file)
@@ -102,6 +116,10 @@ def metadata_server(
         store = open_store(state)
     except (ValueError, redis.RedisError) as e:
         raise click.ClickException(str(e)) from None
+    if leader_lease:
+        store.close()  # opened to fail fast on a bad URL; the leader opens its own once elected
+        asyncio.run(_serve_as_leader(state, options, lease_ttl))
+        return
     service = MetadataService(store, ServiceConfig(lease_ttl_s=lease_ttl))
 
     async def serve() -> None:
@@ -120,6 +138,32 @@ def metadata_server(
         await serve_until_signalled(server, grace, ready)
 
     asyncio.run(serve())
+
+
+async def _serve_as_leader(state: str, options: ServerOptions, lease_ttl: float) -> None:
+    """Wait for the leader key, then build the service from Redis (what the last leader left) and
+    serve until SIGINT/SIGTERM (releasing the key) or until the key is lost (exit 1)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    lease = LeaderLease(state, f"{options.host}:{options.port}")
+    click.echo(f"metadata-server on {options.host}:{options.port} waiting for the leader key")
+
+    async def start() -> MetadataServer:
+        service = MetadataService(open_store(state), ServiceConfig(lease_ttl_s=lease_ttl))
+        server, bound = create_server(service, options)
+        if bound == 0:
+            raise click.ClickException(f"could not bind {options.host}:{options.port}")
+        await server.start()
+        click.echo(f"metadata-server listening on {options.host}:{bound} (leader; state: {service.store.describe()})")
+        return server
+
+    try:
+        if not await serve_while_leader(lease, start, stop):
+            raise click.ClickException("lost the leader key: stopped serving (a standby serves now)")
+    finally:
+        await lease.close()
 
 
 def _check_port_free(host: str, port: int) -> None:

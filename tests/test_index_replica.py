@@ -8,6 +8,7 @@ import random
 import time
 from collections.abc import Callable
 
+import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,10 +20,19 @@ from radixmesh.cluster.metadata.server import MetadataServer, ServerOptions, cre
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.router.index_watch import IndexWatcher
 from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.auth import CallerCredentials
 from radixmesh.proto.metadata.client import MetadataClient
-from radixmesh.proto.metadata.messages import EventBatch, IndexUpdate, MatchQuery, MatchResult, NodeSnapshot
+from radixmesh.proto.metadata.messages import (
+    EventBatch,
+    IndexUpdate,
+    MatchPrediction,
+    MatchQuery,
+    MatchResult,
+    NodeSnapshot,
+)
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
 
 L = "layout-replica"
@@ -250,6 +260,36 @@ def test_watch_over_grpc_follows_events_leases_and_resyncs_after_a_gap() -> None
         finally:
             await watcher.close()
             await client.close()
+            await server.stop(0)
+
+    asyncio.run(body())
+
+
+@pytest.mark.integration
+def test_watch_and_reports_need_the_cluster_credential() -> None:
+    async def body() -> None:
+        secret = ClusterSecret.generate()
+        service = MetadataService()
+        server, port = create_server(service, ServerOptions(upkeep_interval_s=None, secret=secret))
+        await server.start()
+        anonymous = MetadataClient(f"127.0.0.1:{port}")
+        router = MetadataClient(f"127.0.0.1:{port}", credentials=CallerCredentials.cluster(secret))
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in anonymous.watch_index():
+                    pass
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await anonymous.report_predictions([MatchPrediction("r", 16, {})])
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert service.feed.watchers == 0
+            stream = router.watch_index()
+            first = await anext(stream)
+            assert first.reset and service.feed.watchers == 1
+            await stream.aclose()
+        finally:
+            await anonymous.close()
+            await router.close()
             await server.stop(0)
 
     asyncio.run(body())

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from router_cluster import BS, local_cluster
 
 from radixmesh.cluster.policy.recent_work import RecentWork
@@ -91,3 +93,29 @@ async def test_router_replicas_share_routed_work_through_the_stream() -> None:
             assert c.router.recent_tokens(node) == 0  # plan alone records nothing here: serving does
         finally:
             await other.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "least", "tick"]), st.integers(0, 11), st.integers(0, 50),
+                          st.integers(1, 5)), max_size=60))
+def test_least_loaded_matches_a_brute_force_ranking(steps: list[tuple[str, int, int, int]]) -> None:
+    now = [0.0]
+    work = RecentWork(10.0, lambda: now[0])
+    nodes = [NodeId(f"n{i:02d}") for i in range(12)]
+    for kind, i, amount, k in steps:
+        if kind == "add":
+            work.add(nodes[i], float(amount))
+        elif kind == "tick":
+            now[0] += amount / 10
+        else:
+            pool = nodes[: 4 + i % 8]  # the pool changes size now and then
+            banned = {nodes[(i + 1) % len(pool)]}
+            got = work.least(k, pool, lambda n, b=banned: n not in b)  # type: ignore[misc]
+            usable = [n for n in pool if n not in banned]
+            fresh = sorted(n for n in usable if n not in work._key)
+            ranked = sorted((n for n in usable if n in work._key), key=lambda n: (work.value(n), n))
+            want = (fresh + ranked)[:k]
+            assert got[: len(fresh)] == want[: len(fresh)] and len(got) == len(want)
+            # Among nodes given work, equal values may come in either order: compare the values.
+            assert [round(work.value(n), 6) for n in got] == [round(work.value(n), 6) for n in want]
+        work.check_invariants()

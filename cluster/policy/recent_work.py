@@ -15,8 +15,6 @@ is L_i(T) + ln2/half_life x integral of L_i dt.
 import heapq
 import math
 from collections.abc import Callable, Collection, Sequence
-from operator import itemgetter
-from typing import Any
 
 from radixmesh.proto.ids import NodeId
 
@@ -41,6 +39,12 @@ class RecentWork:
         self._key: dict[NodeId, float] = {}
         self._total = (0.0, 0.0)
         """(sum of every node's value, as of time t)."""
+        # For `least`: a heap of (key, node) over the last pool's nodes, stale items (a node's older
+        # key) dropped as they surface; the last pool, as a set, and its nodes never given work.
+        self._heap: list[tuple[float, NodeId]] = []
+        self._pool: list[NodeId] = []
+        self._members: set[NodeId] = set()
+        self._untracked: set[NodeId] = set()
 
     def add(self, node: NodeId, work: float) -> None:
         """Record `work` (>= 0, finite) routed to `node` now; ValueError (and no change) otherwise."""
@@ -49,8 +53,14 @@ class RecentWork:
         now = self._clock()
         value = self._decayed(node, now) + work
         self._value[node] = (value, now)
-        self._key[node] = math.log2(value) + now / self.half_life_s if value > 0 else -math.inf
+        key = math.log2(value) + now / self.half_life_s if value > 0 else -math.inf
+        self._key[node] = key
         self._total = (self._decay(*self._total, now) + work, now)
+        if node in self._members:
+            heapq.heappush(self._heap, (key, node))
+            self._untracked.discard(node)
+            if len(self._heap) > 4 * len(self._members) + 64:  # stale items that never surfaced
+                self._rebuild()
 
     def total(self) -> float:
         """Every node's decayed work summed, as of now; O(1)."""
@@ -58,16 +68,31 @@ class RecentWork:
 
     def least(self, k: int, pool: Sequence[NodeId], usable: Callable[[NodeId], bool]) -> list[NodeId]:
         """Up to `k` nodes of `pool` passing `usable` with the least work: nodes never given work
-        first (by name), then by work. No value is decayed here and the pool is only scanned by C
-        code (set difference, nsmallest), so once every node has had work this costs O(k) Python
-        steps for a pool of any size."""
-        keys = self._key
-        members = set(pool)
-        out = _first(k, members.difference(keys), None, usable)
-        if len(out) < k:
-            ranked = _first(k - len(out), keys.items(), itemgetter(1), lambda n: n in members and usable(n))
-            out.extend(ranked)
+        first (by name), then by work. No value is decayed here: while the pool stays the same
+        (compared in C) this costs O((k + refused) log n), whatever the pool's size."""
+        if pool != self._pool:
+            self._pool = list(pool)
+            self._members = set(pool)
+            self._untracked = self._members.difference(self._key)
+            self._rebuild()
+        out = _first(k, self._untracked, usable) if self._untracked else []
+        heap, keys, seen, back = self._heap, self._key, set(out), []
+        while heap and len(out) < k:
+            key, node = heapq.heappop(heap)
+            if keys.get(node) != key or node in seen:
+                continue  # stale, or a duplicate: dropped for good
+            seen.add(node)
+            back.append((key, node))
+            if usable(node):
+                out.append(node)
+        for item in back:
+            heapq.heappush(heap, item)
         return out
+
+    def _rebuild(self) -> None:
+        keys = self._key
+        self._heap = [(keys[n], n) for n in self._members if n in keys]
+        heapq.heapify(self._heap)
 
     def value(self, node: NodeId) -> float:
         """`node`'s decayed work as of now (0.0 for a node never routed to)."""
@@ -86,15 +111,16 @@ class RecentWork:
         for node, (v, t) in self._value.items():
             assert math.isfinite(v) and v >= 0 and math.isfinite(t), f"{node}: value {v} at {t}"
         assert self._key.keys() == self._value.keys(), "ordering keys differ from the values"
+        live = {n for key, n in self._heap if self._key.get(n) == key}
+        assert live == self._members & self._key.keys(), "a pool node given work is missing from the heap"
 
 
-def _first(k: int, items: Collection[Any], key: Callable[[Any], Any] | None, usable: Callable[[NodeId], bool]) -> list[NodeId]:
-    """The `k` smallest of `items` (nodes, or (node, key) pairs ranked by `key`) that pass `usable`:
-    C-level nsmallest over a few extra first, a full pass only when `usable` refused too many."""
+def _first(k: int, nodes: Collection[NodeId], usable: Callable[[NodeId], bool]) -> list[NodeId]:
+    """The `k` first of `nodes` by name that pass `usable`: nsmallest over a few extra first, a full
+    pass only when `usable` refused too many."""
     picked: list[NodeId] = []
-    for extra in (k + 8, len(items)):
-        ranked = heapq.nsmallest(extra, items, key=key)
-        picked = [n for n in (ranked if key is None else (n for n, _ in ranked)) if usable(n)]
-        if len(picked) >= k or extra >= len(items):
+    for extra in (k + 8, len(nodes)):
+        picked = [n for n in heapq.nsmallest(extra, nodes) if usable(n)]
+        if len(picked) >= k or extra >= len(nodes):
             break
     return picked[:k]

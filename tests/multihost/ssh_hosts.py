@@ -75,6 +75,9 @@ def sshd_config(host: Host, keys: Keys, env: dict[str, str]) -> str:
 
 
 HOME = Path("/root")
+TMP = Path("/tmp")
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""The repository under test (its venv's editable install points into it)."""
 
 
 def start_sshd(network: HostNetwork, host: Host, keys: Keys, image: Path, home: Path, tmp: Path,
@@ -87,11 +90,14 @@ def start_sshd(network: HostNetwork, host: Host, keys: Keys, image: Path, home: 
     config.write_text(sshd_config(host, keys, env))
     tmp.mkdir(parents=True, exist_ok=True)
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
-    # The interpreter may live under /root (pyenv): keep it visible through the home mounted there.
+    # The interpreter may live under /root (pyenv), the checkout and its venv under /tmp (a CI clone):
+    # keep them visible through the home and the tmp mounted over those folders.
     keep = [p for p in {Path(sys.base_prefix).resolve()} if p.is_relative_to(HOME)]
-    mounts = [(p, home / p.relative_to(HOME)) for p in keep] + [(image, IMAGE_MOUNT), (home, HOME), (tmp, Path("/tmp"))]
+    keep_tmp = [p for p in {Path(sys.prefix).resolve(), CHECKOUT} if p.is_relative_to(TMP)]
+    mounts = [(p, home / p.relative_to(HOME)) for p in keep] + [(p, tmp / p.relative_to(TMP)) for p in keep_tmp]
+    mounts += [(image, IMAGE_MOUNT), (home, HOME), (tmp, TMP)]
     for _, target in mounts:
-        if target.is_relative_to(home):
+        if target.is_relative_to(home) or target.is_relative_to(tmp):
             target.mkdir(parents=True, exist_ok=True)
     script = " && ".join([*(f"mount --rbind {src} {dst}" for src, dst in mounts), f"exec {SSHD} -D -e -f {config}"])
     network.popen(host, ["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", script],

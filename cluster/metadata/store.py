@@ -185,6 +185,11 @@ class RedisStore(StateStore):
             try:
                 await self.flush()
             except (redis.RedisError, OSError) as e:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # redis-py may turn a cancellation mid-command into a connection error: the
+                    # cancel still wins, or the server's stop would wait on this loop for ever.
+                    raise asyncio.CancelledError from e
                 self.write_failures += 1
                 if self._down_since is None:
                     self._down_since = time.monotonic()

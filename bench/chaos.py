@@ -107,7 +107,7 @@ async def leaked_blocks(nodes: list[str]) -> int:
     return total
 
 
-def faults(config: LauncherConfig, redis: Redis, nodes: list[str], duration_s: float,
+def faults(redis: Redis, nodes: list[str], duration_s: float,
            log: list[dict[str, Any]]) -> Any:
     """The churn schedule: one fault every duration/5 seconds."""
     async def run(started: float) -> None:
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             log: list[dict[str, Any]] = []
             churn = asyncio.run(loadgen.open_loop(url, model, prompts, expected, rate=args.rate,
                                                   duration_s=args.duration, max_tokens=workload.max_tokens, seed=1,
-                                                  during=faults(config, redis, nodes, args.duration, log)))
+                                                  during=faults(redis, nodes, args.duration, log)))
             asyncio.run(idle(url))
             leaked = asyncio.run(leaked_blocks(nodes))
             asyncio.run(launcher.down())

@@ -219,6 +219,11 @@ class NodeAgent:
         return ServeResult(plan.request_id, self.node, out.output_token_ids, out.finish_reason, stats)
 
     # --- what the publisher and the metrics read --------------------------------------------
+    def next_epoch(self) -> int:
+        """A new incarnation of this node (its lease ended while it kept running): a higher epoch."""
+        self.epoch = max(new_epoch(), self.epoch + 1)
+        return self.epoch
+
     def node_info(self) -> NodeInfo:
         """What RegisterNode declares for this incarnation."""
         return NodeInfo(self.node, self.epoch, self.layout.fingerprint(), self.layout.block_size,

@@ -3,8 +3,10 @@
 It registers the node (id, epoch, layout, transfer address, capacity), sends the node's cache events
 in batches numbered 1, 2, ... per epoch, answers RESYNC (a sequence gap) and a fresh registration
 with a full snapshot, and heartbeats load, measured rates and the realized hits of finished requests.
-When a heartbeat or publish says the lease is unknown (it ended), it registers again; a stale epoch
-(a newer incarnation of this node exists) stops it for good.
+When a heartbeat or publish says the lease is unknown (it ended: the node was partitioned away or
+stalled), the node registers again as a new incarnation (a higher epoch, sequence from 1, a full
+snapshot), so the service never mixes what it knew of the old one with the new; a stale epoch (a
+newer incarnation of this node exists) stops it for good.
 
 Ordering: one lock serialises every call to the service, so batches leave in sequence order and a
 snapshot never overtakes a batch it does not cover.
@@ -58,6 +60,10 @@ class PublishedNode(Protocol):
     async def load(self) -> NodeLoad: ...
 
     def take_hits(self) -> list[RequestHits]: ...
+
+    def next_epoch(self) -> int:
+        """Become a new incarnation: a strictly higher epoch, which node_info reports from now on."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +217,12 @@ class EventPublisher:
             self.failures += 1
             code = e.code()
             if code is grpc.StatusCode.NOT_FOUND:
-                logger.info("node %s: lease unknown to the service, registering again", self.node_id)
+                self.epoch = self._node.next_epoch()
+                logger.info("node %s: lease unknown to the service, registering again as epoch %d",
+                            self.node_id, self.epoch)
                 self._lease = None
+                self._seq = 0
+                self._pending.clear()
                 self._resync = True
             elif code is grpc.StatusCode.FAILED_PRECONDITION:
                 logger.error("node %s epoch %d is stale (a newer incarnation exists): %s", self.node_id,

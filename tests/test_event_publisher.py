@@ -152,9 +152,13 @@ async def test_reregisters_with_a_snapshot_after_its_lease_ended(metadata: Metad
         await publisher(agent).flush()
         metadata.clock.now += 60  # the lease ends; the index drops the node
         assert await held_blocks(metadata, agent, hash_blocks(tokens, BS)) == 0
-        await publisher(agent).heartbeat()  # NOT_FOUND: forget the lease
+        first = agent.epoch
+        await publisher(agent).heartbeat()  # NOT_FOUND: forget the lease, become a new incarnation
         await publisher(agent).heartbeat()  # register again, snapshot, beat
         assert publisher(agent).registrations == 2
+        assert agent.epoch > first and publisher(agent).epoch == agent.epoch
+        member = metadata.service.membership.get(agent.node)
+        assert member is not None and member.info.epoch == agent.epoch  # the service knows the new one
         assert await held_blocks(metadata, agent, hash_blocks(tokens, BS)) == 4
     finally:
         await agent.stop()

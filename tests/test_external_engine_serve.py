@@ -1,6 +1,7 @@
 """radixmesh's routing as a Ray Serve request router, on local Ray: requests that share a prefix
 go to the replica that served it, and that replica's own prefix cache shows the hits."""
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,3 +80,47 @@ def test_prompts_are_read_from_text_token_ids_or_messages() -> None:
     messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     assert prompt_of(Pending({"messages": messages}), tok) == (tok.encode("ab"), "")  # type: ignore[arg-type]
     assert prompt_of(Pending(42), tok) is None  # type: ignore[arg-type]
+
+
+def test_the_holder_alone_is_offered_until_its_tries_run_out() -> None:
+    """A holder whose queue-length probe is slow (a busy host) is retried before Serve may fall
+    through to replicas that hold none of the prefix."""
+
+    class Rid:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def to_full_id_str(self) -> str:
+            return self.name
+
+    class Replica:
+        def __init__(self, name: str) -> None:
+            self.replica_id = Rid(name)
+
+    class Meta:
+        def __init__(self, request_id: str) -> None:
+            self.internal_request_id = request_id
+
+    class Pending:
+        def __init__(self, request_id: str, prompt: list[int]) -> None:
+            self.args, self.kwargs, self.metadata = [{"prompt": prompt}], {}, Meta(request_id)
+
+    router = RadixmeshRequestRouter.__new__(RadixmeshRequestRouter)
+    router.initialize_state(block_size=BS, seed=0, affinity_attempts=3)
+    replicas = [Replica(n) for n in ("a", "b", "c")]
+    prompt = list(range(16))
+
+    async def tries(request: Pending, n: int) -> list[list[list[str]]]:
+        ranks = [await router.choose_replicas(replicas, request) for _ in range(n)]  # type: ignore[arg-type]
+        return [[[r.replica_id.name for r in rank] for rank in ranked] for ranked in ranks]
+
+    first = Pending("r1", prompt)
+    [[[holder]]] = asyncio.run(tries(first, 1))
+    router.on_request_routed(first, Rid(holder), None)  # type: ignore[arg-type]
+    router.on_request_completed(Rid(holder), "r1")  # type: ignore[arg-type]
+    ranked = asyncio.run(tries(Pending("r2", prompt), 3))
+    others = sorted({"a", "b", "c"} - {holder})
+    assert ranked[:2] == [[[holder]], [[holder]]]
+    assert ranked[2][0] == [holder] and sorted(ranked[2][1]) == others
+    with pytest.raises(ValueError, match="affinity_attempts"):
+        router.initialize_state(affinity_attempts=0)

@@ -13,9 +13,14 @@ Per request it does what the radixmesh router does, with Serve replicas as nodes
 prompt (token ids as they are, text with the byte tokenizer), hash its full blocks with the tenant
 salt (`cache_salt`), find each replica's prefix among the blocks it was routed (PendingIndex with
 `prefix_ttl_s`: what a replica served stays cached about that long), merge the handle's own
-in-flight counts and recent work (InflightTable), and let the policy decide under bounded load. The
-chosen replica is the first rank, the others the second: Serve falls through to them when the chosen
-one is at `max_ongoing_requests`. Without a prompt, all candidates form one rank (Serve's own choice).
+in-flight counts and recent work (InflightTable), and let the policy decide under bounded load.
+
+The chosen replica alone is offered for the first `affinity_attempts` tries of a request, then it is
+the first rank and the others the second. Serve skips a replica whose queue-length probe misses its
+deadline (0.1 s at first, doubling per try), so on a busy host a single try would scatter a prefix
+group over replicas that hold none of it; a replica that is really at `max_ongoing_requests` answers
+its probe at once, so the extra tries cost little before Serve falls through to the others. Without
+a prompt, all candidates form one rank (Serve's own choice).
 
 Serve makes one router per deployment handle; each keeps its own picture of the replicas, which
 is the approximation that Ray's own PrefixCacheAffinityRouter makes too.
@@ -69,11 +74,14 @@ class RadixmeshRequestRouter(RequestRouter):
     """A Serve RequestRouter; configure it with `request_router_kwargs` (initialize_state's)."""
 
     def initialize_state(self, block_size: int = 16, policy: str = "cost_no_pull", prefix_ttl_s: float = 600.0,
-                         prefill_tokens_per_s: float = 2000.0, seed: int | None = None,
+                         prefill_tokens_per_s: float = 2000.0, seed: int | None = None, affinity_attempts: int = 4,
                          clock: Callable[[], float] = time.monotonic, **policy_kwargs: Any) -> None:
         """`policy` names a radixmesh policy (policy_names()); `policy_kwargs` are PolicyConfig fields."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if affinity_attempts < 1:
+            raise ValueError(f"affinity_attempts must be >= 1, got {affinity_attempts}")
+        self._affinity_attempts = affinity_attempts
         config = PolicyConfig(**policy_kwargs)
         self._block_size = block_size
         self._policy: RoutePolicy = make_policy(policy, config, random.Random(seed))
@@ -81,8 +89,8 @@ class RadixmeshRequestRouter(RequestRouter):
         self._tokenizer: Tokenizer = ByteTokenizer()
         self._holders = PendingIndex(prefix_ttl_s, clock)
         self._inflight = InflightTable(clock, config.load_half_life_s)
-        self._routing: dict[str, tuple[list[BlockHash], int]] = {}
-        """internal request id -> (its block hashes, prompt tokens), between choice and routing."""
+        self._routing: dict[str, tuple[list[BlockHash], int, int]] = {}
+        """internal request id -> (its block hashes, prompt tokens, tries so far), between choice and routing."""
         self._tickets: dict[str, Ticket] = {}
         self.decisions: list[tuple[str, str]] = []
         """(replica, reason) of recent decisions, newest last (at most 1000), for tests and logs."""
@@ -100,7 +108,9 @@ class RadixmeshRequestRouter(RequestRouter):
         view = build_view(list(by_id), None, self._holders.match(hashes), self._inflight, self._prefill_rate)
         decision = self._policy.route(RouteRequest(len(tokens), len(hashes), self._block_size), view.cluster)
         assert pending_request is not None
-        self._routing[pending_request.metadata.internal_request_id] = (hashes, len(tokens))
+        request_id = pending_request.metadata.internal_request_id
+        tries = self._routing.pop(request_id, ([], 0, 0))[2] + 1
+        self._routing[request_id] = (hashes, len(tokens), tries)
         while len(self._routing) > _MAX_UNROUTED:  # requests cancelled between choice and routing
             del self._routing[next(iter(self._routing))]
         self.decisions = [*self.decisions[-999:], (decision.node, decision.reason)]
@@ -108,11 +118,11 @@ class RadixmeshRequestRouter(RequestRouter):
                      decision.reason)
         chosen = by_id[decision.node]
         rest = [r for r in candidate_replicas if r is not chosen]
-        return [[chosen], rest] if rest else [[chosen]]
+        return [[chosen], rest] if rest and tries >= self._affinity_attempts else [[chosen]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         request_id = pending_request.metadata.internal_request_id
-        hashes, tokens = self._routing.pop(request_id, ([], 0))
+        hashes, tokens, _ = self._routing.pop(request_id, ([], 0, 0))
         node = NodeId(replica_id.to_full_id_str())
         self._holders.add(node, hashes)
         self._inflight.record_routed(node, tokens)

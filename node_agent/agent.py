@@ -260,11 +260,12 @@ class NodeAgent:
 
     async def prometheus_text(self) -> str:
         """Memory of both tiers, the engine, the transfer plane and the agent's own counters."""
-        text = await self.runner.call(self.engine.prometheus_text)
+        labels = {"model_name": self.config.model_name}
+        text = await self.runner.call(self.engine.prometheus_text, labels)
         if self.publisher is not None:
             self.counters.background_errors = self.publisher.loop_errors
         peers = self._transfer.peer_stats()
-        return text + render_agent_metrics(self.node, self.counters, peers, self._transfer.memory_path)
+        return text + render_agent_metrics(self.node, self.counters, peers, self._transfer.memory_path, labels)
 
     async def check_invariants(self) -> None:
         """The engine's and both tiers' invariants (raises AssertionError with the numbers)."""

@@ -20,6 +20,9 @@ class AgentConfig:
     node_id: NodeId
     model: ModelSource = field(default_factory=random_source)
     """The model (model.source.resolve_model): the same on every agent of a layout."""
+    served_model_name: str = ""
+    """The model id clients name (`up --served-model-name`), which labels every metric `model_name`;
+    "": the model's own name."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     device: str = "auto"
     """Where the model, its pools and kernels run: "auto" (the GPU the agent's actor was given, else
@@ -57,6 +60,10 @@ class AgentConfig:
     heartbeat_interval_s: float = 1.0
     publish_interval_s: float = 0.05
     """How long cache events are batched before they are sent."""
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model.name
 
     def __post_init__(self) -> None:
         check_node_id(self.node_id)

@@ -247,7 +247,7 @@ async def test_metrics_merge_writes_each_family_once_with_node_labels() -> None:
 
 def test_metrics_merge_rejects_text_that_does_not_parse() -> None:
     with pytest.raises(ValueError):
-        merge_expositions(RouterMetrics().render(), {A: "this is { not prometheus"})
+        merge_expositions(RouterMetrics("m").render(), {A: "this is { not prometheus"})
 
 
 # --- chat template --------------------------------------------------------------------------------

@@ -205,4 +205,5 @@ class ExternalEngine:
 
     def prometheus_text(self) -> str:
         """How following its events goes (radixmesh_kv_event_*), in Prometheus text format."""
-        return render_prometheus([ingest_stats(self.subscriber.stats, self.node.blocks)])
+        return render_prometheus([ingest_stats(self.subscriber.stats, self.node.blocks)],
+                                 {"model_name": self.config.model})

@@ -110,7 +110,7 @@ class LauncherConfig:
         """The AgentConfig of `node`, whose transfer server binds `host`."""
         memory = MemoryConfig(num_gpu_blocks=self.gpu_blocks, num_host_blocks=self.host_blocks,
                               enable_prefix_caching=self.prefix_caching, hash_key=self.secret.hash_key())
-        return AgentConfig(node, model=self.model, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
+        return AgentConfig(node, model=self.model, served_model_name=self.served_model_name, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
                            engine=EngineConfig(block_size=self.block_size, memory=memory), host=host,
                            transfer=self.transfer, secret=self.secret, transfer_mac=self.transfer_mac,
                            metadata_root_certificates=self.tls.cert_chain if self.tls else None,

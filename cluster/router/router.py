@@ -124,7 +124,7 @@ class Router:
         self.metadata = metadata
         self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
         self.chat_template: ChatTemplate = chat_template or PlainChatTemplate()
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(config.model_name)
         self.admission = Admission(config.admission, lambda: len(directory.nodes()))
         self.metrics.admission = self.admission
         self._clock = clock

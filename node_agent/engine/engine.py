@@ -8,7 +8,7 @@ Ray actor drives `step` from its own loop; the transfer plane hands pulled block
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -273,7 +273,8 @@ class Engine:
         c.preemptions = {m.value: n for m, n in self.scheduler.num_preemptions.items()}
         return engine_stats(c, len(self.scheduler.running), len(self.scheduler.waiting))
 
-    def prometheus_text(self) -> str:
-        """Memory metrics of every tier and zone plus the engine's, in one Prometheus exposition."""
+    def prometheus_text(self, labels: Mapping[str, str] | None = None) -> str:
+        """Memory metrics of every tier and zone plus the engine's, in one Prometheus exposition,
+        every sample labelled with `labels` too."""
         snaps: list[object] = [memory_stats(t.pool, t.cache) for t in self.memory.tiers]
-        return render_prometheus([*snaps, *self.memory.zone_snapshots(), self.stats()])
+        return render_prometheus([*snaps, *self.memory.zone_snapshots(), self.stats()], labels)

@@ -54,6 +54,9 @@ class NullAgent:
     async def prometheus_text(self) -> str:
         return ""
 
+    async def scrape_target(self) -> None:
+        return None
+
 
 class Directory:
     def __init__(self, nodes: Sequence[NodeId]) -> None:

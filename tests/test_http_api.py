@@ -218,7 +218,7 @@ async def test_metrics_scrape_merges_router_and_agents(api: Api) -> None:
     helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
     assert len(helps) == len(set(helps))
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert families["radixmesh_router_requests"].samples[0].labels == {"status": "ok"}
+    assert families["radixmesh_router_requests"].samples[0].labels == {"model_name": MODEL_NAME, "status": "ok"}
     nodes = {s.labels.get("node") for f in families.values() for s in f.samples}
     assert {"a", "b"} <= nodes
 

@@ -24,6 +24,7 @@ import aiohttp
 
 from radixmesh.cluster.ingest.engine import ExternalEngineConfig
 from radixmesh.cluster.router.agent_client import AgentUnavailable
+from radixmesh.node_agent.metrics_server import ScrapeTarget
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.serve.limits import InvalidRequest
@@ -128,6 +129,11 @@ class EngineAgentClient:
         if self._extra_metrics is None:
             return text
         return text + ("" if text.endswith("\n") or not text else "\n") + self._extra_metrics()
+
+    async def scrape_target(self) -> ScrapeTarget | None:
+        """None: the engine's own /metrics is the operator's existing vLLM scrape; its ingestion
+        metrics reach Prometheus through the router's."""
+        return None
 
     async def close(self) -> None:
         if self._session is not None:

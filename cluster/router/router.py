@@ -146,6 +146,8 @@ class Router:
         self._reporter = PredictionReporter(metadata, self.router_id) if use_replica else None
         self.replica_decisions = 0
         """Decisions made on the replica (the rest asked Match or had no prefix knowledge)."""
+        self.scraped_nodes: frozenset[NodeId] = frozenset()
+        """Agents Prometheus scrapes directly (file_sd keeps it): `/metrics?scope=router` leaves them out."""
 
     # --- state --------------------------------------------------------------------------------
     @property
@@ -437,10 +439,12 @@ class Router:
             logger.info("GetStats failed: %s", _why(e))
             return None
 
-    async def agent_metrics(self) -> dict[NodeId, str]:
-        """Each reachable agent's Prometheus text, asked all at once, each within its own deadline: an
-        agent that fails or is slow is left out (and logged), and never delays the others."""
-        clients = [c for c in map(self.directory.get, self.directory.nodes()) if c is not None]
+    async def agent_metrics(self, exclude: frozenset[NodeId] = frozenset()) -> dict[NodeId, str]:
+        """Each reachable agent's Prometheus text (but those of `exclude`), asked all at once, each
+        within its own deadline: an agent that fails or is slow is left out (and logged), and never
+        delays the others."""
+        nodes = [n for n in self.directory.nodes() if n not in exclude]
+        clients = [c for c in map(self.directory.get, nodes) if c is not None]
 
         async def one(client: AgentClient) -> str | None:
             try:

@@ -1,0 +1,182 @@
+"""The router's OpenAI endpoints: POST /v1/completions and /v1/chat/completions, whole or streamed
+as server-sent events."""
+
+import json
+import logging
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, NamedTuple
+
+from aiohttp import web
+
+from radixmesh.cluster.router.access_log import AccessNote, note
+from radixmesh.cluster.router.admission import Overloaded
+from radixmesh.cluster.router.http_context import CLOCK_KEY, ROUTER_KEY, read_body, refusal
+from radixmesh.cluster.router.openai_schema import (
+    ApiError,
+    ChatResponseShape,
+    GenerationParams,
+    ResponseShape,
+    parse_chat,
+    parse_completion,
+    usage,
+)
+from radixmesh.cluster.router.router import GenerateRequest, NoNodeAvailable, Router, RouterItem, RouterResult
+from radixmesh.proto.serve.limits import InvalidRequest
+from radixmesh.proto.serve.plan import TokenDelta
+from radixmesh.proto.serve.sampling import SamplingParams
+from radixmesh.proto.serve.stop_strings import StopStrings
+
+logger = logging.getLogger(__name__)
+
+
+def add_openai_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    router = request.app[ROUTER_KEY]
+    _admit(router)
+    parsed = parse_completion(await read_body(request))
+    prompt = parsed.prompt
+    tokens = tuple(router.tokenizer.encode(prompt)) if isinstance(prompt, str) else prompt
+    return await _generate(request, parsed.params, tokens, "cmpl", ResponseShape())
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    router = request.app[ROUTER_KEY]
+    _admit(router)
+    parsed = parse_chat(await read_body(request))
+    try:
+        prompt = router.chat_template.render(parsed.messages)
+    except ValueError as e:  # the model's template refused the conversation
+        raise ApiError(400, str(e), param="messages", code="invalid_messages") from e
+    tokens = tuple(router.tokenizer.encode(prompt))
+    return await _generate(request, parsed.params, tokens, "chatcmpl", ChatResponseShape())
+
+
+async def _generate(request: web.Request, params: GenerationParams, tokens: tuple[int, ...], prefix: str,
+                    shape: ResponseShape) -> web.StreamResponse:
+    router = request.app[ROUTER_KEY]
+    if params.model != router.config.model_name:
+        raise ApiError(404, f"model {params.model!r} does not exist; this server serves "
+                            f"{router.config.model_name!r}", param="model", code="model_not_found")
+    rid = f"{prefix}-{uuid.uuid4().hex}"
+    access = note(request)
+    access.request_id = rid
+    limits = router.config.limits
+    bad_stop = next((t for t in params.stop_token_ids if t >= limits.vocab_size), None)
+    if bad_stop is not None:
+        raise ApiError(400, f"stop token id {bad_stop} is outside the vocabulary [0, {limits.vocab_size})",
+                       param="stop_token_ids", code="invalid_value")
+    # Omitted max_tokens: the rest of the context (at least 1, so a prompt that fills it is refused below).
+    max_tokens = params.max_tokens or max(1, limits.max_context_tokens - len(tokens))
+    try:
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=params.temperature, top_p=params.top_p,
+                                  seed=params.seed, stop_token_ids=params.stop_token_ids,
+                                  ignore_eos=params.ignore_eos, stop=params.stop)
+        job = GenerateRequest(rid, tokens, sampling, params.cache_salt)
+        router.validate(job)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from e
+    ids = (rid, int(request.app[CLOCK_KEY]()), params.model)
+    items = router.generate(job)
+    reply = _reply(router, items, params, access)
+    try:
+        if params.stream:
+            return await _stream(request, reply, ids, params, shape)
+        pieces = [piece async for piece in reply]
+    except (InvalidRequest, Overloaded, NoNodeAvailable) as e:
+        raise refusal(e) from e
+    finally:
+        await reply.aclose()
+        await items.aclose()  # a client gone before the end: aborts the request on its agent
+    end = pieces.pop()
+    assert isinstance(end, _End)
+    text = "".join(p for p in pieces if isinstance(p, str))
+    return web.json_response(shape.envelope(shape.kind, ids, shape.full_choice(text, end.finish_reason), end.usage))
+
+def _admit(router: Router) -> None:
+    """Refuse a request for capacity before its body is even read."""
+    try:
+        router.admission.check()
+    except Overloaded as e:
+        router.metrics.record_request("refused")
+        raise refusal(e) from e
+
+
+
+class _End(NamedTuple):
+    """How a reply ended: the last item of `_reply`."""
+
+    finish_reason: str
+    usage: dict[str, Any]
+
+
+async def _reply(router: Router, items: AsyncIterator[RouterItem], params: GenerationParams, access: AccessNote
+                 ) -> AsyncGenerator[str | _End, None]:
+    """The reply's text in pieces (some empty), then one _End. The agent's engine ends a request on
+    the token that completes a stop string; the same check here cuts the text right before it."""
+    text = router.tokenizer.stream()  # holds back a cut character until later tokens complete it
+    stops = StopStrings(params.stop) if params.stop else None
+    async for item in items:
+        if isinstance(item, TokenDelta):
+            piece = text.push(item.token_ids)
+            yield piece if stops is None else stops.push(piece).text
+            continue
+        finish, tail = item.result.finish_reason.value, text.flush()
+        if stops is not None:
+            check = stops.push(tail)
+            tail = check.text if check.stopped else check.text + stops.flush()
+        yield tail
+        access.node, access.cached_tokens = item.result.node, item.cached_tokens
+        yield _End(finish, _usage(item))
+        return
+    raise AssertionError("the router's stream ended without a result")
+
+
+def _usage(result: RouterResult) -> dict[str, Any]:
+    return usage(result.result.stats.prompt_tokens, len(result.result.output_token_ids), result.cached_tokens)
+
+
+async def _stream(request: web.Request, reply: AsyncIterator[str | _End], ids: tuple[str, int, str],
+                  params: GenerationParams, shape: ResponseShape) -> web.StreamResponse:
+    # The first item is awaited before the response starts, so routing failures keep their status.
+    first = await anext(reply)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    usage_obj = None  # chunks carry "usage": null; a last chunk carries it when asked for
+    opened = False
+
+    async def send(body: dict[str, Any] | str) -> None:
+        data = body if isinstance(body, str) else json.dumps(body)
+        await response.write(f"data: {data}\n\n".encode())
+
+    async def emit(item: str | _End) -> None:
+        nonlocal opened
+        if isinstance(item, str):
+            if item or not opened:
+                await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice(item, not opened, None), usage_obj))
+                opened = True
+            return
+        await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice("", False, item.finish_reason), usage_obj))
+        if params.include_usage:
+            await send(shape.envelope(shape.chunk_kind, ids, None, item.usage))
+
+    try:
+        await emit(first)
+        async for item in reply:
+            await emit(item)
+    except (NoNodeAvailable, InvalidRequest) as e:
+        status, kind = (503, "server_error") if isinstance(e, NoNodeAvailable) else (400, "invalid_request_error")
+        logger.warning("stream %s failed after it started: %s", ids[0], e)
+        await send(ApiError(status, str(e), type_=kind).body())
+    except ConnectionResetError:
+        # The client left; closing the router's items (by the caller) aborts the request on its agent.
+        logger.info("client of stream %s disconnected", ids[0])
+        return response
+    await send("[DONE]")
+    await response.write_eof()
+    return response
+

@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 
 from radixmesh.cluster.ingest.engine import ExternalEngineConfig
+from radixmesh.cluster.ingest.http_session import LazySession
 from radixmesh.cluster.router.agent_client import AgentUnavailable
 from radixmesh.node_agent.metrics_server import ScrapeTarget
 from radixmesh.proto.ids import NodeId
@@ -47,7 +48,7 @@ class EngineAgentClient:
         self.node: NodeId = config.node_id
         self._on_hits = on_hits
         self._extra_metrics = extra_metrics
-        self._session = session
+        self._session = LazySession(session)
         self._clock = clock
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=read_timeout_s)
 
@@ -84,7 +85,7 @@ class EngineAgentClient:
         finish: str | None = None
         usage: dict[str, Any] | None = None
         try:
-            async with self._session_now().post(url, json=self.request_body(plan), timeout=self._timeout,
+            async with self._session.get().post(url, json=self.request_body(plan), timeout=self._timeout,
                                                 headers={"X-Request-Id": plan.request_id}) as r:
                 if 400 <= r.status < 500:
                     raise InvalidRequest(f"engine {self.node}: {_error_message(await r.text())}")
@@ -121,7 +122,7 @@ class EngineAgentClient:
     async def prometheus_text(self) -> str:
         try:
             timeout = aiohttp.ClientTimeout(total=self.config.metrics_timeout_s)
-            async with self._session_now().get(f"{self.config.base_url}/metrics", timeout=timeout) as r:
+            async with self._session.get().get(f"{self.config.base_url}/metrics", timeout=timeout) as r:
                 r.raise_for_status()
                 text = await r.text()
         except (aiohttp.ClientError, TimeoutError) as e:
@@ -136,14 +137,7 @@ class EngineAgentClient:
         return None
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _session_now(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        return self._session
+        await self._session.close()
 
 
 async def _sse(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:

@@ -94,8 +94,8 @@ async def test_past_the_limit_http_answers_429_with_retry_after(full: tuple[Clus
             assert (error["code"], error["type"]) == ("rate_limit_exceeded", "requests")
         async with session.get(f"{url}/metrics") as scrape:
             text = await scrape.text()
-        assert "radixmesh_router_requests_running 1.0" in text
-        assert 'radixmesh_router_requests_total{status="refused"} 1.0' in text
+        assert f'radixmesh_router_requests_running{{model_name="{MODEL_NAME}"}} 1.0' in text
+        assert f'radixmesh_router_requests_total{{model_name="{MODEL_NAME}",status="refused"}} 1.0' in text
         holder.close()  # its handler is cancelled and gives the slot back
         deadline = time.monotonic() + 20
         while cluster.router.admission.running:

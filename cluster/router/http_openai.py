@@ -1,16 +1,19 @@
 """The router's OpenAI endpoints: POST /v1/completions and /v1/chat/completions, whole or streamed
 as server-sent events."""
 
+import contextlib
 import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from aiohttp import web
 
 from radixmesh.cluster.router.access_log import AccessNote, note
 from radixmesh.cluster.router.admission import Overloaded
+from radixmesh.cluster.router.choices import FirstNode, choice_requests, merge_choices
 from radixmesh.cluster.router.http_context import CLOCK_KEY, ROUTER_KEY, read_body, refusal
 from radixmesh.cluster.router.openai_schema import (
     ApiError,
@@ -21,7 +24,7 @@ from radixmesh.cluster.router.openai_schema import (
     parse_completion,
     usage,
 )
-from radixmesh.cluster.router.router import GenerateRequest, NoNodeAvailable, Router, RouterItem, RouterResult
+from radixmesh.cluster.router.router import NoNodeAvailable, Router, RouterItem
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.plan import TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -76,26 +79,35 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
         sampling = SamplingParams(max_tokens=max_tokens, temperature=params.temperature, top_p=params.top_p,
                                   seed=params.seed, stop_token_ids=params.stop_token_ids,
                                   ignore_eos=params.ignore_eos, stop=params.stop)
-        job = GenerateRequest(rid, tokens, sampling, params.cache_salt)
-        router.validate(job)
+        jobs = choice_requests(rid, tokens, sampling, params.cache_salt, params.n)
+        router.validate(jobs[0])
     except ValueError as e:
         raise ApiError(400, str(e), param="prompt", code="invalid_prompt") from e
     ids = (rid, int(request.app[CLOCK_KEY]()), params.model)
-    items = router.generate(job)
-    reply = _reply(router, items, params, access)
+    first = FirstNode()
+
+    def rest() -> list[AsyncGenerator[str | _End, None]]:
+        pinned = [replace(job, node=first.node) for job in jobs[1:]]
+        return [_reply(router, router.generate(job), params, access) for job in pinned]
+
+    pieces = merge_choices(_reply(router, router.generate(jobs[0], first), params, access), rest)
     try:
         if params.stream:
-            return await _stream(request, reply, ids, params, shape)
-        pieces = [piece async for piece in reply]
+            return await _stream(request, pieces, ids, params, shape)
+        texts: list[list[str]] = [[] for _ in jobs]
+        ends: dict[int, _End] = {}
+        async for i, piece in pieces:
+            if isinstance(piece, _End):
+                ends[i] = piece
+            else:
+                texts[i].append(piece)
     except (InvalidRequest, Overloaded, NoNodeAvailable) as e:
         raise refusal(e) from e
     finally:
-        await reply.aclose()
-        await items.aclose()  # a client gone before the end: aborts the request on its agent
-    end = pieces.pop()
-    assert isinstance(end, _End)
-    text = "".join(p for p in pieces if isinstance(p, str))
-    return web.json_response(shape.envelope(shape.kind, ids, shape.full_choice(text, end.finish_reason), end.usage))
+        await pieces.aclose()  # a client gone before the end: aborts every choice on its agent
+    choices = [{"index": i, **shape.full_choice("".join(texts[i]), ends[i].finish_reason)} for i in range(len(jobs))]
+    return web.json_response(shape.envelope(shape.kind, ids, choices, _usage(ends)))
+
 
 def _admit(router: Router) -> None:
     """Refuse a request for capacity before its body is even read."""
@@ -106,77 +118,88 @@ def _admit(router: Router) -> None:
         raise refusal(e) from e
 
 
-
 class _End(NamedTuple):
-    """How a reply ended: the last item of `_reply`."""
+    """How a choice ended: the last item of `_reply`."""
 
     finish_reason: str
-    usage: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
 
 
-async def _reply(router: Router, items: AsyncIterator[RouterItem], params: GenerationParams, access: AccessNote
-                 ) -> AsyncGenerator[str | _End, None]:
-    """The reply's text in pieces (some empty), then one _End. The agent's engine ends a request on
-    the token that completes a stop string; the same check here cuts the text right before it."""
+async def _reply(router: Router, items: AsyncGenerator[RouterItem, None], params: GenerationParams,
+                 access: AccessNote) -> AsyncGenerator[str | _End, None]:
+    """One choice's text in pieces (some empty), then one _End; closing it closes `items` (which
+    aborts the request on its agent). The agent's engine ends a request on the token that completes
+    a stop string; the same check here cuts the text right before it."""
     text = router.tokenizer.stream()  # holds back a cut character until later tokens complete it
     stops = StopStrings(params.stop) if params.stop else None
-    async for item in items:
-        if isinstance(item, TokenDelta):
-            piece = text.push(item.token_ids)
-            yield piece if stops is None else stops.push(piece).text
-            continue
-        finish, tail = item.result.finish_reason.value, text.flush()
-        if stops is not None:
-            check = stops.push(tail)
-            tail = check.text if check.stopped else check.text + stops.flush()
-        yield tail
-        access.node, access.cached_tokens = item.result.node, item.cached_tokens
-        yield _End(finish, _usage(item))
-        return
+    async with contextlib.aclosing(items):
+        async for item in items:
+            if isinstance(item, TokenDelta):
+                piece = text.push(item.token_ids)
+                yield piece if stops is None else stops.push(piece).text
+                continue
+            finish, tail = item.result.finish_reason.value, text.flush()
+            if stops is not None:
+                check = stops.push(tail)
+                tail = check.text if check.stopped else check.text + stops.flush()
+            yield tail
+            access.node, access.cached_tokens = item.result.node, item.cached_tokens
+            result = item.result
+            yield _End(finish, result.stats.prompt_tokens, len(result.output_token_ids), item.cached_tokens)
+            return
     raise AssertionError("the router's stream ended without a result")
 
 
-def _usage(result: RouterResult) -> dict[str, Any]:
-    return usage(result.result.stats.prompt_tokens, len(result.result.output_token_ids), result.cached_tokens)
+def _usage(ends: dict[int, _End]) -> dict[str, Any]:
+    """OpenAI's usage of all choices: the prompt once, every choice's completion; cached tokens are
+    the first choice's (the others reuse its prefill by design)."""
+    first = ends[0]
+    return usage(first.prompt_tokens, sum(e.completion_tokens for e in ends.values()), first.cached_tokens)
 
 
-async def _stream(request: web.Request, reply: AsyncIterator[str | _End], ids: tuple[str, int, str],
+async def _stream(request: web.Request, pieces: AsyncIterator[tuple[int, str | _End]], ids: tuple[str, int, str],
                   params: GenerationParams, shape: ResponseShape) -> web.StreamResponse:
     # The first item is awaited before the response starts, so routing failures keep their status.
-    first = await anext(reply)
+    first = await anext(pieces)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
-    usage_obj = None  # chunks carry "usage": null; a last chunk carries it when asked for
-    opened = False
+    opened: set[int] = set()
+    ends: dict[int, _End] = {}
 
     async def send(body: dict[str, Any] | str) -> None:
         data = body if isinstance(body, str) else json.dumps(body)
         await response.write(f"data: {data}\n\n".encode())
 
-    async def emit(item: str | _End) -> None:
-        nonlocal opened
+    async def emit(i: int, item: str | _End) -> None:
+        # chunks carry "usage": null; a last chunk carries every choice's when asked for
         if isinstance(item, str):
-            if item or not opened:
-                await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice(item, not opened, None), usage_obj))
-                opened = True
+            if item or i not in opened:
+                choice = {"index": i, **shape.delta_choice(item, i not in opened, None)}
+                await send(shape.envelope(shape.chunk_kind, ids, [choice], None))
+                opened.add(i)
             return
-        await send(shape.envelope(shape.chunk_kind, ids, shape.delta_choice("", False, item.finish_reason), usage_obj))
-        if params.include_usage:
-            await send(shape.envelope(shape.chunk_kind, ids, None, item.usage))
+        ends[i] = item
+        choice = {"index": i, **shape.delta_choice("", False, item.finish_reason)}
+        await send(shape.envelope(shape.chunk_kind, ids, [choice], None))
 
     try:
-        await emit(first)
-        async for item in reply:
-            await emit(item)
-    except (NoNodeAvailable, InvalidRequest) as e:
+        await emit(*first)
+        async for i, item in pieces:
+            await emit(i, item)
+        if params.include_usage:
+            await send(shape.envelope(shape.chunk_kind, ids, [], _usage(ends)))
+    except (NoNodeAvailable, InvalidRequest, Overloaded) as e:
         status, kind = (503, "server_error") if isinstance(e, NoNodeAvailable) else (400, "invalid_request_error")
+        if isinstance(e, Overloaded):
+            status, kind = 429, "requests"
         logger.warning("stream %s failed after it started: %s", ids[0], e)
         await send(ApiError(status, str(e), type_=kind).body())
     except ConnectionResetError:
-        # The client left; closing the router's items (by the caller) aborts the request on its agent.
+        # The client left; closing the pieces (by the caller) aborts every choice on its agent.
         logger.info("client of stream %s disconnected", ids[0])
         return response
     await send("[DONE]")
     await response.write_eof()
     return response
-

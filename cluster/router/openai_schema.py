@@ -8,15 +8,16 @@ Request fields, one policy for both endpoints (and for the keys of a chat messag
 body is in exactly one of these classes, and none is ever silently ignored.
 
 - Served: `model`, `prompt` (completions) or `messages` (chat), `max_tokens` (chat also
-  `max_completion_tokens`; omitted: the rest of the context), `temperature`, `top_p`, `seed`,
+  `max_completion_tokens`; omitted: the rest of the context), `n` (1..MAX_CHOICES), `temperature`,
+  `top_p`, `seed`,
   `stream`, `stream_options.include_usage`, `stop` (a string or up to 4), and vLLM's `stop_token_ids`,
   `ignore_eos` and `cache_salt` (the tenant: it salts the prompt's block hashes, so only requests
   with equal salts share cached prefixes; none is the shared tenant).
 - Accepted, not acted on (they change nothing OpenAI returns): `user` (an end-user id; it does not
   split the cache), `metadata`, `store`, `service_tier`. Each is type-checked.
-- Defined by OpenAI (or vLLM) but not implemented (`n`, `best_of`, `echo`, `logprobs`, `suffix`,
+- Defined by OpenAI (or vLLM) but not implemented (`best_of`, `echo`, `logprobs`, `suffix`,
   `logit_bias`, penalties, `tools`, `response_format`, ...): accepted only at the value that means
-  "off" (`n: 1`, `logprobs: false`, `response_format: {"type": "text"}`, ...), refused with 400
+  "off" (`best_of: 1`, `logprobs: false`, `response_format: {"type": "text"}`, ...), refused with 400
   naming the field otherwise.
 - Anything else: 400 naming the field (OpenAI's own "Unrecognized request argument"). vLLM warns
   and ignores instead; we refuse so that a typo such as `max_token` cannot silently change a reply.
@@ -29,14 +30,17 @@ from radixmesh.node_agent.model.chat_template import ROLES, ChatMessage
 from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
 from radixmesh.proto.serve.sampling import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
+MAX_CHOICES = 16
+"""Most choices (`n`) one request may ask for: each holds a running slot and KV of its own."""
+
 # Fields both endpoints serve; each endpoint adds its prompt field (and chat max_completion_tokens).
-_SERVED = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stream", "stream_options", "stop",
+_SERVED = frozenset({"model", "max_tokens", "n", "temperature", "top_p", "seed", "stream", "stream_options", "stop",
                      "stop_token_ids", "ignore_eos", "cache_salt"})
 # Accepted and type-checked, but they change nothing in the reply.
 _ACCEPTED: dict[str, type | tuple[type, ...]] = {"user": str, "metadata": dict, "store": bool, "service_tier": str}
 # Implemented nowhere here; accepted only at the value that means "off" (the last one is named in the error).
 _NEUTRAL: dict[str, tuple[object, ...]] = {
-    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprobs": (None, 0, False),
+    "best_of": (None, 1), "echo": (None, False), "logprobs": (None, 0, False),
     "top_logprobs": (None, 0), "suffix": (None, ""), "logit_bias": (None, {}),
     "presence_penalty": (None, 0.0, 0), "frequency_penalty": (None, 0.0, 0), "tools": (None, []),
     "functions": (None, []), "tool_choice": (None, "none"), "function_call": (None, "none"),
@@ -98,6 +102,8 @@ class GenerationParams:
     model: str
     max_tokens: int | None
     """None: the rest of the model's context after the prompt (vLLM's default)."""
+    n: int
+    """Choices to generate for the prompt, 1..MAX_CHOICES."""
     temperature: float
     top_p: float
     seed: int | None
@@ -151,6 +157,15 @@ def _int(body: dict[str, Any], name: str, default: int | None, low: int, high: i
     if not low <= value <= high:
         raise _bad(f"'{name}' must be in [{low}, {high}], got {value}", name)
     return value
+
+
+def _n(body: dict[str, Any]) -> int:
+    n = _int(body, "n", 1, 1, MAX_CHOICES)
+    assert n is not None
+    seed = body.get("seed")
+    if n > 1 and isinstance(seed, int) and not isinstance(seed, bool) and seed > MAX_SEED - (n - 1):
+        raise _bad(f"with 'n' = {n}, 'seed' must be at most {MAX_SEED - (n - 1)} (choice i uses seed + i)", "seed")
+    return n
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
@@ -211,6 +226,7 @@ def _params(body: object, prompt_fields: frozenset[str], max_tokens_names: tuple
     return body, GenerationParams(
         model=model,
         max_tokens=max_tokens,
+        n=_n(body),
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0, False),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, True),
         seed=_int(body, "seed", None, 0, MAX_SEED),
@@ -292,12 +308,13 @@ class ResponseShape:
     kind = "text_completion"
     chunk_kind = "text_completion"
 
-    def envelope(self, kind: str, ids: tuple[str, int, str], choice: dict[str, Any] | None,
+    def envelope(self, kind: str, ids: tuple[str, int, str], choices: list[dict[str, Any]],
                  usage_obj: dict[str, Any] | None) -> dict[str, Any]:
-        """`ids` = (response id, created unix time, model); `choice` None gives the usage-only chunk."""
+        """`ids` = (response id, created unix time, model); `choices` (each with its "index") empty
+        gives the usage-only chunk."""
         rid, created, model = ids
-        choices = [] if choice is None else [{"index": 0, "logprobs": None, **choice}]
-        return {"id": rid, "object": kind, "created": created, "model": model, "choices": choices, "usage": usage_obj}
+        listed = [{"logprobs": None, **choice} for choice in choices]
+        return {"id": rid, "object": kind, "created": created, "model": model, "choices": listed, "usage": usage_obj}
 
     def full_choice(self, text: str, finish_reason: str) -> dict[str, Any]:
         return {"text": text, "finish_reason": finish_reason}

@@ -68,6 +68,9 @@ class GenerateRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams
     tenant: str = ""
+    node: NodeId | None = None
+    """Serve on this node while it is a candidate (choices 2..n of one prompt follow the first to
+    its cached prefix); None, or a node that left: routed as any request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +214,8 @@ class Router:
                 # The directory says who is reachable, the lease who is alive; agents that never
                 # registered (standalone) are still served rather than refused.
                 candidates = [n for n in candidates if n in live] or candidates
+        if request.node is not None and request.node in candidates:
+            candidates = [request.node]
         if not candidates:
             raise NoNodeAvailable(f"no node left to serve request {request.request_id}")
         view = build_view(candidates, match, pending, self._inflight, self.config.default_prefill_tokens_per_s, fleet)
@@ -310,8 +315,10 @@ class Router:
         """InvalidRequest for what the agents would refuse (the prompt limits of their model)."""
         self.config.limits.check(request.prompt_token_ids, request.sampling.max_tokens)
 
-    async def generate(self, request: GenerateRequest) -> AsyncGenerator[RouterItem, None]:
-        """Yield TokenDelta items (each token once, in order, across retries), then one RouterResult.
+    async def generate(self, request: GenerateRequest, on_routed: Callable[[NodeId], None] | None = None
+                       ) -> AsyncGenerator[RouterItem, None]:
+        """Yield TokenDelta items (each token once, in order, across retries), then one RouterResult;
+        `on_routed` hears the node of each attempt as soon as it is chosen.
 
         Raises InvalidRequest (nothing routed, or an agent refused it), Overloaded (admission control
         refused it: nothing routed) or NoNodeAvailable after `max_attempts` nodes failed.
@@ -322,7 +329,7 @@ class Router:
             self.validate(request)
             async with self.admission.slot():
                 self.metrics.queue.observe(self._clock() - arrival)
-                async with contextlib.aclosing(self._serve(self._with_seed(request))) as items:
+                async with contextlib.aclosing(self._serve(self._with_seed(request), on_routed)) as items:
                     last: float | None = None
                     async for item in items:
                         now = self._clock()
@@ -364,7 +371,8 @@ class Router:
         sampling = dataclasses.replace(request.sampling, seed=draw_seed(self._rng))
         return dataclasses.replace(request, sampling=sampling)
 
-    async def _serve(self, request: GenerateRequest) -> AsyncGenerator[RouterItem, None]:
+    async def _serve(self, request: GenerateRequest, on_routed: Callable[[NodeId], None] | None
+                     ) -> AsyncGenerator[RouterItem, None]:
         arrival = self._clock()
         first_token_at: float | None = None
         sent: list[int] = []
@@ -379,6 +387,8 @@ class Router:
                                      self.config.admission.retry_after_s) from None
                 raise
             node = routed.decision.node
+            if on_routed is not None:
+                on_routed(node)
             client = self.directory.get(node)
             if client is None:
                 exclude.add(node)

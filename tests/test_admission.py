@@ -13,7 +13,8 @@ from router_cluster import MODEL_NAME, Cluster, agent_config, local_cluster, rou
 from radixmesh.cluster.router.admission import Admission, AdmissionLimits, Overloaded
 from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.router.http_api import start_http
-from radixmesh.cluster.router.router import GenerateRequest, Router
+from radixmesh.cluster.router.routed import GenerateRequest
+from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.serve.plan import TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams

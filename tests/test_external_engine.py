@@ -27,7 +27,8 @@ from radixmesh.cluster.router.agent_clients import StaticAgentDirectory
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.engine_client import EngineAgentClient
 from radixmesh.cluster.router.external_fleet import ExternalFleet
-from radixmesh.cluster.router.router import GenerateRequest, Router
+from radixmesh.cluster.router.routed import GenerateRequest
+from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.publisher import PublisherConfig
 from radixmesh.proto.block_hash import hash_blocks, tenant_salt
 from radixmesh.proto.cluster_secret import ClusterSecret

@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Generic, TypeVar
 
-from radixmesh.cluster.router.router import GenerateRequest
+from radixmesh.cluster.router.routed import GenerateRequest
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.sampling import SamplingParams
 

@@ -9,7 +9,8 @@ from aiohttp import web
 from radixmesh.cluster.router.admission import Overloaded
 from radixmesh.cluster.router.json_body import parse_json_body
 from radixmesh.cluster.router.openai_schema import ApiError
-from radixmesh.cluster.router.router import NoNodeAvailable, Router
+from radixmesh.cluster.router.routed import NoNodeAvailable
+from radixmesh.cluster.router.router import Router
 from radixmesh.proto.serve.limits import InvalidRequest
 
 ROUTER_KEY = web.AppKey("router", Router)

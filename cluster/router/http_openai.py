@@ -24,7 +24,8 @@ from radixmesh.cluster.router.openai_schema import (
     parse_completion,
     usage,
 )
-from radixmesh.cluster.router.router import NoNodeAvailable, Router, RouterItem
+from radixmesh.cluster.router.routed import NoNodeAvailable, RouterItem
+from radixmesh.cluster.router.router import Router
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.plan import TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams

@@ -11,10 +11,12 @@ from aiohttp import web
 from radixmesh.cluster.router.admission import Overloaded
 from radixmesh.cluster.router.explain import explain
 from radixmesh.cluster.router.file_sd import ROUTER_SCOPE
+from radixmesh.cluster.router.fleet_reports import agent_metrics, cluster_stats
 from radixmesh.cluster.router.http_context import ROUTER_KEY, read_body, refusal
 from radixmesh.cluster.router.metrics import merge_expositions, stats_document
 from radixmesh.cluster.router.openai_schema import ApiError, parse_chat
-from radixmesh.cluster.router.router import GenerateRequest, NoNodeAvailable, Router
+from radixmesh.cluster.router.routed import GenerateRequest, NoNodeAvailable
+from radixmesh.cluster.router.router import Router
 from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -105,7 +107,7 @@ async def _healthz(request: web.Request) -> web.Response:
 
 async def _stats(request: web.Request) -> web.Response:
     router = request.app[ROUTER_KEY]
-    cluster = await router.cluster_stats()
+    cluster = await cluster_stats(router.metadata, router.config.match_timeout_s)
     inflight = {n: router.inflight(n) for n in router.directory.nodes()}
     body = stats_document(router.metrics, cluster, policy=router.config.policy, active_policy=router.active_policy,
                           metadata_available=router.metadata_available, inflight=inflight)
@@ -116,7 +118,8 @@ async def _metrics(request: web.Request) -> web.Response:
     router = request.app[ROUTER_KEY]
     # scope=router (the router's file-SD target): leave out the agents Prometheus scrapes itself.
     exclude = router.scraped_nodes if request.query.get("scope") == ROUTER_SCOPE else frozenset()
-    text = merge_expositions(router.metrics.render(), await router.agent_metrics(exclude))
+    text = merge_expositions(router.metrics.render(), await agent_metrics(
+        router.directory, router.config.match_timeout_s * 4, exclude))
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Prometheus-Format": "0.0.4"})
 

@@ -27,83 +27,39 @@ import random
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
-from typing import TypeAlias
 
 import grpc
 
-from radixmesh.cluster.policy.base import RouteDecision, RoutePolicy, RouteRequest, make_policy
+from radixmesh.cluster.policy.base import RoutePolicy, RouteRequest, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
-from radixmesh.cluster.policy.view import ClusterView, FleetLoad, build_view
+from radixmesh.cluster.policy.view import FleetLoad, build_view
 from radixmesh.cluster.router.admission import Admission, Overloaded
-from radixmesh.cluster.router.agent_client import AgentClient, AgentDirectory, AgentUnavailable
+from radixmesh.cluster.router.agent_client import AgentDirectory, AgentUnavailable
 from radixmesh.cluster.router.config import RouterConfig
+from radixmesh.cluster.router.fleet_reports import why_failed
 from radixmesh.cluster.router.index_watch import IndexWatcher
 from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.prediction_report import PredictionReporter
+from radixmesh.cluster.router.routed import (
+    GenerateRequest,
+    NoNodeAvailable,
+    RoutedPlan,
+    RouterItem,
+    RouterResult,
+)
 from radixmesh.node_agent.model.chat_template import ChatTemplate, PlainChatTemplate
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer, Tokenizer
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.client import MetadataClient
-from radixmesh.proto.metadata.messages import ClusterStats, IndexUpdate, MatchQuery, MatchResult, NodeMatch
+from radixmesh.proto.metadata.messages import IndexUpdate, MatchQuery, MatchResult, NodeMatch
 from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult, TokenDelta
-from radixmesh.proto.serve.sampling import SamplingParams, draw_seed
+from radixmesh.proto.serve.sampling import draw_seed
 
 logger = logging.getLogger(__name__)
 
-
-
-class NoNodeAvailable(Exception):
-    """Every candidate node was unavailable (or there was none): the request could not be served."""
-
-
-@dataclass(frozen=True, slots=True)
-class GenerateRequest:
-    """One prompt in token ids. `sampling.seed` None: the router fixes one (retries reproduce it)."""
-
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    sampling: SamplingParams
-    tenant: str = ""
-    node: NodeId | None = None
-    """Serve on this node while it is a candidate (choices 2..n of one prompt follow the first to
-    its cached prefix); None, or a node that left: routed as any request."""
-
-
-@dataclass(frozen=True, slots=True)
-class RoutedPlan:
-    """A decision and the plan that executes it."""
-
-    plan: ServePlan
-    decision: RouteDecision
-    policy: str
-    """The policy that decided (the fallback while the metadata service is unreachable)."""
-    cluster_tokens: int
-    """Leading prompt tokens Match saw held somewhere in the cluster (0 without Match)."""
-    metadata_used: bool
-    view: ClusterView
-    """What the policy saw (prefixes and load per candidate node), for explanations and audits."""
-
-
-@dataclass(frozen=True, slots=True)
-class RouterResult:
-    """The agent's result of the attempt that finished, and what the router measured."""
-
-    result: ServeResult
-    routed: RoutedPlan
-    attempts: int
-    ttft_s: float
-    """First token (or the result, when no token streamed) minus arrival at the router."""
-
-    @property
-    def cached_tokens(self) -> int:
-        return self.result.stats.tokens.hits
-
-
-RouterItem: TypeAlias = TokenDelta | RouterResult
 
 
 class Router:
@@ -300,7 +256,7 @@ class Router:
         except (grpc.aio.AioRpcError, TimeoutError) as e:
             if self._down_since is None:
                 logger.warning("metadata service unreachable (%s): routing by %s until it answers",
-                               _why(e), self._fallback.name)
+                               why_failed(e), self._fallback.name)
                 self.metrics.metadata_available = False
             self._down_since = now
             return None
@@ -437,37 +393,3 @@ class Router:
         if busy and busy == exclude:
             raise Overloaded(f"every node tried is busy ({sorted(busy)}): retry later", self.config.admission.retry_after_s)
         raise NoNodeAvailable(f"request {request.request_id}: {len(exclude)} node(s) failed: {sorted(exclude)}")
-
-    # --- what /stats and /metrics read ---------------------------------------------------------
-    async def cluster_stats(self) -> ClusterStats | None:
-        """The metadata service's GetStats, or None when it does not answer in time."""
-        if self.metadata is None:
-            return None
-        try:
-            return await asyncio.wait_for(self.metadata.stats(), self.config.match_timeout_s)
-        except (grpc.aio.AioRpcError, TimeoutError) as e:
-            logger.info("GetStats failed: %s", _why(e))
-            return None
-
-    async def agent_metrics(self, exclude: frozenset[NodeId] = frozenset()) -> dict[NodeId, str]:
-        """Each reachable agent's Prometheus text (but those of `exclude`), asked all at once, each
-        within its own deadline: an agent that fails or is slow is left out (and logged), and never
-        delays the others."""
-        nodes = [n for n in self.directory.nodes() if n not in exclude]
-        clients = [c for c in map(self.directory.get, nodes) if c is not None]
-
-        async def one(client: AgentClient) -> str | None:
-            try:
-                return await asyncio.wait_for(client.prometheus_text(), self.config.match_timeout_s * 4)
-            except (AgentUnavailable, TimeoutError) as e:
-                logger.info("metrics of agent %s unavailable: %s", client.node, e)
-                return None
-
-        texts = await asyncio.gather(*(one(c) for c in clients))
-        return {c.node: t for c, t in zip(clients, texts, strict=True) if t is not None}
-
-
-def _why(e: BaseException) -> str:
-    if isinstance(e, grpc.aio.AioRpcError):
-        return f"{e.code().name}: {e.details()}"
-    return f"no answer in time ({type(e).__name__})"

@@ -22,7 +22,7 @@ from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.gpu_budget import measure_gpu_budget
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId
-from radixmesh.node_agent.engine.runner import EngineRunner, Finished
+from radixmesh.node_agent.engine.runner import EngineRunner, Finished, NewTokens
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
 from radixmesh.node_agent.metrics_server import MetricsServer, ScrapeTarget, metrics_token
 from radixmesh.node_agent.placement import place_model
@@ -171,8 +171,8 @@ class NodeAgent:
                                              on_refused=release)
             while True:
                 match await queue.get():
-                    case list() as tokens:
-                        yield TokenDelta(plan.request_id, tuple(tokens))
+                    case NewTokens() as new:
+                        yield TokenDelta(plan.request_id, tuple(new.token_ids), tuple(new.logprobs))
                     case Finished() as done:
                         finished = True
                         if self.publisher is None:  # standalone: nobody drains the events, so they would pile up
@@ -228,7 +228,8 @@ class NodeAgent:
                            preemptions=out.stats.preemptions)
         self.counters.count_request(stats)
         self._hits.append(RequestHits(plan.request_id, plan.tenant, out.stats.sources))
-        return ServeResult(plan.request_id, self.node, out.output_token_ids, out.finish_reason, stats)
+        return ServeResult(plan.request_id, self.node, out.output_token_ids, out.finish_reason, stats,
+                           out.logprobs)
 
     # --- what the publisher and the metrics read --------------------------------------------
     def next_epoch(self) -> int:

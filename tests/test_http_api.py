@@ -96,7 +96,7 @@ BAD: list[tuple[str, object, int, str | None]] = [
     # The field policy: unknown names (typos) and unimplemented OpenAI/vLLM options are refused by name.
     ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "max_token": 5}, 400, "max_token"),
     ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "messages": []}, 400, "messages"),
-    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "logprobs": 2}, 400, "logprobs"),
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "echo": True}, 400, "echo"),
     ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "top_k": 5}, 400, "top_k"),
     ("/v1/completions", {"model": MODEL_NAME, "prompt": "x", "metadata": "m"}, 400, "metadata"),

@@ -78,6 +78,9 @@ class EngineAgentClient:
         return body
 
     async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
+        if plan.sampling.logprobs is not None:
+            # vLLM names alternatives by their text, not their ids: nothing to carry them in faithfully.
+            raise InvalidRequest(f"engine {self.node} does not serve logprobs through radixmesh")
         url = f"{self.config.base_url}/v1/completions"
         start = self._clock()
         first: float | None = None

@@ -15,6 +15,7 @@ from radixmesh.cluster.router.access_log import AccessNote, note
 from radixmesh.cluster.router.admission import Overloaded
 from radixmesh.cluster.router.choices import FirstNode, choice_requests, merge_choices
 from radixmesh.cluster.router.http_context import CLOCK_KEY, ROUTER_KEY, read_body, refusal
+from radixmesh.cluster.router.logprobs_json import text_length
 from radixmesh.cluster.router.openai_schema import (
     ApiError,
     ChatResponseShape,
@@ -27,6 +28,7 @@ from radixmesh.cluster.router.openai_schema import (
 from radixmesh.cluster.router.routed import NoNodeAvailable, RouterItem
 from radixmesh.cluster.router.router import Router
 from radixmesh.proto.serve.limits import InvalidRequest
+from radixmesh.proto.serve.logprobs import TokenLogprob
 from radixmesh.proto.serve.plan import TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
 from radixmesh.proto.serve.stop_strings import StopStrings
@@ -79,7 +81,7 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
     try:
         sampling = SamplingParams(max_tokens=max_tokens, temperature=params.temperature, top_p=params.top_p,
                                   seed=params.seed, stop_token_ids=params.stop_token_ids,
-                                  ignore_eos=params.ignore_eos, stop=params.stop)
+                                  ignore_eos=params.ignore_eos, stop=params.stop, logprobs=params.logprobs)
         jobs = choice_requests(rid, tokens, sampling, params.cache_salt, params.n)
         router.validate(jobs[0])
     except ValueError as e:
@@ -87,7 +89,7 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
     ids = (rid, int(request.app[CLOCK_KEY]()), params.model)
     first = FirstNode()
 
-    def rest() -> list[AsyncGenerator[str | _End, None]]:
+    def rest() -> list[AsyncGenerator[_Piece | _End, None]]:
         pinned = [replace(job, node=first.node) for job in jobs[1:]]
         return [_reply(router, router.generate(job), params, access) for job in pinned]
 
@@ -96,17 +98,22 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
         if params.stream:
             return await _stream(request, pieces, ids, params, shape)
         texts: list[list[str]] = [[] for _ in jobs]
+        logprobs: list[list[TokenLogprob]] = [[] for _ in jobs]
         ends: dict[int, _End] = {}
         async for i, piece in pieces:
             if isinstance(piece, _End):
                 ends[i] = piece
             else:
-                texts[i].append(piece)
+                texts[i].append(piece.text)
+                logprobs[i].extend(piece.logprobs)
     except (InvalidRequest, Overloaded, NoNodeAvailable) as e:
         raise refusal(e) from e
     finally:
         await pieces.aclose()  # a client gone before the end: aborts every choice on its agent
     choices = [{"index": i, **shape.full_choice("".join(texts[i]), ends[i].finish_reason)} for i in range(len(jobs))]
+    if params.logprobs is not None:
+        for choice, entries in zip(choices, logprobs, strict=True):
+            choice["logprobs"] = shape.logprobs(router.tokenizer, entries, 0)
     return web.json_response(shape.envelope(shape.kind, ids, choices, _usage(ends)))
 
 
@@ -119,6 +126,13 @@ def _admit(router: Router) -> None:
         raise refusal(e) from e
 
 
+class _Piece(NamedTuple):
+    """Text of a choice (maybe empty), and the log-probabilities of the tokens that came with it."""
+
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
 class _End(NamedTuple):
     """How a choice ended: the last item of `_reply`."""
 
@@ -129,7 +143,7 @@ class _End(NamedTuple):
 
 
 async def _reply(router: Router, items: AsyncGenerator[RouterItem, None], params: GenerationParams,
-                 access: AccessNote) -> AsyncGenerator[str | _End, None]:
+                 access: AccessNote) -> AsyncGenerator[_Piece | _End, None]:
     """One choice's text in pieces (some empty), then one _End; closing it closes `items` (which
     aborts the request on its agent). The agent's engine ends a request on the token that completes
     a stop string; the same check here cuts the text right before it."""
@@ -139,13 +153,13 @@ async def _reply(router: Router, items: AsyncGenerator[RouterItem, None], params
         async for item in items:
             if isinstance(item, TokenDelta):
                 piece = text.push(item.token_ids)
-                yield piece if stops is None else stops.push(piece).text
+                yield _Piece(piece if stops is None else stops.push(piece).text, item.logprobs)
                 continue
             finish, tail = item.result.finish_reason.value, text.flush()
             if stops is not None:
                 check = stops.push(tail)
                 tail = check.text if check.stopped else check.text + stops.flush()
-            yield tail
+            yield _Piece(tail)
             access.node, access.cached_tokens = item.result.node, item.cached_tokens
             result = item.result
             yield _End(finish, result.stats.prompt_tokens, len(result.output_token_ids), item.cached_tokens)
@@ -160,24 +174,29 @@ def _usage(ends: dict[int, _End]) -> dict[str, Any]:
     return usage(first.prompt_tokens, sum(e.completion_tokens for e in ends.values()), first.cached_tokens)
 
 
-async def _stream(request: web.Request, pieces: AsyncIterator[tuple[int, str | _End]], ids: tuple[str, int, str],
-                  params: GenerationParams, shape: ResponseShape) -> web.StreamResponse:
+async def _stream(request: web.Request, pieces: AsyncIterator[tuple[int, _Piece | _End]],
+                  ids: tuple[str, int, str], params: GenerationParams, shape: ResponseShape) -> web.StreamResponse:
     # The first item is awaited before the response starts, so routing failures keep their status.
     first = await anext(pieces)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     opened: set[int] = set()
     ends: dict[int, _End] = {}
+    offsets: dict[int, int] = {}  # characters of each choice's tokens sent so far (completions' text_offset)
+    tokenizer = request.app[ROUTER_KEY].tokenizer
 
     async def send(body: dict[str, Any] | str) -> None:
         data = body if isinstance(body, str) else json.dumps(body)
         await response.write(f"data: {data}\n\n".encode())
 
-    async def emit(i: int, item: str | _End) -> None:
+    async def emit(i: int, item: _Piece | _End) -> None:
         # chunks carry "usage": null; a last chunk carries every choice's when asked for
-        if isinstance(item, str):
-            if item or i not in opened:
-                choice = {"index": i, **shape.delta_choice(item, i not in opened, None)}
+        if isinstance(item, _Piece):
+            if item.text or item.logprobs or i not in opened:
+                choice = {"index": i, **shape.delta_choice(item.text, i not in opened, None)}
+                if params.logprobs is not None:
+                    choice["logprobs"] = shape.logprobs(tokenizer, item.logprobs, offsets.get(i, 0))
+                    offsets[i] = offsets.get(i, 0) + text_length(tokenizer, item.logprobs)
                 await send(shape.envelope(shape.chunk_kind, ids, [choice], None))
                 opened.add(i)
             return

@@ -359,7 +359,10 @@ class Router:
             try:
                 async for item in stream:
                     self._inflight.prefilled(ticket)
-                    tokens = item.token_ids if isinstance(item, TokenDelta) else item.output_token_ids[produced:]
+                    if isinstance(item, TokenDelta):
+                        tokens, logprobs = item.token_ids, item.logprobs
+                    else:
+                        tokens, logprobs = item.output_token_ids[produced:], item.output_logprobs[produced:]
                     # This attempt's tokens [produced, produced + len) overlap what was sent up to len(sent).
                     new = tokens[max(0, len(sent) - produced):]
                     if tokens[: len(tokens) - len(new)] != tuple(sent[produced : produced + len(tokens) - len(new)]):
@@ -369,7 +372,7 @@ class Router:
                     if new:
                         first_token_at = first_token_at if first_token_at is not None else self._clock()
                         sent.extend(new)
-                        yield TokenDelta(request.request_id, tuple(new))
+                        yield TokenDelta(request.request_id, tuple(new), logprobs[len(tokens) - len(new):])
                     if isinstance(item, ServeResult):
                         ttft = (first_token_at if first_token_at is not None else self._clock()) - arrival
                         self.metrics.record_served(node, item.stats, self.config.block_size,

@@ -24,6 +24,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from radixmesh.cluster.cli.log_level import chosen_log_level
 from radixmesh.cluster.launch import cluster_record, launcher
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, default_secret_path, deployment_secret
@@ -128,7 +129,7 @@ def up(local_nodes: int | None, address: str, state: str, policy: str, host: str
                                 transfer_mac=transfer_mac, tls=tls,
                                 admission=AdmissionLimits(max_running_per_node=max_running_per_node,
                                                           max_waiting=max_waiting),
-                                log_level=click.get_current_context().find_root().params["log_level"],
+                                log_level=chosen_log_level(),
                                 log_access=access_log,
                                 prometheus_dir=None if no_prometheus else prometheus_dir or _prometheus_dir())
     except ValueError as e:

@@ -41,7 +41,7 @@ async def router_url() -> AsyncIterator[str]:
 @pytest.mark.parametrize("args, message", [
     (["up", "--local", "2", "--state", "mysql://x"], "state must be 'memory' or a redis:// URL"),
     (["up", "--local", "0"], "0 is not in the range"),
-    (["--log-level", "loud", "up", "--local", "1"], "'loud' is not one of 'DEBUG', 'INFO'"),
+    (["--log-level", "loud", "up", "--local", "1"], "'loud' is not one of 'debug', 'info'"),
     (["down"], "no running deployment recorded"),
     (["route", "hello"], "no running deployment recorded"),
     (["stats"], "no running deployment recorded"),

@@ -2,15 +2,17 @@
 served by the node of the first, whose cached prefix the others reuse (real agents, metadata
 service and cost policy on 127.0.0.1)."""
 
+import asyncio
 import json
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import aiohttp
 import pytest
 from router_cluster import BS, MODEL_NAME, Cluster, local_cluster, reference
 from router_http import TOK, Api
 
+from radixmesh.cluster.router.choices import merge_choices
 from radixmesh.cluster.router.http_api import start_http
 from radixmesh.proto.serve.limits import usable_prefix_blocks
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -87,3 +89,32 @@ async def test_bad_n_changes_nothing(api: Api) -> None:
         assert status == 400 and error["error"]["param"] == "n", (n, error)
     assert served_by(api.cluster) == {}
     assert api.cluster.router.metrics.total.requests == 0
+
+
+async def test_a_failing_choice_surfaces_and_closes_every_other() -> None:
+    closed: list[str] = []
+
+    async def stream(name: str, items: list[str], fail: bool = False) -> AsyncGenerator[str, None]:
+        try:
+            for item in items:
+                yield item
+            if fail:
+                raise ValueError(f"{name} failed")
+            await asyncio.Event().wait()  # a choice still streaming when another fails
+        finally:
+            closed.append(name)
+
+    started: list[str] = []
+
+    def rest() -> list[AsyncGenerator[str, None]]:
+        started.append("rest")  # only once the first choice produced its first item
+        return [stream("b", ["b0"], fail=True)]
+
+    merged = merge_choices(stream("a", ["a0", "a1"]), rest)
+    assert await anext(merged) == (0, "a0") and started == []
+    seen = []
+    with pytest.raises(ValueError, match="b failed"):
+        async for item in merged:
+            seen.append(item)
+    assert started == ["rest"] and (1, "b0") in seen
+    assert sorted(closed) == ["a", "b"]

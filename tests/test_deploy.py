@@ -20,6 +20,8 @@ from radixmesh.cluster.router.file_sd import TARGETS_FILE, TOKEN_FILE
 from radixmesh.cluster.router.http_api import start_http
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+MODEL_MATCHER = 'model_name=~"$model_name"'
+"""The dashboard's model variable, in every query."""
 REQUIRED_PANELS = ("hit rate", "by source", "ttft", "gb/s", "utilization", "fragmentation", "ghost", "oom")
 
 
@@ -121,8 +123,27 @@ def test_hit_rate_panel_is_a_windowed_rate_of_the_token_counters() -> None:
     # A lifetime gauge hides today's hit rate behind everything since the router started.
     [[expr]] = [e for t, e in dashboard_exprs().items() if "hit rate" in t.lower()]
     assert "radixmesh_global_hit_rate" not in expr
-    assert re.fullmatch(r'sum\(rate\(radixmesh_prompt_tokens_total\{source!="computed"\}\[(\w+)\]\)\) / '
-                        r"sum\(rate\(radixmesh_prompt_tokens_total\[\1\]\)\)", expr), expr
+    model = re.escape(MODEL_MATCHER)
+    assert re.fullmatch(rf'sum\(rate\(radixmesh_prompt_tokens_total\{{{model},source!="computed"\}}\[(\w+)\]\)\) / '
+                        rf"sum\(rate\(radixmesh_prompt_tokens_total\{{{model}\}}\[\1\]\)\)", expr), expr
+
+
+def test_every_dashboard_query_selects_the_chosen_model_and_is_valid_promql(tmp_path: Path) -> None:
+    # One Prometheus may hold several deployments: each series is told apart by model_name.
+    exprs = [e for es in dashboard_exprs().values() for e in es]
+    for e in exprs:
+        selectors = re.findall(r"radixmesh_\w+(\{[^}]*\})?", e)
+        assert selectors and all(MODEL_MATCHER in s for s in selectors), e
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not on PATH (Debian's `prometheus` package)")
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:q{i}", "expr": e.replace("$model_name", ".*")} for i, e in enumerate(exprs)]}]}
+    path = tmp_path / "dashboard.yml"
+    path.write_text(yaml.safe_dump(rules))
+    run = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 @pytest.mark.anyio

@@ -25,7 +25,8 @@ from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.router.agent_client import AgentClient
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.index_watch import IndexWatcher
-from radixmesh.cluster.router.router import GenerateRequest, Router
+from radixmesh.cluster.router.routed import GenerateRequest
+from radixmesh.cluster.router.router import Router
 from radixmesh.cluster.sim.trace import TokenMapping, TraceRequest
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.events import BlockStored, Tier
@@ -53,6 +54,9 @@ class NullAgent:
 
     async def prometheus_text(self) -> str:
         return ""
+
+    async def scrape_target(self) -> None:
+        return None
 
 
 class Directory:

@@ -8,20 +8,22 @@ Requests in flight when the actor died fail with RayActorError (the client says 
 are not retried by Ray (max_task_retries=0): the router retries them elsewhere, with care for tokens
 already streamed.
 
-Idempotent calls: `start`, `stop`, `node_info`, `load`, `prometheus_text`, `check_invariants`, and
-`pull` (a peer's pull under transfer="ray": it only reads cached blocks; its pins end with the stream).
+Idempotent calls: `start`, `stop`, `node_info`, `load`, `prometheus_text`, `scrape_target`,
+`check_invariants`, and `pull` (a peer's pull under transfer="ray": it only reads cached blocks; its
+pins end with the stream).
 `serve` is not: each call runs the request once (a retry must use a new request id or another node).
 """
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
 
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
+from radixmesh.node_agent.metrics_server import ScrapeTarget
 from radixmesh.node_agent.transfer.ucx_transport import ucx_env
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
@@ -77,7 +79,7 @@ class AgentActor:
         """Start the agent if it is not running; its registration record."""
         async with self._starting:
             if self._agent is None:
-                agent = NodeAgent(self._config)
+                agent = NodeAgent(self._config if self._config.zone else replace(self._config, zone=_ray_zone()))
                 await agent.start()
                 self._agent = agent
         return self._agent.node_info()
@@ -110,6 +112,12 @@ class AgentActor:
         assert self._agent is not None
         return await self._agent.prometheus_text()
 
+    async def scrape_target(self) -> ScrapeTarget | None:
+        """Where Prometheus scrapes this agent (None: no /metrics of its own)."""
+        await self.start()
+        assert self._agent is not None
+        return self._agent.scrape_target()
+
     async def check_invariants(self) -> None:
         await self.start()
         assert self._agent is not None
@@ -120,6 +128,11 @@ class AgentActor:
             if self._agent is not None:
                 await self._agent.stop()
                 self._agent = None
+
+
+def _ray_zone() -> str:
+    """The availability zone Ray labels this actor's node with ("" when it has none: no cloud)."""
+    return str(ray.get_runtime_context().get_node_labels().get("ray.io/availability-zone", ""))
 
 
 def make_agent_actor(config: AgentConfig, placement: AgentPlacement) -> Any:

@@ -22,13 +22,15 @@ from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.gpu_budget import measure_gpu_budget
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId
-from radixmesh.node_agent.engine.runner import EngineRunner, Finished
+from radixmesh.node_agent.engine.runner import EngineRunner, Finished, NewTokens
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
+from radixmesh.node_agent.metrics_server import MetricsServer, ScrapeTarget, metrics_token
 from radixmesh.node_agent.placement import place_model
 from radixmesh.node_agent.publisher import EventPublisher, PublisherConfig, chains
 from radixmesh.node_agent.transfer.endpoint import parse_address
 from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
 from radixmesh.proto.block_hash import hash_blocks, tenant_salt
+from radixmesh.proto.cluster_secret import is_loopback
 from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
@@ -66,6 +68,7 @@ class NodeAgent:
         self.publisher: EventPublisher | None = None
         self.counters = AgentCounters()
         self._hits: list[RequestHits] = []
+        self._metrics_server: MetricsServer | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -97,6 +100,11 @@ class NodeAgent:
                 self.publisher = EventPublisher(self, client, PublisherConfig(
                     self.config.publish_interval_s, self.config.heartbeat_interval_s))
                 await self.publisher.start()
+            if self.config.metrics_port is not None:
+                host = self.config.host
+                token = None if is_loopback(host) else metrics_token(self.config.secret)
+                self._metrics_server = MetricsServer(self.prometheus_text, host, self.config.metrics_port, token)
+                await self._metrics_server.start()
         except BaseException:
             await self.stop()
             raise
@@ -105,7 +113,11 @@ class NodeAgent:
                     self.transfer_address or "-", self._transfer.memory_path or "-")
 
     async def stop(self) -> None:
-        """Abort what runs, stop the publisher, the transfer plane and the engine thread. Idempotent."""
+        """Abort what runs, stop /metrics, the publisher, the transfer plane and the engine thread.
+        Idempotent."""
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
+            self._metrics_server = None
         if self.publisher is not None:
             await self.publisher.stop()
             self.publisher = None
@@ -159,8 +171,8 @@ class NodeAgent:
                                              on_refused=release)
             while True:
                 match await queue.get():
-                    case list() as tokens:
-                        yield TokenDelta(plan.request_id, tuple(tokens))
+                    case NewTokens() as new:
+                        yield TokenDelta(plan.request_id, tuple(new.token_ids), tuple(new.logprobs))
                     case Finished() as done:
                         finished = True
                         if self.publisher is None:  # standalone: nobody drains the events, so they would pile up
@@ -216,7 +228,8 @@ class NodeAgent:
                            preemptions=out.stats.preemptions)
         self.counters.count_request(stats)
         self._hits.append(RequestHits(plan.request_id, plan.tenant, out.stats.sources))
-        return ServeResult(plan.request_id, self.node, out.output_token_ids, out.finish_reason, stats)
+        return ServeResult(plan.request_id, self.node, out.output_token_ids, out.finish_reason, stats,
+                           out.logprobs)
 
     # --- what the publisher and the metrics read --------------------------------------------
     def next_epoch(self) -> int:
@@ -260,11 +273,18 @@ class NodeAgent:
 
     async def prometheus_text(self) -> str:
         """Memory of both tiers, the engine, the transfer plane and the agent's own counters."""
-        text = await self.runner.call(self.engine.prometheus_text)
+        labels = {"model_name": self.config.model_name}
+        text = await self.runner.call(self.engine.prometheus_text, labels)
         if self.publisher is not None:
             self.counters.background_errors = self.publisher.loop_errors
         peers = self._transfer.peer_stats()
-        return text + render_agent_metrics(self.node, self.counters, peers, self._transfer.memory_path)
+        return text + render_agent_metrics(self.node, self.counters, peers, self._transfer.memory_path, labels)
+
+    def scrape_target(self) -> ScrapeTarget | None:
+        """Where Prometheus scrapes this agent itself (None: it serves no /metrics of its own)."""
+        if self._metrics_server is None:
+            return None
+        return ScrapeTarget(self._metrics_server.address, self.node, self.config.zone)
 
     async def check_invariants(self) -> None:
         """The engine's and both tiers' invariants (raises AssertionError with the numbers)."""

@@ -20,6 +20,9 @@ class AgentConfig:
     node_id: NodeId
     model: ModelSource = field(default_factory=random_source)
     """The model (model.source.resolve_model): the same on every agent of a layout."""
+    served_model_name: str = ""
+    """The model id clients name (`up --served-model-name`), which labels every metric `model_name`;
+    "": the model's own name."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     device: str = "auto"
     """Where the model, its pools and kernels run: "auto" (the GPU the agent's actor was given, else
@@ -34,6 +37,13 @@ class AgentConfig:
     """Address the transfer server binds (and advertises)."""
     transfer_port: int = 0
     """0: any free port."""
+    metrics_port: int | None = None
+    """Port of the agent's own GET /metrics on `host` (0: any free port; None: no endpoint, the
+    router's merged /metrics still has it). Off loopback it requires the metrics token
+    (metrics_server.metrics_token)."""
+    zone: str = ""
+    """Availability zone of the agent's machine, a label of its scrape target ("": unknown; the agent
+    actor fills it from the Ray node's `ray.io/availability-zone` label)."""
     transfer: str = "ucx"
     """KV transfer plane: "ucx" (TCP on one machine, RDMA on a cluster), "ray" (the Ray object store,
     served by the agent's actor: only for agents made by make_agent_actor), "auto" (ucx where `import
@@ -58,6 +68,10 @@ class AgentConfig:
     publish_interval_s: float = 0.05
     """How long cache events are batched before they are sent."""
 
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model.name
+
     def __post_init__(self) -> None:
         check_node_id(self.node_id)
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -68,8 +82,10 @@ class AgentConfig:
             raise ValueError(f"transfer must be one of {TRANSFER_PLANES}, got {self.transfer!r}")
         if self.max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {self.max_requests}")
-        if not 0 <= self.transfer_port < 65536:
-            raise ValueError(f"transfer_port must be in [0, 65535], got {self.transfer_port}")
+        for name in ("transfer_port", "metrics_port"):
+            port = getattr(self, name)
+            if port is not None and not 0 <= port < 65536:
+                raise ValueError(f"{name} must be in [0, 65535], got {port}")
         for name in ("pull_timeout_s", "heartbeat_interval_s", "publish_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

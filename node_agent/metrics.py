@@ -72,6 +72,7 @@ def agent_stats(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, Pe
 
 
 def render_agent_metrics(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats],
-                         memory_path: str | None = None) -> str:
-    """Prometheus text of the agent's counters, per-peer pull totals and transfer memory path."""
-    return render_prometheus([agent_stats(node, counters, peers, memory_path)])
+                         memory_path: str | None = None, labels: Mapping[str, str] | None = None) -> str:
+    """Prometheus text of the agent's counters, per-peer pull totals and transfer memory path, every
+    sample labelled with `labels` too."""
+    return render_prometheus([agent_stats(node, counters, peers, memory_path)], labels)

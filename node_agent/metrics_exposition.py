@@ -92,16 +92,20 @@ class Histogram:
         return HistogramSnapshot(self.bounds, tuple(itertools.accumulate(self.per_bucket)), self.count, self.sum)
 
 
-def stats_families(snapshots: Iterable[Any]) -> list[Metric]:
-    """One metric family per metric field name across `snapshots`, samples in snapshot order."""
+def stats_families(snapshots: Iterable[Any], labels: Mapping[str, str] | None = None) -> list[Metric]:
+    """One metric family per metric field name across `snapshots`, samples in snapshot order; every
+    sample carries `labels` first (the deployment's `model_name`, as vLLM labels its families)."""
     families: dict[str, Any] = {}  # name -> a *MetricFamily (their add_metric signatures differ)
+    common = dict(labels or {})
     for snap in snapshots:
         fields = dataclasses.fields(snap)
-        labels = {f.name: getattr(snap, f.name) for f in fields if "metric" not in f.metadata}
+        own = {f.name: getattr(snap, f.name) for f in fields if "metric" not in f.metadata}
+        assert not own.keys() & common.keys(), f"{type(snap).__name__} sets a common label itself"
+        snap_labels = {**common, **own}
         for f in fields:
             spec = f.metadata.get("metric")
             if spec is not None:
-                _add_samples(families, f.name, spec, getattr(snap, f.name), labels)
+                _add_samples(families, f.name, spec, getattr(snap, f.name), snap_labels)
     return list(families.values())
 
 
@@ -142,6 +146,7 @@ def write_exposition(families: Iterable[Metric]) -> str:
     return generate_latest(registry).decode()
 
 
-def render_prometheus(snapshots: Iterable[Any]) -> str:
-    """Prometheus text exposition of stats snapshots (e.g. one MemoryStats per tier, one EngineStats)."""
-    return write_exposition(stats_families(snapshots))
+def render_prometheus(snapshots: Iterable[Any], labels: Mapping[str, str] | None = None) -> str:
+    """Prometheus text exposition of stats snapshots (e.g. one MemoryStats per tier, one EngineStats),
+    every sample labelled with `labels` too."""
+    return write_exposition(stats_families(snapshots, labels))

@@ -37,8 +37,8 @@ SECRET = ClusterSecret.generate()
 def agent_config(node: str, metadata: str | None = None, transfer: str = "none", gpu_blocks: int = 256,
                  ) -> AgentConfig:
     engine = EngineConfig(block_size=BS, memory=MemoryConfig(num_gpu_blocks=gpu_blocks))
-    return AgentConfig(NodeId(node), model=SOURCE, engine=engine, transfer=transfer, secret=SECRET,
-                       metadata_address=metadata, heartbeat_interval_s=0.2, publish_interval_s=0.01)
+    return AgentConfig(NodeId(node), model=SOURCE, served_model_name=MODEL_NAME, engine=engine, transfer=transfer,
+                       secret=SECRET, metadata_address=metadata, heartbeat_interval_s=0.2, publish_interval_s=0.01)
 
 
 def reference(tokens: Sequence[int], sampling: SamplingParams) -> tuple[int, ...]:

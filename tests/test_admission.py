@@ -13,7 +13,8 @@ from router_cluster import MODEL_NAME, Cluster, agent_config, local_cluster, rou
 from radixmesh.cluster.router.admission import Admission, AdmissionLimits, Overloaded
 from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.router.http_api import start_http
-from radixmesh.cluster.router.router import GenerateRequest, Router
+from radixmesh.cluster.router.routed import GenerateRequest
+from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.serve.plan import TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -94,8 +95,8 @@ async def test_past_the_limit_http_answers_429_with_retry_after(full: tuple[Clus
             assert (error["code"], error["type"]) == ("rate_limit_exceeded", "requests")
         async with session.get(f"{url}/metrics") as scrape:
             text = await scrape.text()
-        assert "radixmesh_router_requests_running 1.0" in text
-        assert 'radixmesh_router_requests_total{status="refused"} 1.0' in text
+        assert f'radixmesh_router_requests_running{{model_name="{MODEL_NAME}"}} 1.0' in text
+        assert f'radixmesh_router_requests_total{{model_name="{MODEL_NAME}",status="refused"}} 1.0' in text
         holder.close()  # its handler is cancelled and gives the slot back
         deadline = time.monotonic() + 20
         while cluster.router.admission.running:

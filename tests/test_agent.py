@@ -228,7 +228,8 @@ async def test_pulled_prefix_gives_remote_hits_and_exact_tokens(pair: tuple[Node
     _, again = await collect(puller.serve(plan("p2", tokens)))
     assert again.stats.tokens.local_gpu == 28 and again.output_token_ids == got.output_token_ids
     assert "owner" in (await puller.load()).pull_gbps
-    assert 'radixmesh_pull_bytes_total{node="puller",peer="owner"}' in await puller.prometheus_text()
+    text = await puller.prometheus_text()
+    assert f'radixmesh_pull_bytes_total{{model_name="{puller.config.model_name}",node="puller",peer="owner"}}' in text
     await owner.check_invariants()
     await puller.check_invariants()
 

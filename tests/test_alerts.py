@@ -105,12 +105,17 @@ CASES: dict[str, tuple[dict[str, str], str, list[dict[str, str]]]] = {
     "hit_rate_dip": ({HITS: "0+48000x60 2880000+36000x40", MISSES: "0+12000x60 720000+24000x40"}, "95m", []),
     "zone_watermark_high": ({'radixmesh_zone_watermark{node="a",zone="kv"}': "0.97x20"}, "15m",
                             [{"node": "a", "zone": "kv"}]),
-    "router_down": ({'up{job="radixmesh",instance="r:8000"}': "1 0x5"}, "4m",
-                    [{"job": "radixmesh", "instance": "r:8000"}]),
+    "router_down": ({'up{job="radixmesh",role="router",instance="r:8000"}': "1 0x5",
+                     'up{job="radixmesh",role="agent",node="a",instance="a:9000"}': "1x5"}, "4m",
+                    [{"job": "radixmesh", "role": "router", "instance": "r:8000"}]),
+    "scrape_agent_down": ({'up{job="radixmesh",role="agent",node="a",instance="a:9000"}': "1 0x5",
+                           'up{job="radixmesh",role="router",instance="r:8000"}': "1x5"}, "4m",
+                          [{"job": "radixmesh", "role": "agent", "node": "a", "instance": "a:9000"}]),
 }
 ALERT_OF = {"ghost": "RadixmeshGhostBlocks", "free_run": "RadixmeshLargestFreeRunLow", "oom": "RadixmeshOOMRate",
             "metadata": "RadixmeshMetadataServiceDown", "agent": "RadixmeshAgentMissing",
-            "hit_rate": "RadixmeshHitRateDrop", "zone": "RadixmeshZoneWatermarkHigh", "router": "RadixmeshRouterDown"}
+            "hit_rate": "RadixmeshHitRateDrop", "zone": "RadixmeshZoneWatermarkHigh", "router": "RadixmeshRouterDown",
+            "scrape_agent": "RadixmeshAgentScrapeDown"}
 
 
 def alert_of(case: str) -> str:

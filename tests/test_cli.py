@@ -41,6 +41,7 @@ async def router_url() -> AsyncIterator[str]:
 @pytest.mark.parametrize("args, message", [
     (["up", "--local", "2", "--state", "mysql://x"], "state must be 'memory' or a redis:// URL"),
     (["up", "--local", "0"], "0 is not in the range"),
+    (["--log-level", "loud", "up", "--local", "1"], "'loud' is not one of 'debug', 'info'"),
     (["down"], "no running deployment recorded"),
     (["route", "hello"], "no running deployment recorded"),
     (["stats"], "no running deployment recorded"),
@@ -118,6 +119,9 @@ def test_up_route_stats_down_end_to_end(home: Path, up_process: subprocess.Popen
     else:
         raise AssertionError(f"`up` exited with {up_process.wait()}")
     assert (home / "cluster.json").exists()
+    # The router listed itself and both agents for Prometheus before `up` said it was up.
+    targets = json.loads((home / "prometheus" / "targets.json").read_text())
+    assert [t["labels"].get("node") for t in targets] == [None, "node-0", "node-1"]
     runner = CliRunner()
     prompt = "radixmesh routes each request to where its prefix already is, so this prompt is reused."
     first = runner.invoke(main, ["route", prompt, "--max-tokens", "2"])

@@ -8,8 +8,11 @@ blocks arrive over UCX, and every output equals one cache-less engine's output. 
 """
 
 import contextlib
+import json
+import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import aiohttp
 import openai
@@ -20,6 +23,8 @@ from router_cluster import SOURCE, reference
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.router.agent_clients import RayAgentClient
+from radixmesh.cluster.router.file_sd import TARGETS_FILE, TOKEN_FILE
+from radixmesh.node_agent.metrics_server import metrics_token
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.ids import NodeId
@@ -34,7 +39,8 @@ TOK = ByteTokenizer()
 BS = 4
 SYSTEMS = [f"System {i}: you are assistant {i} of a cluster; answer briefly and truthfully." for i in range(3)]
 CONFIG = LauncherConfig(local_nodes=3, model=SOURCE, block_size=BS, gpu_blocks=256,
-                        heartbeat_interval_s=0.2, publish_interval_s=0.01, model_name="tiny-test")
+                        heartbeat_interval_s=0.2, publish_interval_s=0.01, model_name="tiny-test",
+                        log_level="ERROR")
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +118,30 @@ async def test_cached_on_one_agent_pulled_by_another_outputs_exact(local_ray: No
         for node in d.nodes:
             await launcher.agent_handle(node).check_invariants.remote()
 
+
+
+@ray.remote(num_cpus=0)
+def _root_log_level() -> int:
+    return logging.getLogger().getEffectiveLevel()
+
+
+async def test_actors_log_at_the_deployments_level(local_ray: None) -> None:
+    # init_local_ray set the job's ray.LoggingConfig from CONFIG.log_level: every worker starts with it.
+    assert await _root_log_level.remote() == logging.ERROR  # Ray's own default is WARNING
+
+
+async def test_each_agent_actor_serves_its_own_metrics_listed_for_prometheus(local_ray: None, tmp_path: Path) -> None:
+    async with deployed(replace(CONFIG, prometheus_dir=tmp_path)) as d:
+        router, *agents = json.loads((tmp_path / TARGETS_FILE).read_text())
+        assert router["labels"]["role"] == "router" and router["targets"] == [d.router_url.split("//")[1]]
+        assert [a["labels"]["node"] for a in agents] == list(d.nodes)
+        assert (tmp_path / TOKEN_FILE).read_text() == metrics_token(CONFIG.secret)
+        async with aiohttp.ClientSession() as http:
+            for a in agents:
+                [address] = a["targets"]
+                async with http.get(f"http://{address}/metrics") as r:  # loopback: no token needed
+                    text = await r.text()
+                assert r.status == 200
+                assert f'radixmesh_agent_requests_total{{model_name="tiny-test",node="{a["labels"]["node"]}"}} 0.0' in text
+            async with http.get(f"{d.router_url}/metrics", params={"scope": "router"}) as r:
+                assert "radixmesh_agent_requests_total" not in await r.text()

@@ -4,6 +4,8 @@ running router (real agents, real metadata service, one pull between agents)."""
 
 import json
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -14,9 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray.autoscaler._private.util import prepare_config, validate_config
 from router_cluster import MODEL_NAME, local_cluster
 
+from radixmesh.cluster.router.file_sd import TARGETS_FILE, TOKEN_FILE
 from radixmesh.cluster.router.http_api import start_http
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+MODEL_MATCHER = 'model_name=~"$model_name"'
+"""The dashboard's model variable, in every query."""
 REQUIRED_PANELS = ("hit rate", "by source", "ttft", "gb/s", "utilization", "fragmentation", "ghost", "oom")
 
 
@@ -71,10 +76,27 @@ def test_cluster_yaml_has_head_and_gpu_worker_types() -> None:
     assert any(t["resources"].get("GPU", 0) >= 1 for t in types.values())
 
 
-def test_prometheus_scrapes_the_router() -> None:
+def test_prometheus_scrapes_the_targets_the_router_lists() -> None:
     config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     [job] = config["scrape_configs"]
-    assert job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"]
+    assert job["metrics_path"] == "/metrics" and job["honor_labels"] is True
+    [sd] = job["file_sd_configs"]
+    # The file and token names the router's file_sd writes, in the folder `up` writes them to.
+    assert sd["files"] == [f"radixmesh/{TARGETS_FILE}"]
+    assert job["authorization"]["credentials_file"] == f"radixmesh/{TOKEN_FILE}"
+
+
+def test_promtool_accepts_the_prometheus_config(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not on PATH (Debian's `prometheus` package)")
+    for name in ("prometheus.yml", "alerts.yml"):
+        shutil.copy(DEPLOY / name, tmp_path / name)
+    (tmp_path / "radixmesh").mkdir()
+    (tmp_path / "radixmesh" / TOKEN_FILE).write_text("t")
+    run = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def dashboard_exprs() -> dict[str, list[str]]:
@@ -101,8 +123,27 @@ def test_hit_rate_panel_is_a_windowed_rate_of_the_token_counters() -> None:
     # A lifetime gauge hides today's hit rate behind everything since the router started.
     [[expr]] = [e for t, e in dashboard_exprs().items() if "hit rate" in t.lower()]
     assert "radixmesh_global_hit_rate" not in expr
-    assert re.fullmatch(r'sum\(rate\(radixmesh_prompt_tokens_total\{source!="computed"\}\[(\w+)\]\)\) / '
-                        r"sum\(rate\(radixmesh_prompt_tokens_total\[\1\]\)\)", expr), expr
+    model = re.escape(MODEL_MATCHER)
+    assert re.fullmatch(rf'sum\(rate\(radixmesh_prompt_tokens_total\{{{model},source!="computed"\}}\[(\w+)\]\)\) / '
+                        rf"sum\(rate\(radixmesh_prompt_tokens_total\{{{model}\}}\[\1\]\)\)", expr), expr
+
+
+def test_every_dashboard_query_selects_the_chosen_model_and_is_valid_promql(tmp_path: Path) -> None:
+    # One Prometheus may hold several deployments: each series is told apart by model_name.
+    exprs = [e for es in dashboard_exprs().values() for e in es]
+    for e in exprs:
+        selectors = re.findall(r"radixmesh_\w+(\{[^}]*\})?", e)
+        assert selectors and all(MODEL_MATCHER in s for s in selectors), e
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not on PATH (Debian's `prometheus` package)")
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:q{i}", "expr": e.replace("$model_name", ".*")} for i, e in enumerate(exprs)]}]}
+    path = tmp_path / "dashboard.yml"
+    path.write_text(yaml.safe_dump(rules))
+    run = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 @pytest.mark.anyio

@@ -27,7 +27,8 @@ from radixmesh.cluster.router.agent_clients import StaticAgentDirectory
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.engine_client import EngineAgentClient
 from radixmesh.cluster.router.external_fleet import ExternalFleet
-from radixmesh.cluster.router.router import GenerateRequest, Router
+from radixmesh.cluster.router.routed import GenerateRequest
+from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.publisher import PublisherConfig
 from radixmesh.proto.block_hash import hash_blocks, tenant_salt
 from radixmesh.proto.cluster_secret import ClusterSecret
@@ -215,8 +216,8 @@ async def test_a_sequence_gap_without_replay_forgets_then_rebuilds() -> None:
         assert f.holds("plain", other) == 0
         assert f.engines["plain"].subscriber.stats.forgets == 1
         metrics = await f.clients["plain"].prometheus_text()
-        assert "vllm:kv_cache_usage_perc" in metrics and "radixmesh_kv_event_gaps_total 1.0" in metrics
-        assert "radixmesh_external_engine_blocks 12.0" in metrics
+        assert "vllm:kv_cache_usage_perc" in metrics and 'radixmesh_kv_event_gaps_total{model_name="fake-model"} 1.0' in metrics
+        assert 'radixmesh_external_engine_blocks{model_name="fake-model"} 12.0' in metrics
 
 
 async def test_a_sequence_gap_is_filled_from_vllms_replay_socket() -> None:

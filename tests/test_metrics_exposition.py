@@ -98,6 +98,9 @@ async def test_a_live_scrape_follows_our_conventions(scrape: str) -> None:
     assert any(s.labels.get("peer") == "a" for f in families if f.name == "radixmesh_pulls" for s in f.samples)
     for f in families:
         assert f.name.startswith("radixmesh_"), f.name
+        # vLLM's habit: every family carries the served model, so one Prometheus can hold several.
+        assert {s.labels.get("model_name") for s in f.samples} <= {MODEL_NAME}, f.name
+        assert all("model_name" in s.labels for s in f.samples), f"{f.name} lacks model_name"
         if BYTES_HELP.search(f.documentation):
             assert f.name.endswith("_bytes"), f"{f.name} carries bytes ({f.documentation!r})"
         if SECONDS_HELP.search(f.documentation):

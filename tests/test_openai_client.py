@@ -131,5 +131,5 @@ async def test_unknown_fields_are_refused_by_name(client: openai.AsyncOpenAI) ->
         await client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=2, extra_body={"max_token": 4})
     assert "max_token" in bad.value.message
     with pytest.raises(openai.BadRequestError) as unsupported:
-        await client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=2, n=2)
-    assert "'n'" in unsupported.value.message
+        await client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=2, best_of=2)
+    assert "'best_of'" in unsupported.value.message

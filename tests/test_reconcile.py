@@ -62,6 +62,9 @@ class IdleAgent:
     async def prometheus_text(self) -> str:
         return ""
 
+    async def scrape_target(self) -> None:
+        return None
+
 
 class FakeCluster:
     """Slots that tests change between rounds, and a record of what was started and stopped."""

@@ -17,8 +17,9 @@ from radixmesh.cluster.launch.router_actor import deployment_layout
 from radixmesh.cluster.policy.cost_model import CostModel
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.view import NodeView, build_view
+from radixmesh.cluster.router.fleet_reports import agent_metrics
 from radixmesh.cluster.router.metrics import RouterMetrics, merge_expositions
-from radixmesh.cluster.router.router import GenerateRequest, NoNodeAvailable, RouterResult
+from radixmesh.cluster.router.routed import GenerateRequest, NoNodeAvailable, RouterResult
 from radixmesh.cluster.router.stats_log import StatsLogger
 from radixmesh.node_agent.model.chat_template import ChatMessage, PlainChatTemplate
 from radixmesh.proto.ids import NodeId
@@ -247,7 +248,7 @@ async def test_metrics_merge_writes_each_family_once_with_node_labels() -> None:
 
 def test_metrics_merge_rejects_text_that_does_not_parse() -> None:
     with pytest.raises(ValueError):
-        merge_expositions(RouterMetrics().render(), {A: "this is { not prometheus"})
+        merge_expositions(RouterMetrics("m").render(), {A: "this is { not prometheus"})
 
 
 # --- chat template --------------------------------------------------------------------------------
@@ -280,7 +281,7 @@ async def test_agent_metrics_are_asked_at_once_and_a_stuck_agent_is_left_out() -
         holds = [asyncio.ensure_future(a.runner.call(stuck.wait)) for a in c.agents[:2]]
         try:
             t0 = time.monotonic()
-            texts = await c.router.agent_metrics()
+            texts = await agent_metrics(c.router.directory, c.router.config.match_timeout_s * 4)
             elapsed = time.monotonic() - t0
         finally:
             stuck.set()

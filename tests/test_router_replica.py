@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from router_cluster import BS, local_cluster
 
 from radixmesh.cluster.policy.recent_work import RecentWork
-from radixmesh.cluster.router.router import GenerateRequest, Router
+from radixmesh.cluster.router.routed import GenerateRequest
+from radixmesh.cluster.router.router import Router
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchQuery
 from radixmesh.proto.serve.sampling import SamplingParams

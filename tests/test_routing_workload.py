@@ -13,7 +13,8 @@ from router_cluster import BS, MODEL, local_cluster
 
 from radixmesh.cluster.policy.base import PolicyConfig
 from radixmesh.cluster.policy.view import NodeView
-from radixmesh.cluster.router.router import GenerateRequest, Router, RouterResult
+from radixmesh.cluster.router.routed import GenerateRequest, RouterResult
+from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.model.chat_template import (
     END,
     GENERATION_HEADER,

@@ -49,7 +49,7 @@ def drain(eng: Engine) -> dict[str, RequestOutput]:
     emitted: dict[str, list[int]] = {}
     while eng.has_work:
         step = eng.step()
-        for rid, token in step.tokens:
+        for rid, token, _ in step.tokens:
             emitted.setdefault(rid, []).append(token)
         for out in step.finished:
             done[out.request_id] = out

@@ -45,6 +45,6 @@ async def test_an_agent_exports_its_memory_path() -> None:
         await agent.stop()
     want = MemoryPath.HOST if not torch.cuda.is_available() else None
     if want is not None:
-        assert f'radixmesh_transfer_memory_path{{node="m",path="{want}"}} 1' in text
+        assert f'radixmesh_transfer_memory_path{{model_name="tiny",node="m",path="{want}"}} 1' in text
     else:
         assert "radixmesh_transfer_memory_path{" in text

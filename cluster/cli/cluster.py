@@ -24,9 +24,10 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from radixmesh.cluster.cli.log_level import chosen_log_level
 from radixmesh.cluster.launch import cluster_record, launcher
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
-from radixmesh.cluster.launch.secret_file import SECRET_ENV, deployment_secret
+from radixmesh.cluster.launch.secret_file import SECRET_ENV, default_secret_path, deployment_secret
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
@@ -39,9 +40,16 @@ from radixmesh.node_agent.placement import DTYPES
 API_KEY_ENV = "RADIXMESH_API_KEY"
 
 
-def _connect(address: str) -> None:
+def _prometheus_dir() -> Path:
+    return default_secret_path().parent / "prometheus"
+
+
+def _connect(address: str, config: LauncherConfig | None = None) -> None:
+    """Join the Ray cluster at `address`; with `config`, as the job whose actors log at its level."""
+    logging_config = launcher.logging_config(config) if config is not None else None
     try:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False,
+                 logging_config=logging_config)
     except ConnectionError as e:  # no Ray cluster at `address`: one line, not a traceback
         raise click.ClickException(f"no Ray cluster at {address!r} ({e}); start one (`ray up`, `ray start "
                                    "--head`) or run `radixmesh up --local N`") from None
@@ -93,10 +101,17 @@ def _record() -> cluster_record.ClusterRecord:
               type=click.IntRange(min=1), help="Requests the router runs at once per node; past them they wait.")
 @click.option("--max-waiting", default=AdmissionLimits().max_waiting, show_default=True, type=click.IntRange(min=0),
               help="Requests waiting for a slot at most; past them the router answers 429 with Retry-After.")
+@click.option("--access-log/--no-access-log", default=True, show_default=True,
+              help="One log line per router HTTP request (method, path, status, time, id, node, cached tokens).")
+@click.option("--prometheus-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the router keeps its Prometheus file-SD targets and the agents' metrics token "
+                   "(default: $RADIXMESH_HOME/prometheus); every agent then serves its own /metrics.")
+@click.option("--no-prometheus", is_flag=True, help="No target list and no per-agent /metrics.")
 def up(local_nodes: int | None, address: str, state: str, policy: str, host: str | None, port: int, model_spec: str,
        served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
        lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, tls_cert: Path | None,
-       tls_key: Path | None, max_running_per_node: int, max_waiting: int) -> None:
+       tls_key: Path | None, max_running_per_node: int, max_waiting: int, access_log: bool,
+       prometheus_dir: Path | None, no_prometheus: bool) -> None:
     """Start metadata service, node agents and router; print the router URL."""
     if cluster_record.load() is not None:
         raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
@@ -113,11 +128,14 @@ def up(local_nodes: int | None, address: str, state: str, policy: str, host: str
                                 lease_ttl_s=lease_ttl, secret=deployment_secret(secret_file), api_key=api_key,
                                 transfer_mac=transfer_mac, tls=tls,
                                 admission=AdmissionLimits(max_running_per_node=max_running_per_node,
-                                                          max_waiting=max_waiting))
+                                                          max_waiting=max_waiting),
+                                log_level=chosen_log_level(),
+                                log_access=access_log,
+                                prometheus_dir=None if no_prometheus else prometheus_dir or _prometheus_dir())
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if local_nodes is None:
-        _connect(address)
+        _connect(address, config)
     else:
         launcher.init_local_ray(config)
     try:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from radixmesh.cluster.cli.log_level import chosen_log_level
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.demo import DemoRun, DemoWorkload, ask, run_workload
@@ -56,7 +57,7 @@ def demo(chats: int, turns: int, model_spec: str) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     t0 = time.monotonic()
     try:
-        config = LauncherConfig(local_nodes=3, model=resolve_model(model_spec))
+        config = LauncherConfig(local_nodes=3, model=resolve_model(model_spec), log_level=chosen_log_level())
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     workload = DemoWorkload(chats=chats, turns=turns)

@@ -25,6 +25,7 @@ from radixmesh.cluster.cli.demo import demo
 from radixmesh.cluster.cli.front import front
 from radixmesh.cluster.cli.replay import replay_command
 from radixmesh.cluster.cli.sim import sim
+from radixmesh.cluster.launch.config import LOG_LEVELS
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, given_secret
 from radixmesh.cluster.metadata.leader import LeaderLease, serve_while_leader
 from radixmesh.cluster.metadata.server import (
@@ -73,7 +74,8 @@ def _load_config(ctx: click.Context, _: click.Parameter, path: Path | None) -> N
 @click.option("--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               is_eager=True, expose_value=False, callback=_load_config,
               help="YAML file of defaults per command, e.g. `up: {model: tiny, gpu-blocks: 2048}`.")
-@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(LOG_LEVELS, case_sensitive=False),
+              help="Logging level of this process and, through ray.LoggingConfig, of every actor `up` starts.")
 def main(log_level: str) -> None:
     """radixmesh: a distributed prefix KV-cache cluster for LLM serving."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -8,6 +8,7 @@ import aiohttp
 import click
 import ray
 
+from radixmesh.cluster.cli.log_level import chosen_log_level
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.replay import ReplayConfig, ReplayReport, replay
@@ -56,7 +57,8 @@ def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup
         except (aiohttp.ClientError, OSError) as e:
             raise click.ClickException(f"router at {url} does not answer: {e}") from None
     else:
-        cluster = LauncherConfig(local_nodes=local_nodes, block_size=block_size, model_name=model)
+        cluster = LauncherConfig(local_nodes=local_nodes, block_size=block_size, model_name=model,
+                                 log_level=chosen_log_level())
         launcher.init_local_ray(cluster)
         try:
             deployment = asyncio.run(launcher.up(cluster))

@@ -20,6 +20,7 @@ import aiohttp
 
 from radixmesh.cluster.ingest.block_map import EngineBlockMap
 from radixmesh.cluster.ingest.engine_metrics import EngineMetrics, parse_engine_metrics
+from radixmesh.cluster.ingest.http_session import LazySession
 from radixmesh.cluster.ingest.metrics import ingest_stats
 from radixmesh.cluster.ingest.subscriber import KVEventSubscriber, SubscriberConfig
 from radixmesh.cluster.ingest.vllm_events import EngineEventBatch
@@ -88,7 +89,7 @@ class ExternalEngineNode:
         self._metrics_failing = False
         self._events: list[CacheEvent] = []
         self._hits: list[RequestHits] = []
-        self._session = session
+        self._session = LazySession(session)
 
     # --- fed by the subscriber and the engine client -------------------------------------------
     def on_batch(self, batch: EngineEventBatch) -> None:
@@ -133,7 +134,7 @@ class ExternalEngineNode:
     async def refresh_metrics(self) -> EngineMetrics:
         url = f"{self.config.base_url}/metrics"
         try:
-            session = self._session_now()
+            session = self._session.get()
             timeout = aiohttp.ClientTimeout(total=self.config.metrics_timeout_s)
             async with session.get(url, timeout=timeout) as r:
                 r.raise_for_status()
@@ -150,14 +151,7 @@ class ExternalEngineNode:
         return self.metrics
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _session_now(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        return self._session
+        await self._session.close()
 
 
 class ExternalEngine:
@@ -205,4 +199,5 @@ class ExternalEngine:
 
     def prometheus_text(self) -> str:
         """How following its events goes (radixmesh_kv_event_*), in Prometheus text format."""
-        return render_prometheus([ingest_stats(self.subscriber.stats, self.node.blocks)])
+        return render_prometheus([ingest_stats(self.subscriber.stats, self.node.blocks)],
+                                 {"model_name": self.config.model})

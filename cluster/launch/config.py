@@ -6,6 +6,7 @@ AgentConfig and the router's RouterConfig from it, so every agent of a deploymen
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
@@ -20,6 +21,9 @@ from radixmesh.proto.ids import NodeId
 
 NAMESPACE = "radixmesh"
 """Ray namespace of every actor a deployment creates (named, so `down` and `route` find them)."""
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,13 @@ class LauncherConfig:
     """The model id clients name in requests (--served-model-name); "": the model's own name."""
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     """Requests the router runs and queues at once; past them it answers 429."""
+    log_level: str = "INFO"
+    """Logging level of every actor (ray.LoggingConfig of the deployment's Ray job)."""
+    log_access: bool = True
+    """The router writes one access-log line per HTTP request (logger radixmesh.access)."""
+    prometheus_dir: Path | None = None
+    """Where the router keeps its Prometheus file-SD target list and the agents' metrics token
+    (router.file_sd); every agent then serves its own /metrics. None: neither."""
 
     def __post_init__(self) -> None:
         if self.local_nodes is not None and not 1 <= self.local_nodes <= 64:
@@ -95,6 +106,8 @@ class LauncherConfig:
         if self.heartbeat_interval_s >= self.lease_ttl_s:
             raise ValueError(f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be shorter than "
                              f"lease_ttl_s ({self.lease_ttl_s}), or every lease would lapse")
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.block_size < 1 or self.gpu_blocks < 1 or self.host_blocks < 0:
             raise ValueError("need block_size >= 1, gpu_blocks >= 1 and host_blocks >= 0")
 
@@ -110,14 +123,15 @@ class LauncherConfig:
         """The AgentConfig of `node`, whose transfer server binds `host`."""
         memory = MemoryConfig(num_gpu_blocks=self.gpu_blocks, num_host_blocks=self.host_blocks,
                               enable_prefix_caching=self.prefix_caching, hash_key=self.secret.hash_key())
-        return AgentConfig(node, model=self.model, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
+        return AgentConfig(node, model=self.model, served_model_name=self.served_model_name, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
                            engine=EngineConfig(block_size=self.block_size, memory=memory), host=host,
                            transfer=self.transfer, secret=self.secret, transfer_mac=self.transfer_mac,
                            metadata_root_certificates=self.tls.cert_chain if self.tls else None,
                            # Without caching there is nothing to publish: agents stay standalone.
                            metadata_address=metadata_address if self.prefix_caching else None,
                            heartbeat_interval_s=self.heartbeat_interval_s,
-                           publish_interval_s=self.publish_interval_s)
+                           publish_interval_s=self.publish_interval_s,
+                           metrics_port=0 if self.prometheus_dir is not None else None)
 
     def router_config(self, layout: str, block_bytes: int) -> RouterConfig:
         """The router's settings for agents of `layout` whose blocks hold `block_bytes` of KV."""

@@ -63,7 +63,12 @@ def init_local_ray(config: LauncherConfig) -> None:
     """Start Ray in this process for `config.local_nodes` simulated nodes (node IP 127.0.0.1, no
     dashboard); `ray.shutdown()` ends it with the deployment."""
     init_loopback_ray(namespace=NAMESPACE, num_cpus=local_cpus(config), resources=local_resources(config),
-                      log_to_driver=False, configure_logging=False)
+                      log_to_driver=False, configure_logging=False, logging_config=logging_config(config))
+
+
+def logging_config(config: LauncherConfig) -> ray.LoggingConfig:
+    """The Ray job's logging: every actor it starts (metadata, router, agents) logs at `log_level`."""
+    return ray.LoggingConfig(log_level=config.log_level.upper())
 
 
 def check_room_for_agents(config: LauncherConfig) -> None:

@@ -20,8 +20,10 @@ from aiohttp import web
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.reconcile import AgentReconciler, RayAgents
 from radixmesh.cluster.router.agent_clients import StaticAgentDirectory
+from radixmesh.cluster.router.file_sd import TARGETS_FILE, FileSdConfig
 from radixmesh.cluster.router.http_api import server_tls_pem, start_http
 from radixmesh.cluster.router.router import Router
+from radixmesh.node_agent.metrics_server import metrics_token
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.auth import CallerCredentials
 from radixmesh.proto.metadata.client import MetadataClient
@@ -83,7 +85,10 @@ class RouterActor:
         router = Router(cfg.router_config(layout, block_bytes), self._reconciler.directory, metadata,
                         tokenizer=tokenizer, chat_template=template)
         tls = server_tls_pem(cfg.tls.cert_chain, cfg.tls.private_key) if cfg.tls else None
-        runner, port = await start_http(router, cfg.host, cfg.http_port, api_key=cfg.api_key, tls=tls)
+        file_sd = (FileSdConfig(cfg.prometheus_dir / TARGETS_FILE, metrics_token=metrics_token(cfg.secret))
+                   if cfg.prometheus_dir is not None else None)
+        runner, port = await start_http(router, cfg.host, cfg.http_port, api_key=cfg.api_key, tls=tls,
+                                        log_access=cfg.log_access, file_sd=file_sd)
         self._runner, self._router = runner, router
         self._url = f"{'https' if tls else 'http'}://{cfg.host}:{port}"
         self._reconciler.follow(RECONCILE_INTERVAL_S)

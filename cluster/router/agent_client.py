@@ -3,6 +3,7 @@
 from collections.abc import AsyncGenerator
 from typing import Protocol
 
+from radixmesh.node_agent.metrics_server import ScrapeTarget
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServeItem, ServePlan
 
@@ -26,6 +27,11 @@ class AgentClient(Protocol):
 
     async def prometheus_text(self) -> str:
         """The agent's metrics (memory of both tiers, engine, transfer) in Prometheus text format."""
+        ...
+
+    async def scrape_target(self) -> ScrapeTarget | None:
+        """Where Prometheus scrapes the agent itself; None when it serves no /metrics of its own (the
+        router's /metrics then carries its metrics alone)."""
         ...
 
 

@@ -14,6 +14,7 @@ import ray
 from radixmesh.cluster.router.agent_client import AgentClient, AgentUnavailable
 from radixmesh.node_agent.actor import agent_actor_name
 from radixmesh.node_agent.agent import NodeAgent
+from radixmesh.node_agent.metrics_server import ScrapeTarget
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.nodes import NodeInfo
 from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest
@@ -45,6 +46,9 @@ class LocalAgentClient:
             return await self.agent.prometheus_text()
         except RuntimeError as e:
             raise AgentUnavailable(f"agent {self.node}: {e}") from e
+
+    async def scrape_target(self) -> ScrapeTarget | None:
+        return self.agent.scrape_target()
 
 
 class StaticAgentDirectory:
@@ -104,6 +108,13 @@ class RayAgentClient:
         except ray.exceptions.RayError as e:
             raise AgentUnavailable(f"agent {self.node}: {e}") from e
         return text
+
+    async def scrape_target(self) -> ScrapeTarget | None:
+        try:
+            target: ScrapeTarget | None = await self.handle.scrape_target.options(max_task_retries=-1).remote()
+        except ray.exceptions.RayError as e:
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+        return target
 
 
 class RayAgentDirectory(StaticAgentDirectory):

@@ -23,7 +23,9 @@ from typing import Any
 import aiohttp
 
 from radixmesh.cluster.ingest.engine import ExternalEngineConfig
+from radixmesh.cluster.ingest.http_session import LazySession
 from radixmesh.cluster.router.agent_client import AgentUnavailable
+from radixmesh.node_agent.metrics_server import ScrapeTarget
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.serve.limits import InvalidRequest
@@ -46,7 +48,7 @@ class EngineAgentClient:
         self.node: NodeId = config.node_id
         self._on_hits = on_hits
         self._extra_metrics = extra_metrics
-        self._session = session
+        self._session = LazySession(session)
         self._clock = clock
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=read_timeout_s)
 
@@ -76,6 +78,9 @@ class EngineAgentClient:
         return body
 
     async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
+        if plan.sampling.logprobs is not None:
+            # vLLM names alternatives by their text, not their ids: nothing to carry them in faithfully.
+            raise InvalidRequest(f"engine {self.node} does not serve logprobs through radixmesh")
         url = f"{self.config.base_url}/v1/completions"
         start = self._clock()
         first: float | None = None
@@ -83,7 +88,7 @@ class EngineAgentClient:
         finish: str | None = None
         usage: dict[str, Any] | None = None
         try:
-            async with self._session_now().post(url, json=self.request_body(plan), timeout=self._timeout,
+            async with self._session.get().post(url, json=self.request_body(plan), timeout=self._timeout,
                                                 headers={"X-Request-Id": plan.request_id}) as r:
                 if 400 <= r.status < 500:
                     raise InvalidRequest(f"engine {self.node}: {_error_message(await r.text())}")
@@ -120,7 +125,7 @@ class EngineAgentClient:
     async def prometheus_text(self) -> str:
         try:
             timeout = aiohttp.ClientTimeout(total=self.config.metrics_timeout_s)
-            async with self._session_now().get(f"{self.config.base_url}/metrics", timeout=timeout) as r:
+            async with self._session.get().get(f"{self.config.base_url}/metrics", timeout=timeout) as r:
                 r.raise_for_status()
                 text = await r.text()
         except (aiohttp.ClientError, TimeoutError) as e:
@@ -129,15 +134,13 @@ class EngineAgentClient:
             return text
         return text + ("" if text.endswith("\n") or not text else "\n") + self._extra_metrics()
 
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+    async def scrape_target(self) -> ScrapeTarget | None:
+        """None: the engine's own /metrics is the operator's existing vLLM scrape; its ingestion
+        metrics reach Prometheus through the router's."""
+        return None
 
-    def _session_now(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        return self._session
+    async def close(self) -> None:
+        await self._session.close()
 
 
 async def _sse(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:

@@ -122,7 +122,9 @@ class RouterMetrics:
     """The router's live counters (one set per router, so several can live in one process): the /stats
     tables, and what `stats()` snapshots for /metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str) -> None:
+        """`model_name` labels every sample (the served model, as vLLM labels its families)."""
+        self.model_name = model_name
         self.total = TokenTable()
         self.per_node: dict[NodeId, TokenTable] = {}
         self.routed: dict[NodeId, int] = {}
@@ -188,7 +190,7 @@ class RouterMetrics:
 
     def render(self) -> str:
         """Prometheus text of `stats()`."""
-        return render_prometheus([self.stats()])
+        return render_prometheus([self.stats()], {"model_name": self.model_name})
 
 
 def _counters_dict(c: HitCounters) -> dict[str, object]:

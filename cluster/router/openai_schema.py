@@ -8,36 +8,44 @@ Request fields, one policy for both endpoints (and for the keys of a chat messag
 body is in exactly one of these classes, and none is ever silently ignored.
 
 - Served: `model`, `prompt` (completions) or `messages` (chat), `max_tokens` (chat also
-  `max_completion_tokens`; omitted: the rest of the context), `temperature`, `top_p`, `seed`,
+  `max_completion_tokens`; omitted: the rest of the context), `n` (1..MAX_CHOICES), `temperature`,
+  `top_p`, `seed`, `logprobs` (completions: 0..20 alternatives; chat: a boolean, with `top_logprobs`
+  0..20),
   `stream`, `stream_options.include_usage`, `stop` (a string or up to 4), and vLLM's `stop_token_ids`,
   `ignore_eos` and `cache_salt` (the tenant: it salts the prompt's block hashes, so only requests
   with equal salts share cached prefixes; none is the shared tenant).
 - Accepted, not acted on (they change nothing OpenAI returns): `user` (an end-user id; it does not
   split the cache), `metadata`, `store`, `service_tier`. Each is type-checked.
-- Defined by OpenAI (or vLLM) but not implemented (`n`, `best_of`, `echo`, `logprobs`, `suffix`,
+- Defined by OpenAI (or vLLM) but not implemented (`best_of`, `echo`, `suffix`,
   `logit_bias`, penalties, `tools`, `response_format`, ...): accepted only at the value that means
-  "off" (`n: 1`, `logprobs: false`, `response_format: {"type": "text"}`, ...), refused with 400
+  "off" (`best_of: 1`, `echo: false`, `response_format: {"type": "text"}`, ...), refused with 400
   naming the field otherwise.
 - Anything else: 400 naming the field (OpenAI's own "Unrecognized request argument"). vLLM warns
   and ignores instead; we refuse so that a typo such as `max_token` cannot silently change a reply.
 """
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radixmesh.cluster.router.logprobs_json import chat_logprobs, completion_logprobs
 from radixmesh.node_agent.model.chat_template import ROLES, ChatMessage
+from radixmesh.node_agent.model.tokenizer import Tokenizer
 from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
+from radixmesh.proto.serve.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from radixmesh.proto.serve.sampling import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
+MAX_CHOICES = 16
+"""Most choices (`n`) one request may ask for: each holds a running slot and KV of its own."""
+
 # Fields both endpoints serve; each endpoint adds its prompt field (and chat max_completion_tokens).
-_SERVED = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stream", "stream_options", "stop",
+_SERVED = frozenset({"model", "max_tokens", "n", "temperature", "top_p", "seed", "stream", "stream_options", "stop",
                      "stop_token_ids", "ignore_eos", "cache_salt"})
 # Accepted and type-checked, but they change nothing in the reply.
 _ACCEPTED: dict[str, type | tuple[type, ...]] = {"user": str, "metadata": dict, "store": bool, "service_tier": str}
 # Implemented nowhere here; accepted only at the value that means "off" (the last one is named in the error).
 _NEUTRAL: dict[str, tuple[object, ...]] = {
-    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "logprobs": (None, 0, False),
-    "top_logprobs": (None, 0), "suffix": (None, ""), "logit_bias": (None, {}),
+    "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}),
     "presence_penalty": (None, 0.0, 0), "frequency_penalty": (None, 0.0, 0), "tools": (None, []),
     "functions": (None, []), "tool_choice": (None, "none"), "function_call": (None, "none"),
     "parallel_tool_calls": (None, False), "response_format": (None, {"type": "text"}),
@@ -98,6 +106,10 @@ class GenerationParams:
     model: str
     max_tokens: int | None
     """None: the rest of the model's context after the prompt (vLLM's default)."""
+    n: int
+    """Choices to generate for the prompt, 1..MAX_CHOICES."""
+    logprobs: int | None
+    """Return each token's log-probability with this many alternatives (0..MAX_TOP_LOGPROBS); None: off."""
     temperature: float
     top_p: float
     seed: int | None
@@ -153,6 +165,32 @@ def _int(body: dict[str, Any], name: str, default: int | None, low: int, high: i
     return value
 
 
+def _n(body: dict[str, Any]) -> int:
+    n = _int(body, "n", 1, 1, MAX_CHOICES)
+    assert n is not None
+    seed = body.get("seed")
+    if n > 1 and isinstance(seed, int) and not isinstance(seed, bool) and seed > MAX_SEED - (n - 1):
+        raise _bad(f"with 'n' = {n}, 'seed' must be at most {MAX_SEED - (n - 1)} (choice i uses seed + i)", "seed")
+    return n
+
+
+def _completion_logprobs(body: dict[str, Any]) -> int | None:
+    """Completions: `logprobs` is the number of alternatives per token (0: the token's own only)."""
+    return _int(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    """Chat: `logprobs` switches them on, `top_logprobs` (which needs it) counts the alternatives."""
+    on = body.get("logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise _bad("'logprobs' must be a boolean (the number of alternatives is 'top_logprobs')", "logprobs",
+                   "invalid_type")
+    top = _int(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not on:
+        raise _bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if on else None
+
+
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     value = body.get("stop")
     stops = [] if value is None else [value] if isinstance(value, str) else value
@@ -172,8 +210,8 @@ def _stop_token_ids(body: dict[str, Any]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(value))
 
 
-def _params(body: object, prompt_fields: frozenset[str], max_tokens_names: tuple[str, ...]
-            ) -> tuple[dict[str, Any], GenerationParams]:
+def _params(body: object, prompt_fields: frozenset[str], max_tokens_names: tuple[str, ...],
+            logprobs: Callable[[dict[str, Any]], int | None]) -> tuple[dict[str, Any], GenerationParams]:
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", None, "invalid_type")
     model = body.get("model")
@@ -208,9 +246,12 @@ def _params(body: object, prompt_fields: frozenset[str], max_tokens_names: tuple
     ignore_eos = body.get("ignore_eos")
     if ignore_eos is not None and not isinstance(ignore_eos, bool):
         raise _bad("'ignore_eos' must be a boolean", "ignore_eos", "invalid_type")
+    alternatives = logprobs(body)
     return body, GenerationParams(
         model=model,
         max_tokens=max_tokens,
+        n=_n(body),
+        logprobs=alternatives,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0, False),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, True),
         seed=_int(body, "seed", None, 0, MAX_SEED),
@@ -231,7 +272,7 @@ def _token_list(value: list[Any]) -> tuple[int, ...] | None:
 
 def parse_completion(body: object) -> CompletionRequest:
     """A /v1/completions body: `prompt` is a string, a list of token ids, or a one-element list of either."""
-    fields, params = _params(body, frozenset({"prompt"}), ("max_tokens",))
+    fields, params = _params(body, frozenset({"prompt", "logprobs"}), ("max_tokens",), _completion_logprobs)
     prompt = fields.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
@@ -259,8 +300,8 @@ def _content(message: dict[str, Any], i: int) -> str:
 
 def parse_chat(body: object) -> ChatRequest:
     """A /v1/chat/completions body: a non-empty list of {role, content} messages."""
-    fields, params = _params(body, frozenset({"messages", "max_completion_tokens"}),
-                             ("max_tokens", "max_completion_tokens"))
+    fields, params = _params(body, frozenset({"messages", "max_completion_tokens", "logprobs", "top_logprobs"}),
+                             ("max_tokens", "max_completion_tokens"), _chat_logprobs)
     raw = fields.get("messages")
     if not isinstance(raw, list) or not raw:
         raise _bad("'messages' must be a non-empty list", "messages", "missing_required_parameter")
@@ -292,18 +333,22 @@ class ResponseShape:
     kind = "text_completion"
     chunk_kind = "text_completion"
 
-    def envelope(self, kind: str, ids: tuple[str, int, str], choice: dict[str, Any] | None,
+    def envelope(self, kind: str, ids: tuple[str, int, str], choices: list[dict[str, Any]],
                  usage_obj: dict[str, Any] | None) -> dict[str, Any]:
-        """`ids` = (response id, created unix time, model); `choice` None gives the usage-only chunk."""
+        """`ids` = (response id, created unix time, model); `choices` (each with its "index") empty
+        gives the usage-only chunk."""
         rid, created, model = ids
-        choices = [] if choice is None else [{"index": 0, "logprobs": None, **choice}]
-        return {"id": rid, "object": kind, "created": created, "model": model, "choices": choices, "usage": usage_obj}
+        listed = [{"logprobs": None, **choice} for choice in choices]
+        return {"id": rid, "object": kind, "created": created, "model": model, "choices": listed, "usage": usage_obj}
 
     def full_choice(self, text: str, finish_reason: str) -> dict[str, Any]:
         return {"text": text, "finish_reason": finish_reason}
 
     def delta_choice(self, text: str, first: bool, finish_reason: str | None) -> dict[str, Any]:
         return {"text": text, "finish_reason": finish_reason}
+
+    def logprobs(self, tokenizer: Tokenizer, entries: Sequence[TokenLogprob], text_offset: int) -> dict[str, Any]:
+        return completion_logprobs(tokenizer, entries, text_offset)
 
 
 class ChatResponseShape(ResponseShape):
@@ -318,3 +363,6 @@ class ChatResponseShape(ResponseShape):
     def delta_choice(self, text: str, first: bool, finish_reason: str | None) -> dict[str, Any]:
         delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
         return {"delta": delta if text or first else {}, "finish_reason": finish_reason}
+
+    def logprobs(self, tokenizer: Tokenizer, entries: Sequence[TokenLogprob], text_offset: int) -> dict[str, Any]:
+        return chat_logprobs(tokenizer, entries)

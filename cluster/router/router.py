@@ -27,80 +27,39 @@ import random
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
-from typing import TypeAlias
 
 import grpc
 
-from radixmesh.cluster.policy.base import RouteDecision, RoutePolicy, RouteRequest, make_policy
+from radixmesh.cluster.policy.base import RoutePolicy, RouteRequest, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
-from radixmesh.cluster.policy.view import ClusterView, FleetLoad, build_view
+from radixmesh.cluster.policy.view import FleetLoad, build_view
 from radixmesh.cluster.router.admission import Admission, Overloaded
-from radixmesh.cluster.router.agent_client import AgentClient, AgentDirectory, AgentUnavailable
+from radixmesh.cluster.router.agent_client import AgentDirectory, AgentUnavailable
 from radixmesh.cluster.router.config import RouterConfig
+from radixmesh.cluster.router.fleet_reports import why_failed
 from radixmesh.cluster.router.index_watch import IndexWatcher
 from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.prediction_report import PredictionReporter
+from radixmesh.cluster.router.routed import (
+    GenerateRequest,
+    NoNodeAvailable,
+    RoutedPlan,
+    RouterItem,
+    RouterResult,
+)
 from radixmesh.node_agent.model.chat_template import ChatTemplate, PlainChatTemplate
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer, Tokenizer
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.client import MetadataClient
-from radixmesh.proto.metadata.messages import ClusterStats, IndexUpdate, MatchQuery, MatchResult, NodeMatch
+from radixmesh.proto.metadata.messages import IndexUpdate, MatchQuery, MatchResult, NodeMatch
 from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult, TokenDelta
-from radixmesh.proto.serve.sampling import SamplingParams, draw_seed
+from radixmesh.proto.serve.sampling import draw_seed
 
 logger = logging.getLogger(__name__)
 
-
-
-class NoNodeAvailable(Exception):
-    """Every candidate node was unavailable (or there was none): the request could not be served."""
-
-
-@dataclass(frozen=True, slots=True)
-class GenerateRequest:
-    """One prompt in token ids. `sampling.seed` None: the router fixes one (retries reproduce it)."""
-
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    sampling: SamplingParams
-    tenant: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class RoutedPlan:
-    """A decision and the plan that executes it."""
-
-    plan: ServePlan
-    decision: RouteDecision
-    policy: str
-    """The policy that decided (the fallback while the metadata service is unreachable)."""
-    cluster_tokens: int
-    """Leading prompt tokens Match saw held somewhere in the cluster (0 without Match)."""
-    metadata_used: bool
-    view: ClusterView
-    """What the policy saw (prefixes and load per candidate node), for explanations and audits."""
-
-
-@dataclass(frozen=True, slots=True)
-class RouterResult:
-    """The agent's result of the attempt that finished, and what the router measured."""
-
-    result: ServeResult
-    routed: RoutedPlan
-    attempts: int
-    ttft_s: float
-    """First token (or the result, when no token streamed) minus arrival at the router."""
-
-    @property
-    def cached_tokens(self) -> int:
-        return self.result.stats.tokens.hits
-
-
-RouterItem: TypeAlias = TokenDelta | RouterResult
 
 
 class Router:
@@ -124,7 +83,7 @@ class Router:
         self.metadata = metadata
         self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
         self.chat_template: ChatTemplate = chat_template or PlainChatTemplate()
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(config.model_name)
         self.admission = Admission(config.admission, lambda: len(directory.nodes()))
         self.metrics.admission = self.admission
         self._clock = clock
@@ -146,6 +105,8 @@ class Router:
         self._reporter = PredictionReporter(metadata, self.router_id) if use_replica else None
         self.replica_decisions = 0
         """Decisions made on the replica (the rest asked Match or had no prefix knowledge)."""
+        self.scraped_nodes: frozenset[NodeId] = frozenset()
+        """Agents Prometheus scrapes directly (file_sd keeps it): `/metrics?scope=router` leaves them out."""
 
     # --- state --------------------------------------------------------------------------------
     @property
@@ -209,6 +170,8 @@ class Router:
                 # The directory says who is reachable, the lease who is alive; agents that never
                 # registered (standalone) are still served rather than refused.
                 candidates = [n for n in candidates if n in live] or candidates
+        if request.node is not None and request.node in candidates:
+            candidates = [request.node]
         if not candidates:
             raise NoNodeAvailable(f"no node left to serve request {request.request_id}")
         view = build_view(candidates, match, pending, self._inflight, self.config.default_prefill_tokens_per_s, fleet)
@@ -293,7 +256,7 @@ class Router:
         except (grpc.aio.AioRpcError, TimeoutError) as e:
             if self._down_since is None:
                 logger.warning("metadata service unreachable (%s): routing by %s until it answers",
-                               _why(e), self._fallback.name)
+                               why_failed(e), self._fallback.name)
                 self.metrics.metadata_available = False
             self._down_since = now
             return None
@@ -308,8 +271,10 @@ class Router:
         """InvalidRequest for what the agents would refuse (the prompt limits of their model)."""
         self.config.limits.check(request.prompt_token_ids, request.sampling.max_tokens)
 
-    async def generate(self, request: GenerateRequest) -> AsyncGenerator[RouterItem, None]:
-        """Yield TokenDelta items (each token once, in order, across retries), then one RouterResult.
+    async def generate(self, request: GenerateRequest, on_routed: Callable[[NodeId], None] | None = None
+                       ) -> AsyncGenerator[RouterItem, None]:
+        """Yield TokenDelta items (each token once, in order, across retries), then one RouterResult;
+        `on_routed` hears the node of each attempt as soon as it is chosen.
 
         Raises InvalidRequest (nothing routed, or an agent refused it), Overloaded (admission control
         refused it: nothing routed) or NoNodeAvailable after `max_attempts` nodes failed.
@@ -320,7 +285,7 @@ class Router:
             self.validate(request)
             async with self.admission.slot():
                 self.metrics.queue.observe(self._clock() - arrival)
-                async with contextlib.aclosing(self._serve(self._with_seed(request))) as items:
+                async with contextlib.aclosing(self._serve(self._with_seed(request), on_routed)) as items:
                     last: float | None = None
                     async for item in items:
                         now = self._clock()
@@ -362,7 +327,8 @@ class Router:
         sampling = dataclasses.replace(request.sampling, seed=draw_seed(self._rng))
         return dataclasses.replace(request, sampling=sampling)
 
-    async def _serve(self, request: GenerateRequest) -> AsyncGenerator[RouterItem, None]:
+    async def _serve(self, request: GenerateRequest, on_routed: Callable[[NodeId], None] | None
+                     ) -> AsyncGenerator[RouterItem, None]:
         arrival = self._clock()
         first_token_at: float | None = None
         sent: list[int] = []
@@ -377,6 +343,8 @@ class Router:
                                      self.config.admission.retry_after_s) from None
                 raise
             node = routed.decision.node
+            if on_routed is not None:
+                on_routed(node)
             client = self.directory.get(node)
             if client is None:
                 exclude.add(node)
@@ -391,7 +359,10 @@ class Router:
             try:
                 async for item in stream:
                     self._inflight.prefilled(ticket)
-                    tokens = item.token_ids if isinstance(item, TokenDelta) else item.output_token_ids[produced:]
+                    if isinstance(item, TokenDelta):
+                        tokens, logprobs = item.token_ids, item.logprobs
+                    else:
+                        tokens, logprobs = item.output_token_ids[produced:], item.output_logprobs[produced:]
                     # This attempt's tokens [produced, produced + len) overlap what was sent up to len(sent).
                     new = tokens[max(0, len(sent) - produced):]
                     if tokens[: len(tokens) - len(new)] != tuple(sent[produced : produced + len(tokens) - len(new)]):
@@ -401,7 +372,7 @@ class Router:
                     if new:
                         first_token_at = first_token_at if first_token_at is not None else self._clock()
                         sent.extend(new)
-                        yield TokenDelta(request.request_id, tuple(new))
+                        yield TokenDelta(request.request_id, tuple(new), logprobs[len(tokens) - len(new):])
                     if isinstance(item, ServeResult):
                         ttft = (first_token_at if first_token_at is not None else self._clock()) - arrival
                         self.metrics.record_served(node, item.stats, self.config.block_size,
@@ -425,35 +396,3 @@ class Router:
         if busy and busy == exclude:
             raise Overloaded(f"every node tried is busy ({sorted(busy)}): retry later", self.config.admission.retry_after_s)
         raise NoNodeAvailable(f"request {request.request_id}: {len(exclude)} node(s) failed: {sorted(exclude)}")
-
-    # --- what /stats and /metrics read ---------------------------------------------------------
-    async def cluster_stats(self) -> ClusterStats | None:
-        """The metadata service's GetStats, or None when it does not answer in time."""
-        if self.metadata is None:
-            return None
-        try:
-            return await asyncio.wait_for(self.metadata.stats(), self.config.match_timeout_s)
-        except (grpc.aio.AioRpcError, TimeoutError) as e:
-            logger.info("GetStats failed: %s", _why(e))
-            return None
-
-    async def agent_metrics(self) -> dict[NodeId, str]:
-        """Each reachable agent's Prometheus text, asked all at once, each within its own deadline: an
-        agent that fails or is slow is left out (and logged), and never delays the others."""
-        clients = [c for c in map(self.directory.get, self.directory.nodes()) if c is not None]
-
-        async def one(client: AgentClient) -> str | None:
-            try:
-                return await asyncio.wait_for(client.prometheus_text(), self.config.match_timeout_s * 4)
-            except (AgentUnavailable, TimeoutError) as e:
-                logger.info("metrics of agent %s unavailable: %s", client.node, e)
-                return None
-
-        texts = await asyncio.gather(*(one(c) for c in clients))
-        return {c.node: t for c, t in zip(clients, texts, strict=True) if t is not None}
-
-
-def _why(e: BaseException) -> str:
-    if isinstance(e, grpc.aio.AioRpcError):
-        return f"{e.code().name}: {e.details()}"
-    return f"no answer in time ({type(e).__name__})"

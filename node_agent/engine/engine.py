@@ -8,7 +8,7 @@ Ray actor drives `step` from its own loop; the transfer plane hands pulled block
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -18,7 +18,7 @@ from radixmesh.node_agent.engine.metrics import EngineCounters, EngineStats, eng
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig, PagedMemory
 from radixmesh.node_agent.engine.preemption import make_preemption_policy
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput, RequestStats
-from radixmesh.node_agent.engine.sampler import sample
+from radixmesh.node_agent.engine.sampler import sample, token_logprob
 from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler, SequenceState
 from radixmesh.node_agent.engine.stop_text import StopText
 from radixmesh.node_agent.memory.metrics import memory_stats
@@ -27,6 +27,7 @@ from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, S
 from radixmesh.node_agent.model.tokenizer import Tokenizer
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.serve.limits import InvalidRequest
+from radixmesh.proto.serve.logprobs import TokenLogprob
 from radixmesh.proto.serve.sampling import FinishReason, draw_seed
 from radixmesh.proto.serve.tokens import HIT_SOURCES
 
@@ -34,8 +35,9 @@ from radixmesh.proto.serve.tokens import HIT_SOURCES
 class StepOutput(NamedTuple):
     """What one engine step produced."""
 
-    tokens: list[tuple[RequestId, int]]
-    """(request, token) for every token sampled this step, in order."""
+    tokens: list[tuple[RequestId, int, TokenLogprob | None]]
+    """(request, token, its log-probabilities if the request asked for them) for every token sampled
+    this step, in order."""
     finished: list[RequestOutput]
     """Requests that finished this step (their last token is in `tokens` too)."""
 
@@ -177,7 +179,8 @@ class Engine:
             self.memory.insert_computed(seq)
             if seq.num_uncomputed == 0:
                 token, reason = self._append_token(seq, logits[row])
-                out.tokens.append((seq.request.request_id, token))
+                logprob = seq.logprobs[-1] if seq.request.sampling.logprobs is not None else None
+                out.tokens.append((seq.request.request_id, token, logprob))
                 if reason is not None:
                     out.finished.append(self._finish(seq, reason))
 
@@ -186,6 +189,8 @@ class Engine:
         index = len(seq.output_token_ids)
         token = sample(logits, params, seq.seed, index)
         seq.tokens.append(token)
+        if params.logprobs is not None:
+            seq.logprobs.append(token_logprob(logits, token, params.logprobs))
         self.counters.generated_tokens += 1
         if self.config.keep_logits:
             seq.logits.append(logits.clone())
@@ -218,6 +223,7 @@ class Engine:
             finish_reason=reason,
             stats=seq.stats,
             logits=tuple(seq.logits) if self.config.keep_logits else None,
+            logprobs=tuple(seq.logprobs),
         )
 
     # --- validation, invariants, metrics -----------------------------------------------------
@@ -273,7 +279,8 @@ class Engine:
         c.preemptions = {m.value: n for m, n in self.scheduler.num_preemptions.items()}
         return engine_stats(c, len(self.scheduler.running), len(self.scheduler.waiting))
 
-    def prometheus_text(self) -> str:
-        """Memory metrics of every tier and zone plus the engine's, in one Prometheus exposition."""
+    def prometheus_text(self, labels: Mapping[str, str] | None = None) -> str:
+        """Memory metrics of every tier and zone plus the engine's, in one Prometheus exposition,
+        every sample labelled with `labels` too."""
         snaps: list[object] = [memory_stats(t.pool, t.cache) for t in self.memory.tiers]
-        return render_prometheus([*snaps, *self.memory.zone_snapshots(), self.stats()])
+        return render_prometheus([*snaps, *self.memory.zone_snapshots(), self.stats()], labels)

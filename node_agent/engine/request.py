@@ -7,6 +7,7 @@ import torch
 
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
+from radixmesh.proto.serve.logprobs import TokenLogprob
 from radixmesh.proto.serve.sampling import FinishReason, SamplingParams
 from radixmesh.proto.serve.tokens import TokenSources
 
@@ -82,3 +83,5 @@ class RequestOutput:
     finish_reason: FinishReason
     stats: RequestStats
     logits: tuple[torch.Tensor, ...] | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """One per output token when sampling.logprobs was set, else empty."""

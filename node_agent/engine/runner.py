@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
 from radixmesh.proto.serve.limits import InvalidRequest
+from radixmesh.proto.serve.logprobs import TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,15 @@ class Finished:
     output: RequestOutput
 
 
-StreamItem = list[int] | Finished | BaseException
+@dataclass(frozen=True, slots=True)
+class NewTokens:
+    """Output tokens of one step, with their log-probabilities when the request asked for them."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob]
+
+
+StreamItem = NewTokens | Finished | BaseException
 """New output tokens, the end of the request, or the error that ended the engine loop."""
 
 
@@ -148,9 +157,12 @@ class EngineRunner:
             rate = tokens / seconds
             old = self.prefill_tokens_per_s
             self.prefill_tokens_per_s = rate if old == 0.0 else old + RATE_SMOOTHING * (rate - old)
-        new: dict[RequestId, list[int]] = {}
-        for rid, token in step.tokens:
-            new.setdefault(rid, []).append(token)
+        new: dict[RequestId, NewTokens] = {}
+        for rid, token, logprob in step.tokens:
+            tokens = new.setdefault(rid, NewTokens([], []))
+            tokens.token_ids.append(token)
+            if logprob is not None:
+                tokens.logprobs.append(logprob)
         items: list[tuple[RequestId, StreamItem]] = list(new.items())
         items += [(out.request_id, Finished(out)) for out in step.finished]
         return items

@@ -2,6 +2,7 @@
 
 import torch
 
+from radixmesh.proto.serve.logprobs import TokenLogprob
 from radixmesh.proto.serve.sampling import SamplingParams
 
 
@@ -21,3 +22,13 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, index: int) 
         probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
     gen = torch.Generator().manual_seed((seed * 1_000_003 + index) % (1 << 63))
     return int(torch.multinomial(probs, 1, generator=gen).item())
+
+
+def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    """`token`'s log-probability under float32 `logits` [vocab] (the ones `sample` drew it from) and
+    the `top` most likely tokens, most likely first (ties: lower id first, as torch.topk on CPU)."""
+    logprobs = torch.log_softmax(logits.float().cpu(), dim=-1)
+    best = torch.topk(logprobs, top) if top else None
+    alternatives = () if best is None else tuple(
+        (int(i), float(v)) for v, i in zip(best.values.tolist(), best.indices.tolist(), strict=True))
+    return TokenLogprob(token, float(logprobs[token]), alternatives)

@@ -18,6 +18,7 @@ from radixmesh.node_agent.engine.stop_text import StopText
 from radixmesh.node_agent.memory.block_table import BlockTable
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
+from radixmesh.proto.serve.logprobs import TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class SequenceState:
     host_hit_blocks: int = 0
     """Blocks of the latest prefix match that were promoted from the host tier."""
     logits: list[torch.Tensor] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """One per output token when the request asked for log-probabilities."""
     stop_text: StopText | None = None
     """The decoded output, for requests with stop strings."""
 

@@ -8,6 +8,7 @@ and ends with exactly one ServeResult.
 from dataclasses import dataclass
 
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.serve.logprobs import TokenLogprob
 from radixmesh.proto.serve.sampling import FinishReason, SamplingParams
 from radixmesh.proto.serve.tokens import TokenSources
 
@@ -47,6 +48,8 @@ class TokenDelta:
 
     request_id: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """One per token when the request asked for log-probabilities (sampling.logprobs), else empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,8 @@ class ServeResult:
     output_token_ids: tuple[int, ...]
     finish_reason: FinishReason
     stats: ServeStats
+    output_logprobs: tuple[TokenLogprob, ...] = ()
+    """One per output token when the request asked for log-probabilities, else empty."""
 
 
 ServeItem = TokenDelta | ServeResult

@@ -5,6 +5,8 @@ import random
 from dataclasses import dataclass
 from enum import StrEnum
 
+from radixmesh.proto.serve.logprobs import MAX_TOP_LOGPROBS
+
 MAX_SEED = 2**63 - 1
 """Largest seed a request may carry (OpenAI's `seed` is a signed 64-bit integer)."""
 MAX_STOP_STRINGS = 4
@@ -35,6 +37,9 @@ class SamplingParams:
     """Stop after generating any of these (the stop token is kept in the output)."""
     ignore_eos: bool = False
     """Keep generating past the model's EOS token (benchmarks want fixed lengths)."""
+    logprobs: int | None = None
+    """Return each generated token's log-probability with this many most likely alternatives
+    (0..MAX_TOP_LOGPROBS); None: no log-probabilities."""
     stop: tuple[str, ...] = ()
     """Stop once the decoded output contains any of these (the engine decodes as it samples, so it
     stops on the token that completes one: no wasted decode steps, and exact usage). The token is
@@ -49,6 +54,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed must be in [0, {MAX_SEED}], got {self.seed}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
         if len(self.stop) > MAX_STOP_STRINGS or not all(0 < len(s) <= MAX_STOP_CHARS for s in self.stop):
             raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings of at most "
                              f"{MAX_STOP_CHARS} characters")

@@ -121,7 +121,7 @@ PARTS = (
     # (process name or a piece of its command line, what it is); the first match names a socket.
     ("ray::RouterActo", "radixmesh router: HTTP on the head's address"),
     ("ray::MetadataAc", "radixmesh metadata service: gRPC on the head's address"),
-    ("ray::AgentActor", "radixmesh agent: KV transfer server and UCX on its host's address"),
+    ("ray::AgentActor", "radixmesh agent: KV transfer server, UCX and /metrics on its host's address"),
     ("redis-server", "Redis, the metadata service's state: loopback of the head"),
     ("sshd", "the host's sshd (ray up and the autoscaler log in through it)"),
     ("gcs_server", "Ray's GCS"),

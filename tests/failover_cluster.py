@@ -45,6 +45,8 @@ LEADER_TTL_S = 1.0
 @dataclass
 class FailoverResult:
     takeover_s: float
+    standby_serving_s: float
+    """The kill until the standby said it serves (the rest of takeover_s is the client reconnecting)."""
     requests: int
     failed: int
     stale_max_s: float
@@ -53,7 +55,7 @@ class FailoverResult:
     errors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
-        return {"takeover_s": self.takeover_s, "requests": self.requests, "requests_failed": self.failed,
+        return {"takeover_s": self.takeover_s, "standby_serving_s": self.standby_serving_s, "requests": self.requests, "requests_failed": self.failed,
                 "replica_stale_max_s": self.stale_max_s, "stale_samples": self.samples,
                 "replica_snapshots": self.replica_snapshots, "leader_ttl_s": LEADER_TTL_S}
 
@@ -70,6 +72,8 @@ class MetadataProcess:
              "--port", str(port), "--lease-ttl", str(lease_ttl_s), "--leader-ttl", str(LEADER_TTL_S)],
             stdout=subprocess.PIPE, text=True, env=env)
         self.serving = threading.Event()
+        self.serving_at: float | None = None
+        """time.monotonic() when it said it serves."""
         self.waiting = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -77,6 +81,7 @@ class MetadataProcess:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if "serving" in line:
+                self.serving_at = time.monotonic()
                 self.serving.set()
             elif "waiting" in line:
                 self.waiting.set()
@@ -133,7 +138,7 @@ async def run_failover(*, nodes: int = 2, clients: int = 3, before_s: float = 2.
                                    metadata_retry_s=0.2, match_timeout_s=0.2)
             router = Router(config, StaticAgentDirectory([LocalAgentClient(a) for a in agents]),
                             MetadataClient(target, credentials=creds, timeout_s=1.0), rng=random.Random(0))
-            return await _under_load(active, probe, router, agents, clients, before_s, after_s, sample_s)
+            return await _under_load(active, standby, probe, router, agents, clients, before_s, after_s, sample_s)
         finally:
             if router is not None:
                 await router.close()
@@ -147,7 +152,7 @@ async def run_failover(*, nodes: int = 2, clients: int = 3, before_s: float = 2.
                     p.stop()
 
 
-async def _under_load(active: MetadataProcess, probe: MetadataClient, router: Router, agents: list[NodeAgent],
+async def _under_load(active: MetadataProcess, standby: MetadataProcess, probe: MetadataClient, router: Router, agents: list[NodeAgent],
                       clients: int, before_s: float, after_s: float, sample_s: float) -> FailoverResult:
     assert router.watcher is not None
     router.start()
@@ -210,5 +215,6 @@ async def _under_load(active: MetadataProcess, probe: MetadataClient, router: Ro
     finally:
         done.set()
         await asyncio.gather(*tasks, monitor)
-    return FailoverResult(takeover, counts["requests"], counts["failed"], stale_max, samples,
+    assert standby.serving_at is not None
+    return FailoverResult(takeover, standby.serving_at - killed, counts["requests"], counts["failed"], stale_max, samples,
                           router.watcher.snapshots, errors)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the failover harness
-from failover_cluster import LEADER_TTL_S, run_failover  # noqa: E402
+from failover_cluster import LEADER_TTL_S, run_failover
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

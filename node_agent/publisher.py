@@ -179,6 +179,11 @@ class EventPublisher:
                 send = self._hits[:MAX_HITS_PER_HEARTBEAT]
                 self._lease = await self._client.heartbeat(self.node_id, self.epoch, load, send)
                 del self._hits[: len(send)]
+                # A standby that took over restored the index as last persisted, so it may expect an
+                # earlier batch than our next one; an idle node publishes nothing to learn of the gap.
+                first_pending = self._pending[0].seq if self._pending else self._seq + 1
+                if self._lease.next_seq != first_pending:
+                    self._resync = True
 
     async def _ensure_registered(self) -> None:
         if self._lease is not None:

@@ -8,6 +8,7 @@ import grpc
 import pytest
 from local_servers import free_port
 
+from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.metadata.leader import LeaderLease, serve_while_leader
 from radixmesh.cluster.metadata.server import MetadataServer, ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
@@ -101,3 +102,8 @@ def test_two_leases_never_both_hold_the_key(redis_url: str) -> None:
             await b.close()
 
     asyncio.run(body())
+
+
+def test_a_standby_needs_redis_state() -> None:
+    with pytest.raises(ValueError, match="metadata_standby needs a redis"):
+        LauncherConfig(metadata_standby=True)

@@ -71,6 +71,8 @@ def _record() -> cluster_record.ClusterRecord:
               help="Run here in the foreground with N simulated nodes (Ctrl-C or `radixmesh down` stops it).")
 @click.option("--address", default="auto", show_default=True, help="Ray cluster to join (without --local).")
 @click.option("--state", default="memory", show_default=True, help="'memory' or a redis:// URL.")
+@click.option("--metadata-standby/--no-metadata-standby", default=False, show_default=True,
+              help="With --state redis://: a standby metadata service takes over within ~1 s if the active dies.")
 @click.option("--policy", type=click.Choice(policy_names()), default="cost", show_default=True)
 @click.option("--host", default=None,
               help="Address router and metadata bind [default: 127.0.0.1 with --local, else this Ray node's address].")
@@ -107,8 +109,8 @@ def _record() -> cluster_record.ClusterRecord:
               help="Where the router keeps its Prometheus file-SD targets and the agents' metrics token "
                    "(default: $RADIXMESH_HOME/prometheus); every agent then serves its own /metrics.")
 @click.option("--no-prometheus", is_flag=True, help="No target list and no per-agent /metrics.")
-def up(local_nodes: int | None, address: str, state: str, policy: str, host: str | None, port: int, model_spec: str,
-       served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
+def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool, policy: str, host: str | None,
+       port: int, model_spec: str, served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
        lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, tls_cert: Path | None,
        tls_key: Path | None, max_running_per_node: int, max_waiting: int, access_log: bool,
        prometheus_dir: Path | None, no_prometheus: bool) -> None:
@@ -122,7 +124,8 @@ def up(local_nodes: int | None, address: str, state: str, policy: str, host: str
     try:
         # Without --host: loopback on one machine, else (host "") the address of this Ray node.
         host = host if host is not None else "127.0.0.1" if local_nodes is not None else ""
-        config = LauncherConfig(local_nodes=local_nodes, state=state, policy=policy, host=host, http_port=port,
+        config = LauncherConfig(local_nodes=local_nodes, state=state, metadata_standby=metadata_standby,
+                                policy=policy, host=host, http_port=port,
                                 model=resolve_model(model_spec), model_name=served_model_name, dtype=dtype,
                                 gpu_blocks=gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
                                 lease_ttl_s=lease_ttl, secret=deployment_secret(secret_file), api_key=api_key,

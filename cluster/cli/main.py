@@ -27,9 +27,8 @@ from radixmesh.cluster.cli.replay import replay_command
 from radixmesh.cluster.cli.sim import sim
 from radixmesh.cluster.launch.config import LOG_LEVELS
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, given_secret
-from radixmesh.cluster.metadata.leader import LeaderLease, serve_while_leader
+from radixmesh.cluster.metadata.leader_server import serve_as_leader
 from radixmesh.cluster.metadata.server import (
-    MetadataServer,
     ServerOptions,
     TlsFiles,
     create_server,
@@ -143,29 +142,17 @@ def metadata_server(
 
 
 async def _serve_as_leader(state: str, options: ServerOptions, lease_ttl: float) -> None:
-    """Wait for the leader key, then build the service from Redis (what the last leader left) and
-    serve until SIGINT/SIGTERM (releasing the key) or until the key is lost (exit 1)."""
+    """Serve while holding the leader key (leader_server); exit 1 when the key is lost."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    lease = LeaderLease(state, f"{options.host}:{options.port}")
-    click.echo(f"metadata-server on {options.host}:{options.port} waiting for the leader key")
-
-    async def start() -> MetadataServer:
-        service = MetadataService(open_store(state), ServiceConfig(lease_ttl_s=lease_ttl))
-        server, bound = create_server(service, options)
-        if bound == 0:
-            raise click.ClickException(f"could not bind {options.host}:{options.port}")
-        await server.start()
-        click.echo(f"metadata-server listening on {options.host}:{bound} (leader; state: {service.store.describe()})")
-        return server
-
     try:
-        if not await serve_while_leader(lease, start, stop):
-            raise click.ClickException("lost the leader key: stopped serving (a standby serves now)")
-    finally:
-        await lease.close()
+        held = await serve_as_leader(state, options, lease_ttl, stop, say=click.echo)
+    except (ValueError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
+    if not held:
+        raise click.ClickException("lost the leader key: stopped serving (a standby serves now)")
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -43,6 +43,11 @@ class LauncherConfig:
     """Metadata gRPC port; 0: a free one."""
     state: str = "memory"
     """Metadata state store: "memory" or a redis:// URL."""
+    metadata_standby: bool = False
+    """A second metadata service on the same Redis state takes over within ~1 s when the active dies
+    (a leader key in Redis); agents and the router are given both addresses. Needs a redis:// state.
+    Off by default: stopping the metadata service then means an outage (what `radixmesh down`,
+    the fault tests and bench/chaos.py expect), and it costs a second actor polling Redis."""
     lease_ttl_s: float = 10.0
     """A node vanishes from the index this long after its last heartbeat."""
     policy: str = "cost"
@@ -95,6 +100,8 @@ class LauncherConfig:
                 raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
         if self.state != "memory" and not self.state.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"state must be 'memory' or a redis:// URL, got {self.state!r}")
+        if self.metadata_standby and self.state == "memory":
+            raise ValueError("metadata_standby needs a redis:// state: the standby restores from it")
         if self.policy not in policy_names():
             raise ValueError(f"unknown policy {self.policy!r}; valid: {', '.join(policy_names())}")
         if self.transfer not in TRANSFER_PLANES:

@@ -25,7 +25,12 @@ import ray
 
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.local_ray import init_loopback_ray
-from radixmesh.cluster.launch.metadata_actor import METADATA_ACTOR, make_metadata_actor
+from radixmesh.cluster.launch.metadata_actor import (
+    METADATA_ACTOR,
+    METADATA_STANDBY_ACTOR,
+    failover_target,
+    make_metadata_actor,
+)
 from radixmesh.cluster.launch.reconcile import AGENT_RESOURCE, node_slots
 from radixmesh.cluster.launch.router_actor import ROUTER_ACTOR, make_router_actor
 from radixmesh.node_agent.actor import agent_actor_name, node_resource
@@ -102,16 +107,22 @@ async def up(config: LauncherConfig) -> Deployment:
     Raises DeploymentExists when one runs already, ValueError for a placement that cannot be met;
     a failure part-way takes down what was started.
     """
-    if _actor(ROUTER_ACTOR) is not None or _actor(METADATA_ACTOR) is not None:
+    if any(_actor(name) is not None for name in (ROUTER_ACTOR, METADATA_ACTOR, METADATA_STANDBY_ACTOR)):
         raise DeploymentExists("a radixmesh deployment is already running on this Ray cluster")
     config = bind_here(config)
     check_room_for_agents(config)
     # Both servers bind `config.host`, an address of this node: their actors must run here.
     here = this_node_address()
     try:
+        standby = config.metadata_standby
         metadata = make_metadata_actor(config.host, config.metadata_port, config.state, config.lease_ttl_s,
-                                       config.secret, here, config.tls)
-        address: str = await metadata.start.remote()
+                                       config.secret, here, config.tls, leader_lease=standby)
+        addresses = [await metadata.start.remote()]
+        if standby:  # after the active holds the leader key, so this one waits for it
+            second = make_metadata_actor(config.host, 0, config.state, config.lease_ttl_s, config.secret, here,
+                                         config.tls, name=METADATA_STANDBY_ACTOR, leader_lease=True)
+            addresses.append(await second.start.remote(wait=False))
+        address = failover_target(addresses)
         router = make_router_actor(config, address, here)
         url: str = await router.start.remote()
         nodes: list[NodeId] = await router.nodes.remote()
@@ -134,14 +145,16 @@ async def down() -> bool:
         except ray.exceptions.RayError as e:
             logger.warning("router did not stop cleanly: %s", e)
         ray.kill(router)
-    metadata = _actor(METADATA_ACTOR)
-    if metadata is not None:
-        found = True
-        try:
-            await metadata.stop.remote()  # persists the index to the state store
-        except ray.exceptions.RayError as e:
-            logger.warning("metadata service did not stop cleanly: %s", e)
-        ray.kill(metadata)
+    # The standby first: stopped after the active, it would take the released leader key over.
+    for name in (METADATA_STANDBY_ACTOR, METADATA_ACTOR):
+        metadata = _actor(name)
+        if metadata is not None:
+            found = True
+            try:
+                await metadata.stop.remote()  # persists the index to the state store
+            except ray.exceptions.RayError as e:
+                logger.warning("metadata service %s did not stop cleanly: %s", name, e)
+            ray.kill(metadata)
     return found
 
 

@@ -17,9 +17,10 @@ in-flight counts and recent work (InflightTable), and let the policy decide unde
 
 The chosen replica alone is offered for the first `affinity_attempts` tries of a request, then it is
 the first rank and the others the second. Serve skips a replica whose queue-length probe misses its
-deadline (0.1 s at first, doubling per try), so on a busy host a single try would scatter a prefix
-group over replicas that hold none of it; a replica that is really at `max_ongoing_requests` answers
-its probe at once, so the extra tries cost little before Serve falls through to the others. Without
+deadline (0.1 s at first, doubling per try up to 1 s), so on a busy host a single try would scatter
+a prefix group over replicas that hold none of it (6 tries wait out 3.5 s of slow probes); a replica
+that is really at `max_ongoing_requests` answers its probe at once, so the extra tries cost little
+before Serve falls through to the others. Without
 a prompt, all candidates form one rank (Serve's own choice).
 
 Serve makes one router per deployment handle; each keeps its own picture of the replicas, which
@@ -74,7 +75,7 @@ class RadixmeshRequestRouter(RequestRouter):
     """A Serve RequestRouter; configure it with `request_router_kwargs` (initialize_state's)."""
 
     def initialize_state(self, block_size: int = 16, policy: str = "cost_no_pull", prefix_ttl_s: float = 600.0,
-                         prefill_tokens_per_s: float = 2000.0, seed: int | None = None, affinity_attempts: int = 4,
+                         prefill_tokens_per_s: float = 2000.0, seed: int | None = None, affinity_attempts: int = 6,
                          clock: Callable[[], float] = time.monotonic, **policy_kwargs: Any) -> None:
         """`policy` names a radixmesh policy (policy_names()); `policy_kwargs` are PolicyConfig fields."""
         if block_size < 1:

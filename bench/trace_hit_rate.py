@@ -26,13 +26,14 @@ TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = [
     "round_robin", "least_loaded", "prefix_affinity", "cost", "cost_no_pull", "cost+cluster_evict",
-    "cost+s3fifo", "cost+s3fifo+cluster_ghost",
+    "cost+handoff", "cost+s3fifo", "cost+s3fifo+cluster_ghost", "cost+s3fifo+cluster_ghost+handoff",
 ]
 """Routing policies, then `+` eviction changes on every node: `cluster_evict`, replicated chain ends
 first among each eviction's next blocks (SimConfig.cluster_eviction); `s3fifo`, the scan-resistant
 order (PoolConfig.eviction); `cluster_ghost`, blocks whose last cluster copy was evicted recently
-come back as re-used (SimConfig.cluster_recall)."""
-MODIFIERS = {"cluster_evict", "s3fifo", "cluster_ghost"}
+come back as re-used (SimConfig.cluster_recall); `handoff`, a pull's source demotes the blocks it
+sent (SimConfig.handoff)."""
+MODIFIERS = {"cluster_evict", "s3fifo", "cluster_ghost", "handoff"}
 ISSUE_GOAL = 1.0  # issue 16: cluster-aware eviction >= 1.0 x global LRU at <= 1.25 x mean load (tokens)
 MOONCAKE_PUBLISHED = 0.66  # average cache ratio, synthetic trace, Mooncake FAST'25 Table 2
 
@@ -63,6 +64,7 @@ def main() -> None:
                     nodes=n, capacity_blocks=args.capacity, policy=route,
                     eviction="s3fifo" if "s3fifo" in mods else "lru",
                     cluster_eviction="cluster_evict" in mods, cluster_recall="cluster_ghost" in mods,
+                    handoff="handoff" in mods,
                 )
                 r = Simulator(config).run(requests)
                 if config.eviction == "s3fifo":

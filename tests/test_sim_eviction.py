@@ -96,7 +96,7 @@ def test_simulator_runs_with_cluster_eviction_and_keeps_its_invariants() -> None
     reports = {}
     for eviction, cluster in (("lru", False), ("lru", True), ("s3fifo", False), ("s3fifo", True)):
         config = SimConfig(nodes=3, capacity_blocks=6, policy="cost", eviction=eviction, cluster_eviction=cluster,
-                           check_every=1)
+                           cluster_recall=cluster, handoff=cluster, check_every=1)
         sim = Simulator(config)
         reports[eviction, cluster] = r = sim.run(requests)
         assert sum(r.hits_by_source.values()) == r.blocks

@@ -68,6 +68,9 @@ class SimConfig:
     """Replicated chain ends first among the next `eviction_window` blocks of each eviction
     (BlockPool.set_cluster_eviction, holder counts from the cluster's events)."""
     eviction_window: int = 64
+    handoff: bool = False
+    """A pull's source demotes the blocks it sent that the puller lacked (BlockPool.demote): the
+    puller's copy serves the conversation from now on, the source's goes first when space is needed."""
     cluster_recall: bool = False
     """Nodes learn which blocks the cluster evicted its last copy of, recently (a ghost as long as the
     cluster has blocks, from the events: HolderCount.evicted_recently), and keep such blocks as re-used
@@ -292,8 +295,11 @@ class Simulator:
             # As the real transfer source does: pin what the peer still holds, send, release. The
             # release renews those blocks' recency on the peer; the send itself takes no peer time here.
             source = self.nodes[plan.pull_from].cache
-            pinned = source.match(node.waiting[0].hashes[: plan.local_blocks + plan.pull_blocks])
+            hashes = node.waiting[0].hashes
+            pinned = source.match(hashes[: plan.local_blocks + plan.pull_blocks])
             source.release(pinned)
+            if self.config.handoff:
+                source.pool.demote(pinned[node.cache.longest_prefix(hashes) :])
             peer = len(pinned)
         job = node.start_next(peer)
         self._apply_events(node)  # evictions made room for the new blocks

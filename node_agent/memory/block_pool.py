@@ -318,6 +318,17 @@ class BlockPool:
             raise ValueError(f"window must be >= 0, got {window}")
         self._preference = None if copies is None else ClusterPreference(copies, window)
 
+    def demote(self, block_ids: Sequence[BlockId]) -> int:
+        """Cached blocks among `block_ids` that a peer now holds too (it pulled them from us) are
+        evicted before every other cached block, unless re-used here first: the cluster keeps one
+        copy of a hand-off instead of two. Blocks in use or free are left alone (a running request
+        still reads them). Returns how many were demoted; ValueError on ids out of range."""
+        self._check_ids(block_ids)
+        order = self._order
+        cached = [b for b in dict.fromkeys(block_ids) if b in order]
+        order.demote(cached)
+        return len(cached)
+
     def set_cluster_recall(self, recalled: Recalled | None) -> None:
         """Blocks stored under a hash the cluster evicted recently (`recalled`: the index's ghost)
         count as re-used in orders that tell first uses from re-uses (``s3fifo``). None: our own

@@ -40,6 +40,10 @@ class EvictionOrder(Protocol):
     def discard(self, blocks: Sequence[int]) -> None:
         """Members or pinned blocks leave for good (evicted by GC or a contiguous carve)."""
 
+    def demote(self, blocks: Sequence[int]) -> None:
+        """Members `blocks` (distinct) are evicted before the other members, unless they are
+        released again first (a re-use here renews them as usual)."""
+
     def pop_oldest(self, k: int) -> list[int]:
         """Remove and return the first k members in eviction order (fewer when there are fewer)."""
 

@@ -51,14 +51,28 @@ class LazyLRU:
     def push(self, blocks: Sequence[int], now: float) -> None:
         """Add `blocks` (hashed, ref 0, none of them members) as released at `now`, as one group;
         earlier blocks are evicted first."""
-        group = Group(tuple(blocks), now)
+        self._append(self._stamp_group(blocks, now))
+
+    def push_first(self, blocks: Sequence[int]) -> None:
+        """Add `blocks` (hashed, ref 0, none a member) ahead of every member: evicted first, and
+        idle since ever for GC. The last blocks pushed first go first."""
+        group = self._stamp_group(blocks, float("-inf"))
+        self._queue.appendleft((group.gen, group))
+
+    def demote(self, blocks: Sequence[int]) -> None:
+        """Members `blocks` move ahead of every other member (EvictionOrder.demote)."""
+        self.discard(blocks)
+        self.push_first(blocks)
+
+    def _stamp_group(self, blocks: Sequence[int], when: float) -> Group:
+        group = Group(tuple(blocks), when)
         stamp = self._stamp
         fresh = 0
         for b in blocks:
             fresh += stamp[b] is None
             stamp[b] = group
         self.stamped += fresh
-        self._append(group)
+        return group
 
     def set_recall(self, recalled: object) -> None:
         """LRU keeps no history of evicted blocks, so it has no use for the cluster's (EvictionOrder)."""

@@ -71,6 +71,14 @@ class S3FIFO:
         one that evicted it."""
         self.recalled = recalled
 
+    def demote(self, blocks: Sequence[int]) -> None:
+        """Members `blocks` go to the head of probation (out of main, if there): the next to go.
+        Evicted from there they enter the ghost as any probation block does, so one that comes
+        back here counts as re-used."""
+        self.small.discard(blocks)
+        self.main.discard(blocks)
+        self.small.push_first(blocks)
+
     def group_of(self, blocks: tuple[int, ...]) -> Group | None:
         """A main group of exactly `blocks` (LazyLRU.group_of); a probation group is never renewed whole,
         since its release is a re-use that promotes it (the pool then takes its push path)."""

@@ -1,7 +1,7 @@
 """Block-weighted hit rate of every routing policy on the shared Mooncake traces, against the
 infinite-cache bound and one global LRU of the same total memory, measured in the same run.
 
-    python bench/trace_hit_rate.py [--capacity 500] [--limit K]
+    python bench/trace_hit_rate.py [--capacity 500] [--limit K] [--seeds 3]
 
 Per-node capacity is in trace blocks (512 tokens; 64 MiB of KV each at the simulator's default
 Llama-3-8B layout, so 500 blocks = 32 GiB). Prints a table, the goal check (cost >= 0.95 x global
@@ -12,6 +12,10 @@ JSON object, also written to bench/results/trace_hit_rate.json. Beside global LR
 global S3-FIFO (one cache of the same memory with the nodes' scan-resistant eviction), so a reader
 sees what routing costs and what eviction buys. The "arXiv" trace of issue 16 is
 mooncake_trace_1000 (the first 1,000 requests of Mooncake's arXiv trace).
+
+The policy's random tie-breaks move a run's hit rate by up to ~3% of global LRU on the arXiv trace
+(more than the eviction changes do there), so the goal policies also run with seeds 1..S-1 and the
+goal is judged on the mean over S seeds (the table's rows are seed 0).
 """
 
 import argparse
@@ -35,6 +39,18 @@ come back as re-used (SimConfig.cluster_recall); `handoff`, a pull's source demo
 sent (SimConfig.handoff)."""
 MODIFIERS = {"cluster_evict", "s3fifo", "cluster_ghost", "handoff"}
 ISSUE_GOAL = 1.0  # issue 16: cluster-aware eviction >= 1.0 x global LRU at <= 1.25 x mean load (tokens)
+
+
+def sim_config(policy: str, nodes: int, capacity: int, seed: int) -> SimConfig:
+    """`route+modifier+...` as one simulated cluster."""
+    route, *mods = policy.split("+")
+    assert set(mods) <= MODIFIERS, mods
+    return SimConfig(
+        nodes=nodes, capacity_blocks=capacity, policy=route, seed=seed,
+        eviction="s3fifo" if "s3fifo" in mods else "lru",
+        cluster_eviction="cluster_evict" in mods, cluster_recall="cluster_ghost" in mods,
+        handoff="handoff" in mods,
+    )
 MOONCAKE_PUBLISHED = 0.66  # average cache ratio, synthetic trace, Mooncake FAST'25 Table 2
 
 
@@ -43,6 +59,7 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=500, help="blocks per node")
     ap.add_argument("--limit", type=int, default=None, help="first K requests of each trace")
     ap.add_argument("--nodes", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--seeds", type=int, default=3, help="policy seeds the goal is averaged over")
     args = ap.parse_args()
     t_start = time.perf_counter()
     out: dict[str, object] = {"capacity_blocks": args.capacity, "limit": args.limit, "traces": {}}
@@ -58,14 +75,7 @@ def main() -> None:
                 f"{'req max/mean':>13}{'tok max/mean':>13}{'p50 ms':>9}{'p99 ms':>9}"
             )
             for policy in POLICIES:
-                route, *mods = policy.split("+")
-                assert set(mods) <= MODIFIERS, mods
-                config = SimConfig(
-                    nodes=n, capacity_blocks=args.capacity, policy=route,
-                    eviction="s3fifo" if "s3fifo" in mods else "lru",
-                    cluster_eviction="cluster_evict" in mods, cluster_recall="cluster_ghost" in mods,
-                    handoff="handoff" in mods,
-                )
+                config = sim_config(policy, n, args.capacity, 0)
                 r = Simulator(config).run(requests)
                 if config.eviction == "s3fifo":
                     row["global_s3fifo"] = r.global_same_eviction
@@ -88,18 +98,26 @@ def main() -> None:
                 if policy.startswith("cost") and policy != "cost_no_pull":
                     if policy == "cost":
                         cost_hit = r.hit_rate
-                    hit_ok = r.hit_rate >= (0.95 if policy == "cost" else ISSUE_GOAL) * r.global_lru
+                    runs = [r] + [Simulator(sim_config(policy, n, args.capacity, s)).run(requests)
+                                  for s in range(1, args.seeds)]
+                    ratios = [x.hit_rate / x.global_lru for x in runs]
+                    mean = sum(ratios) / len(ratios)
+                    tokens = sum(x.max_tokens_over_mean for x in runs) / len(runs)
+                    loads = sum(x.max_load_over_mean for x in runs) / len(runs)
+                    hit_ok = mean >= (0.95 if policy == "cost" else ISSUE_GOAL)
                     goals.append(
                         {
                             "policy": policy,
                             "trace": name,
                             "nodes": n,
-                            "cost_over_global_lru": d["achieved_over_global_lru"],
-                            "over_global_same_eviction": r.hit_rate / r.global_same_eviction,
-                            "max_load_over_mean": r.max_load_over_mean,
-                            "max_tokens_over_mean": r.max_tokens_over_mean,
-                            "met_tokens": hit_ok and r.max_tokens_over_mean <= 1.25,
-                            "met_requests": hit_ok and r.max_load_over_mean <= 1.25,
+                            "seeds": len(runs),
+                            "cost_over_global_lru": mean,
+                            "over_global_lru_by_seed": ratios,
+                            "over_global_same_eviction": sum(x.hit_rate / x.global_same_eviction for x in runs) / len(runs),
+                            "max_load_over_mean": loads,
+                            "max_tokens_over_mean": tokens,
+                            "met_tokens": hit_ok and tokens <= 1.25,
+                            "met_requests": hit_ok and loads <= 1.25,
                         }
                     )
             print(
@@ -114,11 +132,13 @@ def main() -> None:
                 )
             per_trace[str(n)] = row
         out["traces"][name] = per_trace  # type: ignore[index]
-    print("\ngoal: cost >= 0.95 x global LRU (cost+<eviction>: >= 1.0 x, issue 16) and max load <= 1.25 x"
-          " mean (tokens / requests routed per node)")
+    print(f"\ngoal: cost >= 0.95 x global LRU (cost+<eviction>: >= 1.0 x, issue 16) and max load <= 1.25 x"
+          f" mean (tokens / requests routed per node), means over {args.seeds} policy seeds (min-max of /LRU)")
     for g in goals:
+        by_seed = g["over_global_lru_by_seed"]
         print(
-            f"  {g['policy']:<26} {g['trace']:<20} {g['nodes']:>3} nodes: /LRU {g['cost_over_global_lru']:.3f}, "
+            f"  {g['policy']:<34} {g['trace']:<20} {g['nodes']:>3} nodes: /LRU {g['cost_over_global_lru']:.3f}"
+            f" ({min(by_seed):.3f}-{max(by_seed):.3f}), "  # type: ignore[type-var]
             f"max/mean tokens {g['max_tokens_over_mean']:.3f} -> {'met' if g['met_tokens'] else 'NOT met'}, "
             f"requests {g['max_load_over_mean']:.3f} -> {'met' if g['met_requests'] else 'NOT met'}"
         )

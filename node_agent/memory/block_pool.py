@@ -1,4 +1,5 @@
-"""Paged KV block pool of one tier: refcounts, lazy LRU eviction, contiguity and two-phase GC."""
+"""Paged KV block pool of one tier: refcounts, lazy eviction in a chosen order, contiguity and
+two-phase GC."""
 
 import logging
 import time
@@ -288,18 +289,10 @@ class BlockPool:
         now = self._clock()
         self._last_gc = now
         self.counters.gc_runs += 1
-        candidates = set(self._order.released_before(now - self.config.idle_ttl_s))
-        work = [b for b in candidates if self._free.borders(b)]
-        evicted: list[int] = []
-        while work:
-            b = work.pop()
-            if b not in candidates:
-                continue
-            candidates.discard(b)
+        evicted = self._free.growth_order(self._order.released_before(now - self.config.idle_ttl_s))
+        for b in evicted:
             self._drop_cached([b])
             self._free.add_run(b, 1)
-            evicted.append(b)
-            work.extend(nb for nb in (b - 1, b + 1) if nb in candidates)
         if evicted:
             logger.debug("gc on %s evicted %d idle blocks", self.tier, len(evicted))
         return len(evicted)

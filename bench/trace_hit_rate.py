@@ -71,7 +71,7 @@ def main() -> None:
             row: dict[str, object] = {}
             print(f"\n{name}: {len(requests)} requests, {n} nodes x {args.capacity} blocks")
             print(
-                f"{'policy':<27}{'hit rate':>9}{'local':>8}{'remote':>8}{'/bound':>8}{'/LRU':>7}"
+                f"{'policy':<35}{'hit rate':>9}{'local':>8}{'remote':>8}{'/bound':>8}{'/LRU':>7}"
                 f"{'req max/mean':>13}{'tok max/mean':>13}{'p50 ms':>9}{'p99 ms':>9}"
             )
             for policy in POLICIES:
@@ -91,7 +91,7 @@ def main() -> None:
                 row["infinite_bound"], row["global_lru"] = r.infinite_bound, r.global_lru
                 hs = r.hits_by_source
                 print(
-                    f"{policy:<27}{r.hit_rate:>9.3f}{hs['local'] / r.blocks:>8.3f}{hs['remote'] / r.blocks:>8.3f}"
+                    f"{policy:<35}{r.hit_rate:>9.3f}{hs['local'] / r.blocks:>8.3f}{hs['remote'] / r.blocks:>8.3f}"
                     f"{d['achieved_over_bound']:>8.3f}{d['achieved_over_global_lru']:>7.3f}"
                     f"{r.max_load_over_mean:>13.3f}{r.max_tokens_over_mean:>13.3f}{r.ttft_p50_s * 1e3:>9.0f}{r.ttft_p99_s * 1e3:>9.0f}"
                 )
@@ -121,8 +121,8 @@ def main() -> None:
                         }
                     )
             print(
-                f"{'infinite bound':<27}{row['infinite_bound']:>9.3f}\n{'global LRU':<27}{row['global_lru']:>9.3f}"
-                f"\n{'global S3-FIFO':<27}{row['global_s3fifo']:>9.3f}"
+                f"{'infinite bound':<35}{row['infinite_bound']:>9.3f}\n{'global LRU':<35}{row['global_lru']:>9.3f}"
+                f"\n{'global S3-FIFO':<35}{row['global_s3fifo']:>9.3f}"
                 f"  ({row['global_s3fifo'] / row['global_lru']:.3f} x global LRU)"  # type: ignore[operator]
             )
             if name == "synthetic_trace":

@@ -36,7 +36,7 @@ class S3FIFO:
         """Hashes evicted from probation, oldest first (a dict keeps insertion order), at most as many
         as the pool has blocks."""
         self._ghost_cap = len(ref)
-        self.recalled: Recalled | None = None
+        self._recalled: Recalled | None = None
 
     def __contains__(self, block: int) -> bool:
         return block in self.small or block in self.main
@@ -44,7 +44,7 @@ class S3FIFO:
     def push(self, blocks: Sequence[int], now: float) -> None:
         """Add `blocks` (hashed, ref 0, none a member) as released at `now`: re-used or ghosted ones
         to main, the others to probation, each part in the given order."""
-        small, main, ghost, hashes, recalled = self.small, self.main, self._ghost, self._hashes, self.recalled
+        small, main, ghost, hashes, recalled = self.small, self.main, self._ghost, self._hashes, self._recalled
         reused: list[int] = []
         fresh: list[int] = []
         for b in blocks:
@@ -69,7 +69,7 @@ class S3FIFO:
         """The cluster's ghost: a block stored under a hash it recalls counts as re-used, as one in our
         own ghost does, since the request that brings a prefix back may land on another node than the
         one that evicted it."""
-        self.recalled = recalled
+        self._recalled = recalled
 
     def demote(self, blocks: Sequence[int]) -> None:
         """Members `blocks` go to the head of probation (out of main, if there): the next to go.

@@ -1,13 +1,21 @@
 """Block-weighted hit rate of every routing policy on the shared Mooncake traces, against the
 infinite-cache bound and one global LRU of the same total memory, measured in the same run.
 
-    python bench/trace_hit_rate.py [--capacity 500] [--limit K]
+    python bench/trace_hit_rate.py [--capacity 500] [--limit K] [--seeds 3]
 
 Per-node capacity is in trace blocks (512 tokens; 64 MiB of KV each at the simulator's default
 Llama-3-8B layout, so 500 blocks = 32 GiB). Prints a table, the goal check (cost >= 0.95 x global
-LRU with max load <= 1.25 x mean, load judged both as prompt tokens routed per node, the measure the
-bounded-load cap uses, and as requests routed per node) and Mooncake's published cache ratio beside
-ours; the last line is one JSON object, also written to bench/results/trace_hit_rate.json.
+LRU, every cost policy with a changed eviction >= 1.0 x (issue 16), with max load <= 1.25 x mean,
+load judged both as prompt tokens routed per node, the measure the bounded-load cap uses, and as
+requests routed per node) and Mooncake's published cache ratio beside ours; the last line is one
+JSON object, also written to bench/results/trace_hit_rate.json. Beside global LRU it prints
+global S3-FIFO (one cache of the same memory with the nodes' scan-resistant eviction), so a reader
+sees what routing costs and what eviction buys. The "arXiv" trace of issue 16 is
+mooncake_trace_1000 (the first 1,000 requests of Mooncake's arXiv trace).
+
+The policy's random tie-breaks move a run's hit rate by up to ~3% of global LRU on the arXiv trace
+(more than the eviction changes do there), so the goal policies also run with seeds 1..S-1 and the
+goal is judged on the mean over S seeds (the table's rows are seed 0).
 """
 
 import argparse
@@ -20,10 +28,29 @@ from radixmesh.cluster.sim.trace import read_trace
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 RESULTS = Path(__file__).resolve().parent / "results"
-POLICIES = ["round_robin", "least_loaded", "prefix_affinity", "cost", "cost_no_pull", "cost+cluster_evict"]
-"""Routing policies; `cost+cluster_evict` is `cost` with cluster-aware eviction on every node (replicated
-chain ends first among each eviction's oldest blocks: SimConfig.eviction = "cluster")."""
+POLICIES = [
+    "round_robin", "least_loaded", "prefix_affinity", "cost", "cost_no_pull", "cost+cluster_evict",
+    "cost+handoff", "cost+s3fifo", "cost+s3fifo+cluster_ghost", "cost+s3fifo+cluster_ghost+handoff",
+]
+"""Routing policies, then `+` eviction changes on every node: `cluster_evict`, replicated chain ends
+first among each eviction's next blocks (SimConfig.cluster_eviction); `s3fifo`, the scan-resistant
+order (PoolConfig.eviction); `cluster_ghost`, blocks whose last cluster copy was evicted recently
+come back as re-used (SimConfig.cluster_recall); `handoff`, a pull's source demotes the blocks it
+sent (SimConfig.handoff)."""
+MODIFIERS = {"cluster_evict", "s3fifo", "cluster_ghost", "handoff"}
 ISSUE_GOAL = 1.0  # issue 16: cluster-aware eviction >= 1.0 x global LRU at <= 1.25 x mean load (tokens)
+
+
+def sim_config(policy: str, nodes: int, capacity: int, seed: int) -> SimConfig:
+    """`route+modifier+...` as one simulated cluster."""
+    route, *mods = policy.split("+")
+    assert set(mods) <= MODIFIERS, mods
+    return SimConfig(
+        nodes=nodes, capacity_blocks=capacity, policy=route, seed=seed,
+        eviction="s3fifo" if "s3fifo" in mods else "lru",
+        cluster_eviction="cluster_evict" in mods, cluster_recall="cluster_ghost" in mods,
+        handoff="handoff" in mods,
+    )
 MOONCAKE_PUBLISHED = 0.66  # average cache ratio, synthetic trace, Mooncake FAST'25 Table 2
 
 
@@ -32,6 +59,7 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=500, help="blocks per node")
     ap.add_argument("--limit", type=int, default=None, help="first K requests of each trace")
     ap.add_argument("--nodes", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--seeds", type=int, default=3, help="policy seeds the goal is averaged over")
     args = ap.parse_args()
     t_start = time.perf_counter()
     out: dict[str, object] = {"capacity_blocks": args.capacity, "limit": args.limit, "traces": {}}
@@ -43,14 +71,14 @@ def main() -> None:
             row: dict[str, object] = {}
             print(f"\n{name}: {len(requests)} requests, {n} nodes x {args.capacity} blocks")
             print(
-                f"{'policy':<20}{'hit rate':>9}{'local':>8}{'remote':>8}{'/bound':>8}{'/LRU':>7}"
+                f"{'policy':<35}{'hit rate':>9}{'local':>8}{'remote':>8}{'/bound':>8}{'/LRU':>7}"
                 f"{'req max/mean':>13}{'tok max/mean':>13}{'p50 ms':>9}{'p99 ms':>9}"
             )
             for policy in POLICIES:
-                route, _, evict = policy.partition("+")
-                eviction = "cluster" if evict else "lru"
-                config = SimConfig(nodes=n, capacity_blocks=args.capacity, policy=route, eviction=eviction)
+                config = sim_config(policy, n, args.capacity, 0)
                 r = Simulator(config).run(requests)
+                if config.eviction == "s3fifo":
+                    row["global_s3fifo"] = r.global_same_eviction
                 d = r.as_dict()
                 row[policy] = {
                     "hit_rate": r.hit_rate,
@@ -63,28 +91,39 @@ def main() -> None:
                 row["infinite_bound"], row["global_lru"] = r.infinite_bound, r.global_lru
                 hs = r.hits_by_source
                 print(
-                    f"{policy:<20}{r.hit_rate:>9.3f}{hs['local'] / r.blocks:>8.3f}{hs['remote'] / r.blocks:>8.3f}"
+                    f"{policy:<35}{r.hit_rate:>9.3f}{hs['local'] / r.blocks:>8.3f}{hs['remote'] / r.blocks:>8.3f}"
                     f"{d['achieved_over_bound']:>8.3f}{d['achieved_over_global_lru']:>7.3f}"
                     f"{r.max_load_over_mean:>13.3f}{r.max_tokens_over_mean:>13.3f}{r.ttft_p50_s * 1e3:>9.0f}{r.ttft_p99_s * 1e3:>9.0f}"
                 )
                 if policy.startswith("cost") and policy != "cost_no_pull":
                     if policy == "cost":
                         cost_hit = r.hit_rate
-                    hit_ok = r.hit_rate >= (0.95 if policy == "cost" else ISSUE_GOAL) * r.global_lru
+                    runs = [r] + [Simulator(sim_config(policy, n, args.capacity, s)).run(requests)
+                                  for s in range(1, args.seeds)]
+                    ratios = [x.hit_rate / x.global_lru for x in runs]
+                    mean = sum(ratios) / len(ratios)
+                    tokens = sum(x.max_tokens_over_mean for x in runs) / len(runs)
+                    loads = sum(x.max_load_over_mean for x in runs) / len(runs)
+                    hit_ok = mean >= (0.95 if policy == "cost" else ISSUE_GOAL)
                     goals.append(
                         {
                             "policy": policy,
                             "trace": name,
                             "nodes": n,
-                            "cost_over_global_lru": d["achieved_over_global_lru"],
-                            "max_load_over_mean": r.max_load_over_mean,
-                            "max_tokens_over_mean": r.max_tokens_over_mean,
-                            "met_tokens": hit_ok and r.max_tokens_over_mean <= 1.25,
-                            "met_requests": hit_ok and r.max_load_over_mean <= 1.25,
+                            "seeds": len(runs),
+                            "cost_over_global_lru": mean,
+                            "over_global_lru_by_seed": ratios,
+                            "over_global_same_eviction": sum(x.hit_rate / x.global_same_eviction for x in runs) / len(runs),
+                            "max_load_over_mean": loads,
+                            "max_tokens_over_mean": tokens,
+                            "met_tokens": hit_ok and tokens <= 1.25,
+                            "met_requests": hit_ok and loads <= 1.25,
                         }
                     )
             print(
-                f"{'infinite bound':<20}{row['infinite_bound']:>9.3f}\n{'global LRU':<20}{row['global_lru']:>9.3f}"
+                f"{'infinite bound':<35}{row['infinite_bound']:>9.3f}\n{'global LRU':<35}{row['global_lru']:>9.3f}"
+                f"\n{'global S3-FIFO':<35}{row['global_s3fifo']:>9.3f}"
+                f"  ({row['global_s3fifo'] / row['global_lru']:.3f} x global LRU)"  # type: ignore[operator]
             )
             if name == "synthetic_trace":
                 print(
@@ -93,11 +132,13 @@ def main() -> None:
                 )
             per_trace[str(n)] = row
         out["traces"][name] = per_trace  # type: ignore[index]
-    print("\ngoal: cost >= 0.95 x global LRU (cost+cluster_evict: >= 1.0 x, issue 16) and max load <= 1.25 x"
-          " mean (tokens / requests routed per node)")
+    print(f"\ngoal: cost >= 0.95 x global LRU (cost+<eviction>: >= 1.0 x, issue 16) and max load <= 1.25 x"
+          f" mean (tokens / requests routed per node), means over {args.seeds} policy seeds (min-max of /LRU)")
     for g in goals:
+        by_seed = g["over_global_lru_by_seed"]
         print(
-            f"  {g['policy']:<18} {g['trace']:<20} {g['nodes']:>3} nodes: /LRU {g['cost_over_global_lru']:.3f}, "
+            f"  {g['policy']:<34} {g['trace']:<20} {g['nodes']:>3} nodes: /LRU {g['cost_over_global_lru']:.3f}"
+            f" ({min(by_seed):.3f}-{max(by_seed):.3f}), "  # type: ignore[type-var]
             f"max/mean tokens {g['max_tokens_over_mean']:.3f} -> {'met' if g['met_tokens'] else 'NOT met'}, "
             f"requests {g['max_load_over_mean']:.3f} -> {'met' if g['met_requests'] else 'NOT met'}"
         )

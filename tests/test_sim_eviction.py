@@ -63,7 +63,7 @@ def test_cluster_eviction_against_an_oracle(n: int, data: st.DataObject) -> None
 
 def test_oldest_peeks_without_removing() -> None:
     cache = cached(5)
-    lru = cache.pool._lru
+    lru = cache.pool._order
     assert lru.oldest(3) == [0, 1, 2] and lru.oldest(99) == [0, 1, 2, 3, 4]
     assert cache.pool.num_cached == 5
 
@@ -94,13 +94,17 @@ def test_simulator_runs_with_cluster_eviction_and_keeps_its_invariants() -> None
     rows = [(i * 0.5, [i % 3, 10 + i % 5, 100 + i]) for i in range(40)]
     requests = prepare([TraceRequest(t, 512 * len(ids), 1, tuple(ids)) for t, ids in rows])
     reports = {}
-    for eviction in ("lru", "cluster"):
-        sim = Simulator(SimConfig(nodes=3, capacity_blocks=6, policy="cost", eviction=eviction, check_every=1))
-        reports[eviction] = sim.run(requests)
-        assert sum(reports[eviction].hits_by_source.values()) == reports[eviction].blocks
+    for eviction, cluster in (("lru", False), ("lru", True), ("s3fifo", False), ("s3fifo", True)):
+        config = SimConfig(nodes=3, capacity_blocks=6, policy="cost", eviction=eviction, cluster_eviction=cluster,
+                           cluster_recall=cluster, handoff=cluster, check_every=1)
+        sim = Simulator(config)
+        reports[eviction, cluster] = r = sim.run(requests)
+        assert sum(r.hits_by_source.values()) == r.blocks
         for node in sim.nodes.values():
             for hash_, _ in node.cache.snapshot():
                 assert sim.holders.holders(hash_) >= 1
-    assert reports["lru"].global_lru == reports["cluster"].global_lru
+    assert len({r.global_lru for r in reports.values()}) == 1
+    assert reports["lru", False].global_same_eviction == reports["lru", False].global_lru
+    assert reports["s3fifo", True].global_same_eviction == reports["s3fifo", False].global_same_eviction
     with pytest.raises(ValueError, match="eviction"):
         SimConfig(nodes=1, capacity_blocks=1, eviction="fifo")

@@ -4,7 +4,7 @@ The node prefills one request at a time in arrival order, so a queued sibling st
 request ahead of it has inserted its blocks and finds them cached, as on a real engine.
 Cache timeline of one job::
 
-    start: match (pin) the local prefix, allocate blocks for the rest (evicting LRU blocks)
+    start: match (pin) the local prefix, allocate blocks for the rest (evicting in the pool's order)
     done:  insert the new blocks under their hashes, release everything (cached, evictable)
 """
 
@@ -12,7 +12,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from radixmesh.cluster.policy.base import RouteDecision
-from radixmesh.node_agent.memory.block_pool import BlockPool, CopiesElsewhere
+from radixmesh.node_agent.memory.block_pool import BlockPool
+from radixmesh.node_agent.memory.eviction import CopiesElsewhere
+from radixmesh.node_agent.memory.pool_config import PoolConfig
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import CacheEvent
@@ -40,9 +42,10 @@ class SimNode:
     """Queue and cache of one node; the simulator moves jobs through start() and finish()."""
 
     def __init__(self, node: NodeId, capacity_blocks: int, prefill_tokens_per_s: float,
-                 copies: CopiesElsewhere | None = None, eviction_window: int = 0) -> None:
+                 copies: CopiesElsewhere | None = None, eviction_window: int = 0,
+                 eviction: str = "lru") -> None:
         self.node = node
-        self.cache = PrefixCache(BlockPool(capacity_blocks))
+        self.cache = PrefixCache(BlockPool(capacity_blocks, config=PoolConfig(eviction=eviction)))
         if copies is not None:
             # Cluster-aware eviction prefers blocks another node holds, but only chain ends here:
             # evicting a chain's head would strand its cached tail (matches are prefixes).

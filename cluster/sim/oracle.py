@@ -2,13 +2,15 @@
 
 - infinite bound: a block is a hit if any earlier request had it (no capacity limit, perfect routing
   and pulling): no policy can beat it.
-- global LRU: one PrefixCache over one BlockPool of the cluster's total capacity, requests applied
-  in arrival order with no time model: what the same memory achieves as one pooled cache.
+- global cache (global LRU with ``lru``): one PrefixCache over one BlockPool of the cluster's total
+  capacity and a given eviction order, requests applied in arrival order with no time model: what
+  the same memory achieves as one pooled cache.
 """
 
 from collections.abc import Sequence
 
 from radixmesh.node_agent.memory.block_pool import BlockPool
+from radixmesh.node_agent.memory.pool_config import PoolConfig
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 
@@ -24,9 +26,10 @@ def infinite_bound(prompts: Sequence[Sequence[BlockHash]]) -> float:
     return hits / total if total else 0.0
 
 
-def global_lru(prompts: Sequence[Sequence[BlockHash]], capacity_blocks: int) -> float:
-    """Hit rate of one LRU prefix cache of `capacity_blocks` over the prompts in order."""
-    cache = PrefixCache(BlockPool(capacity_blocks))
+def global_cache(prompts: Sequence[Sequence[BlockHash]], capacity_blocks: int, eviction: str = "lru") -> float:
+    """Hit rate of one prefix cache of `capacity_blocks`, evicting in the order named `eviction`
+    (`PoolConfig.eviction`), over the prompts in order."""
+    cache = PrefixCache(BlockPool(capacity_blocks, config=PoolConfig(eviction=eviction)))
     hits = total = 0
     for hashes in prompts:
         local = cache.match(hashes)

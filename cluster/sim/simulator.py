@@ -23,8 +23,9 @@ from radixmesh.cluster.policy.recent_work import RecentWork
 from radixmesh.cluster.policy.view import ClusterView, FleetLoad, NodeView
 from radixmesh.cluster.sim.holders import HolderCount
 from radixmesh.cluster.sim.node import SimJob, SimNode
-from radixmesh.cluster.sim.oracle import global_lru, infinite_bound
+from radixmesh.cluster.sim.oracle import global_cache, infinite_bound
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceRequest
+from radixmesh.node_agent.memory.eviction import EVICTION_ORDERS
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
 
@@ -61,9 +62,19 @@ class SimConfig:
     """Half-life of the recent-work load measure (`PolicyConfig.load_half_life_s`)."""
     pending_ttl_s: float = 10.0
     eviction: str = "lru"
-    """Each node's eviction: ``lru``, or ``cluster`` (replicated blocks first among the oldest
-    `eviction_window`: BlockPool.set_cluster_eviction, holder counts from the cluster's events)."""
+    """Each node's eviction order (`PoolConfig.eviction`: ``lru``, ``s3fifo``); the global reference
+    cache of the same name runs beside it (`SimReport.global_same_eviction`)."""
+    cluster_eviction: bool = False
+    """Replicated chain ends first among the next `eviction_window` blocks of each eviction
+    (BlockPool.set_cluster_eviction, holder counts from the cluster's events)."""
     eviction_window: int = 64
+    handoff: bool = False
+    """A pull's source demotes the blocks it sent that the puller lacked (BlockPool.demote): the
+    puller's copy serves the conversation from now on, the source's goes first when space is needed."""
+    cluster_recall: bool = False
+    """Nodes learn which blocks the cluster evicted its last copy of, recently (a ghost as long as the
+    cluster has blocks, from the events: HolderCount.evicted_recently), and keep such blocks as re-used
+    when they come back (BlockPool.set_cluster_recall; used by ``s3fifo``)."""
     seed: int = 0
     candidates: int = 0
     """0: the policy scores every node. k > 0: only the prefix holders (indexed or pending) and the
@@ -88,8 +99,8 @@ class SimConfig:
             )
         if not (math.isfinite(self.prefill_tokens_per_s) and self.prefill_tokens_per_s > 0):
             raise ValueError("prefill_tokens_per_s must be a finite number > 0")
-        if self.eviction not in ("lru", "cluster"):
-            raise ValueError(f"eviction must be 'lru' or 'cluster', got {self.eviction!r}")
+        if self.eviction not in EVICTION_ORDERS:
+            raise ValueError(f"eviction must be one of {sorted(EVICTION_ORDERS)}, got {self.eviction!r}")
         if self.kv_bytes_per_token < 0 or not self.pull_bytes_per_s > 0 or self.check_every < 0:
             raise ValueError("kv_bytes_per_token and check_every must be >= 0, pull_bytes_per_s > 0")
 
@@ -111,6 +122,10 @@ class SimReport:
     hit_rate: float
     infinite_bound: float
     global_lru: float
+    """One LRU prefix cache of the cluster's total capacity (`oracle.global_cache`)."""
+    global_same_eviction: float
+    """One prefix cache of the cluster's total capacity with the nodes' eviction order: what
+    routing costs against pooled memory, with eviction held equal."""
     max_load_over_mean: float
     """Most requests routed to one node / mean per node."""
     max_tokens_over_mean: float
@@ -184,12 +199,14 @@ class Simulator:
                 config.policy, policy_config, random.Random(config.seed + k))
         self.cost = CostModel(policy_config)
         self.nodes: dict[NodeId, SimNode] = {}
-        self.holders = HolderCount()
-        copies = self.holders.others if config.eviction == "cluster" else None
+        self.holders = HolderCount(config.nodes * config.capacity_blocks if config.cluster_recall else 0)
+        copies = self.holders.others if config.cluster_eviction else None
         for i in range(config.nodes):
             nid = NodeId(f"n{i:03d}")
             self.nodes[nid] = SimNode(nid, config.capacity_blocks, config.prefill_tokens_per_s, copies,
-                                      config.eviction_window)
+                                      config.eviction_window, config.eviction)
+            if config.cluster_recall:
+                self.nodes[nid].cache.pool.set_cluster_recall(self.holders.evicted_recently)
             self.index.add_node(nid, _LAYOUT)
         self._node_ids = list(self.nodes)
         self.hits = {"local": 0, "remote": 0, "miss": 0}
@@ -278,8 +295,11 @@ class Simulator:
             # As the real transfer source does: pin what the peer still holds, send, release. The
             # release renews those blocks' recency on the peer; the send itself takes no peer time here.
             source = self.nodes[plan.pull_from].cache
-            pinned = source.match(node.waiting[0].hashes[: plan.local_blocks + plan.pull_blocks])
+            hashes = node.waiting[0].hashes
+            pinned = source.match(hashes[: plan.local_blocks + plan.pull_blocks])
             source.release(pinned)
+            if self.config.handoff:
+                source.pool.demote(pinned[node.cache.longest_prefix(hashes) :])
             peer = len(pinned)
         job = node.start_next(peer)
         self._apply_events(node)  # evictions made room for the new blocks
@@ -321,6 +341,8 @@ class Simulator:
         mean = sum(routed) / len(routed)
         tokens = [n.routed_tokens for n in self.nodes.values()]
         mean_tokens = sum(tokens) / len(tokens)
+        capacity = self.config.nodes * self.config.capacity_blocks
+        global_lru = global_cache(prompts, capacity, "lru")
         return SimReport(
             policy=self.config.policy,
             nodes=self.config.nodes,
@@ -330,7 +352,9 @@ class Simulator:
             hits_by_source=dict(self.hits),
             hit_rate=(self.hits["local"] + self.hits["remote"]) / blocks if blocks else 0.0,
             infinite_bound=infinite_bound(prompts),
-            global_lru=global_lru(prompts, self.config.nodes * self.config.capacity_blocks),
+            global_lru=global_lru,
+            global_same_eviction=(global_cache(prompts, capacity, self.config.eviction)
+                                  if self.config.eviction != "lru" else global_lru),
             max_load_over_mean=max(routed) / mean if mean else 0.0,
             max_tokens_over_mean=max(tokens) / mean_tokens if mean_tokens else 0.0,
             ttft_p50_s=percentile(self.ttfts, 50),

@@ -1,49 +1,35 @@
-"""Paged KV block pool of one tier: refcounts, lazy LRU eviction, contiguity and two-phase GC."""
+"""Paged KV block pool of one tier: refcounts, lazy eviction in a chosen order, contiguity and
+two-phase GC."""
 
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Literal
 
+from radixmesh.node_agent.memory.contiguous_window import cheapest_window
+from radixmesh.node_agent.memory.eviction import ClusterPreference, CopiesElsewhere, make_eviction_order
 from radixmesh.node_agent.memory.flat_read import read_many
 from radixmesh.node_agent.memory.free_runs import FreeRuns
-from radixmesh.node_agent.memory.lru import LazyLRU
+from radixmesh.node_agent.memory.out_of_blocks import OOMReason, OutOfBlocks
 from radixmesh.node_agent.memory.pool_config import PoolConfig
 from radixmesh.node_agent.memory.pool_counters import PoolCounters
+from radixmesh.node_agent.memory.s3fifo import Recalled
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId
 
 logger = logging.getLogger(__name__)
 
-OOMReason = Literal["no_free_block", "no_contiguous_block", "ref_count_lock", "zone_limit"]
 EvictionListener = Callable[[Sequence[tuple[BlockId, BlockHash]]], None]
-CopiesElsewhere = Callable[[BlockHash], int]
-"""How many other nodes hold a block (the cluster index's answer), for cluster-aware eviction."""
-
-
-class OutOfBlocks(Exception):
-    """An allocation that cannot be met; the pool is unchanged.
-
-    `reason`: ``no_contiguous_block`` when enough blocks could be freed but no run of `requested`
-    consecutive ids can; ``ref_count_lock`` when the shortfall is covered by cached prefix blocks
-    that are pinned by references (memory exists, references hold it); ``zone_limit`` when the kv
-    zone's limit (set_zone_limits) would be passed although the pool has room; else ``no_free_block``.
-    """
-
-    def __init__(self, reason: OOMReason, requested: int, detail: str) -> None:
-        super().__init__(f"{reason}: cannot allocate {requested} blocks ({detail})")
-        self.reason: OOMReason = reason
-        self.requested = requested
 
 
 class BlockPool:
     """A fixed number of KV blocks of one tier, each exactly one of: free, in use (ref > 0) or
-    cached (ref 0 and hashed: still matchable, evictable in least-recently-released order).
+    cached (ref 0 and hashed: still matchable, evictable in the order `config.eviction` names).
 
     Per-block state lives in flat lists indexed by BlockId (refcount, hash), free blocks in
-    `FreeRuns`, cached ones in a `LazyLRU`, so allocate / free / incref cost O(1) per block.
+    `FreeRuns`, cached ones in an `EvictionOrder` (lazy, like `LazyLRU`), so allocate / free /
+    incref cost O(1) per block.
     Every method that raises leaves the pool unchanged.
     """
 
@@ -73,14 +59,13 @@ class BlockPool:
         self._ref = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
         self._free = FreeRuns(num_blocks)
-        self._lru = LazyLRU(self._ref)
+        self._order = make_eviction_order(cfg.eviction, self._ref, self._hash)
         self._num_in_use = 0
         self._last_gc = clock()
         self._listener: EvictionListener | None = None
         self._kv_limit: int | None = None
         self._prefix_limit: int | None = None
-        self._copies: CopiesElsewhere | None = None
-        self._window = 0
+        self._preference: ClusterPreference | None = None
 
     # --- state -------------------------------------------------------------------------------
     @property
@@ -122,7 +107,7 @@ class BlockPool:
         """n blocks with ref 1 and no hash, all or nothing.
 
         Free blocks first (the best-fitting contiguous free run when one exists), then cached
-        blocks evicted least recently released first. ``contiguous=True`` demands consecutive ids
+        blocks evicted in the eviction order. ``contiguous=True`` demands consecutive ids
         and evicts the window of cached blocks that needs the fewest evictions. `seq_len` (tokens
         of the sequence served) only labels an OOM in the metrics. Raises OutOfBlocks.
         """
@@ -182,14 +167,14 @@ class BlockPool:
         # Reversed: a sequence releases head to tail, and its tail blocks are evicted first, since
         # a chain's head still matches without its tail but not the other way round.
         released = tuple(reversed(block_ids))
-        group = self._lru.group_of(released)
+        group = self._order.group_of(released)
         if group is not None and read_many(ref, released).count(1) == n:
             # Exactly the blocks released together last time (group_of vouches for them), each
             # held once: the group moves to the LRU's tail whole, with no check or stamp per block.
             for b in released:
                 ref[b] = 0
             self._num_in_use -= n
-            self._lru.renew(group, self._clock())
+            self._order.renew(group, self._clock())
             if self._prefix_limit is not None:
                 self._enforce_prefix_limit()
             return
@@ -234,13 +219,13 @@ class BlockPool:
             return
         hashes = self._hash
         if None not in read_many(hashes, zeros):
-            self._lru.push(zeros, self._clock())
+            self._order.push(zeros, self._clock())
             if self._prefix_limit is not None:
                 self._enforce_prefix_limit()
             return
         cached = [b for b in zeros if hashes[b] is not None]
         if cached:
-            self._lru.push(cached, self._clock())
+            self._order.push(cached, self._clock())
         self._free.add(b for b in zeros if hashes[b] is None)
         self._enforce_prefix_limit()
 
@@ -286,7 +271,7 @@ class BlockPool:
 
     # --- eviction and GC ---------------------------------------------------------------------
     def evict(self, n: int) -> int:
-        """Evict up to n cached blocks, least recently released first, into the free runs."""
+        """Evict up to n cached blocks, in the eviction order, into the free runs."""
         if n < 0:
             raise ValueError(f"cannot evict a negative number of blocks ({n})")
         victims = self._evict(min(n, self.num_cached))
@@ -304,18 +289,10 @@ class BlockPool:
         now = self._clock()
         self._last_gc = now
         self.counters.gc_runs += 1
-        candidates = set(self._lru.released_before(now - self.config.idle_ttl_s))
-        work = [b for b in candidates if self._free.borders(b)]
-        evicted: list[int] = []
-        while work:
-            b = work.pop()
-            if b not in candidates:
-                continue
-            candidates.discard(b)
+        evicted = self._free.growth_order(self._order.released_before(now - self.config.idle_ttl_s))
+        for b in evicted:
             self._drop_cached([b])
             self._free.add_run(b, 1)
-            evicted.append(b)
-            work.extend(nb for nb in (b - 1, b + 1) if nb in candidates)
         if evicted:
             logger.debug("gc on %s evicted %d idle blocks", self.tier, len(evicted))
         return len(evicted)
@@ -328,32 +305,40 @@ class BlockPool:
             self.gc()
 
     def set_cluster_eviction(self, copies: CopiesElsewhere | None, window: int = 0) -> None:
-        """Cluster-aware eviction: among the k + `window` least recently released cached blocks (k:
-        the blocks needed), evict first those another node also holds (a later request can pull them
-        instead of recomputing), oldest first, then the rest in LRU order, so the cluster's last copy
-        of a prefix outlives the duplicates around it. None (the default): plain LRU."""
+        """Cluster-aware eviction (`ClusterPreference`): of the next k + `window` blocks of the
+        eviction order, those another node holds go first. None (the default): the order alone."""
         if window < 0:
             raise ValueError(f"window must be >= 0, got {window}")
-        self._copies, self._window = copies, window
+        self._preference = None if copies is None else ClusterPreference(copies, window)
+
+    def demote(self, block_ids: Sequence[BlockId]) -> int:
+        """Cached blocks among `block_ids` that a peer now holds too (it pulled them from us) are
+        evicted before every other cached block, unless re-used here first: the cluster keeps one
+        copy of a hand-off instead of two. Blocks in use or free are left alone (a running request
+        still reads them). Returns how many were demoted; ValueError on ids out of range."""
+        self._check_ids(block_ids)
+        order = self._order
+        cached = [b for b in dict.fromkeys(block_ids) if b in order]
+        order.demote(cached)
+        return len(cached)
+
+    def set_cluster_recall(self, recalled: Recalled | None) -> None:
+        """Blocks stored under a hash the cluster evicted recently (`recalled`: the index's ghost)
+        count as re-used in orders that tell first uses from re-uses (``s3fifo``). None: our own
+        evictions only."""
+        self._order.set_recall(recalled)
 
     def _evict(self, k: int) -> list[BlockId]:
-        copies = self._copies
-        if copies is None or k == 0:
-            victims = self._lru.pop_oldest(k)
+        pref = self._preference
+        if pref is None or k == 0:
+            victims = self._order.pop_oldest(k)
         else:
-            hashes = self._hash
-            window = self._lru.oldest(k + self._window)
-            shared = [b for b in window if copies(hashes[b]) > 0]  # type: ignore[arg-type]  # cached: hashed
-            victims = shared[:k]
-            if len(victims) < k:
-                chosen = set(victims)
-                victims += [b for b in window if b not in chosen][: k - len(victims)]
-            self._lru.discard(victims)
+            victims = pref.choose(self._order, self._hash, k)
         self._forget(victims)
         return victims  # type: ignore[return-value]
 
     def _drop_cached(self, blocks: list[int]) -> None:
-        self._lru.discard(blocks)
+        self._order.discard(blocks)
         self._forget(blocks)
 
     def _forget(self, blocks: list[int]) -> None:
@@ -373,22 +358,10 @@ class BlockPool:
     def _carve_window(self, n: int, seq_len: int | None) -> list[int]:
         """A run of n blocks that are free or cached, evicting its cached ones; O(num_blocks), which
         is acceptable because it only runs when no free run fits a contiguous request."""
-        ref, lru = self._ref, self._lru
-        best_start, best_cost = -1, n + 1
-        streak = cost = 0
-        for b in range(self.num_blocks):
-            if ref[b]:
-                streak = cost = 0
-                continue
-            streak += 1
-            cost += b in lru
-            if streak > n:
-                cost -= (b - n) in lru
-            if streak >= n and cost < best_cost:
-                best_start, best_cost = b - n + 1, cost
-        if best_start < 0:
+        best_start = cheapest_window(self._ref, self._order, n)
+        if best_start is None:
             raise self._oom(n, seq_len, "no_contiguous_block")
-        window = [b for b in range(best_start, best_start + n) if b in lru]
+        window = [b for b in range(best_start, best_start + n) if b in self._order]
         self._drop_cached(window)
         self._free.add(window)
         return self._free.take_range(best_start, n)
@@ -414,15 +387,15 @@ class BlockPool:
     def ghost_blocks(self) -> int:
         """Blocks with ref 0 that are neither free nor cached-evictable (0 unless there is a bug)."""
         free = {b for start, length in self._free.runs() for b in range(start, start + length)}
-        lru = self._lru
-        return sum(1 for b, r in enumerate(self._ref) if not r and b not in free and b not in lru)
+        order = self._order
+        return sum(1 for b, r in enumerate(self._ref) if not r and b not in free and b not in order)
 
     def check_invariants(self) -> None:
         """Raise AssertionError (with the numbers) unless every block is in exactly one state."""
         self._free.check_invariants(self.num_blocks)
-        self._lru.check_invariants()
+        self._order.check_invariants()
         free = {b for start, length in self._free.runs() for b in range(start, start + length)}
-        members = set(self._lru.members())
+        members = set(self._order.members())
         assert not free & members, f"blocks both free and cached: {sorted(free & members)[:10]}"
         in_use = [b for b, r in enumerate(self._ref) if r > 0]
         assert all(r >= 0 for r in self._ref), "negative refcount"

@@ -117,6 +117,21 @@ class FreeRuns:
             self._insert(start + n, head + length - start - n)
         return list(range(start, start + n))
 
+    def growth_order(self, candidates: Iterable[int]) -> list[int]:
+        """The candidates (none free) that join a free run when freed one at a time in the returned
+        order: each borders a run, or a candidate freed before it. The others are left out."""
+        left = set(candidates)
+        work = [b for b in left if self.borders(b)]
+        out: list[int] = []
+        while work:
+            b = work.pop()
+            if b not in left:
+                continue
+            left.discard(b)
+            out.append(b)
+            work.extend(nb for nb in (b - 1, b + 1) if nb in left)
+        return out
+
     def borders(self, block: int) -> bool:
         """Whether `block` (not free) sits right next to a free run."""
         return block - 1 in self._start_at_last or block + 1 in self._len_at

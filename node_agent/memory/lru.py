@@ -38,18 +38,44 @@ class LazyLRU:
         self._ref = ref
         self._stamp: list[Group | None] = [None] * len(ref)
         self._queue: deque[tuple[int, Group]] = deque()
+        self.stamped = 0
+        """Blocks stamped here: the members plus those pinned since they were pushed."""
 
     def __contains__(self, block: int) -> bool:
         return self._stamp[block] is not None and not self._ref[block]
 
+    def is_stamped(self, block: int) -> bool:
+        """Whether `block` was pushed here and not removed since (a member, or pinned after its push)."""
+        return self._stamp[block] is not None
+
     def push(self, blocks: Sequence[int], now: float) -> None:
         """Add `blocks` (hashed, ref 0, none of them members) as released at `now`, as one group;
         earlier blocks are evicted first."""
-        group = Group(tuple(blocks), now)
+        self._append(self._stamp_group(blocks, now))
+
+    def push_first(self, blocks: Sequence[int]) -> None:
+        """Add `blocks` (hashed, ref 0, none a member) ahead of every member: evicted first, and
+        idle since ever for GC. The last blocks pushed first go first."""
+        group = self._stamp_group(blocks, float("-inf"))
+        self._queue.appendleft((group.gen, group))
+
+    def demote(self, blocks: Sequence[int]) -> None:
+        """Members `blocks` move ahead of every other member (EvictionOrder.demote)."""
+        self.discard(blocks)
+        self.push_first(blocks)
+
+    def _stamp_group(self, blocks: Sequence[int], when: float) -> Group:
+        group = Group(tuple(blocks), when)
         stamp = self._stamp
+        fresh = 0
         for b in blocks:
+            fresh += stamp[b] is None
             stamp[b] = group
-        self._append(group)
+        self.stamped += fresh
+        return group
+
+    def set_recall(self, recalled: object) -> None:
+        """LRU keeps no history of evicted blocks, so it has no use for the cluster's (EvictionOrder)."""
 
     def group_of(self, blocks: tuple[int, ...]) -> Group | None:
         """The group made of exactly `blocks`, in this order, all still stamped with it; else None.
@@ -75,14 +101,17 @@ class LazyLRU:
     def discard(self, blocks: Sequence[int]) -> None:
         """Remove `blocks` for good (evicted); their groups keep only their other blocks."""
         stamp = self._stamp
+        gone = 0
         for b in blocks:
+            gone += stamp[b] is not None
             stamp[b] = None
+        self.stamped -= gone
 
     def pop_oldest(self, k: int) -> list[int]:
-        """Remove and return the k least recently released members (the pool knows k <= members)."""
+        """Remove and return the k least recently released members (fewer when there are fewer)."""
         stamp = self._stamp
         out: list[int] = []
-        while len(out) < k:
+        while len(out) < k and self._queue:
             gen, group = self._queue.popleft()
             if gen != group.gen:
                 continue
@@ -94,6 +123,7 @@ class LazyLRU:
             if len(live) > cut:
                 group.blocks = tuple(live[cut:])
                 self._queue.appendleft((gen, group))
+        self.stamped -= len(out)
         return out
 
     def oldest(self, n: int) -> list[int]:
@@ -140,5 +170,7 @@ class LazyLRU:
         assert len(members) == len(set(members)), "a block is live in two LRU items"
         stamped = sum(1 for b in range(len(self._stamp)) if b in self)
         assert len(members) == stamped, f"LRU: {len(members)} live members, {stamped} stamped ref-0 blocks"
+        stamps = sum(1 for s in self._stamp if s is not None)
+        assert stamps == self.stamped, f"LRU: {stamps} stamped blocks, counter {self.stamped}"
         current = [id(group) for gen, group in self._queue if gen == group.gen]
         assert len(current) == len(set(current)), "a group is current at two queue positions"

@@ -3,10 +3,17 @@
 import math
 from dataclasses import dataclass
 
+from radixmesh.node_agent.memory.eviction import EVICTION_ORDERS
+
 
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
-    """Garbage-collection policy of a BlockPool. Defaults suit a serving node; tests inject a clock."""
+    """Eviction and garbage-collection policy of a BlockPool. Defaults suit a serving node; tests
+    inject a clock."""
+
+    eviction: str = "lru"
+    """Which cached block goes first (a name in `eviction.EVICTION_ORDERS`): ``lru``, least recently
+    released; ``s3fifo``, blocks used once before blocks used again (scan-resistant)."""
 
     idle_ttl_s: float = 30.0
     """Phase 1 of GC marks cached (ref 0, hashed) blocks released longer ago than this as candidates."""
@@ -21,6 +28,8 @@ class PoolConfig:
     pool does not rescan its cache on every allocation."""
 
     def __post_init__(self) -> None:
+        if self.eviction not in EVICTION_ORDERS:
+            raise ValueError(f"eviction must be one of {sorted(EVICTION_ORDERS)}, got {self.eviction!r}")
         if not (math.isfinite(self.idle_ttl_s) and self.idle_ttl_s >= 0):
             raise ValueError(f"idle_ttl_s must be a finite number >= 0, got {self.idle_ttl_s}")
         if self.gc_trigger_free_run_blocks < 0:

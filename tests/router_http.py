@@ -3,6 +3,7 @@ its fixture."""
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -40,15 +41,22 @@ class Api:
         return [e[len("data: "):] for e in events]
 
 
-@pytest.fixture
-async def api() -> AsyncIterator[Api]:
-    async with local_cluster(2) as cluster:
+@asynccontextmanager
+async def serving_api(nodes: int = 2, **cluster_options: Any) -> AsyncIterator[Api]:
+    """The HTTP API over a fresh `local_cluster(nodes, **cluster_options)`."""
+    async with local_cluster(nodes, **cluster_options) as cluster:
         runner, port = await start_http(cluster.router, "127.0.0.1", 0)
         try:
             async with aiohttp.ClientSession() as session:
                 yield Api(cluster, session, f"http://127.0.0.1:{port}")
         finally:
             await runner.cleanup()
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[Api]:
+    async with serving_api() as served:
+        yield served
 
 
 def greedy(text: str, max_tokens: int) -> str:

@@ -7,13 +7,11 @@ import json
 from collections import defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator
 
-import aiohttp
 import pytest
-from router_cluster import BS, MODEL_NAME, Cluster, local_cluster, reference
-from router_http import TOK, Api
+from router_cluster import BS, MODEL_NAME, Cluster, reference
+from router_http import TOK, Api, serving_api
 
 from radixmesh.cluster.router.choices import merge_choices
-from radixmesh.cluster.router.http_api import start_http
 from radixmesh.proto.serve.limits import usable_prefix_blocks
 from radixmesh.proto.serve.sampling import SamplingParams
 
@@ -23,13 +21,8 @@ PROMPT = "Several answers to one question share the question's KV: it is prefill
 
 @pytest.fixture
 async def api() -> AsyncIterator[Api]:
-    async with local_cluster(3, publish=True) as cluster:
-        runner, port = await start_http(cluster.router, "127.0.0.1", 0)
-        try:
-            async with aiohttp.ClientSession() as session:
-                yield Api(cluster, session, f"http://127.0.0.1:{port}")
-        finally:
-            await runner.cleanup()
+    async with serving_api(3, publish=True) as served:
+        yield served
 
 
 def sampled(seed: int, max_tokens: int = 6) -> str:

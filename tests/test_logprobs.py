@@ -6,13 +6,11 @@ import json
 import math
 from collections.abc import AsyncIterator, Sequence
 
-import aiohttp
 import pytest
 import torch
-from router_cluster import BS, MODEL_NAME, SOURCE, local_cluster
-from router_http import TOK, Api
+from router_cluster import BS, MODEL_NAME, SOURCE
+from router_http import TOK, Api, serving_api
 
-from radixmesh.cluster.router.http_api import start_http
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
@@ -85,13 +83,8 @@ def test_without_logprobs_none_are_computed_and_bad_counts_are_refused() -> None
 
 @pytest.fixture
 async def api() -> AsyncIterator[Api]:
-    async with local_cluster(2) as cluster:
-        runner, port = await start_http(cluster.router, "127.0.0.1", 0)
-        try:
-            async with aiohttp.ClientSession() as session:
-                yield Api(cluster, session, f"http://127.0.0.1:{port}")
-        finally:
-            await runner.cleanup()
+    async with serving_api() as served:
+        yield served
 
 
 def ref_entries(prompt: Sequence[int], top: int, max_tokens: int = 5) -> tuple[RequestOutput, list[TokenLogprob]]:

@@ -212,7 +212,7 @@ def test_a_partitioned_host_keeps_requests_succeeding_and_serves_again_after_hea
             wait_for(f"{node}'s lease to end", lambda: live_nodes(c) == live - 1 or None, 60)
         finally:
             c.network.heal(host)
-        wait_for(f"{node} to register again", lambda: live_nodes(c) == live or None, 60)
+        wait_for(f"{node} to register again", lambda: live_nodes(c) == live or None, 120)
     assert not failures, failures
     before = router_nodes(c)[node]
 
@@ -220,7 +220,7 @@ def test_a_partitioned_host_keeps_requests_succeeding_and_serves_again_after_hea
         complete(c, f"After the heal, conversation {router_nodes(c)[node]['routed']}", max_tokens=2)
         return router_nodes(c)[node]["requests"] > before["requests"]
 
-    wait_for(f"{node} serving after the heal", served_again, 60)
+    wait_for(f"{node} serving after the heal", served_again, 120)
     after = router_nodes(c)[node]
     # What the index promised on this node since the heal was there: no entry for a block it lacks.
     assert (after["realized_local_tokens"] - before["realized_local_tokens"]

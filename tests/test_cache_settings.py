@@ -38,16 +38,17 @@ def test_an_unknown_eviction_order_is_a_usage_error(home: Path, args: list[str])
 
 
 def test_replay_of_a_running_deployment_refuses_agent_settings(home: Path) -> None:
-    result = CliRunner().invoke(main, ["replay", str(TRACE), "--url", "http://127.0.0.1:9", "--handoff"])
-    assert result.exit_code == 2 and "a running deployment keeps the ones it was started with" in result.output
+    for option in (["--handoff"], ["--eviction", "lru"]):
+        result = CliRunner().invoke(main, ["replay", str(TRACE), "--url", "http://127.0.0.1:9", *option])
+        assert result.exit_code == 2 and "a running deployment keeps the ones it was started with" in result.output
 
 
 def test_the_deployment_hands_its_cache_settings_to_every_agent() -> None:
-    config = LauncherConfig(local_nodes=2, eviction="s3fifo", handoff=True)
+    config = LauncherConfig(local_nodes=2, eviction="lru", handoff=True)
     agent = config.agent_config(NodeId("node-1"), "127.0.0.1:1", "127.0.0.1")
-    assert (agent.engine.memory.pool.eviction, agent.handoff) == ("s3fifo", True)
+    assert (agent.engine.memory.pool.eviction, agent.handoff) == ("lru", True)
     default = LauncherConfig().agent_config(NodeId("node-0"), "127.0.0.1:1", "127.0.0.1")
-    assert (default.engine.memory.pool.eviction, default.handoff) == ("lru", False)
+    assert (default.engine.memory.pool.eviction, default.handoff) == ("s3fifo", False)
 
 
 def test_a_deployment_with_an_unknown_order_is_refused() -> None:

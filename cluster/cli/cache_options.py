@@ -6,7 +6,7 @@ from typing import TypeVar
 
 import click
 
-from radixmesh.node_agent.memory.eviction import EVICTION_ORDERS
+from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION, EVICTION_ORDERS
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -18,6 +18,6 @@ def cache_options(command: F) -> F:
         help="Agents evict first the blocks a peer just pulled from them (one copy of a moved conversation).",
     )(command)
     return click.option(
-        "--eviction", type=click.Choice(sorted(EVICTION_ORDERS)), default="lru", show_default=True,
+        "--eviction", type=click.Choice(sorted(EVICTION_ORDERS)), default=DEFAULT_EVICTION, show_default=True,
         help="Which cached blocks agents evict first: lru, or s3fifo (blocks used once before blocks used again).",
     )(command)

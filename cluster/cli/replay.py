@@ -14,6 +14,7 @@ from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.replay import ReplayConfig, ReplayReport, replay
 from radixmesh.cluster.sim.trace import read_trace
+from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION
 
 
 def format_report(r: ReplayReport) -> str:
@@ -48,7 +49,7 @@ def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup
     """Replay TRACE (Mooncake JSONL) through the cluster's router."""
     if (local_nodes is None) == (url is None):
         raise click.UsageError("give exactly one of --local N and --url URL")
-    if url is not None and (eviction != "lru" or handoff):
+    if url is not None and (eviction != DEFAULT_EVICTION or handoff):
         raise click.UsageError("--eviction and --handoff set up the agents of --local; a running "
                                "deployment keeps the ones it was started with")
     try:

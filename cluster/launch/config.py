@@ -15,7 +15,7 @@ from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
-from radixmesh.node_agent.memory.eviction import EVICTION_ORDERS
+from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION, EVICTION_ORDERS
 from radixmesh.node_agent.memory.pool_config import PoolConfig
 from radixmesh.node_agent.model.source import ModelSource, random_source
 from radixmesh.proto.cluster_secret import ClusterSecret
@@ -66,7 +66,7 @@ class LauncherConfig:
     host_blocks: int = 0
     prefix_caching: bool = True
     """False: agents neither reuse nor publish prefixes (the demo's "caching off" baseline)."""
-    eviction: str = "lru"
+    eviction: str = DEFAULT_EVICTION
     """Which cached block every agent evicts first (PoolConfig.eviction): "lru" or "s3fifo"."""
     handoff: bool = False
     """Agents evict first the blocks a peer pulled from them (AgentConfig.handoff)."""

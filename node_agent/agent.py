@@ -108,9 +108,11 @@ class NodeAgent:
         except BaseException:
             await self.stop()
             raise
-        logger.info("agent %s epoch %d up: %s on %s, layout %s, transfer %s at %s (memory path %s)", self.node,
-                    self.epoch, source.name, placement.device, engine.layout.fingerprint(), self._transfer.transport,
-                    self.transfer_address or "-", self._transfer.memory_path or "-")
+        logger.info("agent %s epoch %d up: %s on %s, layout %s, transfer %s at %s (memory path %s), "
+                    "eviction %s, hand-off %s", self.node, self.epoch, source.name, placement.device,
+                    engine.layout.fingerprint(), self._transfer.transport, self.transfer_address or "-",
+                    self._transfer.memory_path or "-", engine_config.memory.pool.eviction,
+                    "on" if self.config.handoff else "off")
 
     async def stop(self) -> None:
         """Abort what runs, stop /metrics, the publisher, the transfer plane and the engine thread.
@@ -278,7 +280,9 @@ class NodeAgent:
         if self.publisher is not None:
             self.counters.background_errors = self.publisher.loop_errors
         peers = self._transfer.peer_stats()
-        return text + render_agent_metrics(self.node, self.counters, peers, self._transfer.memory_path, labels)
+        return text + render_agent_metrics(self.node, self.counters, peers, self._transfer.memory_path, labels,
+                                           eviction=self.config.engine.memory.pool.eviction,
+                                           handoff=self.config.handoff)
 
     def scrape_target(self) -> ScrapeTarget | None:
         """Where Prometheus scrapes this agent itself (None: it serves no /metrics of its own)."""

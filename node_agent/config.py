@@ -55,6 +55,11 @@ class AgentConfig:
     (the launcher derives it from this secret)."""
     transfer_mac: bool = False
     """Verify a keyed MAC of every pulled chunk (TransferConfig.mac)."""
+    handoff: bool = False
+    """Hand-off: once a peer has been sent every block of a pull, those blocks go first when this
+    agent evicts (TransferSource.handoff), so a conversation that moved keeps one copy in the
+    cluster, not two. The eviction order itself is `engine.memory.pool.eviction`. Off by default:
+    the simulator's best row uses it, but it has not been measured on real traffic yet."""
     pull_timeout_s: float = 10.0
     """Bound on one pull; past it the missing blocks are recomputed."""
     max_requests: int = 512

@@ -50,12 +50,16 @@ class AgentStats:
     pulls: dict[tuple[str, str], int] = metric("counter", "Pulls by outcome.", "peer", "outcome")
     transfer_memory_path: dict[str, int] = metric(
         "gauge", "1 for the memory path pulled KV blocks take: host, cuda-direct or cuda-staged.", "path")
+    agent_eviction_order: dict[str, int] = metric(
+        "gauge", "1 for the order this agent evicts cached blocks in: lru or s3fifo.", "order")
+    agent_handoff: int = metric(
+        "gauge", "1 when blocks a peer pulled from this agent are the first it evicts (hand-off), else 0.")
 
 
 def agent_stats(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats],
-                memory_path: str | None = None) -> AgentStats:
-    """A snapshot of `counters`, of the pull totals of each peer in `peers` and of the transfer
-    plane's memory path (None: no plane)."""
+                memory_path: str | None, *, eviction: str, handoff: bool) -> AgentStats:
+    """A snapshot of `counters`, of the pull totals of each peer in `peers`, of the transfer
+    plane's memory path (None: no plane) and of the cache settings (`eviction` order, `handoff`)."""
     ordered = sorted(peers.items())
     return AgentStats(
         node=node,
@@ -68,11 +72,14 @@ def agent_stats(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, Pe
         pull_seconds={peer: s.seconds for peer, s in ordered},
         pulls={(peer, outcome): n for peer, s in ordered for outcome, n in sorted(s.outcomes.items())},
         transfer_memory_path={} if memory_path is None else {memory_path: 1},
+        agent_eviction_order={eviction: 1},
+        agent_handoff=int(handoff),
     )
 
 
 def render_agent_metrics(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats],
-                         memory_path: str | None = None, labels: Mapping[str, str] | None = None) -> str:
-    """Prometheus text of the agent's counters, per-peer pull totals and transfer memory path, every
-    sample labelled with `labels` too."""
-    return render_prometheus([agent_stats(node, counters, peers, memory_path)], labels)
+                         memory_path: str | None, labels: Mapping[str, str] | None = None, *,
+                         eviction: str, handoff: bool) -> str:
+    """Prometheus text of agent_stats(...), every sample labelled with `labels` too."""
+    return render_prometheus([agent_stats(node, counters, peers, memory_path, eviction=eviction, handoff=handoff)],
+                             labels)

@@ -53,7 +53,7 @@ def test_a_reused_prefix_outlives_newer_one_hit_suffixes() -> None:
 
 
 def test_lru_evicts_the_reused_prefix_first() -> None:
-    cache = PrefixCache(BlockPool(10))
+    cache = PrefixCache(BlockPool(10, config=PoolConfig(eviction="lru")))
     store(cache, [0, 1])
     cache.release(cache.match([h(0), h(1)]))
     store(cache, list(range(100, 108)))

@@ -101,7 +101,9 @@ class MemoryMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
-        self.pool = BlockPool(N, block_bytes=64, config=PoolConfig(idle_ttl_s=TTL), clock=lambda: self.now)
+        # The oracle's eviction order is exactly LRU, whatever the pool's default order is.
+        config = PoolConfig(eviction="lru", idle_ttl_s=TTL)
+        self.pool = BlockPool(N, block_bytes=64, config=config, clock=lambda: self.now)
         self.cache = PrefixCache(self.pool)
         self.model = Oracle()
         self.holdings: list[list[BlockId]] = []  # each holds one reference per block

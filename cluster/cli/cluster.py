@@ -24,6 +24,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from radixmesh.cluster.cli.cache_options import cache_options
 from radixmesh.cluster.cli.log_level import chosen_log_level
 from radixmesh.cluster.launch import cluster_record, launcher
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
@@ -109,11 +110,12 @@ def _record() -> cluster_record.ClusterRecord:
               help="Where the router keeps its Prometheus file-SD targets and the agents' metrics token "
                    "(default: $RADIXMESH_HOME/prometheus); every agent then serves its own /metrics.")
 @click.option("--no-prometheus", is_flag=True, help="No target list and no per-agent /metrics.")
+@cache_options
 def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool, policy: str, host: str | None,
        port: int, model_spec: str, served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
        lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, tls_cert: Path | None,
        tls_key: Path | None, max_running_per_node: int, max_waiting: int, access_log: bool,
-       prometheus_dir: Path | None, no_prometheus: bool) -> None:
+       prometheus_dir: Path | None, no_prometheus: bool, eviction: str, handoff: bool) -> None:
     """Start metadata service, node agents and router; print the router URL."""
     if cluster_record.load() is not None:
         raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
@@ -128,6 +130,7 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
                                 policy=policy, host=host, http_port=port,
                                 model=resolve_model(model_spec), model_name=served_model_name, dtype=dtype,
                                 gpu_blocks=gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
+                                eviction=eviction, handoff=handoff,
                                 lease_ttl_s=lease_ttl, secret=deployment_secret(secret_file), api_key=api_key,
                                 transfer_mac=transfer_mac, tls=tls,
                                 admission=AdmissionLimits(max_running_per_node=max_running_per_node,

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from radixmesh.cluster.cli.cache_options import cache_options
 from radixmesh.cluster.cli.log_level import chosen_log_level
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
@@ -49,7 +50,8 @@ def comparison_table(on: DemoRun, off: DemoRun) -> Table:
 @click.option("--model", "model_spec", default=SMOLLM2, show_default=True,
               help=f"{SMOLLM2} (the real model), tiny (seeded random: fast, its text is noise), a local "
                    "Hugging Face directory or a .gguf file.")
-def demo(chats: int, turns: int, model_spec: str) -> None:
+@cache_options
+def demo(chats: int, turns: int, model_spec: str, eviction: str, handoff: bool) -> None:
     """Local cluster of 3 agents; shared-prefix chats with caching off, then on; the comparison table."""
     console = Console()
     # The openai client logs every request at INFO; the progress bar says it better.
@@ -57,7 +59,8 @@ def demo(chats: int, turns: int, model_spec: str) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     t0 = time.monotonic()
     try:
-        config = LauncherConfig(local_nodes=3, model=resolve_model(model_spec), log_level=chosen_log_level())
+        config = LauncherConfig(local_nodes=3, model=resolve_model(model_spec), log_level=chosen_log_level(),
+                                eviction=eviction, handoff=handoff)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     workload = DemoWorkload(chats=chats, turns=turns)

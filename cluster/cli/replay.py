@@ -8,11 +8,13 @@ import aiohttp
 import click
 import ray
 
+from radixmesh.cluster.cli.cache_options import cache_options
 from radixmesh.cluster.cli.log_level import chosen_log_level
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.replay import ReplayConfig, ReplayReport, replay
 from radixmesh.cluster.sim.trace import read_trace
+from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION
 
 
 def format_report(r: ReplayReport) -> str:
@@ -40,11 +42,16 @@ def format_report(r: ReplayReport) -> str:
               help="The deployment's tokens per block (one trace block = one cluster block).")
 @click.option("--model", default="radixmesh", show_default=True, help="Model name the router serves.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@cache_options
 def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup: float, limit: int,
-                   sequential: bool, max_prompt_blocks: int, block_size: int, model: str, as_json: bool) -> None:
+                   sequential: bool, max_prompt_blocks: int, block_size: int, model: str, as_json: bool,
+                   eviction: str, handoff: bool) -> None:
     """Replay TRACE (Mooncake JSONL) through the cluster's router."""
     if (local_nodes is None) == (url is None):
         raise click.UsageError("give exactly one of --local N and --url URL")
+    if url is not None and (eviction != DEFAULT_EVICTION or handoff):
+        raise click.UsageError("--eviction and --handoff set up the agents of --local; a running "
+                               "deployment keeps the ones it was started with")
     try:
         requests = read_trace(trace, speedup=speedup, limit=limit)
     except ValueError as e:
@@ -58,7 +65,7 @@ def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup
             raise click.ClickException(f"router at {url} does not answer: {e}") from None
     else:
         cluster = LauncherConfig(local_nodes=local_nodes, block_size=block_size, model_name=model,
-                                 log_level=chosen_log_level())
+                                 log_level=chosen_log_level(), eviction=eviction, handoff=handoff)
         launcher.init_local_ray(cluster)
         try:
             deployment = asyncio.run(launcher.up(cluster))

@@ -15,6 +15,8 @@ from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION, EVICTION_ORDERS
+from radixmesh.node_agent.memory.pool_config import PoolConfig
 from radixmesh.node_agent.model.source import ModelSource, random_source
 from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
@@ -64,6 +66,10 @@ class LauncherConfig:
     host_blocks: int = 0
     prefix_caching: bool = True
     """False: agents neither reuse nor publish prefixes (the demo's "caching off" baseline)."""
+    eviction: str = DEFAULT_EVICTION
+    """Which cached block every agent evicts first (PoolConfig.eviction): "lru" or "s3fifo"."""
+    handoff: bool = False
+    """Agents evict first the blocks a peer pulled from them (AgentConfig.handoff)."""
     transfer: str = "ucx"
     """KV transfer plane of the agents: one of agent_config.TRANSFER_PLANES ("ucx", "ray", "auto", "none")."""
     secret: ClusterSecret = field(default_factory=ClusterSecret.generate)
@@ -104,6 +110,8 @@ class LauncherConfig:
             raise ValueError("metadata_standby needs a redis:// state: the standby restores from it")
         if self.policy not in policy_names():
             raise ValueError(f"unknown policy {self.policy!r}; valid: {', '.join(policy_names())}")
+        if self.eviction not in EVICTION_ORDERS:
+            raise ValueError(f"eviction must be one of {', '.join(sorted(EVICTION_ORDERS))}, got {self.eviction!r}")
         if self.transfer not in TRANSFER_PLANES:
             raise ValueError(f"transfer must be one of {TRANSFER_PLANES}, got {self.transfer!r}")
         for name in ("lease_ttl_s", "heartbeat_interval_s", "publish_interval_s"):
@@ -129,10 +137,12 @@ class LauncherConfig:
     def agent_config(self, node: NodeId, metadata_address: str, host: str) -> AgentConfig:
         """The AgentConfig of `node`, whose transfer server binds `host`."""
         memory = MemoryConfig(num_gpu_blocks=self.gpu_blocks, num_host_blocks=self.host_blocks,
-                              enable_prefix_caching=self.prefix_caching, hash_key=self.secret.hash_key())
+                              enable_prefix_caching=self.prefix_caching, hash_key=self.secret.hash_key(),
+                              pool=PoolConfig(eviction=self.eviction))
         return AgentConfig(node, model=self.model, served_model_name=self.served_model_name, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
                            engine=EngineConfig(block_size=self.block_size, memory=memory), host=host,
                            transfer=self.transfer, secret=self.secret, transfer_mac=self.transfer_mac,
+                           handoff=self.handoff,
                            metadata_root_certificates=self.tls.cert_chain if self.tls else None,
                            # Without caching there is nothing to publish: agents stay standalone.
                            metadata_address=metadata_address if self.prefix_caching else None,

@@ -3,7 +3,7 @@
 import math
 from dataclasses import dataclass
 
-from radixmesh.node_agent.memory.eviction import EVICTION_ORDERS
+from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION, EVICTION_ORDERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -11,9 +11,10 @@ class PoolConfig:
     """Eviction and garbage-collection policy of a BlockPool. Defaults suit a serving node; tests
     inject a clock."""
 
-    eviction: str = "lru"
+    eviction: str = DEFAULT_EVICTION
     """Which cached block goes first (a name in `eviction.EVICTION_ORDERS`): ``lru``, least recently
-    released; ``s3fifo``, blocks used once before blocks used again (scan-resistant)."""
+    released; ``s3fifo`` (the default, see eviction.DEFAULT_EVICTION), blocks used once before blocks
+    used again (scan-resistant)."""
 
     idle_ttl_s: float = 30.0
     """Phase 1 of GC marks cached (ref 0, hashed) blocks released longer ago than this as candidates."""

@@ -116,6 +116,11 @@ class PrefixCache:
         """Drop one reference each; a hashed block at ref 0 stays cached, an unhashed one is freed."""
         self.pool.free(block_ids)
 
+    def demote(self, block_ids: Sequence[BlockId]) -> int:
+        """A peer pulled these blocks: the cached ones go first when space is needed
+        (BlockPool.demote); they stay matchable until then. Returns how many were demoted."""
+        return self.pool.demote(block_ids)
+
     def take_events(self) -> list[CacheEvent]:
         """Drain the BlockStored / BlockRemoved events emitted since the last call, in order."""
         events, self._events = self._events, []

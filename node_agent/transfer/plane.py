@@ -107,7 +107,8 @@ class AgentTransfer:
         identity = NodeIdentity(config.secret, config.node_id)
         transport = transport_by_name(config.transfer, identity, tier.kv.device)
         self.memory_path = memory_path(tier.kv.device, transport.active_transports)
-        source = TransferSource(tier.cache, tier.kv, layout, stage_to_host=self.memory_path.staged)
+        source = TransferSource(tier.cache, tier.kv, layout, stage_to_host=self.memory_path.staged,
+                                handoff=config.handoff)
         self._endpoint = ENDPOINTS[transport.name](source, config.host, config.transfer_port, serial, identity)
         client_config = TransferConfig(timeout_s=config.pull_timeout_s, mac=config.transfer_mac)
         self._client = TransferClient(tier.cache, tier.kv, layout, client_config, transport,

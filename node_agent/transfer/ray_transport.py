@@ -91,6 +91,7 @@ async def serve_pull(source: TransferSource, message: bytes, identity: NodeIdent
                 # Yielding copies the payload into the object store before the generator resumes,
                 # so the view of pinned blocks is never read after they are released.
                 yield encode_trailer(trailer), _host_bytes(payload)
+            pull.delivered()
     finally:
         await serial(pull.close)
 

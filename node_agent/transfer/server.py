@@ -138,6 +138,7 @@ class TransferServer:
                         await write_frame(writer, Kind.HEADER, encode_header(pull.header))
                         if pull.header.status is Status.OK and pull.header.found:
                             await self._send_watched(pull, ep, writer, hangup)
+                            pull.delivered()
                         self.pulls_served += 1
                     finally:
                         await self._serial(pull.close)

@@ -6,6 +6,7 @@ Every transport authenticates the requester first (transfer.handshake) and drive
         send(pull.header)
         for trailer, payload in pull.chunks():
             send(payload, trailer)          # payload stays valid until the pull is closed
+        pull.delivered()                    # every chunk left: with hand-off, close() demotes them
     # closed: pins released, even when the requester vanished or a send failed
 """
 
@@ -51,6 +52,7 @@ class OpenPull:
         self._checksum = checksum_by_name(checksum) if checksum in CHECKSUMS else None
         self._mac_key = mac_key
         self._closed = False
+        self._delivered = False
 
     def chunks(self) -> Iterator[tuple[ChunkTrailer, torch.Tensor]]:
         """(trailer, contiguous payload) per chunk, gathered lazily so chunk i+1 is built while i is sent.
@@ -72,11 +74,15 @@ class OpenPull:
             mac = NO_MAC if self._mac_key is None else chunk_mac(self._mac_key, self.header.pull_id, index, payload)
             yield ChunkTrailer(self.header.pull_id, index, n * self.header.block_bytes, check, mac), payload
 
+    def delivered(self) -> None:
+        """Every chunk was sent: the requester now holds the blocks too (see TransferSource.handoff)."""
+        self._delivered = True
+
     def close(self) -> None:
-        """Release the pins (idempotent)."""
+        """Release the pins (idempotent); after delivered(), hand the blocks off when the source does."""
         if not self._closed:
             self._closed = True
-            self._source._release(self.blocks)
+            self._source._release(self.blocks, self._delivered)
 
     def __enter__(self) -> Self:
         return self
@@ -92,9 +98,11 @@ class TransferSource:
     ask is decided before (the transport's handshake), so `open` takes the authenticated session.
     """
 
-    def __init__(self, cache: PrefixCache, kv: torch.Tensor, layout: KVLayout, *, stage_to_host: bool = False):
+    def __init__(self, cache: PrefixCache, kv: torch.Tensor, layout: KVLayout, *, stage_to_host: bool = False,
+                 handoff: bool = False):
         """`stage_to_host`: chunks leave as host copies (MemoryPath.CUDA_STAGED: the transport cannot
-        read device memory)."""
+        read device memory). `handoff`: blocks of a delivered pull go to the front of the cache's
+        eviction order (BlockPool.demote), so a conversation that moved keeps one copy, not two."""
         if tuple(kv.shape[1:]) != layout.block_shape or kv.dtype != layout.torch_dtype:
             raise ValueError(f"kv {tuple(kv.shape)} {kv.dtype} does not match layout {layout.block_shape}")
         if not kv.is_contiguous():
@@ -103,9 +111,12 @@ class TransferSource:
         self.kv = kv
         self.layout = layout
         self.stage_to_host = stage_to_host
+        self.handoff = handoff
         self._fingerprint = layout.fingerprint()
         self.pinned_blocks = 0
         """Blocks pinned by open pulls right now."""
+        self.handed_off_blocks = 0
+        """Blocks demoted after delivered pulls, in total (those still cached when their pull closed)."""
 
     def open(self, request: PullRequest, session: Session) -> OpenPull:
         """Validate `request` of the authenticated `session` and pin the longest prefix of its hashes
@@ -140,7 +151,11 @@ class TransferSource:
             return Status.INVALID_ARGUMENT, "chunk_bytes must be in (0, 1 GiB], max_blocks >= 0, <= 1M hashes"
         return Status.OK, ""
 
-    def _release(self, blocks: list[BlockId]) -> None:
+    def _release(self, blocks: list[BlockId], delivered: bool) -> None:
         self.pinned_blocks -= len(blocks)
         self.cache.release(blocks)
+        # Demote after the release: only cached (ref 0) blocks can move in the eviction order; a
+        # block another request here still uses stays where it is (it is being re-used).
+        if delivered and self.handoff:
+            self.handed_off_blocks += self.cache.demote(blocks)
 

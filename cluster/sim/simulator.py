@@ -25,7 +25,7 @@ from radixmesh.cluster.sim.holders import HolderCount
 from radixmesh.cluster.sim.node import SimJob, SimNode
 from radixmesh.cluster.sim.oracle import global_cache, infinite_bound
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceRequest
-from radixmesh.node_agent.memory.eviction import EVICTION_ORDERS
+from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION, EVICTION_ORDERS
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
 
@@ -61,8 +61,9 @@ class SimConfig:
     load_half_life_s: float = PolicyConfig().load_half_life_s
     """Half-life of the recent-work load measure (`PolicyConfig.load_half_life_s`)."""
     pending_ttl_s: float = 10.0
-    eviction: str = "lru"
-    """Each node's eviction order (`PoolConfig.eviction`: ``lru``, ``s3fifo``); the global reference
+    eviction: str = DEFAULT_EVICTION
+    """Each node's eviction order (`PoolConfig.eviction`: ``lru``, ``s3fifo``; the agents' default, so a
+    simulated node evicts as a real one does); the global reference
     cache of the same name runs beside it (`SimReport.global_same_eviction`)."""
     cluster_eviction: bool = False
     """Replicated chain ends first among the next `eviction_window` blocks of each eviction

@@ -6,6 +6,7 @@ import time
 
 import grpc
 import pytest
+import redis.asyncio
 from local_servers import free_port
 
 from radixmesh.cluster.launch.config import LauncherConfig
@@ -107,3 +108,87 @@ def test_two_leases_never_both_hold_the_key(redis_url: str) -> None:
 def test_a_standby_needs_redis_state() -> None:
     with pytest.raises(ValueError, match="metadata_standby needs a redis"):
         LauncherConfig(metadata_standby=True)
+
+
+def test_the_key_is_renewed_while_the_server_starts(redis_url: str) -> None:
+    """Regression: renewing began only once `start` returned, so a start slower than the ttl (the
+    service restores the index from Redis) served without the key, and the standby took it."""
+    async def body() -> None:
+        lease = LeaderLease(redis_url, "slow", ttl_s=0.6)
+        keys = redis.asyncio.Redis.from_url(redis_url)
+        stop = asyncio.Event()
+        renewed = asyncio.Event()
+
+        async def slow_start() -> MetadataServer:
+            first = await keys.pttl(lease.key)
+            # The server is built only once the key was renewed: it outlasts a ttl without it.
+            while await keys.pttl(lease.key) <= first:
+                assert await keys.exists(lease.key), "the key expired while the server started"
+                await asyncio.sleep(0.02)
+            renewed.set()
+            server, _ = create_server(MetadataService(), ServerOptions(port=0, upkeep_interval_s=None))
+            await server.start()
+            return server
+
+        leading = asyncio.create_task(serve_while_leader(lease, slow_start, stop))
+        try:
+            await asyncio.wait_for(renewed.wait(), 5.0)
+            assert await keys.get(lease.key) == b"slow"
+        finally:
+            stop.set()
+            assert await leading is True
+            assert await keys.get(lease.key) is None  # released on the clean stop
+            await lease.close()
+            await keys.aclose()
+
+    asyncio.run(body())
+
+
+def test_a_cancelled_leader_releases_the_key(redis_url: str) -> None:
+    """Regression: cancelling the serving task was reported as a lost key and left the key held for
+    its ttl (10 s with --leader-ttl 10), so the standby waited that long to take over."""
+    async def body() -> None:
+        lease = LeaderLease(redis_url, "cancelled", ttl_s=30.0)
+        keys = redis.asyncio.Redis.from_url(redis_url)
+        started: list[MetadataServer] = []
+
+        async def start() -> MetadataServer:
+            server, _ = create_server(MetadataService(), ServerOptions(port=0, upkeep_interval_s=None))
+            await server.start()
+            started.append(server)
+            return server
+
+        leading = asyncio.create_task(serve_while_leader(lease, start, asyncio.Event()))
+        try:
+            await poll(lambda: bool(started))
+            assert await keys.get(lease.key) == b"cancelled"
+            leading.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await leading
+            assert await keys.get(lease.key) is None
+        finally:
+            await lease.close()
+            await keys.aclose()
+
+    asyncio.run(body())
+
+
+def test_stop_while_waiting_for_the_key_returns_without_serving(redis_url: str) -> None:
+    async def body() -> None:
+        holder, waiter = LeaderLease(redis_url, "holder", ttl_s=30.0), LeaderLease(redis_url, "waiter", ttl_s=30.0)
+        stop = asyncio.Event()
+
+        async def start() -> MetadataServer:
+            raise AssertionError("a stopped standby must not serve")
+
+        try:
+            assert await holder.try_acquire()
+            waiting = asyncio.create_task(serve_while_leader(waiter, start, stop))
+            stop.set()
+            assert await waiting is True
+            assert await holder.renew()  # still the holder's
+        finally:
+            await holder.close()
+            await waiter.close()
+
+    asyncio.run(body())

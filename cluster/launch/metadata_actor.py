@@ -13,7 +13,6 @@ and waits to be leader again, so the pair keeps one standby after a takeover.
 """
 
 import asyncio
-import contextlib
 import logging
 import socket
 from typing import Any
@@ -113,12 +112,11 @@ class MetadataActor:
         """Stop serving; in-flight calls get `grace_s` to finish, the index is persisted (and the
         leader key released: a standby takes over at once)."""
         if self._leading is not None:
+            # Never cancel `_lead`: a cancel that lands while the server starts left that server
+            # listening and the key held for a ttl. `_stop` ends the wait for the key as well.
             leading, self._leading = self._leading, None
             self._stop.set()
-            if not self._serving.is_set():
-                leading.cancel()  # still waiting for the key: nothing to drain
-            with contextlib.suppress(asyncio.CancelledError):
-                await leading
+            await leading
         elif self._server is not None:
             server, self._server = self._server, None
             await server.stop(grace_s)
@@ -146,10 +144,11 @@ def failover_target(addresses: list[str]) -> str:
 
 def make_metadata_actor(host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret,
                         node_ip: str, tls: TlsFiles | None = None, *, name: str = METADATA_ACTOR,
-                        leader_lease: bool = False) -> Any:
+                        leader_lease: bool = False, leader_ttl_s: float = 1.0) -> Any:
     """Create the detached metadata actor `name` on the Ray node `node_ip` (the one whose address
-    `host` is); call `start` on the handle."""
+    `host` is); call `start` on the handle. `leader_ttl_s` is the leader key's ttl (with
+    `leader_lease`): how long a standby waits after the active died without releasing it."""
     return ray.remote(MetadataActor).options(
         name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0,
         resources={f"node:{node_ip}": 0.001},
-    ).remote(host, port, state, lease_ttl_s, secret, tls, leader_lease)
+    ).remote(host, port, state, lease_ttl_s, secret, tls, leader_lease, leader_ttl_s)

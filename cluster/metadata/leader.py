@@ -82,23 +82,43 @@ async def serve_while_leader(
     lease: LeaderLease, start: Callable[[], Awaitable[MetadataServer]], stop: asyncio.Event
 ) -> bool:
     """Wait for leadership, `start` a server (build the service only now: it restores from Redis),
-    serve until `stop` is set (then release the key: True) or the lease is lost (False).
-    The server is stopped either way."""
-    await lease.acquire()
+    serve until `stop` is set (then release the key: True) or the lease is lost (False). `stop`
+    set while waiting returns True without serving. Cancelled, it stops the server and releases
+    the key like a stop, then re-raises. The server is stopped either way."""
+    if not await _first_of(lease.acquire(), stop):
+        await lease.release()  # in case the key came with `stop`: the standby need not wait out its ttl
+        return True
     logger.info("%s holds %s: serving", lease.name, lease.key)
-    server = await start()
+    # Renewing starts before the server does: building the service restores the index from Redis
+    # and can outlast the ttl on a loaded host, and an unrenewed key would pass to the standby.
     keeper = asyncio.create_task(lease.keep(), name="leader-lease")
     stopping = asyncio.create_task(stop.wait())
+    server: MetadataServer | None = None
     try:
+        server = await start()
         await asyncio.wait({keeper, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        lost = keeper.done() and not keeper.cancelled()  # keep() returns only when a renewal failed
         for t in (keeper, stopping):
             t.cancel()
         await asyncio.gather(keeper, stopping, return_exceptions=True)
-        lost = not stop.is_set()
         if lost:
             logger.error("%s lost %s: stopping at once", lease.name, lease.key)
-        await server.stop(0 if lost else 5.0)
+        if server is not None:
+            await server.stop(0 if lost else 5.0)
         if not lost:
             await lease.release()
     return not lost
+
+
+async def _first_of(acquiring: Awaitable[None], stop: asyncio.Event) -> bool:
+    """True once `acquiring` is done, False once `stop` is set (the first of the two wins)."""
+    waiting = asyncio.ensure_future(acquiring)
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (waiting, stopping):
+            t.cancel()
+        await asyncio.gather(waiting, stopping, return_exceptions=True)
+    return waiting.done() and not waiting.cancelled() and not stop.is_set()

@@ -198,6 +198,12 @@ async def test_metadata_outage_degrades_to_least_loaded_and_recovery_resumes_pre
         before = await r.complete(request("m1", prompt(6, 12)))
         assert before.routed.metadata_used and r.metadata_available
         await c.servers[-1].stop(0)
+        # Until its watch stream reports the stop, the replica is as fresh as the last update and
+        # routing on it is right; the outage starts for the router when the stream breaks.
+        deadline = asyncio.get_running_loop().time() + 30
+        while r.watcher is not None and r.watcher.replica.in_sync:
+            assert asyncio.get_running_loop().time() < deadline, "the watch stream never reported the stop"
+            await asyncio.sleep(0.01)
         during = await r.complete(request("m2", prompt(7, 12)))
         assert not during.routed.metadata_used and during.routed.policy == "least_loaded"
         assert not r.metadata_available and r.active_policy == "least_loaded"

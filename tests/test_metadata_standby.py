@@ -192,3 +192,29 @@ def test_stop_while_waiting_for_the_key_returns_without_serving(redis_url: str) 
             await waiter.close()
 
     asyncio.run(body())
+
+
+class ScriptedLease(LeaderLease):
+    """A lease whose renewals answer from a script (True held, False lost, None Redis silent)."""
+
+    def __init__(self, answers: list[bool | None], ttl_s: float) -> None:
+        super().__init__(f"redis://127.0.0.1:{free_port()}/0", "a", ttl_s=ttl_s)
+        self.answers, self.asked = answers, 0
+
+    async def renew(self) -> bool | None:
+        self.asked += 1
+        return self.answers.pop(0) if self.answers else None
+
+
+def test_one_unanswered_renewal_keeps_the_lease_and_a_lost_key_ends_it() -> None:
+    lease = ScriptedLease([None, True, None, True, False], ttl_s=0.3)
+    asyncio.run(asyncio.wait_for(lease.keep(), 10))
+    assert lease.asked == 5  # went on past both silent renewals, stopped at the lost key
+
+
+def test_renewals_unanswered_for_a_whole_ttl_end_the_lease() -> None:
+    lease = ScriptedLease([True], ttl_s=0.3)
+    started = time.monotonic()
+    asyncio.run(asyncio.wait_for(lease.keep(), 10))
+    assert lease.asked >= 3  # the silent ones were retried before giving up
+    assert time.monotonic() - started < 5 * 0.3  # given up near the key's expiry, not retried for ever

@@ -5,7 +5,8 @@ polls for the key and, once it gets it, builds its MetadataService (which restor
 counters and the index from the same Redis) and starts serving. Clients list both addresses
 (`ipv4:host:p1,host:p2`: gRPC's pick_first connects to whichever listens), so they fail over when the
 active one stops listening. An active service that cannot renew within its ttl stops serving at once
-(`serve_while_leader`): the standby may already hold the key.
+(`serve_while_leader`): the standby may already hold the key. A renewal Redis did not answer is
+retried while the key is still ours, so one slow round trip does not hand the service over.
 
 Not fenced: writes the old active's write-behind task had in flight when it lost the key may still
 land (at most one write round; the new active's next persist overwrites the index).
@@ -14,6 +15,7 @@ land (at most one write round; the new active's next persist overwrites the inde
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import redis.asyncio
@@ -44,18 +46,19 @@ class LeaderLease:
         try:
             if await self._redis.set(self.key, self.name, nx=True, px=int(self.ttl_s * 1000)):
                 return True
-            return await self.renew()
+            return bool(await self.renew())
         except (redis.exceptions.RedisError, OSError) as e:
             logger.info("leader key %s: %s", self.key, e)
             return False
 
-    async def renew(self) -> bool:
-        """Extend the key's ttl if this name still holds it."""
+    async def renew(self) -> bool | None:
+        """Extend the key's ttl if this name still holds it: True; False when it does not; None when
+        Redis did not answer (the key stays ours until the ttl of the last renewal runs out)."""
         try:
             return bool(await self._redis.eval(_RENEW, 1, self.key, self.name, int(self.ttl_s * 1000)))
         except (redis.exceptions.RedisError, OSError) as e:
             logger.warning("leader key %s not renewed: %s", self.key, e)
-            return False
+            return None
 
     async def release(self) -> None:
         """Give the key up (only if this name holds it) so a standby takes over without waiting."""
@@ -71,11 +74,26 @@ class LeaderLease:
             await asyncio.sleep(poll_s if poll_s is not None else self.ttl_s / 5)  # polling Redis, by design
 
     async def keep(self) -> None:
-        """Renew every ttl / 3; return as soon as a renewal fails (the lease may be lost)."""
+        """Renew every ttl / 3; return when the key is someone else's (or gone), or when no renewal
+        can be answered before the last one's ttl runs out (a standby may take it then).
+
+        An unanswered renewal is retried at once: on a loaded host one slow Redis round trip (the
+        socket timeout is ttl / 3) must not end a lease that is still held for two thirds of a ttl.
+        """
+        expires = time.monotonic() + self.ttl_s  # the key was set or renewed just before
+        pause = self.ttl_s / 3
         while True:
-            await asyncio.sleep(self.ttl_s / 3)
-            if not await self.renew():
+            await asyncio.sleep(pause)  # the renewal period, not a synchronisation
+            asked = time.monotonic()
+            renewed = await self.renew()
+            if renewed is False:
                 return
+            if renewed:
+                expires, pause = asked + self.ttl_s, self.ttl_s / 3
+            elif time.monotonic() + self.ttl_s / 3 > expires:
+                return  # a retry could be answered only after the key may have passed on
+            else:
+                pause = self.ttl_s / 20  # Redis refused at once (restarting): retry soon, not in a spin
 
 
 async def serve_while_leader(

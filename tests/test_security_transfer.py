@@ -185,9 +185,6 @@ def ray_owner() -> Iterator[Any]:
     init_loopback_ray(num_cpus=2, log_to_driver=False)
     ray.cloudpickle.register_pickle_by_value(transfer_owner)
     actor = make_transfer_actor(OWNER, functools.partial(build_source, OwnerSpec()))
-    # The first case must meet a started owner: on a busy host the actor's start (torch import)
-    # outlasts a pull's timeout, which would read as TIMEOUT instead of the refusal under test.
-    assert ray.get(actor.state.remote(), timeout=120) == {"pinned": 0, "in_use": 0}
     try:
         yield actor
     finally:

@@ -242,6 +242,10 @@ class TransferActor:
 
 
 def make_transfer_actor(node: NodeId, make_source: Callable[[], TransferSource], **options: Any) -> Any:
-    """Start `node`'s TransferActor under transfer_actor_name(node); `options` go to `.options()`."""
+    """Start `node`'s TransferActor under transfer_actor_name(node) and return once it answers;
+    `options` go to `.options()`. A test's first pull must meet a started owner: on a busy host the
+    actor's start (its torch import) outlasts a pull's timeout, which would read as TIMEOUT."""
     cls = ray.remote(TransferActor)
-    return cls.options(name=transfer_actor_name(node), max_concurrency=16, **options).remote(make_source, node)
+    actor = cls.options(name=transfer_actor_name(node), max_concurrency=16, **options).remote(make_source, node)
+    ray.get(actor.state.remote(), timeout=120)
+    return actor

@@ -118,14 +118,18 @@ def test_the_standby_actor_takes_over_with_the_index_on_stop_then_on_kill(ray_an
 
 async def _stays_leader(keys: "redis.Redis[bytes]", address: str, actor: Any) -> None:
     """Regression: after a takeover the new leader reported a lost key. It must keep renewing."""
-    ttl_ms = keys.pttl(LEADER_KEY)
+    last = [int(keys.pttl(LEADER_KEY))]
     for _ in range(3):
-        await until(lambda before=ttl_ms: _renewed(keys, before), pause_s=0.02)
-        ttl_ms = keys.pttl(LEADER_KEY)
+        await until(lambda: _renewed(keys, last), pause_s=0.02)
         assert await actor.serving.remote()
         assert keys.get(LEADER_KEY) == address.encode()
 
 
-async def _renewed(keys: "redis.Redis[bytes]", before_ms: int) -> bool:
-    return int(keys.pttl(LEADER_KEY)) > before_ms
+async def _renewed(keys: "redis.Redis[bytes]", last: list[int]) -> bool:
+    """The key's remaining ttl rose since the last look (updated): a renewal. Compared with the
+    previous look, not a fixed reading, which taken in a renewal's own millisecond is the full ttl,
+    and no later renewal exceeds it."""
+    now = int(keys.pttl(LEADER_KEY))
+    risen, last[0] = now > last[0], now
+    return risen
 

@@ -1,6 +1,7 @@
 """NodeAgent in-process: serving plans, streaming, stats accounting, bad input, cancellation."""
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -203,15 +204,24 @@ async def test_stopping_the_agent_mid_stream_surfaces_as_unavailable() -> None:
 
 # --- pulls over the transfer plane (UCX on 127.0.0.1, both agents in this process) ---------------
 
-@pytest.fixture
-async def pair() -> AsyncIterator[tuple[NodeAgent, NodeAgent]]:
-    owner = NodeAgent(agent_config("owner", transfer="ucx", pull_timeout_s=5.0))
+@contextlib.asynccontextmanager
+async def ucx_pair(handoff: bool = False) -> AsyncIterator[tuple[NodeAgent, NodeAgent]]:
+    """Two started agents over UCX: an owner (`handoff`: it evicts what a peer pulled first) and a puller."""
+    owner = NodeAgent(agent_config("owner", transfer="ucx", pull_timeout_s=5.0, handoff=handoff))
     puller = NodeAgent(agent_config("puller", transfer="ucx", pull_timeout_s=5.0))
     await owner.start()
     await puller.start()
-    yield owner, puller
-    await puller.stop()
-    await owner.stop()
+    try:
+        yield owner, puller
+    finally:
+        await puller.stop()
+        await owner.stop()
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[NodeAgent, NodeAgent]]:
+    async with ucx_pair() as agents:
+        yield agents
 
 
 @pytest.mark.integration

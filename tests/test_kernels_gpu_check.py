@@ -1,6 +1,5 @@
 """bench/gpu_check.py as far as a CPU can check it: arguments, shape tables, memory plan, no-CUDA exit."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -9,17 +8,14 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from bench_scripts import BENCH, load_bench
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+SCRIPT = BENCH / "gpu_check.py"
 
 
 @pytest.fixture(scope="module")
 def gpu_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("gpu_check")
 
 
 def test_arguments_default_to_the_committed_result_path(gpu_check: ModuleType) -> None:
@@ -58,7 +54,7 @@ def test_the_cluster_check_serves_identical_tokens_through_a_pull_on_this_machin
     """gpu_check's cluster part (bench/gpu_cluster.py) end to end on the CPU, with the tiny model:
     two agent actors, an uncached, a local and a pulled serve of each prompt, baselines measured."""
     out = tmp_path / "cluster.json"
-    cluster = Path(__file__).resolve().parents[1] / "bench" / "gpu_cluster.py"
+    cluster = BENCH / "gpu_cluster.py"
     proc = subprocess.run([sys.executable, str(cluster), "--model", "tiny", "--trials", "2", "--prefix-tokens", "128",
                            "--decode-tokens", "16", "--out", str(out)], check=False, capture_output=True, text=True,
                           timeout=300)

@@ -5,7 +5,7 @@ process; the agent test pulls over UCX between two real agents on 127.0.0.1."""
 from collections.abc import AsyncIterator
 
 import pytest
-from test_agent import agent_config, collect, plan, prompt
+from test_agent import collect, plan, prompt, ucx_pair
 from transfer_owner import LAYOUT, SESSION, sequence_hashes
 
 from radixmesh.node_agent.agent import NodeAgent
@@ -80,13 +80,8 @@ def test_blocks_in_use_here_are_not_handed_off() -> None:
 
 @pytest.fixture(params=[True, False], ids=["handoff", "no-handoff"])
 async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[NodeAgent, NodeAgent]]:
-    owner_agent = NodeAgent(agent_config("owner", transfer="ucx", pull_timeout_s=5.0, handoff=request.param))
-    puller = NodeAgent(agent_config("puller", transfer="ucx", pull_timeout_s=5.0))
-    await owner_agent.start()
-    await puller.start()
-    yield owner_agent, puller
-    await puller.stop()
-    await owner_agent.stop()
+    async with ucx_pair(handoff=request.param) as agents:
+        yield agents
 
 
 @pytest.mark.anyio

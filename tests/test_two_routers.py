@@ -7,29 +7,18 @@ its run-to-run spread). The bound, 6 points, is the issue's 2 plus that noise wi
 """
 
 import asyncio
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_scripts import load_bench
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "two_routers.py"
 REQUESTS, BOUND_POINTS = 60, 6.0
 
 
-def bench() -> Any:
-    """bench/two_routers.py as a module (bench/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("two_routers_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_two_routers_keep_the_hit_rate_of_one() -> None:
-    two_routers = bench()
+    two_routers = load_bench("two_routers")
     replayed = two_routers.prompts("mooncake", REQUESTS)
 
     async def body() -> tuple[Any, Any]:

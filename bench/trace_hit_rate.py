@@ -85,6 +85,7 @@ def main() -> None:
                     "max_load_over_mean": r.max_load_over_mean,
                     "max_tokens_over_mean": r.max_tokens_over_mean,
                     "hits_by_source": r.hits_by_source,
+                    "misses_by_cause": r.misses_by_cause,
                     "ttft_p50_s": r.ttft_p50_s,
                     "ttft_p99_s": r.ttft_p99_s,
                 }
@@ -120,6 +121,12 @@ def main() -> None:
                             "met_requests": hit_ok and loads <= 1.25,
                         }
                     )
+            print(f"computed blocks by cause (first touch / held elsewhere, not pulled / being computed elsewhere"
+                  f" / evicted everywhere); global LRU evicts {round(r.blocks * (r.infinite_bound - r.global_lru))}"
+                  " blocks it later misses:")
+            for policy in POLICIES:
+                m = row[policy]["misses_by_cause"]  # type: ignore[index]
+                print(f"  {policy:<35}" + " / ".join(f"{m[k]}" for k in ("first", "held", "computing", "evicted")))
             print(
                 f"{'infinite bound':<35}{row['infinite_bound']:>9.3f}\n{'global LRU':<35}{row['global_lru']:>9.3f}"
                 f"\n{'global S3-FIFO':<35}{row['global_s3fifo']:>9.3f}"

@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.cluster.policy.base import PolicyConfig, RoutePolicy, RouteRequest, make_policy
@@ -73,9 +74,9 @@ class SimConfig:
     """A pull's source demotes the blocks it sent that the puller lacked (BlockPool.demote): the
     puller's copy serves the conversation from now on, the source's goes first when space is needed."""
     cluster_recall: bool = False
-    """Nodes learn which blocks the cluster evicted its last copy of, recently (a ghost as long as the
-    cluster has blocks, from the events: HolderCount.evicted_recently), and keep such blocks as re-used
-    when they come back (BlockPool.set_cluster_recall; used by ``s3fifo``)."""
+    """Nodes learn which blocks the cluster evicted its last copy of, recently (the index's ghost,
+    `GlobalIndex.recalled`, as long as the cluster has blocks), and keep such blocks as re-used when
+    they come back (BlockPool.set_cluster_recall; used by ``s3fifo``). Agents get it with their lease."""
     seed: int = 0
     candidates: int = 0
     """0: the policy scores every node. k > 0: only the prefix holders (indexed or pending) and the
@@ -182,7 +183,8 @@ class Simulator:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.now = 0.0
-        self.index = GlobalIndex()
+        # The cluster's ghost as long as the cluster has blocks (cluster_recall).
+        self.index = GlobalIndex(config.nodes * config.capacity_blocks if config.cluster_recall else 0)
         shared = PendingIndex(config.pending_ttl_s, clock=lambda: self.now)
         self._routers = [
             _SimRouter(shared if config.shared_pending or k == 0
@@ -204,14 +206,14 @@ class Simulator:
                 config.policy, policy_config, random.Random(config.seed + k))
         self.cost = CostModel(policy_config)
         self.nodes: dict[NodeId, SimNode] = {}
-        self.holders = HolderCount(config.nodes * config.capacity_blocks if config.cluster_recall else 0)
+        self.holders = HolderCount()
         copies = self.holders.others if config.cluster_eviction else None
         for i in range(config.nodes):
             nid = NodeId(f"n{i:03d}")
             self.nodes[nid] = SimNode(nid, config.capacity_blocks, config.prefill_tokens_per_s, copies,
                                       config.eviction_window, config.eviction)
             if config.cluster_recall:
-                self.nodes[nid].cache.pool.set_cluster_recall(self.holders.evicted_recently)
+                self.nodes[nid].cache.pool.set_cluster_recall(partial(self.index.recalled, _LAYOUT))
             self.index.add_node(nid, _LAYOUT)
         self._node_ids = list(self.nodes)
         self.hits = {"local": 0, "remote": 0, "miss": 0}

@@ -8,6 +8,7 @@ request that brings a prefix back often lands on another node than the one that 
 """
 
 from collections.abc import Iterable
+from itertools import pairwise
 
 from radixmesh.proto.block_hash import BlockHash
 
@@ -70,5 +71,5 @@ class RecallWindow:
         """Bounded, sequence numbers strictly increasing in loss order, none past `seq`."""
         assert len(self._lost) <= self.capacity, f"{len(self._lost)} lost hashes > capacity {self.capacity}"
         seqs = list(self._lost.values())
-        assert all(a < b for a, b in zip(seqs, seqs[1:])), "loss order and sequence numbers disagree"
+        assert all(a < b for a, b in pairwise(seqs)), "loss order and sequence numbers disagree"
         assert not seqs or seqs[-1] <= self.seq, f"sequence number {seqs[-1]} past {self.seq}"

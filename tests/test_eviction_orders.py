@@ -95,6 +95,11 @@ def test_index_remembers_last_copies_evicted() -> None:
     index.apply(b, [BlockStored((h(3),), None, Tier.GPU)])
     assert not index.recalled("L", h(3))  # held again
     assert index.lost_since("L", 0, 10) == ([h(4)], 3) and not index.recalled("other layout", h(4))
+    # a held block still counts among the last `recall_blocks` losses (as the simulator measured it)
+    index.apply(a, [BlockStored((h(5),), None, Tier.GPU), BlockRemoved((h(5),), Tier.GPU)])
+    index.apply(b, [BlockRemoved((h(3),), Tier.GPU)])  # lost again: the newest loss
+    assert [index.recalled("L", h(i)) for i in (3, 4, 5)] == [True, False, True]
+    assert index.lost_since("L", 3, 10) == ([h(5), h(3)], 5)
     index.check_invariants()
 
 

@@ -17,9 +17,9 @@ Holders are bit masks over per-layout node slots: a node in slot s holds a block
 Python object of its own: no per-block allocation for the garbage collector to track or traverse.
 Each node keeps the set of hashes it holds, so `drop_node` costs only that node's blocks.
 
-With `recall_blocks`, each layout also keeps the cluster's ghost (`RecallWindow`): blocks whose last
-holder removed them (an eviction; a node that leaves or clears is no eviction), until some node
-stores them again.
+With `recall_blocks`, each layout also keeps the cluster's ghost (`RecallWindow`): its latest
+`recall_blocks` last-copy evictions (a BlockRemoved that left no holder; a node that leaves or clears
+evicts nothing), recalled while nobody holds the block again.
 """
 
 from collections.abc import Iterable, Sequence
@@ -243,15 +243,18 @@ class GlobalIndex:
 
     def recalled(self, layout: str, block_hash: BlockHash) -> bool:
         """Whether the layout's last copy of `block_hash` was among its `recall_blocks` latest
-        last-copy evictions, and no node stored it since."""
+        last-copy evictions, and no node holds it now."""
         part = self._parts.get(layout)
-        return part is not None and block_hash in part.lost
+        return part is not None and block_hash in part.lost and block_hash not in part.masks
 
     def lost_since(self, layout: str, cursor: int, limit: int) -> tuple[list[BlockHash], int]:
-        """The layout's recalled hashes lost after `cursor` (0: from the start), oldest first, at
-        most the newest `limit`; and the cursor to pass next (`RecallWindow.since`)."""
+        """The layout's hashes lost after `cursor` (0: from the start) that no node holds now, oldest
+        first, at most the newest `limit` losses; and the cursor to pass next (`RecallWindow.since`)."""
         part = self._parts.get(layout)
-        return part.lost.since(cursor, limit) if part is not None else ([], cursor)
+        if part is None:
+            return [], cursor
+        lost, cursor = part.lost.since(cursor, limit)
+        return [h for h in lost if h not in part.masks], cursor
 
     def node_chains(self, node: NodeId) -> list[BlockStored]:
         """`node`'s blocks as stored chains (per tier), enough to rebuild them with `insert`."""
@@ -301,8 +304,6 @@ class GlobalIndex:
                     assert h in self._holders[n].parents, f"{h.hex()} missing from {n}'s block set"
                     counted[n] += 1
             part.lost.check_invariants()
-            held = [h for h in part.masks if h in part.lost]
-            assert not held, f"{len(held)} held blocks in {layout}'s lost window, e.g. {held[0].hex()}"
         for n, holder in self._holders.items():
             assert holder.part is self._parts[holder.layout], f"node {n} attached to another partition"
             assert counted[n] == len(holder.parents), f"{n}: {counted[n]} holder marks, {len(holder.parents)} held"
@@ -323,7 +324,6 @@ class GlobalIndex:
         # Two C-level passes; check_chains made every new parent link agree with the node's own.
         holder.parents.update(zip(hashes, (parent, *hashes[:-1])))
         masks.update(zip(hashes, map(or_, map(masks.get, hashes, repeat(0)), repeat(bit))))
-        part.lost.found(hashes)
 
     @staticmethod
     def _remove(holder: _Holder, hashes: Iterable[BlockHash], tier: Tier) -> None:

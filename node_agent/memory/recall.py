@@ -1,8 +1,8 @@
 """The cluster's ghost: block hashes whose last copy in the cluster was evicted recently.
 
 The metadata index records one per layout from its nodes' BlockRemoved events (a block nobody holds
-any more) and forgets a hash as soon as some node stores it again; each agent gets the new ones with
-its lease and keeps a window of its own. A pool told about them (`BlockPool.set_cluster_recall`)
+any more; it recalls only those nobody stored again since); each agent gets the new ones with its
+lease and keeps a window of its own. A pool told about them (`BlockPool.set_cluster_recall`)
 counts a block stored under such a hash as re-used, as it does one its own ghost remembers: the
 request that brings a prefix back often lands on another node than the one that evicted it.
 """
@@ -29,7 +29,7 @@ class RecallWindow:
         return len(self._lost)
 
     def __contains__(self, block_hash: BlockHash) -> bool:
-        """Whether `block_hash` is among the recent losses (and not stored since)."""
+        """Whether `block_hash` is among the recent losses."""
         return block_hash in self._lost
 
     def lose(self, hashes: Iterable[BlockHash]) -> None:
@@ -44,20 +44,13 @@ class RecallWindow:
         for _ in range(len(lost) - self.capacity):
             del lost[next(iter(lost))]
 
-    def found(self, hashes: Iterable[BlockHash]) -> None:
-        """Some node stores `hashes` again: they are no longer lost."""
-        if self._lost:
-            pop = self._lost.pop
-            for h in hashes:
-                pop(h, None)
-
     def take(self, block_hash: BlockHash) -> bool:
         """Whether `block_hash` was lost recently; forgets it (an agent recalls a loss once, since it
         does not hear of other nodes storing the block again)."""
         return self._lost.pop(block_hash, None) is not None
 
     def since(self, cursor: int, limit: int) -> tuple[list[BlockHash], int]:
-        """Hashes still lost whose loss came after sequence number `cursor`, oldest first, at most the
+        """Hashes whose (latest) loss came after sequence number `cursor`, oldest first, at most the
         newest `limit` of them; and the cursor to pass next time."""
         out: list[BlockHash] = []
         for h in reversed(self._lost):

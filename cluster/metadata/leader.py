@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio
 import redis.exceptions
 
+from radixmesh.cluster.metadata.redis_tasks import cancel_and_wait
 from radixmesh.cluster.metadata.server import MetadataServer
 
 logger = logging.getLogger(__name__)
@@ -117,9 +118,7 @@ async def serve_while_leader(
         await asyncio.wait({keeper, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         lost = keeper.done() and not keeper.cancelled()  # keep() returns only when a renewal failed
-        for t in (keeper, stopping):
-            t.cancel()
-        await asyncio.gather(keeper, stopping, return_exceptions=True)
+        await cancel_and_wait(keeper, stopping)
         if lost:
             logger.error("%s lost %s: stopping at once", lease.name, lease.key)
         if server is not None:
@@ -136,7 +135,5 @@ async def _first_of(acquiring: Awaitable[None], stop: asyncio.Event) -> bool:
     try:
         await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for t in (waiting, stopping):
-            t.cancel()
-        await asyncio.gather(waiting, stopping, return_exceptions=True)
+        await cancel_and_wait(waiting, stopping)
     return waiting.done() and not waiting.cancelled() and not stop.is_set()

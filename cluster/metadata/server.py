@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from radixmesh.cluster.metadata.authenticator import Authenticator
 from radixmesh.cluster.metadata.feed import FeedClosed
 from radixmesh.cluster.metadata.membership import StaleEpoch, UnknownNode
+from radixmesh.cluster.metadata.redis_tasks import cancel_and_wait
 from radixmesh.cluster.metadata.service import LimitExceeded, MetadataService
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
@@ -233,11 +234,8 @@ class MetadataServer:
     async def stop(self, grace_s: float | None = 5.0) -> None:
         await self._health.enter_graceful_shutdown()
         self.service.feed.close()  # watch streams never end on their own: end them before draining
-        for task in (self._upkeep, self._writer):
-            if task is not None:
-                task.cancel()
+        await cancel_and_wait(*(t for t in (self._upkeep, self._writer) if t is not None))
         await self._server.stop(grace_s)
-        await asyncio.gather(*(t for t in (self._upkeep, self._writer) if t is not None), return_exceptions=True)
         self.service.close()
 
     async def wait_for_termination(self) -> None:

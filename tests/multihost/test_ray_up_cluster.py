@@ -123,6 +123,7 @@ PARTS = (
     ("ray::MetadataAc", "radixmesh metadata service: gRPC on the head's address"),
     ("ray::AgentActor", "radixmesh agent: KV transfer server, UCX and /metrics on its host's address"),
     ("redis-server", "Redis, the metadata service's state: loopback of the head"),
+    ("radixmesh up ", "`radixmesh up` while it starts the deployment (a Ray driver: Ray's core-worker gRPC server)"),
     ("sshd", "the host's sshd (ray up and the autoscaler log in through it)"),
     ("gcs_server", "Ray's GCS"),
     ("raylet", "Ray's raylet and object manager"),
@@ -161,7 +162,8 @@ def test_every_host_listens_only_where_it_should(ray_up_cluster: RayUpCluster) -
             assert not why.startswith("unknown"), f"{host.netns}: {local} {name}: {why}"
             assert address in own | WILDCARD, f"{host.netns}: {local} ({name}) is not this host's address"
             if address in WILDCARD:
-                assert name.startswith("ray::") or "ray" in cmd, f"{host.netns}: {name} listens on {local}"
+                assert name.startswith("ray::") or "ray" in cmd or "radixmesh up " in cmd, \
+                    f"{host.netns}: {name} listens on {local}"
                 wildcards[pid] = wildcards.get(pid, 0) + 1
                 if name.startswith(RADIXMESH):
                     why = "Ray's core-worker gRPC server inside our actor's process"
@@ -220,7 +222,8 @@ def test_a_partitioned_host_keeps_requests_succeeding_and_serves_again_after_hea
         complete(c, f"After the heal, conversation {router_nodes(c)[node]['routed']}", max_tokens=2)
         return router_nodes(c)[node]["requests"] > before["requests"]
 
-    wait_for(f"{node} serving after the heal", served_again, 120)
+    wait_for(f"{node} serving after the heal", served_again, 120,
+             lambda: f"router's view: {router_nodes(c)}\n{c.logs()}")
     after = router_nodes(c)[node]
     # What the index promised on this node since the heal was there: no entry for a block it lacks.
     assert (after["realized_local_tokens"] - before["realized_local_tokens"]

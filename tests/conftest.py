@@ -13,21 +13,7 @@ from local_servers import running_redis
 torch.set_num_threads(1)
 
 
-# Files that start a Ray instance on this host (in-process, or through `radixmesh up --local`). Two
-# at once on one host interfered (a cluster test hung beside another Ray file under pytest-xdist),
-# so they share one xdist group and run one after another; every other file is a group of its own
-# (the multi-host file too: its Ray runs inside network namespaces, with its own temp dir).
-RAY_FILES = {
-    "test_agent_ray.py", "test_cli.py", "test_cluster_faults.py", "test_cluster_integration.py",
-    "test_external_engine_serve.py", "test_kernels_gpu_check.py", "test_metadata_standby_actors.py",
-    "test_security_secret.py", "test_security_transfer.py", "test_sim_vs_cluster.py", "test_transfer_ray.py",
-}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:  # read by `--dist loadgroup` (README's test command); inert without xdist
-        group = "ray" if item.path.name in RAY_FILES else str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

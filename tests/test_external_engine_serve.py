@@ -22,8 +22,12 @@ BS = 4
     num_replicas=3,
     max_ongoing_requests=8,
     ray_actor_options={"num_cpus": 0},  # three replicas on two shared cores
+    # affinity_attempts: on this shared 2-core host a replica's queue-length probe can miss Serve's
+    # deadline six times running (3.5 s) under a loaded suite, and the group would then fall through
+    # to another replica; affinity is what this test checks (the fall-through has its own test).
     request_router_config=RequestRouterConfig(request_router_class=RadixmeshRequestRouter,
-                                              request_router_kwargs={"block_size": BS, "seed": 0}),
+                                              request_router_kwargs={"block_size": BS, "seed": 0,
+                                                                     "affinity_attempts": 20}),
 )
 class CachingReplica:
     """A replica with a prefix cache of its own, the way an engine replica has one."""

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from radixmesh.cluster.launch.log_levels import LOG_LEVELS
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
@@ -23,9 +24,6 @@ from radixmesh.proto.ids import NodeId
 
 NAMESPACE = "radixmesh"
 """Ray namespace of every actor a deployment creates (named, so `down` and `route` find them)."""
-
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,9 @@ from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServeStats
 from radixmesh.proto.serve.tokens import TokenSources
 
+ROUTE_PATH = "/radixmesh/route"
+"""The router's endpoint that serves one request and answers with its RouteReport."""
+
 
 @dataclass(frozen=True, slots=True)
 class CandidateLine:

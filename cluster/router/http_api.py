@@ -43,7 +43,7 @@ from radixmesh.cluster.router.access_log import access_log
 from radixmesh.cluster.router.file_sd import FileSdConfig, FileSdPublisher
 from radixmesh.cluster.router.http_context import CLOCK_KEY, ROUTER_KEY
 from radixmesh.cluster.router.http_openai import add_openai_routes
-from radixmesh.cluster.router.http_ops import ROUTE_PATH, add_operation_routes
+from radixmesh.cluster.router.http_ops import add_operation_routes
 from radixmesh.cluster.router.openai_schema import ApiError
 from radixmesh.cluster.router.router import Router
 from radixmesh.cluster.router.stats_log import StatsLogger
@@ -51,7 +51,7 @@ from radixmesh.proto.cluster_secret import is_loopback
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ROUTE_PATH", "create_app", "server_tls", "server_tls_pem", "start_http"]
+__all__ = ["create_app", "server_tls", "server_tls_pem", "start_http"]
 
 OPEN_PATHS = frozenset({"/healthz", "/health", "/metrics"})
 """Paths served without the API key: probes and Prometheus scrapes (no prompts, no tenant names)."""

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from radixmesh.cluster.router.admission import Overloaded
-from radixmesh.cluster.router.explain import explain
+from radixmesh.cluster.router.explain import ROUTE_PATH, explain
 from radixmesh.cluster.router.file_sd import ROUTER_SCOPE
 from radixmesh.cluster.router.fleet_reports import agent_metrics, cluster_stats
 from radixmesh.cluster.router.http_context import ROUTER_KEY, read_body, refusal
@@ -20,8 +20,6 @@ from radixmesh.cluster.router.router import Router
 from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.sampling import SamplingParams
-
-ROUTE_PATH = "/radixmesh/route"
 
 
 def add_operation_routes(app: web.Application) -> None:

@@ -64,3 +64,14 @@ def ray_up_cluster() -> Iterator[RayUpCluster]:
             yield cluster
         finally:
             cluster.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the tails of the cluster's logs (`radixmesh up`, the
+    autoscaler, the router actor's): the cluster is gone by the time anyone reads the report."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    cluster = getattr(item, "funcargs", {}).get("ray_up_cluster")
+    if report.failed and call.when == "call" and isinstance(cluster, RayUpCluster):
+        report.sections.append(("cluster logs", cluster.logs()))

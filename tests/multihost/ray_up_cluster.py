@@ -29,8 +29,6 @@ from ssh_hosts import Keys, make_image, make_keys, start_sshd
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTER_PORT = 8000
-LEASE_TTL_S = 4.0
-"""The metadata lease of the test cluster's agents (`radixmesh up --lease-ttl`, from the hosts' environment)."""
 T = TypeVar("T")
 
 
@@ -84,11 +82,7 @@ class RayUpCluster:
         image = make_image(base / "python", self.redis_server)
         env = {"RAY_USAGE_STATS_ENABLED": "0",
                # The hosts have no route out: pip installs only from what the image holds.
-               "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-               # The YAML's `radixmesh up` reads it (`--lease-ttl`): a partitioned host leaves the index
-               # within ~4 s, so the partition test heals it well before Ray's GCS declares the node
-               # dead (5 missed health checks, 3 s apart), after which its raylet would exit on heal.
-               "RADIXMESH_UP_LEASE_TTL": str(LEASE_TTL_S)}
+               "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
         start_sshd(self.network, host, self.keys, image, self.home, base / "tmp", env, base / "sshd.log")
         return host
 

@@ -50,18 +50,45 @@ def test_bad_half_life_raises(half_life: float) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    ops=st.lists(st.tuples(st.sampled_from([A, B]), st.floats(0, 1000), st.floats(0, 30)), max_size=20),
+    ops=st.lists(st.tuples(st.sampled_from([A, B]), st.one_of(st.floats(0, 1000), st.none()), st.floats(0, 30)),
+                 max_size=20),
     half_life=st.sampled_from([1.0, 7.5, 60.0]),
 )
-def test_matches_a_sum_over_history(ops: list[tuple[NodeId, float, float]], half_life: float) -> None:
+def test_matches_a_sum_over_history(ops: list[tuple[NodeId, float | None, float]], half_life: float) -> None:
+    """Work None: the node left (forget); the oracle drops its history."""
     now = [0.0]
     r = RecentWork(half_life, lambda: now[0])
     history: list[tuple[NodeId, float, float]] = []
     for node, work, dt in ops:
         now[0] += dt
-        r.add(node, work)
-        history.append((node, work, now[0]))
+        if work is None:
+            r.forget(node)
+            history = [h for h in history if h[0] != node]
+        else:
+            r.add(node, work)
+            history.append((node, work, now[0]))
         r.check_invariants()
+        values = {}
         for n in (A, B):
-            expect = sum(w * 2.0 ** (-(now[0] - t) / half_life) for m, w, t in history if m == n)
-            assert r.value(n) == pytest.approx(expect, rel=1e-9, abs=1e-9)
+            values[n] = sum(w * 2.0 ** (-(now[0] - t) / half_life) for m, w, t in history if m == n)
+            assert r.value(n) == pytest.approx(values[n], rel=1e-9, abs=1e-9)
+        assert r.total() == pytest.approx(sum(values.values()), rel=1e-9, abs=1e-6)
+        # Least work first; a node with no history (never routed, or forgotten) before any other.
+        ranked = r.least(2, [A, B], lambda _: True)
+        fresh = sorted(n for n in (A, B) if not any(m == n for m, _, _ in history))
+        assert ranked[:len(fresh)] == fresh
+        if not fresh:
+            assert values[ranked[0]] <= values[ranked[1]] * (1 + 1e-9) + 1e-9
+
+
+def test_a_node_that_left_comes_back_as_the_least_loaded() -> None:
+    now = [0.0]
+    r = RecentWork(150.0, lambda: now[0])
+    r.add(A, 190_000.0)
+    r.add(B, 20_000.0)
+    assert r.least(1, [A, B], lambda _: True) == [B]
+    r.forget(A)
+    assert r.value(A) == 0.0 and r.total() == pytest.approx(20_000.0)
+    assert r.least(1, [A, B], lambda _: True) == [A]
+    r.forget(NodeId("never-seen"))  # nothing to drop
+    r.check_invariants()

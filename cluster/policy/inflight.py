@@ -63,6 +63,10 @@ class InflightTable:
         """`node` was sent a request of `prompt_tokens` (each attempt counts: each is work there)."""
         self._recent.add(node, prompt_tokens)
 
+    def forget_recent(self, node: NodeId) -> None:
+        """`node` left the cluster: its recent work no longer counts against it (RecentWork.forget)."""
+        self._recent.forget(node)
+
     def recent_tokens(self, node: NodeId) -> float:
         return self._recent.value(node)
 

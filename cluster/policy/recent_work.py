@@ -62,6 +62,17 @@ class RecentWork:
             if len(self._heap) > 4 * len(self._members) + 64:  # stale items that never surfaced
                 self._rebuild()
 
+    def forget(self, node: NodeId) -> None:
+        """Drop `node`'s work: it left the cluster, and what it was routed finished there or failed
+        over, so when it comes back it ranks like a node never given work."""
+        if node not in self._value:
+            return
+        now = self._clock()
+        self._total = (max(0.0, self._decay(*self._total, now) - self._decayed(node, now)), now)
+        del self._value[node], self._key[node]  # its heap items are stale now, dropped as they surface
+        if node in self._members:
+            self._untracked.add(node)
+
     def total(self) -> float:
         """Every node's decayed work summed, as of now; O(1)."""
         return self._decay(*self._total, self._clock())

@@ -106,7 +106,9 @@ def test_shared_prefixes_are_pulled_across_hosts_over_ucx_with_cacheless_outputs
         if c.get("/stats")["router"]["remote"] > 0:
             break
     else:
-        pytest.fail("no request pulled its prefix in 4 bursts of 12")
+        pulls = [(s, v) for s, v in samples(c, "radixmesh_pulls_total") if v > 0]
+        pytest.fail(f"no request pulled its prefix in 4 bursts of 12; router's view: {router_nodes(c)}; "
+                    f"pulls by outcome: {pulls}")
     # The agents count what they pulled from each peer; peers are other hosts.
     pulled = {(s["node"], s["peer"]): v for s, v in samples(c, "radixmesh_pull_bytes_total") if v > 0}
     assert pulled, "no KV bytes pulled between agents"

@@ -67,18 +67,6 @@ def test_cost_pulls_to_an_idle_node_when_the_holder_is_busy() -> None:
     assert "pulled from a" in d.reason
 
 
-def test_cost_pulls_only_what_a_peer_has_stored() -> None:
-    """A pending holder (routed, not yet stored) is no pull source: the plan pulls the 2 blocks C
-    stores, not the 4 that A will hold once its queue reaches them (regression: such pulls found
-    nothing to send and the puller recomputed them)."""
-    pending = dataclasses.replace(view(A, 4, queued=1000, inflight=1), pending_blocks=3)
-    cluster = ClusterView((pending, view(B), view(C, 2, queued=1000)), default_pull_bytes_per_s=1e6)
-    d = make_policy("cost", CFG).route(REQ, cluster)
-    assert (d.node, d.local_blocks, d.pull_from, d.pull_blocks) == (B, 0, C, 2)
-    with pytest.raises(ValueError, match="pending_blocks"):
-        dataclasses.replace(pending, pending_blocks=5)
-
-
 def test_cost_uses_the_measured_pair_bandwidth() -> None:
     nodes = (view(A, 4, queued=1000, inflight=1), view(B))
     slow = ClusterView(nodes, pull_bytes_per_s={(B, A): 1000.0}, default_pull_bytes_per_s=1e6)

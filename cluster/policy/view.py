@@ -33,25 +33,11 @@ class NodeView:
     """Measured prefill rate."""
     recent_tokens: float = 0.0
     """Prompt tokens routed to this node, exponentially decayed (`RecentWork`); bounds load over time."""
-    pending_blocks: int = 0
-    """Of blocks 0..local_blocks-1, the last pending_blocks are only speculative: routed to this node
-    and not yet stored (the router's pending holders, beyond what the index reports). The node holds
-    them once its queue reaches them, so a request queued behind them reuses them; a peer cannot pull
-    them now."""
-
-    @property
-    def stored_blocks(self) -> int:
-        """Blocks 0..stored_blocks-1 are stored here now (a peer can pull them)."""
-        return self.local_blocks - self.pending_blocks
 
     def __post_init__(self) -> None:
         if not 0 <= self.gpu_blocks <= self.local_blocks:
             raise ValueError(
                 f"need 0 <= gpu_blocks <= local_blocks, got {self.gpu_blocks}, {self.local_blocks}"
-            )
-        if not 0 <= self.pending_blocks <= self.local_blocks:
-            raise ValueError(
-                f"need 0 <= pending_blocks <= local_blocks, got {self.pending_blocks}, {self.local_blocks}"
             )
         if self.queued_tokens < 0 or self.inflight < 0:
             raise ValueError("queued_tokens and inflight must be >= 0")
@@ -125,14 +111,12 @@ def build_view(
         m = found.get(node)
         extra = pending.get(node, 0)
         gpu = max(m.gpu_blocks if m else 0, extra)
-        stored = m.any_tier_blocks if m else 0
         rate = m.load.prefill_tokens_per_s if m and m.load.prefill_tokens_per_s > 0 else default_prefill_tokens_per_s
         views.append(
             NodeView(
                 node,
                 gpu_blocks=gpu,
-                local_blocks=max(stored, gpu),
-                pending_blocks=max(0, extra - stored),
+                local_blocks=max(m.any_tier_blocks if m else 0, gpu),
                 queued_tokens=table.queued_tokens(node),
                 inflight=table.inflight(node),
                 recent_tokens=table.recent_tokens(node),

@@ -194,10 +194,8 @@ class Router:
                           match is not None, view.cluster)
 
     def _others_work(self, update: IndexUpdate) -> None:
-        """Work other routers routed counts in this router's load table too (bounded load then sees
-        the fleet's work: unshared, two routers lost 2.2 points of hit rate at 64 nodes). A node that
-        left (its lease ended) comes back with none: its old work, decaying at the rate of everyone
-        else's, would keep it over the load cap long after it is back and idle."""
+        """Other routers' work counts here too (unshared, two routers lost 2.2 points at 64 nodes). A
+        node that left comes back with none: its old work would keep it over the load cap, idle."""
         for node in update.left:
             self._inflight.forget_recent(node)
         for w in update.work:

@@ -68,7 +68,7 @@ def _load_config(ctx: click.Context, _: click.Parameter, path: Path | None) -> N
         command = group.get_command(ctx, str(name))
         if command is None or not isinstance(options, dict):
             raise click.BadParameter(f"{path}: {name!r} is not a command with options "
-                                     f"(commands: {', '.join(sorted(group.commands))})")
+                                     f"(commands: {', '.join(group.list_commands(ctx))})")
         # Keys are the options as typed (`gpu-blocks` or `gpu_blocks` for --gpu-blocks), or their names.
         known = {opt.lstrip("-").replace("-", "_"): p.name for p in command.params if p.name
                  for opt in (*p.opts, p.name)}

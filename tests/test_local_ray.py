@@ -7,7 +7,9 @@ import ray
 from radixmesh.cluster.launch.local_ray import init_loopback_ray
 
 
-def test_head_that_never_starts_raises_with_gcs_log_and_leaks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_head_that_never_starts_raises_with_gcs_log_and_leaks_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # No wait at all for the GCS port file: both tries fail the way a far too slow GCS does.
     monkeypatch.setenv("RAY_gcs_server_port_wait_time_s", "0")
     before = {child.pid for child in psutil.Process().children(recursive=True)}

@@ -10,7 +10,10 @@ load judged both as prompt tokens routed per node, the measure the bounded-load 
 requests routed per node) and Mooncake's published cache ratio beside ours; the last line is one
 JSON object, also written to bench/results/trace_hit_rate.json. Beside global LRU it prints
 global S3-FIFO (one cache of the same memory with the nodes' scan-resistant eviction), so a reader
-sees what routing costs and what eviction buys. The "arXiv" trace of issue 16 is
+sees what routing costs and what eviction buys; and every policy's computed blocks by cause
+(SimReport.misses_by_cause: first touch, held elsewhere but not pulled, being computed elsewhere,
+evicted everywhere) beside the blocks global LRU evicts and later misses, which says where a cell
+loses to it. The "arXiv" trace of issue 16 is
 mooncake_trace_1000 (the first 1,000 requests of Mooncake's arXiv trace).
 
 The policy's random tie-breaks move a run's hit rate by up to ~3% of global LRU on the arXiv trace
@@ -35,7 +38,7 @@ POLICIES = [
 """Routing policies, then `+` eviction changes on every node: `cluster_evict`, replicated chain ends
 first among each eviction's next blocks (SimConfig.cluster_eviction); `s3fifo`, the scan-resistant
 order (PoolConfig.eviction); `cluster_ghost`, blocks whose last cluster copy was evicted recently
-come back as re-used (SimConfig.cluster_recall); `handoff`, a pull's source demotes the blocks it
+come back as re-used (SimConfig.cluster_recall: the index's ghost, which agents get with their lease); `handoff`, a pull's source demotes the blocks it
 sent (SimConfig.handoff)."""
 MODIFIERS = {"cluster_evict", "s3fifo", "cluster_ghost", "handoff"}
 ISSUE_GOAL = 1.0  # issue 16: cluster-aware eviction >= 1.0 x global LRU at <= 1.25 x mean load (tokens)
@@ -85,6 +88,7 @@ def main() -> None:
                     "max_load_over_mean": r.max_load_over_mean,
                     "max_tokens_over_mean": r.max_tokens_over_mean,
                     "hits_by_source": r.hits_by_source,
+                    "misses_by_cause": r.misses_by_cause,
                     "ttft_p50_s": r.ttft_p50_s,
                     "ttft_p99_s": r.ttft_p99_s,
                 }
@@ -120,6 +124,12 @@ def main() -> None:
                             "met_requests": hit_ok and loads <= 1.25,
                         }
                     )
+            print(f"computed blocks by cause (first touch / held elsewhere, not pulled / being computed elsewhere"
+                  f" / evicted everywhere); global LRU evicts {round(r.blocks * (r.infinite_bound - r.global_lru))}"
+                  " blocks it later misses:")
+            for policy in POLICIES:
+                m = row[policy]["misses_by_cause"]  # type: ignore[index]
+                print(f"  {policy:<35}" + " / ".join(f"{m[k]}" for k in ("first", "held", "computing", "evicted")))
             print(
                 f"{'infinite bound':<35}{row['infinite_bound']:>9.3f}\n{'global LRU':<35}{row['global_lru']:>9.3f}"
                 f"\n{'global S3-FIFO':<35}{row['global_s3fifo']:>9.3f}"

@@ -13,7 +13,7 @@ and optionally an event publisher to the metadata service. `serve` executes a Se
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -23,13 +23,14 @@ from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.gpu_budget import measure_gpu_budget
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished, NewTokens
+from radixmesh.node_agent.memory.recall import RecallWindow
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
 from radixmesh.node_agent.metrics_server import MetricsServer, ScrapeTarget, metrics_token
 from radixmesh.node_agent.placement import place_model
 from radixmesh.node_agent.publisher import EventPublisher, PublisherConfig, chains
 from radixmesh.node_agent.transfer.endpoint import parse_address
 from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
-from radixmesh.proto.block_hash import hash_blocks, tenant_salt
+from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.cluster_secret import is_loopback
 from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
@@ -68,6 +69,8 @@ class NodeAgent:
         self.publisher: EventPublisher | None = None
         self.counters = AgentCounters()
         self._hits: list[RequestHits] = []
+        self._recalled = RecallWindow(config.recall_blocks)
+        """The cluster's ghost as the leases report it; read by the gpu pool on the engine thread."""
         self._metrics_server: MetricsServer | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -89,6 +92,8 @@ class NodeAgent:
             engine_config = replace(engine_config, memory=replace(engine_config.memory, num_gpu_blocks=budget.num_blocks))
         tokenizer = await asyncio.to_thread(source.tokenizer)
         engine = Engine(model, engine_config, device=placement.device, clock=self._clock, tokenizer=tokenizer)
+        if self.config.recall_blocks:
+            engine.memory.gpu.pool.set_cluster_recall(self._recalled.take)
         self._runner = EngineRunner(engine, clock=self._clock)
         try:
             self._transfer = make_transfer_plane(engine.memory.gpu, engine.layout, self.config, self._runner.call)
@@ -258,6 +263,11 @@ class NodeAgent:
 
     def _drain_events(self) -> list[CacheEvent]:
         return [e for t in self.engine.memory.tiers for e in t.cache.take_events()]
+
+    async def recall(self, hashes: Sequence[BlockHash]) -> None:
+        """Remember the cluster's last-copy evictions a lease reported; on the engine thread, where
+        the pool reads them."""
+        await self.runner.call(self._recalled.lose, hashes)
 
     def take_hits(self) -> list[RequestHits]:
         """Drain the realized hits of the requests finished since the last call."""

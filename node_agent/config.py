@@ -60,6 +60,10 @@ class AgentConfig:
     agent evicts (TransferSource.handoff), so a conversation that moved keeps one copy in the
     cluster, not two. The eviction order itself is `engine.memory.pool.eviction`. Off by default:
     the simulator's best row uses it, but it has not been measured on real traffic yet."""
+    recall_blocks: int = 65536
+    """The cluster's ghost on this agent: how many of the hashes the metadata service reports as
+    last-copy evictions (with each heartbeat's lease) it remembers; a block stored again under one
+    is kept as re-used (BlockPool.set_cluster_recall; the ``s3fifo`` order uses it). 0: off."""
     pull_timeout_s: float = 10.0
     """Bound on one pull; past it the missing blocks are recomputed."""
     max_requests: int = 512
@@ -91,6 +95,8 @@ class AgentConfig:
             port = getattr(self, name)
             if port is not None and not 0 <= port < 65536:
                 raise ValueError(f"{name} must be in [0, 65535], got {port}")
+        if self.recall_blocks < 0:
+            raise ValueError(f"recall_blocks must be >= 0, got {self.recall_blocks}")
         for name in ("pull_timeout_s", "heartbeat_interval_s", "publish_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,6 +60,10 @@ class PublishedNode(Protocol):
     async def load(self) -> NodeLoad: ...
 
     def take_hits(self) -> list[RequestHits]: ...
+
+    async def recall(self, hashes: Sequence[BlockHash]) -> None:
+        """The cluster evicted its last copy of `hashes` recently (a lease's `recalled`)."""
+        ...
 
     def next_epoch(self) -> int:
         """Become a new incarnation: a strictly higher epoch, which node_info reports from now on."""
@@ -179,6 +183,8 @@ class EventPublisher:
                 send = self._hits[:MAX_HITS_PER_HEARTBEAT]
                 self._lease = await self._client.heartbeat(self.node_id, self.epoch, load, send)
                 del self._hits[: len(send)]
+                if self._lease.recalled:
+                    await self._node.recall(self._lease.recalled)
                 # A standby that took over restored the index as last persisted, so it may expect an
                 # earlier batch than our next one; an idle node publishes nothing to learn of the gap.
                 first_pending = self._pending[0].seq if self._pending else self._seq + 1

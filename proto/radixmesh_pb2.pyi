@@ -35,18 +35,20 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., layout_fingerprint: _Optional[str] = ..., block_size: _Optional[int] = ..., transfer_address: _Optional[str] = ..., capacity_blocks: _Optional[int] = ..., block_bytes: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("node_id", "epoch", "ttl_s", "next_seq", "snapshot_required")
+    __slots__ = ("node_id", "epoch", "ttl_s", "next_seq", "snapshot_required", "recalled")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
     NEXT_SEQ_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    RECALLED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
     ttl_s: float
     next_seq: int
     snapshot_required: bool
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., ttl_s: _Optional[float] = ..., next_seq: _Optional[int] = ..., snapshot_required: _Optional[bool] = ...) -> None: ...
+    recalled: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., ttl_s: _Optional[float] = ..., next_seq: _Optional[int] = ..., snapshot_required: _Optional[bool] = ..., recalled: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class NodeLoad(_message.Message):
     __slots__ = ("queued_requests", "running_tokens", "free_blocks", "prefill_tokens_per_s", "pull_gbps")

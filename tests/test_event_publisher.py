@@ -120,6 +120,39 @@ async def test_heartbeat_reports_load_and_realized_hits(metadata: Metadata) -> N
         await agent.stop()
 
 
+async def test_an_agent_keeps_a_block_the_cluster_lost_as_reused(metadata: Metadata) -> None:
+    """The cluster's ghost end to end: "a" evicts the only copy of a prompt's blocks, "b"'s next
+    lease lists them, and "b" stores them as re-used (S3-FIFO's main queue) where blocks it computes
+    for the first time go to probation."""
+    a, b = await new_agent("a", metadata), await new_agent("b", metadata)
+    try:
+        lost, fresh = prompt(40, 17), prompt(41, 17)
+        lost_hashes, fresh_hashes = hash_blocks(lost, BS), hash_blocks(fresh, BS)
+        await collect(a.serve(plan("q1", lost)))
+        pool_a = a.engine.memory.gpu.pool
+        await a.runner.call(pool_a.evict, pool_a.num_cached)
+        await publisher(a).flush()
+        layout = a.layout.fingerprint()
+        assert all(metadata.service.index.recalled(layout, h) for h in lost_hashes)
+        await publisher(b).heartbeat()
+        lease = publisher(b).lease
+        assert lease is not None and set(lost_hashes) <= set(lease.recalled)
+        await publisher(b).heartbeat()  # each loss is reported once
+        assert publisher(b).lease.recalled == ()  # type: ignore[union-attr]
+        await collect(b.serve(plan("q2", lost)))
+        await collect(b.serve(plan("q3", fresh)))
+        cache = b.engine.memory.gpu.cache
+        order = cache.pool._order
+        assert all(order.main.is_stamped(cache._table[h]) for h in lost_hashes)  # type: ignore[attr-defined]
+        assert not any(order.main.is_stamped(cache._table[h]) for h in fresh_hashes)  # type: ignore[attr-defined]
+        await publisher(b).flush()
+        assert not any(metadata.service.index.recalled(layout, h) for h in lost_hashes)  # held again
+        metadata.service.index.check_invariants()
+    finally:
+        await a.stop()
+        await b.stop()
+
+
 async def test_service_restored_from_older_state_gets_a_snapshot(metadata: Metadata) -> None:
     agent = await new_agent("a", metadata)
     try:

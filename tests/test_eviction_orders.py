@@ -5,14 +5,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.cluster.sim.holders import HolderCount
+from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.eviction import make_eviction_order
 from radixmesh.node_agent.memory.pool_config import PoolConfig
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockRemoved, BlockStored, Tier
-from radixmesh.proto.ids import BlockId
+from radixmesh.proto.ids import BlockId, NodeId
 
 
 def h(i: int) -> BlockHash:
@@ -79,16 +79,28 @@ def test_cluster_recall_sends_a_block_the_cluster_lost_to_main() -> None:
     assert order.main.is_stamped(a[0]) and order.small.is_stamped(b[0])  # type: ignore[attr-defined]
 
 
-def test_holder_count_remembers_last_copies_evicted() -> None:
-    count = HolderCount(ghost_capacity=2)
-    count.apply([BlockStored((h(1), h(2), h(3)), None, Tier.GPU), BlockStored((h(1),), None, Tier.GPU)])
-    count.apply([BlockRemoved((h(1), h(2), h(3)), Tier.GPU)])
-    # h(1) has a copy left; h(2) and h(3) lost their last one
-    assert [count.evicted_recently(h(i)) for i in (1, 2, 3)] == [False, True, True]
-    count.apply([BlockStored((h(4),), None, Tier.GPU), BlockRemoved((h(4),), Tier.GPU)])
-    assert [count.evicted_recently(h(i)) for i in (2, 3, 4)] == [False, True, True]  # capacity 2
-    count.apply([BlockStored((h(3),), None, Tier.GPU)])
-    assert not count.evicted_recently(h(3))  # held again
+def test_index_remembers_last_copies_evicted() -> None:
+    index = GlobalIndex(recall_blocks=2)
+    a, b = NodeId("a"), NodeId("b")
+    for n in (a, b):
+        index.add_node(n, "L")
+    index.apply(a, [BlockStored((h(1), h(2), h(3)), None, Tier.GPU)])
+    index.apply(b, [BlockStored((h(1),), None, Tier.GPU)])
+    index.apply(a, [BlockRemoved((h(1), h(2), h(3)), Tier.GPU)])
+    # h(1) has a copy left on b; h(2) and h(3) lost their last one
+    assert [index.recalled("L", h(i)) for i in (1, 2, 3)] == [False, True, True]
+    index.apply(a, [BlockStored((h(4),), None, Tier.GPU), BlockRemoved((h(4),), Tier.GPU)])
+    assert [index.recalled("L", h(i)) for i in (2, 3, 4)] == [False, True, True]  # capacity 2
+    assert index.lost_since("L", 0, 10) == ([h(3), h(4)], 3) and index.lost_since("L", 2, 10) == ([h(4)], 3)
+    index.apply(b, [BlockStored((h(3),), None, Tier.GPU)])
+    assert not index.recalled("L", h(3))  # held again
+    assert index.lost_since("L", 0, 10) == ([h(4)], 3) and not index.recalled("other layout", h(4))
+    # a held block still counts among the last `recall_blocks` losses (as the simulator measured it)
+    index.apply(a, [BlockStored((h(5),), None, Tier.GPU), BlockRemoved((h(5),), Tier.GPU)])
+    index.apply(b, [BlockRemoved((h(3),), Tier.GPU)])  # lost again: the newest loss
+    assert [index.recalled("L", h(i)) for i in (3, 4, 5)] == [True, False, True]
+    assert index.lost_since("L", 3, 10) == ([h(5), h(3)], 5)
+    index.check_invariants()
 
 
 @pytest.mark.parametrize("eviction", ["lru", "s3fifo"])

@@ -79,6 +79,19 @@ def test_bounded_load_splits_a_burst_larger_than_a_fair_share() -> None:
     assert r.hits_by_source == {"local": 0, "remote": 0, "miss": 8} and r.max_load_over_mean == 1.0
 
 
+def test_misses_are_counted_by_cause() -> None:
+    def causes(rows: Sequence[tuple[float, list[int]]], nodes: int, capacity: int, policy: str) -> list[int]:
+        m = run(rows, nodes, capacity, policy).misses_by_cause
+        return [m["first"], m["held"], m["computing"], m["evicted"]]
+
+    # the burst's second sibling goes to the idle node while the first computes blocks 0-2 there
+    assert causes([(0, [0, 1, 2, 3]), (0, [0, 1, 2, 4])], 2, 10, "prefix_affinity") == [5, 0, 3, 0]
+    # block 0 left the only (one-block) cache for block 1, then came back
+    assert causes([(0, [0]), (10, [1]), (20, [0])], 1, 1, "round_robin") == [2, 0, 0, 1]
+    # round robin sends the repeat to the node that lacks it: the other node holds it, not pulled
+    assert causes([(0, [0, 1]), (10, [0, 1])], 2, 10, "round_robin") == [2, 2, 0, 0]
+
+
 def test_cost_pulls_from_a_busy_holder() -> None:
     rows = [(0, [0, 1, 2, 3, 4]), (5, [0, 1, 2, 3, 4, *range(30, 40)]), (6, [0, 1, 2, 3, 4, 50])]
     s = simulator(nodes=2, capacity=20, policy="cost")

@@ -20,6 +20,7 @@ def format_report(r: SimReport) -> str:
                 f"{r.requests} requests, {r.blocks} blocks"
             ),
             f"hit rate        {r.hit_rate:.3f}  (local {hs['local']}, remote {hs['remote']}, miss {hs['miss']})",
+            "misses by cause " + ", ".join(f"{k} {v}" for k, v in r.misses_by_cause.items()),
             f"infinite bound  {r.infinite_bound:.3f}  achieved/bound {d['achieved_over_bound']:.3f}",
             f"global LRU      {r.global_lru:.3f}  achieved/global LRU {d['achieved_over_global_lru']:.3f}",
             (

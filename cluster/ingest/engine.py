@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -26,6 +27,7 @@ from radixmesh.cluster.ingest.subscriber import KVEventSubscriber, SubscriberCon
 from radixmesh.cluster.ingest.vllm_events import EngineEventBatch
 from radixmesh.node_agent.metrics_exposition import render_prometheus
 from radixmesh.node_agent.publisher import EventPublisher, PublisherConfig
+from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.client import MetadataClient
@@ -130,6 +132,9 @@ class ExternalEngineNode:
     def take_hits(self) -> list[RequestHits]:
         hits, self._hits = self._hits, []
         return hits
+
+    async def recall(self, hashes: Sequence[BlockHash]) -> None:
+        """The engine evicts in its own order: the cluster's ghost is of no use to it."""
 
     async def refresh_metrics(self) -> EngineMetrics:
         url = f"{self.config.base_url}/metrics"

@@ -16,6 +16,10 @@ Holders are bit masks over per-layout node slots: a node in slot s holds a block
 2s is set, on host when bit 2s+1 is. Masks are plain ints, so an entry is two dict values and no
 Python object of its own: no per-block allocation for the garbage collector to track or traverse.
 Each node keeps the set of hashes it holds, so `drop_node` costs only that node's blocks.
+
+With `recall_blocks`, each layout also keeps the cluster's ghost (`RecallWindow`): its latest
+`recall_blocks` last-copy evictions (a BlockRemoved that left no holder; a node that leaves or clears
+evicts nothing), recalled while nobody holds the block again.
 """
 
 from collections.abc import Iterable, Sequence
@@ -24,6 +28,7 @@ from itertools import groupby, islice, repeat, takewhile
 from operator import eq, or_
 from typing import NamedTuple, cast
 
+from radixmesh.node_agent.memory.recall import RecallWindow
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockRemoved, BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import NodeId
@@ -58,6 +63,8 @@ class _Partition:
     """Node of each slot; None for a slot freed by `drop_node`, reused by the next node."""
     gpu_bits: int = 0
     """Bit 2s set for every slot s ever used: folds a mask to one 'either tier' bit per node."""
+    lost: RecallWindow = field(default_factory=lambda: RecallWindow(0))
+    """Blocks the layout's last holder evicted recently."""
 
     def take_slot(self, node: NodeId) -> int:
         slot = next((s for s, n in enumerate(self.slots) if n is None), len(self.slots))
@@ -90,9 +97,13 @@ class _Holder:
 class GlobalIndex:
     """The cluster's radix index of prefix blocks. Not thread-safe: one event loop owns it."""
 
-    def __init__(self) -> None:
+    def __init__(self, recall_blocks: int = 0) -> None:
+        """`recall_blocks`: last-copy evictions remembered per layout (0: none; see `recalled`)."""
+        if recall_blocks < 0:
+            raise ValueError(f"recall_blocks must be >= 0, got {recall_blocks}")
         self._parts: dict[str, _Partition] = {}
         self._holders: dict[NodeId, _Holder] = {}
+        self._recall_blocks = recall_blocks
 
     def add_node(self, node: NodeId, layout: str) -> None:
         """Attach `node` to a layout partition. Idempotent; ValueError if it is in another layout."""
@@ -103,7 +114,9 @@ class GlobalIndex:
             return
         if not layout:
             raise ValueError("layout fingerprint must be non-empty")
-        part = self._parts.setdefault(layout, _Partition())
+        part = self._parts.get(layout)
+        if part is None:
+            part = self._parts[layout] = _Partition(lost=RecallWindow(self._recall_blocks))
         self._holders[node] = _Holder(layout, part, part.take_slot(node))
 
     def nodes(self) -> list[NodeId]:
@@ -228,6 +241,21 @@ class GlobalIndex:
             )
         return IndexMatch(depth, prefixes)  # type: ignore[arg-type]
 
+    def recalled(self, layout: str, block_hash: BlockHash) -> bool:
+        """Whether the layout's last copy of `block_hash` was among its `recall_blocks` latest
+        last-copy evictions, and no node holds it now."""
+        part = self._parts.get(layout)
+        return part is not None and block_hash in part.lost and block_hash not in part.masks
+
+    def lost_since(self, layout: str, cursor: int, limit: int) -> tuple[list[BlockHash], int]:
+        """The layout's hashes lost after `cursor` (0: from the start) that no node holds now, oldest
+        first, at most the newest `limit` losses; and the cursor to pass next (`RecallWindow.since`)."""
+        part = self._parts.get(layout)
+        if part is None:
+            return [], cursor
+        lost, cursor = part.lost.since(cursor, limit)
+        return [h for h in lost if h not in part.masks], cursor
+
     def node_chains(self, node: NodeId) -> list[BlockStored]:
         """`node`'s blocks as stored chains (per tier), enough to rebuild them with `insert`."""
         holder = self._holder(node)
@@ -275,6 +303,7 @@ class GlobalIndex:
                     assert n is not None, f"{h.hex()} held by free slot {slot} in {layout}"
                     assert h in self._holders[n].parents, f"{h.hex()} missing from {n}'s block set"
                     counted[n] += 1
+            part.lost.check_invariants()
         for n, holder in self._holders.items():
             assert holder.part is self._parts[holder.layout], f"node {n} attached to another partition"
             assert counted[n] == len(holder.parents), f"{n}: {counted[n]} holder marks, {len(holder.parents)} held"
@@ -309,6 +338,7 @@ class GlobalIndex:
                 masks[h] = mask
             else:
                 del masks[h]
+                part.lost.lose((h,))
             if not mask & both:
                 del held[h]
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
 
@@ -37,6 +38,8 @@ class Member:
     last_seq: int = 0
     """Last event batch applied; 0 before any."""
     load: NodeLoad = field(default_factory=NodeLoad)
+    recall_cursor: int = 0
+    """The index's lost-block sequence number this node's leases have reported up to."""
 
 
 class SeqVerdict(Enum):
@@ -120,8 +123,9 @@ class Membership:
     def get(self, node: NodeId) -> Member | None:
         return self._members.get(node)
 
-    def lease(self, member: Member, snapshot_required: bool) -> Lease:
-        return Lease(member.info.node_id, member.info.epoch, self.lease_ttl_s, member.last_seq + 1, snapshot_required)
+    def lease(self, member: Member, snapshot_required: bool, recalled: tuple[BlockHash, ...] = ()) -> Lease:
+        return Lease(member.info.node_id, member.info.epoch, self.lease_ttl_s, member.last_seq + 1,
+                     snapshot_required, recalled)
 
     def encode(self, node: NodeId) -> bytes:
         """The persistent record of a node: its highest epoch, and its lease while live."""

@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.cluster.policy.base import PolicyConfig, RoutePolicy, RouteRequest, make_policy
@@ -73,9 +74,9 @@ class SimConfig:
     """A pull's source demotes the blocks it sent that the puller lacked (BlockPool.demote): the
     puller's copy serves the conversation from now on, the source's goes first when space is needed."""
     cluster_recall: bool = False
-    """Nodes learn which blocks the cluster evicted its last copy of, recently (a ghost as long as the
-    cluster has blocks, from the events: HolderCount.evicted_recently), and keep such blocks as re-used
-    when they come back (BlockPool.set_cluster_recall; used by ``s3fifo``)."""
+    """Nodes learn which blocks the cluster evicted its last copy of, recently (the index's ghost,
+    `GlobalIndex.recalled`, as long as the cluster has blocks), and keep such blocks as re-used when
+    they come back (BlockPool.set_cluster_recall; used by ``s3fifo``). Agents get it with their lease."""
     seed: int = 0
     candidates: int = 0
     """0: the policy scores every node. k > 0: only the prefix holders (indexed or pending) and the
@@ -120,6 +121,10 @@ class SimReport:
     requests: int
     blocks: int
     hits_by_source: dict[str, int]
+    misses_by_cause: dict[str, int]
+    """Why each computed block was computed: ``first`` (no earlier request had it: global LRU pays it
+    too), ``held`` (another node held it when the job started but it was not pulled), ``computing``
+    (another node was computing it then), ``evicted`` (every copy was gone)."""
     hit_rate: float
     infinite_bound: float
     global_lru: float
@@ -178,7 +183,8 @@ class Simulator:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.now = 0.0
-        self.index = GlobalIndex()
+        # The cluster's ghost as long as the cluster has blocks (cluster_recall).
+        self.index = GlobalIndex(config.nodes * config.capacity_blocks if config.cluster_recall else 0)
         shared = PendingIndex(config.pending_ttl_s, clock=lambda: self.now)
         self._routers = [
             _SimRouter(shared if config.shared_pending or k == 0
@@ -200,17 +206,21 @@ class Simulator:
                 config.policy, policy_config, random.Random(config.seed + k))
         self.cost = CostModel(policy_config)
         self.nodes: dict[NodeId, SimNode] = {}
-        self.holders = HolderCount(config.nodes * config.capacity_blocks if config.cluster_recall else 0)
+        self.holders = HolderCount()
         copies = self.holders.others if config.cluster_eviction else None
         for i in range(config.nodes):
             nid = NodeId(f"n{i:03d}")
             self.nodes[nid] = SimNode(nid, config.capacity_blocks, config.prefill_tokens_per_s, copies,
                                       config.eviction_window, config.eviction)
             if config.cluster_recall:
-                self.nodes[nid].cache.pool.set_cluster_recall(self.holders.evicted_recently)
+                self.nodes[nid].cache.pool.set_cluster_recall(partial(self.index.recalled, _LAYOUT))
             self.index.add_node(nid, _LAYOUT)
         self._node_ids = list(self.nodes)
         self.hits = {"local": 0, "remote": 0, "miss": 0}
+        self.misses = dict.fromkeys(("first", "held", "computing", "evicted"), 0)
+        self._seen: set[BlockHash] = set()
+        self._computing: dict[BlockHash, int] = {}
+        """Blocks being computed by started jobs, with how many jobs compute each."""
         self.ttfts: list[float] = []
         self._route_s = 0.0
         self._match_s = 0.0
@@ -269,6 +279,7 @@ class Simulator:
                     nid,
                     gpu_blocks=max(p.gpu if p else 0, extra),
                     local_blocks=max(p.any_tier if p else 0, extra),
+                    pending_blocks=max(0, extra - (p.any_tier if p else 0)),
                     queued_tokens=node.queued_tokens(self.now),
                     inflight=node.inflight,
                     recent_tokens=router.recent.value(nid),
@@ -308,13 +319,36 @@ class Simulator:
         self.hits["local"] += job.local_blocks
         self.hits["remote"] += job.pull_blocks
         self.hits["miss"] += computed
+        self._classify(job.hashes[len(job.hashes) - computed :])
         tokens = job.prompt_tokens - (job.local_blocks + job.pull_blocks) * TRACE_BLOCK_TOKENS
         duration = self.cost.pull_time(job.pull_blocks, self.config.pull_bytes_per_s) + tokens / node.rate
         node.busy_until = self.now + duration
         self._push(node.busy_until, _DONE, node.node)
 
+    def _classify(self, computed: Sequence[BlockHash]) -> None:
+        """Count each block this job computes by why no hit served it (`SimReport.misses_by_cause`)."""
+        seen, computing = self._seen, self._computing
+        for h in computed:
+            if h not in seen:
+                cause = "first"
+            elif self.holders.holders(h):
+                cause = "held"
+            elif h in computing:
+                cause = "computing"
+            else:
+                cause = "evicted"
+            self.misses[cause] += 1
+            computing[h] = computing.get(h, 0) + 1
+        seen.update(computed)
+
     def _finish(self, node: SimNode) -> None:
         job = node.finish()
+        computing = self._computing
+        for h in job.hashes[job.local_blocks + job.pull_blocks :]:
+            if computing[h] == 1:
+                del computing[h]
+            else:
+                computing[h] -= 1
         self._apply_events(node)
         self.ttfts.append(self.now - job.arrival_s)
         if node.waiting:
@@ -351,6 +385,7 @@ class Simulator:
             requests=len(requests),
             blocks=blocks,
             hits_by_source=dict(self.hits),
+            misses_by_cause=dict(self.misses),
             hit_rate=(self.hits["local"] + self.hits["remote"]) / blocks if blocks else 0.0,
             infinite_bound=infinite_bound(prompts),
             global_lru=global_lru,

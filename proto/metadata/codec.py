@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import cast
 
 from radixmesh.proto import radixmesh_pb2 as pb
-from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.block_hash import HASH_BYTES, BlockHash
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import COUNTER_FIELDS, HitCounters, HitStats, RequestHits
@@ -83,11 +83,15 @@ def lease_to_pb(lease: Lease) -> pb.Lease:
         ttl_s=lease.ttl_s,
         next_seq=lease.next_seq,
         snapshot_required=lease.snapshot_required,
+        recalled=lease.recalled,
     )
 
 
 def lease_from_pb(m: pb.Lease) -> Lease:
-    return Lease(NodeId(m.node_id), m.epoch, m.ttl_s, m.next_seq, m.snapshot_required)
+    recalled = _hashes(m.recalled)
+    if any(len(h) != HASH_BYTES for h in recalled):
+        raise ValueError(f"recalled block hashes must be {HASH_BYTES} bytes each")
+    return Lease(NodeId(m.node_id), m.epoch, m.ttl_s, m.next_seq, m.snapshot_required, recalled)
 
 
 def load_to_pb(load: NodeLoad) -> pb.NodeLoad:

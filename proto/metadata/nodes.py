@@ -3,6 +3,7 @@
 import math
 from dataclasses import dataclass, field
 
+from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.limits import (
     MAX_ADDRESS_CHARS,
@@ -82,3 +83,6 @@ class Lease:
     ttl_s: float
     next_seq: int
     snapshot_required: bool
+    recalled: tuple[BlockHash, ...] = ()
+    """Blocks the cluster evicted its last copy of since the node's previous heartbeat (the index's
+    ghost, oldest first): stored again here, they count as re-used (BlockPool.set_cluster_recall)."""

@@ -14,8 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixmesh.cluster.cli.sim import sim
+from radixmesh.cluster.policy.base import RouteDecision
+from radixmesh.cluster.sim.node import SimJob, SimNode
 from radixmesh.cluster.sim.simulator import SimConfig, SimReport, SimRequest, Simulator, percentile, prepare
 from radixmesh.cluster.sim.trace import TraceRequest
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.ids import NodeId
 
 
 def trace(rows: Sequence[tuple[float, list[int]]]) -> list[SimRequest]:
@@ -188,3 +192,24 @@ def test_cli_table_and_bad_input(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "random" in bad.output
     bad = CliRunner().invoke(sim, [path, "--speedup", "0"])
     assert bad.exit_code == 2 and "speedup" in bad.output
+
+
+def test_a_peer_still_prefilling_offers_the_blocks_finished_so_far() -> None:
+    """SimNode.done_prefix: the local prefix at once, pulled blocks once the pull ends, then one
+    block per block_tokens prefilled, never more than the job allocated; nothing when idle."""
+    node = SimNode(NodeId("a"), capacity_blocks=16, prefill_tokens_per_s=100.0)
+    hashes = tuple(BlockHash(bytes([i]) * 16) for i in range(1, 7))
+    assert node.done_prefix(0.0, 10) == ()
+    node.cache.insert(hashes[:1], node.cache.pool.allocate(1), None)
+    node.cache.release(node.cache.match(hashes[:1]))
+    decision = RouteDecision(NodeId("a"), 1, NodeId("b"), 2, 0.0, "test")
+    node.enqueue(SimJob(0, 0.0, 60, hashes, decision, 30))
+    job = node.start_next(peer_prefix=3)
+    assert (job.local_blocks, job.pull_blocks, len(job.new_ids)) == (1, 2, 5)
+    node.compute_from = 1.0  # the pull of 2 blocks ends at t = 1
+    assert node.done_prefix(0.5, 10) == hashes[:1]
+    assert node.done_prefix(1.0, 10) == hashes[:3]
+    assert node.done_prefix(1.15, 10) == hashes[:4]  # 15 tokens prefilled: one whole block
+    assert node.done_prefix(9.0, 10) == hashes  # capped at what the job holds
+    node.finish()
+    assert node.done_prefix(9.0, 10) == ()

@@ -5,6 +5,7 @@ request ahead of it has inserted its blocks and finds them cached, as on a real 
 Cache timeline of one job::
 
     start: match (pin) the local prefix, allocate blocks for the rest (evicting in the pool's order)
+    prefill: a peer's pull gets the blocks prefilled so far (`done_prefix`)
     done:  insert the new blocks under their hashes, release everything (cached, evictable)
 """
 
@@ -55,6 +56,8 @@ class SimNode:
         self.waiting: deque[SimJob] = deque()
         self.current: SimJob | None = None
         self.busy_until = 0.0
+        self.compute_from = 0.0
+        """When the current job's prefill began (after its pull)."""
         self.waiting_tokens = 0
         self.routed = 0
         self.routed_tokens = 0
@@ -92,6 +95,19 @@ class SimNode:
         room = pool.num_free + pool.num_cached
         job.new_ids = pool.allocate(min(len(job.hashes) - job.local_blocks, room))
         return job
+
+    def done_prefix(self, now: float, block_tokens: int) -> tuple[BlockHash, ...]:
+        """The current job's leading blocks a peer could pull at `now`: its local prefix, what it
+        pulled, and the blocks prefilled so far (the engine commits each chunk's full blocks to its
+        prefix cache as the chunk ends, so a pull during a prefill gets the finished part)."""
+        job = self.current
+        if job is None:
+            return ()
+        ready = job.local_blocks
+        if now >= self.compute_from:
+            done = int((now - self.compute_from) * self.rate) // block_tokens
+            ready = min(job.local_blocks + job.pull_blocks + done, job.local_blocks + len(job.new_ids))
+        return job.hashes[:ready]
 
     def finish(self) -> SimJob:
         """End the current job: its new blocks become cached. Returns it."""

@@ -279,7 +279,6 @@ class Simulator:
                     nid,
                     gpu_blocks=max(p.gpu if p else 0, extra),
                     local_blocks=max(p.any_tier if p else 0, extra),
-                    pending_blocks=max(0, extra - (p.any_tier if p else 0)),
                     queued_tokens=node.queued_tokens(self.now),
                     inflight=node.inflight,
                     recent_tokens=router.recent.value(nid),
@@ -306,13 +305,17 @@ class Simulator:
         if plan.pull_from is not None:
             # As the real transfer source does: pin what the peer still holds, send, release. The
             # release renews those blocks' recency on the peer; the send itself takes no peer time here.
-            source = self.nodes[plan.pull_from].cache
+            source_node = self.nodes[plan.pull_from]
+            source = source_node.cache
             hashes = node.waiting[0].hashes
-            pinned = source.match(hashes[: plan.local_blocks + plan.pull_blocks])
+            want = hashes[: plan.local_blocks + plan.pull_blocks]
+            pinned = source.match(want)
             source.release(pinned)
             if self.config.handoff:
                 source.pool.demote(pinned[node.cache.longest_prefix(hashes) :])
-            peer = len(pinned)
+            # A peer still prefilling this prefix sends the part it has finished.
+            computing = source_node.done_prefix(self.now, TRACE_BLOCK_TOKENS)
+            peer = max(len(pinned), _common_prefix(want, computing))
         job = node.start_next(peer)
         self._apply_events(node)  # evictions made room for the new blocks
         computed = len(job.hashes) - job.local_blocks - job.pull_blocks
@@ -321,8 +324,9 @@ class Simulator:
         self.hits["miss"] += computed
         self._classify(job.hashes[len(job.hashes) - computed :])
         tokens = job.prompt_tokens - (job.local_blocks + job.pull_blocks) * TRACE_BLOCK_TOKENS
-        duration = self.cost.pull_time(job.pull_blocks, self.config.pull_bytes_per_s) + tokens / node.rate
-        node.busy_until = self.now + duration
+        pull_s = self.cost.pull_time(job.pull_blocks, self.config.pull_bytes_per_s)
+        node.compute_from = self.now + pull_s
+        node.busy_until = node.compute_from + tokens / node.rate
         self._push(node.busy_until, _DONE, node.node)
 
     def _classify(self, computed: Sequence[BlockHash]) -> None:
@@ -398,3 +402,12 @@ class Simulator:
             route_us_mean=self._route_s / len(requests) * 1e6 if requests else 0.0,
             match_us_mean=self._match_s / len(requests) * 1e6 if requests else 0.0,
         )
+
+
+def _common_prefix(a: Sequence[BlockHash], b: Sequence[BlockHash]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -267,19 +267,27 @@ class FlakyNode:
 
 
 async def test_an_unexpected_error_is_counted_and_the_loops_go_on(metadata: Metadata) -> None:
-    agent = await new_agent("a", metadata)
+    # The publisher under test is the node's only one: the agent has none of its own.
+    agent = NodeAgent(agent_config("a"))
+    await agent.start()
+    assert agent.publisher is None
     try:
-        await collect(agent.serve(plan("q", prompt(41, 14))))
         p = EventPublisher(FlakyNode(agent, failures=2), MetadataClient(metadata.address, timeout_s=5.0),  # type: ignore[arg-type]
                            PublisherConfig(publish_interval_s=0.01, heartbeat_interval_s=0.01, max_backoff_s=0.05))
         await p.start()
         try:
             deadline = time.monotonic() + 30
-            while p.batches == 0:  # the publish loop survived both errors and sent the node's events
+            while p.loop_errors < 2 or p.registrations == 0:  # both drains failed; the lease (and snapshot) is there
+                assert time.monotonic() < deadline, "the node did not fail twice and register"
+                await asyncio.sleep(0.01)
+            # Events made after both failures: only a publish round that survived them sends them.
+            await collect(agent.serve(plan("q", prompt(41, 14))))
+            while p.batches == 0:
                 assert time.monotonic() < deadline, "the publish loop did not recover"
                 await asyncio.sleep(0.01)
         finally:
             await p.stop()
         assert p.loop_errors == 2
+        assert await held_blocks(metadata, agent, hash_blocks(prompt(41, 14), BS)) > 0
     finally:
         await agent.stop()

@@ -23,6 +23,7 @@ from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.recent_work import RecentWork
 from radixmesh.cluster.policy.view import ClusterView, FleetLoad, NodeView
 from radixmesh.cluster.sim.holders import HolderCount
+from radixmesh.cluster.sim.miss_causes import MissCauses
 from radixmesh.cluster.sim.node import SimJob, SimNode
 from radixmesh.cluster.sim.oracle import global_cache, infinite_bound
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceRequest
@@ -122,9 +123,7 @@ class SimReport:
     blocks: int
     hits_by_source: dict[str, int]
     misses_by_cause: dict[str, int]
-    """Why each computed block was computed: ``first`` (no earlier request had it: global LRU pays it
-    too), ``held`` (another node held it when the job started but it was not pulled), ``computing``
-    (another node was computing it then), ``evicted`` (every copy was gone)."""
+    """Computed blocks by why no hit served them (`miss_causes.CAUSES`)."""
     hit_rate: float
     infinite_bound: float
     global_lru: float
@@ -217,10 +216,7 @@ class Simulator:
             self.index.add_node(nid, _LAYOUT)
         self._node_ids = list(self.nodes)
         self.hits = {"local": 0, "remote": 0, "miss": 0}
-        self.misses = dict.fromkeys(("first", "held", "computing", "evicted"), 0)
-        self._seen: set[BlockHash] = set()
-        self._computing: dict[BlockHash, int] = {}
-        """Blocks being computed by started jobs, with how many jobs compute each."""
+        self.misses = MissCauses(self.holders.holders)
         self.ttfts: list[float] = []
         self._route_s = 0.0
         self._match_s = 0.0
@@ -322,37 +318,16 @@ class Simulator:
         self.hits["local"] += job.local_blocks
         self.hits["remote"] += job.pull_blocks
         self.hits["miss"] += computed
-        self._classify(job.hashes[len(job.hashes) - computed :])
+        self.misses.started(job.hashes[len(job.hashes) - computed :])
         tokens = job.prompt_tokens - (job.local_blocks + job.pull_blocks) * TRACE_BLOCK_TOKENS
         pull_s = self.cost.pull_time(job.pull_blocks, self.config.pull_bytes_per_s)
         node.compute_from = self.now + pull_s
         node.busy_until = node.compute_from + tokens / node.rate
         self._push(node.busy_until, _DONE, node.node)
 
-    def _classify(self, computed: Sequence[BlockHash]) -> None:
-        """Count each block this job computes by why no hit served it (`SimReport.misses_by_cause`)."""
-        seen, computing = self._seen, self._computing
-        for h in computed:
-            if h not in seen:
-                cause = "first"
-            elif self.holders.holders(h):
-                cause = "held"
-            elif h in computing:
-                cause = "computing"
-            else:
-                cause = "evicted"
-            self.misses[cause] += 1
-            computing[h] = computing.get(h, 0) + 1
-        seen.update(computed)
-
     def _finish(self, node: SimNode) -> None:
         job = node.finish()
-        computing = self._computing
-        for h in job.hashes[job.local_blocks + job.pull_blocks :]:
-            if computing[h] == 1:
-                del computing[h]
-            else:
-                computing[h] -= 1
+        self.misses.finished(job.hashes[job.local_blocks + job.pull_blocks :])
         self._apply_events(node)
         self.ttfts.append(self.now - job.arrival_s)
         if node.waiting:
@@ -389,7 +364,7 @@ class Simulator:
             requests=len(requests),
             blocks=blocks,
             hits_by_source=dict(self.hits),
-            misses_by_cause=dict(self.misses),
+            misses_by_cause=dict(self.misses.counts),
             hit_rate=(self.hits["local"] + self.hits["remote"]) / blocks if blocks else 0.0,
             infinite_bound=infinite_bound(prompts),
             global_lru=global_lru,

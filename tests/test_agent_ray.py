@@ -15,7 +15,7 @@ from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, TokenDelta
 from tests.test_agent import agent_config, collect, plan, prompt, reference
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module")

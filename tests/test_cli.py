@@ -19,6 +19,8 @@ from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.router.http_api import start_http
 from radixmesh.cluster.sim.demo import DemoWorkload, run_workload
 
+pytestmark = pytest.mark.ray
+
 TRACE = Path(__file__).resolve().parent / "data" / "traces" / "mooncake_trace_1000.jsonl"
 
 

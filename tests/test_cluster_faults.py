@@ -29,7 +29,7 @@ from radixmesh.proto.metadata.auth import CallerCredentials
 from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.serve.sampling import SamplingParams
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 TOK = ByteTokenizer()
 SECRET = ClusterSecret.generate()
 BS, LONG = 4, 160

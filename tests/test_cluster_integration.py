@@ -34,7 +34,7 @@ from radixmesh.proto.metadata.messages import MatchQuery
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult
 from radixmesh.proto.serve.sampling import SamplingParams
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 TOK = ByteTokenizer()
 BS = 4
 SYSTEMS = [f"System {i}: you are assistant {i} of a cluster; answer briefly and truthfully." for i in range(3)]

@@ -15,6 +15,8 @@ from radixmesh.cluster.router.serve_router import RadixmeshRequestRouter, prompt
 from radixmesh.node_agent.model.tokenizer import ByteTokenizer
 from radixmesh.proto.block_hash import hash_blocks
 
+pytestmark = pytest.mark.ray
+
 BS = 4
 
 

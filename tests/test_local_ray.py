@@ -6,6 +6,8 @@ import ray
 
 from radixmesh.cluster.launch.local_ray import init_loopback_ray
 
+pytestmark = pytest.mark.ray
+
 
 def test_head_that_never_starts_raises_with_gcs_log_and_leaks_nothing(
     monkeypatch: pytest.MonkeyPatch,

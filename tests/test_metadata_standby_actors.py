@@ -29,7 +29,7 @@ from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import EventBatch, MatchQuery
 from radixmesh.proto.metadata.nodes import NodeInfo
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.ray, pytest.mark.integration, pytest.mark.timeout(120)]
 
 L = "layout-standby-actors"
 H = tuple(BlockHash(bytes([i]) * 16) for i in range(1, 5))

@@ -23,6 +23,8 @@ from radixmesh.cluster.metadata.service import MetadataService
 from radixmesh.proto.cluster_secret import ClusterSecret, check_bind, is_loopback
 from radixmesh.proto.ids import NodeId
 
+pytestmark = pytest.mark.ray
+
 TRACE = Path(__file__).resolve().parent / "data" / "traces" / "mooncake_trace_1000.jsonl"
 EXE = Path(sys.executable).with_name("radixmesh")
 

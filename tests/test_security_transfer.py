@@ -45,7 +45,7 @@ from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.ray, pytest.mark.integration, pytest.mark.timeout(180)]
 loop = test_transfer_ucx.loop  # the UCX tests' fixtures: one event loop, one owner process per module
 owner = test_transfer_ucx.owner
 

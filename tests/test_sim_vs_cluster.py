@@ -22,7 +22,7 @@ from radixmesh.cluster.sim.replay import ReplayConfig, fit, replay
 from radixmesh.cluster.sim.simulator import SimConfig, Simulator, prepare
 from radixmesh.cluster.sim.trace import read_trace
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 TRACE = Path(__file__).resolve().parent / "data" / "traces" / "mooncake_trace_1000.jsonl"
 NODES, CAPACITY, BS, TOLERANCE = 3, 48, 4, 0.05
 REPLAY = ReplayConfig(block_size=BS, max_prompt_blocks=24, max_tokens=1, sequential=True, model="tiny-test")

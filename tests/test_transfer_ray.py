@@ -31,7 +31,7 @@ from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.ray, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")

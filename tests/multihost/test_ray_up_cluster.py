@@ -19,7 +19,7 @@ from netns_hosts import Host, listening_sockets
 from prometheus_client.parser import text_string_to_metric_families
 from ray_up_cluster import RayUpCluster, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
 
 MODEL = "tiny"  # the YAML's `radixmesh up` serves the default, seeded `tiny` model
 PREFIX = "".join(f"Rule {i}: be precise about topic {i % 7}. " for i in range(100))

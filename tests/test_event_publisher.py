@@ -267,13 +267,16 @@ class FlakyNode:
 
 
 async def test_an_unexpected_error_is_counted_and_the_loops_go_on(metadata: Metadata) -> None:
-    # The publisher under test is the node's only one: the agent has none of its own.
+    # The publisher under test is the node's only one. It is installed as the agent's publisher: an
+    # agent without one drains its own events when a request finishes, before a flush could send them.
+    # It flushes every 0.5 s, slower than the request: the request's events wait for a later round.
     agent = NodeAgent(agent_config("a"))
     await agent.start()
     assert agent.publisher is None
     try:
         p = EventPublisher(FlakyNode(agent, failures=2), MetadataClient(metadata.address, timeout_s=5.0),  # type: ignore[arg-type]
-                           PublisherConfig(publish_interval_s=0.01, heartbeat_interval_s=0.01, max_backoff_s=0.05))
+                           PublisherConfig(publish_interval_s=0.5, heartbeat_interval_s=0.01, max_backoff_s=0.05))
+        agent.publisher = p
         await p.start()
         try:
             deadline = time.monotonic() + 30
@@ -289,6 +292,7 @@ async def test_an_unexpected_error_is_counted_and_the_loops_go_on(metadata: Meta
                 await asyncio.sleep(0.01)
         finally:
             await p.stop()
+            agent.publisher = None
         assert p.loop_errors == 2
         assert await held_blocks(metadata, agent, hash_blocks(prompt(41, 14), BS)) > 0
     finally:

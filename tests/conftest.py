@@ -1,17 +1,16 @@
 """Shared fixtures: a real redis-server per test (local_servers), UCX reset per module, the gpu
 marker's skip, and the xdist schedule that keeps the Ray tests on one worker."""
 
-import functools
 import sys
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from local_servers import running_redis
 from xdist.scheduler import LoadScopeScheduling
+from xdist_schedule import RayTestsTogether
 
 # Two cores are shared by the test process and the servers it starts; intra-op threads only contend.
 torch.set_num_threads(1)
@@ -29,22 +28,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
     """Under `-n N` (xdist's default `load` distribution): `RayTestsTogether`."""
     return RayTestsTogether(config, log) if config.getvalue("dist") == "load" else None
-
-
-class RayTestsTogether(LoadScopeScheduling):
-    """xdist's `load` distribution, except that every test of a module marked `ray` goes to one worker,
-    in file order: two Ray heads at once (one spanning network namespaces) starve each other on two
-    cores, and a module's cluster fixture is built once. (xdist_group would say this, but xdist 3.8
-    cannot rename pytest 9's node ids, so its groups silently split.)"""
-
-    def _split_scope(self, nodeid: str) -> str:
-        return "ray" if _marked_ray(self.config.rootpath / nodeid.split("::", 1)[0]) else nodeid
-
-
-@functools.cache
-def _marked_ray(path: Path) -> bool:
-    # The controller schedules node ids without collecting the tests, so it reads the module's marker.
-    return path.suffix == ".py" and "pytest.mark.ray" in path.read_text()
 
 
 @pytest.fixture

@@ -90,31 +90,37 @@ async def test_cached_on_one_agent_pulled_by_another_outputs_exact(local_ray: No
         assert stats["prompt_tokens"] - stats["computed"] == sum(cached for _, cached in usages)
         assert stats["local_gpu"] + stats["remote"] + stats["local_host"] == stats["prompt_tokens"] - stats["computed"]
 
-        # Force each system prompt's requests onto a node that does not hold it: it pulls over UCX.
+        # The index knows a holder of every system prompt's full blocks.
         async with MetadataClient(d.metadata_address, credentials=CallerCredentials.cluster(CONFIG.secret),
                                   timeout_s=5.0) as meta:
             layout = (await launcher.agent_handle(NodeId("node-0")).node_info.remote()).layout
-            for i, system in enumerate(SYSTEMS):
-                tokens = tuple(TOK.encode(f"{system} A new user {i} asks something else entirely."))
-                hashes = hash_blocks(tokens, BS, key=CONFIG.secret.hash_key())  # the deployment's key
+            for system in SYSTEMS:
+                hashes = hash_blocks(TOK.encode(system), BS, key=CONFIG.secret.hash_key())  # the deployment's key
                 [match] = await meta.match([MatchQuery(layout, tuple(hashes))])
-                holder = max(match.nodes, key=lambda m: m.gpu_blocks)
-                assert holder.gpu_blocks >= len(TOK.encode(system)) // BS
-                # The node holding the least of it (routing may have put a prompt on two nodes).
-                held = {m.node_id: m.gpu_blocks for m in match.nodes}
-                target = min(d.nodes, key=lambda n: held.get(n, 0))
-                assert held.get(target, 0) < holder.gpu_blocks, "every node holds the whole prefix"
-                plan = ServePlan(f"forced-{i}", tokens, sampling,
-                                 pull=PullPlan(holder.node_id, holder.transfer_address, 0, holder.gpu_blocks))
-                result = await serve_forced(target, plan)
-                assert result.node == target and not result.stats.pull_failed
-                # The target may hold a first block or so itself (every system prompt starts "System ").
-                assert result.stats.tokens.remote > 0
-                assert result.stats.tokens.local_gpu + result.stats.tokens.remote == holder.gpu_blocks * BS
-                assert result.stats.pull_bytes > 0
-                assert result.output_token_ids == reference(tokens, sampling)
-                text = await launcher.agent_handle(target).prometheus_text.remote()
-                assert f'peer="{holder.node_id}"' in text
+                assert max(m.gpu_blocks for m in match.nodes) == len(hashes)
+
+        # A prefix no node has seen, cached on an owner by a forced serve, then forced onto another
+        # node with a pull plan: it arrives over UCX. (Prefixes the router placed cannot serve here:
+        # bounded load may have cached one on every node.)
+        for i, owner in enumerate(d.nodes):
+            target = d.nodes[(i + 1) % len(d.nodes)]
+            system = f"Forced system {i}: you are the pulled assistant {i}; answer in one word."
+            first = tuple(TOK.encode(f"{system} Which node computed this?"))
+            done = await serve_forced(owner, ServePlan(f"owner-{i}", first, sampling))
+            assert done.node == owner and done.stats.tokens.remote == 0
+            blocks = len(TOK.encode(system)) // BS  # full blocks of the shared system part
+            address = (await launcher.agent_handle(owner).node_info.remote()).transfer_address
+            tokens = tuple(TOK.encode(f"{system} A new user {i} asks something else entirely."))
+            plan = ServePlan(f"forced-{i}", tokens, sampling, pull=PullPlan(owner, address, 0, blocks))
+            result = await serve_forced(target, plan)
+            assert result.node == target and not result.stats.pull_failed
+            # The target may hold a first block itself (every forced prompt starts "Forced system ").
+            assert result.stats.tokens.remote > 0
+            assert result.stats.tokens.local_gpu + result.stats.tokens.remote == blocks * BS
+            assert result.stats.pull_bytes > 0
+            assert result.output_token_ids == reference(tokens, sampling)
+            text = await launcher.agent_handle(target).prometheus_text.remote()
+            assert f'peer="{owner}"' in text
         for node in d.nodes:
             await launcher.agent_handle(node).check_invariants.remote()
 

@@ -2,7 +2,7 @@
 worker runs them one after another; every other test is a scope of its own."""
 
 import pytest
-from conftest import RayTestsTogether
+from xdist_schedule import RayTestsTogether
 
 
 @pytest.fixture

@@ -13,8 +13,12 @@ global S3-FIFO (one cache of the same memory with the nodes' scan-resistant evic
 sees what routing costs and what eviction buys; and every policy's computed blocks by cause
 (SimReport.misses_by_cause: first touch, held elsewhere but not pulled, being computed elsewhere,
 evicted everywhere) beside the blocks global LRU evicts and later misses, which says where a cell
-loses to it. The "arXiv" trace of issue 16 is
-mooncake_trace_1000 (the first 1,000 requests of Mooncake's arXiv trace).
+loses to it; every policy's evictions by kind with their median age (SimReport.evictions: last
+copies in the cluster, duplicates, and global LRU's own); and per cell the headroom any cache has
+over global LRU (infinite bound / global LRU) and what load balance alone allows (sim.balance:
+online greedy and offline LPT max/mean tokens), against which the goal's load bar is judged.
+The "arXiv" trace of issue 16 is mooncake_trace_1000 (the first 1,000 requests of Mooncake's
+arXiv trace).
 
 The policy's random tie-breaks move a run's hit rate by up to ~3% of global LRU on the arXiv trace
 (more than the eviction changes do there), so the goal policies also run with seeds 1..S-1 and the
@@ -26,6 +30,7 @@ import json
 import time
 from pathlib import Path
 
+from radixmesh.cluster.sim.balance import offline_max_over_mean, online_max_over_mean
 from radixmesh.cluster.sim.simulator import SimConfig, Simulator, prepare
 from radixmesh.cluster.sim.trace import read_trace
 
@@ -89,6 +94,7 @@ def main() -> None:
                     "max_tokens_over_mean": r.max_tokens_over_mean,
                     "hits_by_source": r.hits_by_source,
                     "misses_by_cause": r.misses_by_cause,
+                    "evictions": d["evictions"],
                     "ttft_p50_s": r.ttft_p50_s,
                     "ttft_p99_s": r.ttft_p99_s,
                 }
@@ -130,6 +136,20 @@ def main() -> None:
             for policy in POLICIES:
                 m = row[policy]["misses_by_cause"]  # type: ignore[index]
                 print(f"  {policy:<35}" + " / ".join(f"{m[k]}" for k in ("first", "held", "computing", "evicted")))
+            print("evictions (count, median age s): last copies in the cluster / duplicates; global LRU's:")
+            for policy in POLICIES:
+                e = row[policy]["evictions"]  # type: ignore[index]
+                print(f"  {policy:<35}" + " / ".join(
+                    f"{e[k]['blocks']} at {e[k]['age_p50_s']:.0f}" if k in e else "0"
+                    for k in ("last_copy", "duplicate", "global_lru")))
+            tokens = [q.prompt_tokens for q in requests]
+            row["balance_online"] = online_max_over_mean(tokens, n)
+            row["balance_offline"] = offline_max_over_mean(tokens, n)
+            print(
+                f"headroom: infinite bound / global LRU {row['infinite_bound'] / row['global_lru']:.3f};"  # type: ignore[operator]
+                f" load balance alone (max/mean tokens): online greedy {row['balance_online']:.3f},"
+                f" offline LPT {row['balance_offline']:.3f}"
+            )
             print(
                 f"{'infinite bound':<35}{row['infinite_bound']:>9.3f}\n{'global LRU':<35}{row['global_lru']:>9.3f}"
                 f"\n{'global S3-FIFO':<35}{row['global_s3fifo']:>9.3f}"

@@ -16,7 +16,7 @@ from radixmesh.cluster.policy.base import RouteDecision
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.eviction import CopiesElsewhere
 from radixmesh.node_agent.memory.pool_config import PoolConfig
-from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.prefix_cache import EvictionHook, PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import CacheEvent
 from radixmesh.proto.ids import BlockId, NodeId
@@ -44,9 +44,9 @@ class SimNode:
 
     def __init__(self, node: NodeId, capacity_blocks: int, prefill_tokens_per_s: float,
                  copies: CopiesElsewhere | None = None, eviction_window: int = 0,
-                 eviction: str = "lru") -> None:
+                 eviction: str = "lru", on_evict: EvictionHook | None = None) -> None:
         self.node = node
-        self.cache = PrefixCache(BlockPool(capacity_blocks, config=PoolConfig(eviction=eviction)))
+        self.cache = PrefixCache(BlockPool(capacity_blocks, config=PoolConfig(eviction=eviction)), on_evict=on_evict)
         if copies is not None:
             # Cluster-aware eviction prefers blocks another node holds, but only chain ends here:
             # evicting a chain's head would strand its cached tail (matches are prefixes).

@@ -7,11 +7,11 @@
   the same memory achieves as one pooled cache.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.pool_config import PoolConfig
-from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.prefix_cache import EvictedBlock, PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 
 
@@ -26,12 +26,24 @@ def infinite_bound(prompts: Sequence[Sequence[BlockHash]]) -> float:
     return hits / total if total else 0.0
 
 
-def global_cache(prompts: Sequence[Sequence[BlockHash]], capacity_blocks: int, eviction: str = "lru") -> float:
+def global_cache(
+    prompts: Sequence[Sequence[BlockHash]],
+    capacity_blocks: int,
+    eviction: str = "lru",
+    on_evict: Callable[[int, list[BlockHash]], None] | None = None,
+) -> float:
     """Hit rate of one prefix cache of `capacity_blocks`, evicting in the order named `eviction`
-    (`PoolConfig.eviction`), over the prompts in order."""
-    cache = PrefixCache(BlockPool(capacity_blocks, config=PoolConfig(eviction=eviction)))
+    (`PoolConfig.eviction`), over the prompts in order. `on_evict(i, hashes)` hears of every
+    eviction, made while admitting prompt i."""
+    admitting = 0
+
+    def heard(evicted: Sequence[EvictedBlock]) -> None:
+        if on_evict is not None:
+            on_evict(admitting, [e.hash for e in evicted])
+
+    cache = PrefixCache(BlockPool(capacity_blocks, config=PoolConfig(eviction=eviction)), on_evict=heard)
     hits = total = 0
-    for hashes in prompts:
+    for admitting, hashes in enumerate(prompts):
         local = cache.match(hashes)
         n_new = min(len(hashes) - len(local), cache.pool.num_free + cache.pool.num_cached)
         new = cache.pool.allocate(n_new)

@@ -22,12 +22,14 @@ from radixmesh.cluster.policy.cost_model import CostModel
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.recent_work import RecentWork
 from radixmesh.cluster.policy.view import ClusterView, FleetLoad, NodeView
+from radixmesh.cluster.sim.eviction_ages import EvictionAges, EvictionSummary
 from radixmesh.cluster.sim.holders import HolderCount
 from radixmesh.cluster.sim.miss_causes import MissCauses
 from radixmesh.cluster.sim.node import SimJob, SimNode
 from radixmesh.cluster.sim.oracle import global_cache, infinite_bound
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceRequest
 from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION, EVICTION_ORDERS
+from radixmesh.node_agent.memory.prefix_cache import EvictedBlock
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
 
@@ -124,6 +126,9 @@ class SimReport:
     hits_by_source: dict[str, int]
     misses_by_cause: dict[str, int]
     """Computed blocks by why no hit served them (`miss_causes.CAUSES`)."""
+    evictions: dict[str, EvictionSummary]
+    """Evicted blocks and their median age, by kind (`eviction_ages.KINDS`): where the nodes evict
+    more last copies, and younger ones, than global LRU evicts blocks, partitioned memory is losing."""
     hit_rate: float
     infinite_bound: float
     global_lru: float
@@ -144,6 +149,7 @@ class SimReport:
 
     def as_dict(self) -> dict[str, object]:
         d = {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        d["evictions"] = {k: v._asdict() for k, v in self.evictions.items()}
         d["achieved_over_bound"] = self.hit_rate / self.infinite_bound if self.infinite_bound else 0.0
         d["achieved_over_global_lru"] = self.hit_rate / self.global_lru if self.global_lru else 0.0
         return d
@@ -210,7 +216,7 @@ class Simulator:
         for i in range(config.nodes):
             nid = NodeId(f"n{i:03d}")
             self.nodes[nid] = SimNode(nid, config.capacity_blocks, config.prefill_tokens_per_s, copies,
-                                      config.eviction_window, config.eviction)
+                                      config.eviction_window, config.eviction, self._evicted)
             if config.cluster_recall:
                 self.nodes[nid].cache.pool.set_cluster_recall(partial(self.index.recalled, _LAYOUT))
             self.index.add_node(nid, _LAYOUT)
@@ -218,6 +224,8 @@ class Simulator:
         self.hits = {"local": 0, "remote": 0, "miss": 0}
         self.misses = MissCauses(self.holders.holders)
         self.ttfts: list[float] = []
+        self._ages: EvictionAges | None = None
+        self._arrived = 0
         self._route_s = 0.0
         self._match_s = 0.0
         self._events: list[tuple[float, int, int, int | NodeId]] = []
@@ -230,6 +238,7 @@ class Simulator:
 
     def run(self, requests: Sequence[SimRequest]) -> SimReport:
         """Replay all requests to completion and report."""
+        self._ages = EvictionAges([r.arrival_s for r in requests], [r.hashes for r in requests])
         for i, r in enumerate(requests):
             self._push(r.arrival_s, _ARRIVE, i)
         arrivals = 0
@@ -238,6 +247,7 @@ class Simulator:
             self.now = max(self.now, t)
             if kind == _ARRIVE:
                 assert isinstance(what, int)
+                self._arrived = what + 1
                 self._arrive(what, requests[what])
                 arrivals += 1
                 if self.config.check_every and arrivals % self.config.check_every == 0:
@@ -333,6 +343,15 @@ class Simulator:
         if node.waiting:
             self._start(node)
 
+    def _evicted(self, evicted: Sequence[EvictedBlock]) -> None:
+        # The evicting node's own removal is not applied yet, so a last copy still counts 1 holder.
+        assert self._ages is not None, "evictions happen inside run()"
+        holders = self.holders.holders
+        for kind, pick in (("last_copy", lambda n: n <= 1), ("duplicate", lambda n: n > 1)):
+            hashes = [e.hash for e in evicted if pick(holders(e.hash))]
+            if hashes:
+                self._ages.evicted(kind, hashes, self._arrived, self.now)
+
     def _apply_events(self, node: SimNode) -> None:
         events = node.take_events()
         self.index.apply(node.node, events)
@@ -356,7 +375,11 @@ class Simulator:
         tokens = [n.routed_tokens for n in self.nodes.values()]
         mean_tokens = sum(tokens) / len(tokens)
         capacity = self.config.nodes * self.config.capacity_blocks
-        global_lru = global_cache(prompts, capacity, "lru")
+        assert self._ages is not None
+        pooled = EvictionAges([r.arrival_s for r in requests], prompts)
+        global_lru = global_cache(
+            prompts, capacity, "lru", lambda i, hashes: pooled.evicted("global_lru", hashes, i + 1, requests[i].arrival_s)
+        )
         return SimReport(
             policy=self.config.policy,
             nodes=self.config.nodes,
@@ -365,6 +388,7 @@ class Simulator:
             blocks=blocks,
             hits_by_source=dict(self.hits),
             misses_by_cause=dict(self.misses.counts),
+            evictions=self._ages.summary() | pooled.summary(),
             hit_rate=(self.hits["local"] + self.hits["remote"]) / blocks if blocks else 0.0,
             infinite_bound=infinite_bound(prompts),
             global_lru=global_lru,

@@ -101,7 +101,11 @@ async def test_a_request_cancelled_during_its_pull_frees_both_nodes() -> None:
         held.set()
         await hold
         for agent in (owner, puller):
-            await until(lambda a=agent: a.engine.memory.gpu.pool.num_in_use == 0, f"{agent.node} to free its blocks")
+            # Nothing queued on the engine thread as well: the owner's pin for the abandoned pull runs
+            # after the hold, and is released only once its send fails, so no blocks in use before
+            # that job ran says nothing.
+            await until(lambda a=agent: a.runner.pending_calls == 0 and a.engine.memory.gpu.pool.num_in_use == 0,
+                        f"{agent.node} to free its blocks")
             await agent.check_invariants()
         assert not puller.runner.is_active(RequestId("pulling")) and not puller.engine.has_work
     finally:

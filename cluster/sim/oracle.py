@@ -38,10 +38,11 @@ def global_cache(
     admitting = 0
 
     def heard(evicted: Sequence[EvictedBlock]) -> None:
-        if on_evict is not None:
-            on_evict(admitting, [e.hash for e in evicted])
+        assert on_evict is not None
+        on_evict(admitting, [e.hash for e in evicted])
 
-    cache = PrefixCache(BlockPool(capacity_blocks, config=PoolConfig(eviction=eviction)), on_evict=heard)
+    cache = PrefixCache(BlockPool(capacity_blocks, config=PoolConfig(eviction=eviction)),
+                        on_evict=None if on_evict is None else heard)
     hits = total = 0
     for admitting, hashes in enumerate(prompts):
         local = cache.match(hashes)

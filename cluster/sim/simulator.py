@@ -22,7 +22,7 @@ from radixmesh.cluster.policy.cost_model import CostModel
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.recent_work import RecentWork
 from radixmesh.cluster.policy.view import ClusterView, FleetLoad, NodeView
-from radixmesh.cluster.sim.eviction_ages import EvictionAges, EvictionSummary
+from radixmesh.cluster.sim.eviction_ages import EvictionAges, EvictionSummary, pooled_lru
 from radixmesh.cluster.sim.holders import HolderCount
 from radixmesh.cluster.sim.miss_causes import MissCauses
 from radixmesh.cluster.sim.node import SimJob, SimNode
@@ -224,8 +224,7 @@ class Simulator:
         self.hits = {"local": 0, "remote": 0, "miss": 0}
         self.misses = MissCauses(self.holders.holders)
         self.ttfts: list[float] = []
-        self._ages: EvictionAges | None = None
-        self._arrived = 0
+        self._ages = EvictionAges()
         self._route_s = 0.0
         self._match_s = 0.0
         self._events: list[tuple[float, int, int, int | NodeId]] = []
@@ -238,7 +237,6 @@ class Simulator:
 
     def run(self, requests: Sequence[SimRequest]) -> SimReport:
         """Replay all requests to completion and report."""
-        self._ages = EvictionAges([r.arrival_s for r in requests], [r.hashes for r in requests])
         for i, r in enumerate(requests):
             self._push(r.arrival_s, _ARRIVE, i)
         arrivals = 0
@@ -247,7 +245,7 @@ class Simulator:
             self.now = max(self.now, t)
             if kind == _ARRIVE:
                 assert isinstance(what, int)
-                self._arrived = what + 1
+                self._ages.used(requests[what].hashes, requests[what].arrival_s)
                 self._arrive(what, requests[what])
                 arrivals += 1
                 if self.config.check_every and arrivals % self.config.check_every == 0:
@@ -344,13 +342,7 @@ class Simulator:
             self._start(node)
 
     def _evicted(self, evicted: Sequence[EvictedBlock]) -> None:
-        # The evicting node's own removal is not applied yet, so a last copy still counts 1 holder.
-        assert self._ages is not None, "evictions happen inside run()"
-        holders = self.holders.holders
-        for kind, pick in (("last_copy", lambda n: n <= 1), ("duplicate", lambda n: n > 1)):
-            hashes = [e.hash for e in evicted if pick(holders(e.hash))]
-            if hashes:
-                self._ages.evicted(kind, hashes, self._arrived, self.now)
+        self._ages.node_evicted([e.hash for e in evicted], self.holders.holders, self.now)
 
     def _apply_events(self, node: SimNode) -> None:
         events = node.take_events()
@@ -375,11 +367,7 @@ class Simulator:
         tokens = [n.routed_tokens for n in self.nodes.values()]
         mean_tokens = sum(tokens) / len(tokens)
         capacity = self.config.nodes * self.config.capacity_blocks
-        assert self._ages is not None
-        pooled = EvictionAges([r.arrival_s for r in requests], prompts)
-        global_lru = global_cache(
-            prompts, capacity, "lru", lambda i, hashes: pooled.evicted("global_lru", hashes, i + 1, requests[i].arrival_s)
-        )
+        global_lru, pooled = pooled_lru(prompts, [r.arrival_s for r in requests], capacity)
         return SimReport(
             policy=self.config.policy,
             nodes=self.config.nodes,
@@ -388,7 +376,7 @@ class Simulator:
             blocks=blocks,
             hits_by_source=dict(self.hits),
             misses_by_cause=dict(self.misses.counts),
-            evictions=self._ages.summary() | pooled.summary(),
+            evictions=self._ages.summary() | pooled,
             hit_rate=(self.hits["local"] + self.hits["remote"]) / blocks if blocks else 0.0,
             infinite_bound=infinite_bound(prompts),
             global_lru=global_lru,

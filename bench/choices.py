@@ -21,9 +21,9 @@ from pathlib import Path
 import aiohttp
 import torch
 
-from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
+from radixmesh.cluster.api.app import start_http
+from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.router.config import RouterConfig
-from radixmesh.cluster.router.http_api import start_http
 from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig

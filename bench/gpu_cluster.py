@@ -28,15 +28,15 @@ from typing import Any
 import ray
 import torch
 
+from radixmesh.cluster.fleet.agent_client import RayAgentClient
 from radixmesh.cluster.launch.local_ray import init_loopback_ray
-from radixmesh.cluster.router.agent_clients import RayAgentClient
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor, node_resource
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.model.source import ModelSource, resolve_model
 from radixmesh.node_agent.transfer.ucx_transport import ucx_env
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult
 from radixmesh.proto.serve.sampling import SamplingParams

@@ -20,18 +20,18 @@ from dataclasses import dataclass
 from itertools import takewhile
 from typing import Any
 
+from radixmesh.cluster.fleet.agent_client import AgentClient
 from radixmesh.cluster.metadata.server import ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
-from radixmesh.cluster.router.agent_client import AgentClient
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.index_watch import IndexWatcher
 from radixmesh.cluster.router.routed import GenerateRequest
 from radixmesh.cluster.router.router import Router
 from radixmesh.cluster.sim.trace import TokenMapping, TraceRequest
+from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import EventBatch, IndexUpdate
 from radixmesh.proto.metadata.nodes import NodeInfo
 from radixmesh.proto.serve.plan import ServeItem, ServePlan

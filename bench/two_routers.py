@@ -28,14 +28,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the in-process cluster parts
 from router_cluster import SECRET, agent_config, router_config, start_metadata
 
+from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.policy.base import PolicyConfig
-from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.router.router import GenerateRequest, Router
 from radixmesh.cluster.sim.replay import ReplayConfig, fit
 from radixmesh.cluster.sim.trace import read_trace
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.node_agent.agent import NodeAgent
-from radixmesh.proto.metadata.auth import CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.serve.sampling import SamplingParams
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"

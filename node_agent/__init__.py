@@ -1,1 +1,52 @@
-"""One node of the cluster: the agent, its Ray actor shell, and the memory, engine, model and transfer plane it owns."""
+"""The node agent: one per GPU, it serves requests with its engine, keeps their KV blocks in its
+prefix cache, publishes what it caches and pulls what its peers cache.
+
+This module is node_agent's public face: the cluster layer (launch, cli, sim: the contract
+`cluster-uses-node-agent-face` in pyproject) imports these names from here and nothing from the
+submodules. The names load on first use (PEP 562), so a command that needs only an eviction name
+does not import torch and Ray with the engine.
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor, node_resource
+    from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
+    from radixmesh.node_agent.engine.engine import EngineConfig
+    from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+    from radixmesh.node_agent.memory.block_pool import BlockPool
+    from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION, EVICTION_ORDERS, CopiesElsewhere
+    from radixmesh.node_agent.memory.pool_config import PoolConfig
+    from radixmesh.node_agent.memory.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
+    from radixmesh.node_agent.model.config import NAMED_CONFIGS
+    from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, random_source, resolve_model
+    from radixmesh.node_agent.placement import DTYPES
+    from radixmesh.node_agent.transfer.ucx_transport import ucx_env
+
+_HOMES = {
+    "AgentPlacement": "actor", "make_agent_actor": "actor", "node_resource": "actor",
+    "TRANSFER_PLANES": "config", "AgentConfig": "config",
+    "EngineConfig": "engine.engine",
+    "MemoryConfig": "engine.paged_memory",
+    "BlockPool": "memory.block_pool",
+    "DEFAULT_EVICTION": "memory.eviction", "EVICTION_ORDERS": "memory.eviction", "CopiesElsewhere": "memory.eviction",
+    "PoolConfig": "memory.pool_config",
+    "EvictedBlock": "memory.prefix_cache", "EvictionHook": "memory.prefix_cache", "PrefixCache": "memory.prefix_cache",
+    "NAMED_CONFIGS": "model.config",
+    "SMOLLM2": "model.source", "ModelSource": "model.source", "random_source": "model.source",
+    "resolve_model": "model.source",
+    "DTYPES": "placement",
+    "ucx_env": "transfer.ucx_transport",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value

@@ -21,18 +21,13 @@ from typing import Any
 
 import ray
 
+from radixmesh.common.metrics.scrape import ScrapeTarget
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.metrics_server import ScrapeTarget
 from radixmesh.node_agent.transfer.ucx_transport import ucx_env
-from radixmesh.proto.ids import NodeId
+from radixmesh.proto.ids import NodeId, agent_actor_name
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
 from radixmesh.proto.serve.plan import ServeItem, ServePlan
-
-
-def agent_actor_name(node: NodeId) -> str:
-    """The Ray actor name of `node`'s agent (found with ray.get_actor)."""
-    return f"radixmesh-agent-{node}"
 
 
 def node_resource(node: NodeId) -> str:

@@ -18,25 +18,25 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.metadata.publisher import EventPublisher, PublisherConfig, chains
+from radixmesh.common.metrics.scrape import MetricsServer, ScrapeTarget, metrics_token
+from radixmesh.common.recall import RecallWindow
+from radixmesh.common.secret import is_loopback
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.gpu_budget import measure_gpu_budget
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished, NewTokens
-from radixmesh.node_agent.memory.recall import RecallWindow
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
-from radixmesh.node_agent.metrics_server import MetricsServer, ScrapeTarget, metrics_token
 from radixmesh.node_agent.placement import place_model
-from radixmesh.node_agent.publisher import EventPublisher, PublisherConfig, chains
 from radixmesh.node_agent.transfer.endpoint import parse_address
 from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
-from radixmesh.proto.cluster_secret import is_loopback
 from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
-from radixmesh.proto.metadata.auth import CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
 from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest, usable_prefix_blocks

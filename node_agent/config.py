@@ -2,10 +2,10 @@
 
 from dataclasses import dataclass, field
 
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.model.source import ModelSource, random_source
 from radixmesh.node_agent.placement import DTYPES
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.limits import check_node_id
 

@@ -7,7 +7,7 @@ snapshot, rendered by metrics_exposition; the engine and memory metrics come fro
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from radixmesh.node_agent.metrics_exposition import metric, render_prometheus
+from radixmesh.common.metrics.exposition import metric, render_prometheus
 from radixmesh.node_agent.transfer.stats import PeerStats
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServeStats

@@ -7,3 +7,9 @@ BlockId = NewType("BlockId", int)
 
 NodeId = NewType("NodeId", str)
 """Stable name of one node agent (one GPU)."""
+
+
+def agent_actor_name(node: NodeId) -> str:
+    """The Ray actor name of `node`'s agent: the launcher creates it, the router finds it by this name
+    (ray.get_actor)."""
+    return f"radixmesh-agent-{node}"

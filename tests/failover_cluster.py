@@ -28,14 +28,14 @@ import grpc
 from local_servers import free_port, running_redis
 from router_cluster import BS, SECRET, agent_config, router_config
 
+from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.policy.base import PolicyConfig
-from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.router.router import GenerateRequest, Router
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.auth import CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.serve.sampling import SamplingParams
 
 LEADER_TTL_S = 1.0

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from gguf import GGUFWriter
 
-from radixmesh.node_agent.model.gguf_tokenizer import byte_alphabet
+from radixmesh.common.text.gguf_tokenizer import byte_alphabet
 
 
 def write_gguf(path: Path, *, model: str = "gpt2", pre: str = "smollm", chat_template: str | None = None) -> Path:

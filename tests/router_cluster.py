@@ -6,12 +6,15 @@ import random
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.metadata.server import MetadataServer, ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService
 from radixmesh.cluster.policy.base import PolicyConfig
-from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.router import Router
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
@@ -19,10 +22,7 @@ from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.model.config import named_config
 from radixmesh.node_agent.model.source import random_source
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.auth import CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.serve.sampling import SamplingParams
 
 MODEL = named_config("tiny", hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from router_cluster import Cluster, local_cluster, reference
 
-from radixmesh.cluster.router.http_api import start_http
-from radixmesh.node_agent.model.tokenizer import ByteTokenizer
+from radixmesh.cluster.api.app import start_http
+from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.proto.serve.sampling import SamplingParams
 
 TOK = ByteTokenizer()

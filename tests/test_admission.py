@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from router_cluster import MODEL_NAME, Cluster, agent_config, local_cluster, router_config
 
+from radixmesh.cluster.api.app import start_http
+from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.router.admission import Admission, AdmissionLimits, Overloaded
-from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
-from radixmesh.cluster.router.http_api import start_http
 from radixmesh.cluster.router.routed import GenerateRequest
 from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.agent import NodeAgent

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from radixmesh.cluster.router.agent_client import AgentUnavailable
-from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
+from radixmesh.cluster.fleet.agent_client import AgentUnavailable, LocalAgentClient, StaticAgentDirectory
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
@@ -15,7 +15,6 @@ from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.model.config import named_config
 from radixmesh.node_agent.model.source import random_source
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, ServeItem, ServePlan, ServeResult, TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams

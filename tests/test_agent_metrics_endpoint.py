@@ -13,15 +13,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from router_cluster import MODEL_NAME, SECRET, agent_config, router_config
 
+from radixmesh.cluster.api.app import start_http
+from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
+from radixmesh.cluster.observability.file_sd import TOKEN_FILE, FileSdConfig, FileSdPublisher
 from radixmesh.cluster.policy.base import PolicyConfig
-from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
-from radixmesh.cluster.router.file_sd import TOKEN_FILE, FileSdConfig, FileSdPublisher
-from radixmesh.cluster.router.http_api import start_http
 from radixmesh.cluster.router.router import Router
+from radixmesh.common.metrics.scrape import MetricsServer, metrics_token
 from radixmesh.node_agent.agent import NodeAgent
-from radixmesh.node_agent.metrics_server import MetricsServer, metrics_token
 from radixmesh.proto.ids import NodeId
 
 pytestmark = [pytest.mark.integration]

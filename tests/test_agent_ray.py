@@ -7,9 +7,8 @@ from collections.abc import Iterator
 import pytest
 import ray
 
+from radixmesh.cluster.fleet.agent_client import AgentUnavailable, RayAgentClient, RayAgentDirectory
 from radixmesh.cluster.launch.local_ray import init_loopback_ray
-from radixmesh.cluster.router.agent_client import AgentUnavailable
-from radixmesh.cluster.router.agent_clients import RayAgentClient, RayAgentDirectory
 from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor, node_resource
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, TokenDelta

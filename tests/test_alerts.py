@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 from radixmesh.cluster.router.metrics import RouterStats
+from radixmesh.common.metrics.exposition import PREFIX
 from radixmesh.node_agent.engine.metrics import EngineStats
 from radixmesh.node_agent.memory.metrics import MemoryStats
 from radixmesh.node_agent.memory.zone_metrics import ZoneStats
 from radixmesh.node_agent.metrics import AgentStats
-from radixmesh.node_agent.metrics_exposition import PREFIX
 
 ALERTS = Path(__file__).resolve().parent.parent / "deploy" / "alerts.yml"
 

@@ -12,7 +12,7 @@ import pytest
 from router_cluster import BS, MODEL_NAME, Cluster, agent_config, local_cluster
 from test_agent import collect
 
-from radixmesh.cluster.router.http_api import start_http
+from radixmesh.cluster.api.app import start_http
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.engine.request import RequestId
 from radixmesh.proto.serve.plan import PullPlan, ServePlan

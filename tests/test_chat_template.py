@@ -9,7 +9,7 @@ import jinja2
 import pytest
 from gguf_vocab import write_gguf
 
-from radixmesh.node_agent.model.chat_template import (
+from radixmesh.common.text.chat_template import (
     ChatMessage,
     JinjaChatTemplate,
     PlainChatTemplate,

@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 from router_cluster import BS, MODEL_NAME, local_cluster
 
+from radixmesh.cluster.api.app import start_http
 from radixmesh.cluster.cli.demo import comparison_table
 from radixmesh.cluster.cli.main import main
-from radixmesh.cluster.router.http_api import start_http
 from radixmesh.cluster.sim.demo import DemoWorkload, run_workload
 
 pytestmark = pytest.mark.ray

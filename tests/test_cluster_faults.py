@@ -22,11 +22,11 @@ from router_cluster import SOURCE, reference
 
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.node_agent.model.tokenizer import ByteTokenizer
-from radixmesh.proto.cluster_secret import ClusterSecret
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.secret import ClusterSecret
+from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.auth import CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.serve.sampling import SamplingParams
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]

@@ -20,16 +20,16 @@ import pytest
 import ray
 from router_cluster import SOURCE, reference
 
+from radixmesh.cluster.fleet.agent_client import RayAgentClient
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.cluster.router.agent_clients import RayAgentClient
-from radixmesh.cluster.router.file_sd import TARGETS_FILE, TOKEN_FILE
-from radixmesh.node_agent.metrics_server import metrics_token
-from radixmesh.node_agent.model.tokenizer import ByteTokenizer
+from radixmesh.cluster.observability.file_sd import TARGETS_FILE, TOKEN_FILE
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.metrics.scrape import metrics_token
+from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.auth import CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import MatchQuery
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult
 from radixmesh.proto.serve.sampling import SamplingParams

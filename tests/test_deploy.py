@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray.autoscaler._private.util import prepare_config, validate_config
 from router_cluster import MODEL_NAME, local_cluster
 
-from radixmesh.cluster.router.file_sd import TARGETS_FILE, TOKEN_FILE
-from radixmesh.cluster.router.http_api import start_http
+from radixmesh.cluster.api.app import start_http
+from radixmesh.cluster.observability.file_sd import TARGETS_FILE, TOKEN_FILE
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 MODEL_MATCHER = 'model_name=~"$model_name"'

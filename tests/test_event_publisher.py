@@ -11,12 +11,12 @@ import pytest
 from radixmesh.cluster.metadata.server import MetadataServer, ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.metadata.store import MemoryStore
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.metadata.publisher import EventPublisher, PublisherConfig, chains
 from radixmesh.node_agent.agent import NodeAgent
-from radixmesh.node_agent.publisher import EventPublisher, PublisherConfig, chains
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.events import BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import MatchQuery
 from tests.test_agent import BS, agent_config, collect, plan, prompt
 

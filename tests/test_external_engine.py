@@ -18,23 +18,22 @@ import aiohttp
 import pytest
 from local_servers import free_port
 
-from radixmesh.cluster.ingest.engine import ExternalEngine, ExternalEngineConfig
-from radixmesh.cluster.ingest.subscriber import SubscriberConfig
+from radixmesh.cluster.fleet.agent_client import AgentUnavailable, StaticAgentDirectory
+from radixmesh.cluster.fleet.engine_client import EngineAgentClient
+from radixmesh.cluster.fleet.external_fleet import ExternalFleet
+from radixmesh.cluster.fleet.ingest.engine import ExternalEngine, ExternalEngineConfig
+from radixmesh.cluster.fleet.ingest.subscriber import SubscriberConfig
 from radixmesh.cluster.metadata.server import MetadataServer, ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService
-from radixmesh.cluster.router.agent_client import AgentUnavailable
-from radixmesh.cluster.router.agent_clients import StaticAgentDirectory
 from radixmesh.cluster.router.config import RouterConfig
-from radixmesh.cluster.router.engine_client import EngineAgentClient
-from radixmesh.cluster.router.external_fleet import ExternalFleet
 from radixmesh.cluster.router.routed import GenerateRequest
 from radixmesh.cluster.router.router import Router
-from radixmesh.node_agent.publisher import PublisherConfig
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.metadata.publisher import PublisherConfig
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.proto.block_hash import hash_blocks, tenant_salt
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.auth import CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import MatchQuery
 from radixmesh.proto.serve.limits import InvalidRequest, PromptLimits
 from radixmesh.proto.serve.plan import ServePlan, ServeResult

@@ -10,9 +10,9 @@ import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from radixmesh.cluster.api.ray_serve import RadixmeshRequestRouter, prompt_of
 from radixmesh.cluster.launch.local_ray import init_loopback_ray
-from radixmesh.cluster.router.serve_router import RadixmeshRequestRouter, prompt_of
-from radixmesh.node_agent.model.tokenizer import ByteTokenizer
+from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.proto.block_hash import hash_blocks
 
 pytestmark = pytest.mark.ray

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from router_cluster import MODEL_NAME
 from router_http import PROMPT, TOK, Api, api, greedy
 
-from radixmesh.node_agent.model.chat_template import ChatMessage, PlainChatTemplate
+from radixmesh.common.text.chat_template import ChatMessage, PlainChatTemplate
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 __all__ = ["api", "greedy"]  # the fixture, and what test_security_http imports from here

@@ -11,7 +11,7 @@ import pytest
 from router_cluster import BS, MODEL_NAME, Cluster, reference
 from router_http import TOK, Api, serving_api
 
-from radixmesh.cluster.router.choices import merge_choices
+from radixmesh.cluster.api.choices import merge_choices
 from radixmesh.proto.serve.limits import usable_prefix_blocks
 from radixmesh.proto.serve.sampling import SamplingParams
 

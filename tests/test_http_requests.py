@@ -9,7 +9,7 @@ import pytest
 from router_cluster import MODEL_NAME, reference
 from router_http import PROMPT, TOK, Api, api, greedy
 
-from radixmesh.node_agent.model.chat_template import ChatMessage, PlainChatTemplate
+from radixmesh.common.text.chat_template import ChatMessage, PlainChatTemplate
 from radixmesh.proto.serve.sampling import SamplingParams
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

@@ -19,12 +19,12 @@ from radixmesh.cluster.metadata.replica import IndexReplica, ReplicaGap
 from radixmesh.cluster.metadata.server import MetadataServer, ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.router.index_watch import IndexWatcher
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.auth import CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import (
     EventBatch,
     IndexUpdate,

@@ -14,10 +14,10 @@ import zmq.asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixmesh.cluster.ingest.block_map import EngineBlockMap
-from radixmesh.cluster.ingest.engine import ExternalEngineConfig, ExternalEngineNode
-from radixmesh.cluster.ingest.subscriber import KVEventSubscriber, SubscriberConfig
-from radixmesh.cluster.ingest.vllm_events import (
+from radixmesh.cluster.fleet.ingest.block_map import EngineBlockMap
+from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig, ExternalEngineNode
+from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig
+from radixmesh.cluster.fleet.ingest.vllm_events import (
     EngineAllCleared,
     EngineBlockRemoved,
     EngineBlockStored,

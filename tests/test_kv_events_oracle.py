@@ -9,8 +9,8 @@ import hashlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.cluster.ingest.block_map import EngineBlockMap
-from radixmesh.cluster.ingest.vllm_events import (
+from radixmesh.cluster.fleet.ingest.block_map import EngineBlockMap
+from radixmesh.cluster.fleet.ingest.vllm_events import (
     EngineAllCleared,
     EngineBlockRemoved,
     EngineBlockStored,

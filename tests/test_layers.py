@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("proto", "kernels", "node_agent", "cluster")
+PACKAGES = ("proto", "kernels", "common", "node_agent", "cluster")
 # `python -m importlinter.cli` has no __main__ guard and exits 0 without checking anything: run the
 # console script that the test extra installs next to this interpreter.
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
@@ -20,6 +20,10 @@ DEFERRED_IMPORTS = {
     ("kernels/dispatch.py", "radixmesh.kernels.kv_write_triton"),
     ("kernels/dispatch.py", "radixmesh.kernels.prefill_attention_triton"),
 }
+# node_agent's public face (node_agent/__init__.py) loads its names on first use, so a command that
+# needs an eviction name does not import torch; its `if TYPE_CHECKING:` imports give static tools
+# the names' types.
+FACE = ROOT / "node_agent" / "__init__.py"
 
 
 def lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -37,7 +41,9 @@ def test_import_contracts_are_kept() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_a_back_import_breaks_the_layers(tmp_path: Path) -> None:
+def lint_with_import(tmp_path: Path, module: str, imported: str) -> str:
+    """lint-imports' report on a copy of the package where `module` (a path under radixmesh/) also
+    imports `imported`."""
     # A copy laid out as the installed namespace package: tmp_path/radixmesh/{proto,...}. PathFinder
     # runs before the editable install's finder, so with tmp_path on PYTHONPATH radixmesh.proto & co.
     # resolve to the copy.
@@ -45,15 +51,36 @@ def test_a_back_import_breaks_the_layers(tmp_path: Path) -> None:
         shutil.copytree(ROOT / name, tmp_path / "radixmesh" / name,
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    with (tmp_path / "radixmesh" / "proto" / "ids.py").open("a") as f:
-        f.write("\nimport radixmesh.cluster  # noqa: E402,F401\n")
-
+    with (tmp_path / "radixmesh" / module).open("a") as f:
+        f.write(f"\nimport {imported}  # noqa: E402,F401\n")
     run = lint_imports(tmp_path, pythonpath=tmp_path)
+    assert run.returncode != 0, run.stdout + run.stderr
+    return run.stdout + run.stderr
 
-    output = run.stdout + run.stderr
-    assert run.returncode != 0, output
-    assert "radixmesh: cluster > node_agent > kernels > proto BROKEN" in output, output
+
+def test_a_back_import_breaks_the_layers(tmp_path: Path) -> None:
+    output = lint_with_import(tmp_path, "proto/ids.py", "radixmesh.cluster")
+    assert "radixmesh: cluster > node_agent > common | kernels > proto BROKEN" in output, output
     assert "radixmesh.proto.ids -> radixmesh.cluster" in output, output
+
+
+def test_the_shared_layer_cannot_reach_up(tmp_path: Path) -> None:
+    output = lint_with_import(tmp_path, "common/recall.py", "radixmesh.node_agent.memory.block_pool")
+    assert "radixmesh: cluster > node_agent > common | kernels > proto BROKEN" in output, output
+    assert "radixmesh.common.recall -> radixmesh.node_agent.memory.block_pool" in output, output
+
+
+def test_the_router_cannot_import_node_agent(tmp_path: Path) -> None:
+    output = lint_with_import(tmp_path, "cluster/router/router.py", "radixmesh.node_agent")
+    assert "only cluster.launch, cluster.cli and cluster.sim import node_agent BROKEN" in output, output
+    assert "radixmesh.cluster.router.router -> radixmesh.node_agent" in output, output
+
+
+def test_the_launcher_imports_only_node_agents_public_face(tmp_path: Path) -> None:
+    output = lint_with_import(tmp_path, "cluster/launch/launcher.py", "radixmesh.node_agent.memory.block_pool")
+    assert "cluster imports node_agent's public face only BROKEN" in output, output
+    assert "radixmesh.cluster.launch.launcher -> radixmesh.node_agent.memory.block_pool" in output, output
+    assert "only cluster.launch, cluster.cli and cluster.sim import node_agent BROKEN" not in output, output
 
 
 def test_no_import_of_ours_hides_below_the_top_level() -> None:
@@ -71,5 +98,19 @@ def test_no_import_of_ours_hides_below_the_top_level() -> None:
                 else:
                     continue
                 rel = path.relative_to(ROOT).as_posix()
-                hidden |= {(rel, m) for m in modules if m.split(".")[0] == "radixmesh" and id(node) not in top}
+                if path != FACE:
+                    hidden |= {(rel, m) for m in modules if m.split(".")[0] == "radixmesh" and id(node) not in top}
     assert hidden == DEFERRED_IMPORTS
+
+
+def test_node_agents_public_face_names_what_it_loads() -> None:
+    # The face's lazy table and its TYPE_CHECKING imports must agree, or a name would type-check
+    # and fail at run time (or the reverse).
+    import radixmesh.node_agent as face
+
+    tree = ast.parse(FACE.read_text())
+    typed = {(node.module, a.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             for a in node.names if node.module and node.module.startswith("radixmesh.node_agent.")}
+    assert typed == {(f"radixmesh.node_agent.{home}", name) for name, home in face._HOMES.items()}
+    for name in face.__all__:
+        assert getattr(face, name) is not None

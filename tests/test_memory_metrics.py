@@ -5,17 +5,17 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixmesh.node_agent.memory.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.memory.metrics import FREE_RUN_BUCKETS, MemoryStats, memory_stats
-from radixmesh.node_agent.memory.pool_config import PoolConfig
-from radixmesh.node_agent.memory.pool_counters import seq_len_bucket
-from radixmesh.node_agent.memory.prefix_cache import PrefixCache
-from radixmesh.node_agent.metrics_exposition import (
+from radixmesh.common.metrics.exposition import (
     Histogram,
     HistogramSnapshot,
     metric,
     render_prometheus,
 )
+from radixmesh.node_agent.memory.block_pool import BlockPool, OutOfBlocks
+from radixmesh.node_agent.memory.metrics import FREE_RUN_BUCKETS, MemoryStats, memory_stats
+from radixmesh.node_agent.memory.pool_config import PoolConfig
+from radixmesh.node_agent.memory.pool_counters import seq_len_bucket
+from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId

@@ -17,15 +17,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from radixmesh.cluster.metadata.server import ServerOptions, TlsFiles, create_server
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig, ServiceLimits
 from radixmesh.cluster.metadata.store import MemoryStore
+from radixmesh.common.metadata.auth import NO_CREDENTIALS, CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
 from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
-from radixmesh.proto.metadata.auth import NO_CREDENTIALS, CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.messages import EventBatch, MatchQuery, NodeSnapshot, PublishStatus
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad

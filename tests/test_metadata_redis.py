@@ -11,10 +11,10 @@ from radixmesh.cluster.metadata.membership import StaleEpoch
 from radixmesh.cluster.metadata.server import ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.metadata.store import RedisStore, open_store
+from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.messages import (
     ClusterStats,

@@ -16,8 +16,8 @@ from radixmesh.cluster.metadata.redis_server import redis_server_binary
 from radixmesh.cluster.metadata.server import ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.metadata.store import RedisStore
+from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
 from radixmesh.proto.serve.tokens import TokenSources

@@ -14,10 +14,10 @@ from radixmesh.cluster.metadata.leader import LeaderLease, serve_while_leader
 from radixmesh.cluster.metadata.server import MetadataServer, ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.metadata.store import RedisStore
+from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import EventBatch, MatchQuery
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
 

@@ -20,12 +20,12 @@ from radixmesh.cluster.launch.metadata_actor import (
     failover_target,
     make_metadata_actor,
 )
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.auth import CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import EventBatch, MatchQuery
 from radixmesh.proto.metadata.nodes import NodeInfo
 

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from router_cluster import MODEL_NAME, local_cluster
 
-from radixmesh.cluster.router.http_api import start_http
-from radixmesh.cluster.router.metrics import merge_expositions
+from radixmesh.cluster.api.app import start_http
+from radixmesh.cluster.observability.endpoints import merge_expositions
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult
 from radixmesh.proto.serve.sampling import SamplingParams

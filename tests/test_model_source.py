@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.model.config import named_config
 from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, random_source, resolve_model
-from radixmesh.node_agent.model.tokenizer import ByteTokenizer
 from radixmesh.node_agent.model.weights import random_model, save_checkpoint
 from radixmesh.node_agent.placement import place_model
 from radixmesh.proto.serve.sampling import FinishReason, SamplingParams

@@ -7,9 +7,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from router_cluster import MODEL_NAME, local_cluster, reference
 
-from radixmesh.cluster.router.http_api import start_http
-from radixmesh.node_agent.model.chat_template import ChatMessage, PlainChatTemplate
-from radixmesh.node_agent.model.tokenizer import ByteTokenizer
+from radixmesh.cluster.api.app import start_http
+from radixmesh.common.text.chat_template import ChatMessage, PlainChatTemplate
+from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.proto.serve.sampling import SamplingParams
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

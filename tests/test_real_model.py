@@ -7,18 +7,18 @@ from collections.abc import AsyncIterator
 import openai
 import pytest
 
+from radixmesh.cluster.api.app import start_http
+from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.policy.base import PolicyConfig
-from radixmesh.cluster.router.agent_clients import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.router.config import RouterConfig
-from radixmesh.cluster.router.http_api import start_http
 from radixmesh.cluster.router.router import Router
+from radixmesh.common.secret import ClusterSecret
+from radixmesh.common.text.chat_template import ChatMessage
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
-from radixmesh.node_agent.model.chat_template import ChatMessage
 from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, resolve_model
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult
 from radixmesh.proto.serve.sampling import SamplingParams

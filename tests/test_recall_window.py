@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.node_agent.memory.recall import RecallWindow
+from radixmesh.common.recall import RecallWindow
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId

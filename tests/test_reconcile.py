@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.launch.interface import interface_of
 from radixmesh.cluster.launch.reconcile import (
     AGENT_RESOURCE,
@@ -15,7 +16,6 @@ from radixmesh.cluster.launch.reconcile import (
     node_slots,
 )
 from radixmesh.cluster.launch.router_actor import one_layout
-from radixmesh.cluster.router.agent_clients import StaticAgentDirectory
 from radixmesh.node_agent.actor import AgentPlacement
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.nodes import NodeInfo

@@ -12,16 +12,17 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from router_cluster import BS, local_cluster, reference, start_metadata
 
+from radixmesh.cluster.fleet.reports import agent_metrics
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.launch.router_actor import deployment_layout
+from radixmesh.cluster.observability.endpoints import merge_expositions
+from radixmesh.cluster.observability.stats_log import StatsLogger
 from radixmesh.cluster.policy.cost_model import CostModel
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.view import NodeView, build_view
-from radixmesh.cluster.router.fleet_reports import agent_metrics
-from radixmesh.cluster.router.metrics import RouterMetrics, merge_expositions
+from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.routed import GenerateRequest, NoNodeAvailable, RouterResult
-from radixmesh.cluster.router.stats_log import StatsLogger
-from radixmesh.node_agent.model.chat_template import ChatMessage, PlainChatTemplate
+from radixmesh.common.text.chat_template import ChatMessage, PlainChatTemplate
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad

@@ -15,14 +15,14 @@ from radixmesh.cluster.policy.base import PolicyConfig
 from radixmesh.cluster.policy.view import NodeView
 from radixmesh.cluster.router.routed import GenerateRequest, RouterResult
 from radixmesh.cluster.router.router import Router
-from radixmesh.node_agent.model.chat_template import (
+from radixmesh.common.text.chat_template import (
     END,
     GENERATION_HEADER,
     ChatMessage,
     PlainChatTemplate,
     render_message,
 )
-from radixmesh.node_agent.model.tokenizer import ByteTokenizer
+from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.proto.serve.sampling import SamplingParams
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow]

@@ -13,7 +13,7 @@ import pytest
 from router_cluster import MODEL_NAME, local_cluster
 from test_http_api import greedy
 
-from radixmesh.cluster.router.http_api import server_tls, start_http
+from radixmesh.cluster.api.app import server_tls, start_http
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 KEY = "sk-test-key"

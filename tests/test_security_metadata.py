@@ -14,14 +14,14 @@ import pytest
 from radixmesh.cluster.metadata.hit_accounting import OTHER_TENANTS, HitAccounting
 from radixmesh.cluster.metadata.server import ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.common.metadata.auth import NO_CREDENTIALS, CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
 from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.auth import NO_CREDENTIALS, CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.messages import EventBatch, MatchQuery
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad

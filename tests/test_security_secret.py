@@ -20,7 +20,7 @@ from radixmesh.cluster.launch import cluster_record
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, create_secret, deployment_secret, read_secret
 from radixmesh.cluster.metadata.server import ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService
-from radixmesh.proto.cluster_secret import ClusterSecret, check_bind, is_loopback
+from radixmesh.common.secret import ClusterSecret, check_bind, is_loopback
 from radixmesh.proto.ids import NodeId
 
 pytestmark = pytest.mark.ray

@@ -28,6 +28,7 @@ from transfer_owner import (
 )
 
 from radixmesh.cluster.launch.local_ray import init_loopback_ray
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
@@ -38,10 +39,9 @@ from radixmesh.node_agent.transfer.handshake import (
     ReplayGuard,
     RequesterHandshake,
 )
+from radixmesh.node_agent.transfer.plane import transport_by_name
 from radixmesh.node_agent.transfer.protocol import Kind
 from radixmesh.node_agent.transfer.transport import Peer
-from radixmesh.node_agent.transfer.transports import transport_by_name
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId
 

@@ -3,14 +3,14 @@ ends the request on the token that completes it."""
 
 import pytest
 
+from radixmesh.common.text.stop_strings import StopCheck, StopStrings
+from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.model.config import named_config
-from radixmesh.node_agent.model.tokenizer import ByteTokenizer
 from radixmesh.node_agent.model.weights import random_model
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS, FinishReason, SamplingParams
-from radixmesh.proto.serve.stop_strings import StopCheck, StopStrings
 
 
 def test_a_stop_string_split_over_pieces_is_held_back_then_cut() -> None:

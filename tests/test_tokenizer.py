@@ -10,8 +10,8 @@ from gguf_vocab import write_gguf
 from tokenizers import Tokenizer as TokenizersImpl
 from tokenizers import models, pre_tokenizers
 
+from radixmesh.common.text.tokenizer import ByteTokenizer, HFTokenizer, TextStream, load_tokenizer
 from radixmesh.node_agent.model.source import smollm2_file
-from radixmesh.node_agent.model.tokenizer import ByteTokenizer, HFTokenizer, TextStream, load_tokenizer
 
 TEXTS = [
     "Hello, world!",

@@ -9,8 +9,8 @@ from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
+from radixmesh.node_agent.transfer.plane import transport_by_name
 from radixmesh.node_agent.transfer.transport import Peer
-from radixmesh.node_agent.transfer.transports import transport_by_name
 from radixmesh.node_agent.transfer.ucx_transport import UcxTransport
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
@@ -10,8 +11,7 @@ from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.model.source import random_source
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.memory_path import MemoryPath, memory_path
-from radixmesh.node_agent.transfer.transports import transport_by_name
-from radixmesh.proto.cluster_secret import ClusterSecret
+from radixmesh.node_agent.transfer.plane import transport_by_name
 from radixmesh.proto.ids import NodeId
 
 CUDA = torch.device("cuda", 0)

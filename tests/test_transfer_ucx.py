@@ -20,6 +20,7 @@ from transfer_owner import (
     sequence_hashes,
 )
 
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.node_agent.transfer.client import PullOutcome, PullResult, TransferClient, TransferConfig
@@ -27,7 +28,6 @@ from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.transport import Peer
 from radixmesh.node_agent.transfer.ucx_transport import UcxTransport
 from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout

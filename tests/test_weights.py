@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from radixmesh.common.text.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 from radixmesh.node_agent.model.config import ARCHITECTURES, Llama3RopeScaling, LlamaConfig
 from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
-from radixmesh.node_agent.model.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 from radixmesh.node_agent.model.weights import (
     checkpoint_identity,
     load_checkpoint,

@@ -20,6 +20,7 @@ import numpy as np
 import ray
 import torch
 
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
 from radixmesh.node_agent.transfer.handshake import NodeIdentity, ReplayGuard, Session
@@ -27,7 +28,6 @@ from radixmesh.node_agent.transfer.protocol import ChunkTrailer, PullRequest
 from radixmesh.node_agent.transfer.ray_transport import serve_pull
 from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId, NodeId
 from radixmesh.proto.kv_layout import KVLayout

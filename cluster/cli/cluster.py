@@ -15,18 +15,15 @@ from pathlib import Path
 import click
 import ray
 
-from radixmesh.cluster.cli.cache_options import cache_options
 from radixmesh.cluster.cli.inspect import API_KEY_ENV, recorded
-from radixmesh.cluster.cli.log_level import chosen_log_level
+from radixmesh.cluster.cli.options import cache_options, chosen_log_level
 from radixmesh.cluster.launch import cluster_record, launcher
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, default_secret_path, deployment_secret
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
-from radixmesh.node_agent.model.config import NAMED_CONFIGS
-from radixmesh.node_agent.model.source import SMOLLM2, resolve_model
-from radixmesh.node_agent.placement import DTYPES
+from radixmesh.node_agent import DTYPES, NAMED_CONFIGS, SMOLLM2, resolve_model
 
 
 def _prometheus_dir() -> Path:

@@ -11,12 +11,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from radixmesh.cluster.cli.cache_options import cache_options
-from radixmesh.cluster.cli.log_level import chosen_log_level
+from radixmesh.cluster.cli.options import cache_options, chosen_log_level
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.demo import DemoRun, DemoWorkload, ask, run_workload
-from radixmesh.node_agent.model.source import SMOLLM2, resolve_model
+from radixmesh.node_agent import SMOLLM2, resolve_model
 
 QUESTION = "What is the capital of France?"
 

@@ -16,26 +16,26 @@ from pathlib import Path
 
 import click
 
-from radixmesh.cluster.ingest.engine import ExternalEngineConfig
-from radixmesh.cluster.ingest.subscriber import SubscriberConfig
+from radixmesh.cluster.api.app import start_http
+from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
+from radixmesh.cluster.fleet.external_fleet import ExternalFleet
+from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig
+from radixmesh.cluster.fleet.ingest.subscriber import SubscriberConfig
 from radixmesh.cluster.metadata.server import ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService
-from radixmesh.cluster.router.agent_clients import StaticAgentDirectory
 from radixmesh.cluster.router.config import RouterConfig
-from radixmesh.cluster.router.external_fleet import ExternalFleet
-from radixmesh.cluster.router.http_api import start_http
 from radixmesh.cluster.router.router import Router
-from radixmesh.node_agent.model.chat_template import (
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.secret import ClusterSecret
+from radixmesh.common.text.chat_template import (
     ChatTemplate,
     PlainChatTemplate,
     chat_template_from_gguf,
     chat_template_from_pretrained_dir,
 )
-from radixmesh.node_agent.model.tokenizer import Tokenizer, load_tokenizer
-from radixmesh.proto.cluster_secret import ClusterSecret
+from radixmesh.common.text.tokenizer import Tokenizer, load_tokenizer
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.auth import CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.serve.limits import PromptLimits
 
 _SPEC_KEYS = {"name", "url", "events", "replay", "topic"}

@@ -18,8 +18,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from radixmesh.cluster.api.explain import ROUTE_PATH, format_report
 from radixmesh.cluster.launch import cluster_record
-from radixmesh.cluster.router.explain import ROUTE_PATH, format_report
 
 API_KEY_ENV = "RADIXMESH_API_KEY"
 

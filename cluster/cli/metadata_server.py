@@ -19,7 +19,7 @@ from radixmesh.cluster.metadata.server import (
 )
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.metadata.store import open_store
-from radixmesh.proto.cluster_secret import check_bind
+from radixmesh.common.secret import check_bind
 
 
 @click.command("metadata-server")

@@ -8,13 +8,12 @@ import aiohttp
 import click
 import ray
 
-from radixmesh.cluster.cli.cache_options import cache_options
-from radixmesh.cluster.cli.log_level import chosen_log_level
+from radixmesh.cluster.cli.options import cache_options, chosen_log_level
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.replay import ReplayConfig, ReplayReport, replay
 from radixmesh.cluster.sim.trace import read_trace
-from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION
+from radixmesh.node_agent import DEFAULT_EVICTION
 
 
 def format_report(r: ReplayReport) -> str:

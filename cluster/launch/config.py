@@ -13,13 +13,18 @@ from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.cluster.router.config import RouterConfig
-from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
-from radixmesh.node_agent.engine.engine import EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
-from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION, EVICTION_ORDERS
-from radixmesh.node_agent.memory.pool_config import PoolConfig
-from radixmesh.node_agent.model.source import ModelSource, random_source
-from radixmesh.proto.cluster_secret import ClusterSecret
+from radixmesh.common.secret import ClusterSecret
+from radixmesh.node_agent import (
+    DEFAULT_EVICTION,
+    EVICTION_ORDERS,
+    TRANSFER_PLANES,
+    AgentConfig,
+    EngineConfig,
+    MemoryConfig,
+    ModelSource,
+    PoolConfig,
+    random_source,
+)
 from radixmesh.proto.ids import NodeId
 
 NAMESPACE = "radixmesh"

@@ -33,8 +33,8 @@ from radixmesh.cluster.launch.metadata_actor import (
 )
 from radixmesh.cluster.launch.reconcile import AGENT_RESOURCE, node_slots
 from radixmesh.cluster.launch.router_actor import ROUTER_ACTOR, make_router_actor
-from radixmesh.node_agent.actor import agent_actor_name, node_resource
-from radixmesh.proto.ids import NodeId
+from radixmesh.node_agent import node_resource
+from radixmesh.proto.ids import NodeId, agent_actor_name
 
 logger = logging.getLogger(__name__)
 

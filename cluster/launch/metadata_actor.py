@@ -30,7 +30,7 @@ from radixmesh.cluster.metadata.server import (
 )
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.metadata.store import open_store
-from radixmesh.proto.cluster_secret import ClusterSecret
+from radixmesh.common.secret import ClusterSecret
 
 logger = logging.getLogger(__name__)
 

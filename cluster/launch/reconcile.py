@@ -25,13 +25,11 @@ from typing import Any
 
 import ray
 
+from radixmesh.cluster.fleet.agent_client import AgentClient, RayAgentClient, StaticAgentDirectory
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.interface import interface_of
-from radixmesh.cluster.router.agent_client import AgentClient
-from radixmesh.cluster.router.agent_clients import RayAgentClient, StaticAgentDirectory
-from radixmesh.node_agent.actor import AgentPlacement, agent_actor_name, make_agent_actor
-from radixmesh.node_agent.transfer.ucx_transport import ucx_env
-from radixmesh.proto.ids import NodeId
+from radixmesh.node_agent import AgentPlacement, make_agent_actor, ucx_env
+from radixmesh.proto.ids import NodeId, agent_actor_name
 from radixmesh.proto.metadata.nodes import NodeInfo
 
 logger = logging.getLogger(__name__)

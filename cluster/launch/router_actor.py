@@ -17,16 +17,16 @@ from typing import Any
 import ray
 from aiohttp import web
 
+from radixmesh.cluster.api.app import server_tls_pem, start_http
+from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.reconcile import AgentReconciler, RayAgents
-from radixmesh.cluster.router.agent_clients import StaticAgentDirectory
-from radixmesh.cluster.router.file_sd import TARGETS_FILE, FileSdConfig
-from radixmesh.cluster.router.http_api import server_tls_pem, start_http
+from radixmesh.cluster.observability.file_sd import TARGETS_FILE, FileSdConfig
 from radixmesh.cluster.router.router import Router
-from radixmesh.node_agent.metrics_server import metrics_token
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.metrics.scrape import metrics_token
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.auth import CallerCredentials
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.nodes import NodeInfo
 
 logger = logging.getLogger(__name__)

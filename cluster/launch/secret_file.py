@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 
 from radixmesh.cluster.launch.cluster_record import record_path
-from radixmesh.proto.cluster_secret import ClusterSecret
+from radixmesh.common.secret import ClusterSecret
 
 SECRET_ENV = "RADIXMESH_SECRET"
 

@@ -1,14 +1,14 @@
 """Who is calling the metadata service: the cluster (router, operator) or one node, proven by the
-tokens of proto.metadata.auth. A service without a secret (loopback development only, see
+tokens of common.metadata.auth. A service without a secret (loopback development only, see
 server.ServerOptions) admits every caller as the cluster and checks no node scope."""
 
 import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from radixmesh.proto.cluster_secret import ClusterSecret
+from radixmesh.common.metadata.auth import NODE_METADATA_KEY, TOKEN_METADATA_KEY, bearer
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.auth import NODE_METADATA_KEY, TOKEN_METADATA_KEY, bearer
 from radixmesh.proto.metadata.limits import check_node_id
 
 

@@ -28,7 +28,7 @@ from itertools import groupby, islice, repeat, takewhile
 from operator import eq, or_
 from typing import NamedTuple, cast
 
-from radixmesh.node_agent.memory.recall import RecallWindow
+from radixmesh.common.recall import RecallWindow
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockRemoved, BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import NodeId

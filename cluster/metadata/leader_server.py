@@ -17,7 +17,7 @@ from radixmesh.cluster.metadata.leader import LeaderLease, serve_while_leader
 from radixmesh.cluster.metadata.server import MetadataServer, ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.metadata.store import open_store
-from radixmesh.proto.cluster_secret import ClusterSecret
+from radixmesh.common.secret import ClusterSecret
 
 SECRET_ENV = "RADIXMESH_SECRET"
 

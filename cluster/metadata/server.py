@@ -26,9 +26,9 @@ from radixmesh.cluster.metadata.feed import FeedClosed
 from radixmesh.cluster.metadata.membership import StaleEpoch, UnknownNode
 from radixmesh.cluster.metadata.redis_tasks import cancel_and_wait
 from radixmesh.cluster.metadata.service import LimitExceeded, MetadataService
+from radixmesh.common.secret import ClusterSecret, check_bind
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
-from radixmesh.proto.cluster_secret import ClusterSecret, check_bind
 from radixmesh.proto.metadata import codec
 from radixmesh.proto.metadata.messages import PublishAck, PublishStatus
 
@@ -53,7 +53,7 @@ class ServerOptions:
     port: int = 0
     """0 picks a free port; create_server returns the one bound."""
     secret: ClusterSecret | None = None
-    """Every MetadataService RPC must carry a credential derived from it (proto.metadata.auth);
+    """Every MetadataService RPC must carry a credential derived from it (common.metadata.auth);
     None disables authentication, allowed only on a loopback `host`."""
     tls: TlsFiles | None = None
     max_message_bytes: int = 16 << 20

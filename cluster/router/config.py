@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
-from radixmesh.node_agent.model.config import BYTE_VOCAB_SIZE
+from radixmesh.common.text.tokenizer import BYTE_VOCAB_SIZE
 from radixmesh.proto.block_hash import MAX_KEY_BYTES
 from radixmesh.proto.metadata.limits import MAX_HASHES_PER_QUERY
 from radixmesh.proto.serve.limits import PromptLimits

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import grpc
 
 from radixmesh.cluster.metadata.replica import IndexReplica, ReplicaGap
-from radixmesh.proto.metadata.client import MetadataClient
+from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import IndexUpdate
 
 logger = logging.getLogger(__name__)

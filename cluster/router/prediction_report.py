@@ -13,7 +13,7 @@ import logging
 
 import grpc
 
-from radixmesh.proto.metadata.client import MetadataClient
+from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import MatchPrediction
 
 logger = logging.getLogger(__name__)

@@ -30,14 +30,14 @@ from collections.abc import AsyncGenerator, Callable
 
 import grpc
 
+from radixmesh.cluster.fleet.agent_client import AgentDirectory, AgentUnavailable
+from radixmesh.cluster.fleet.reports import why_failed
 from radixmesh.cluster.policy.base import RoutePolicy, RouteRequest, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.view import FleetLoad, build_view
 from radixmesh.cluster.router.admission import Admission, Overloaded
-from radixmesh.cluster.router.agent_client import AgentDirectory, AgentUnavailable
 from radixmesh.cluster.router.config import RouterConfig
-from radixmesh.cluster.router.fleet_reports import why_failed
 from radixmesh.cluster.router.index_watch import IndexWatcher
 from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.prediction_report import PredictionReporter
@@ -48,11 +48,11 @@ from radixmesh.cluster.router.routed import (
     RouterItem,
     RouterResult,
 )
-from radixmesh.node_agent.model.chat_template import ChatTemplate, PlainChatTemplate
-from radixmesh.node_agent.model.tokenizer import ByteTokenizer, Tokenizer
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.text.chat_template import ChatTemplate, PlainChatTemplate
+from radixmesh.common.text.tokenizer import ByteTokenizer, Tokenizer
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.client import MetadataClient
 from radixmesh.proto.metadata.messages import IndexUpdate, MatchQuery, MatchResult, NodeMatch
 from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult, TokenDelta

@@ -13,10 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from radixmesh.cluster.policy.base import RouteDecision
-from radixmesh.node_agent.memory.block_pool import BlockPool
-from radixmesh.node_agent.memory.eviction import CopiesElsewhere
-from radixmesh.node_agent.memory.pool_config import PoolConfig
-from radixmesh.node_agent.memory.prefix_cache import EvictionHook, PrefixCache
+from radixmesh.node_agent import BlockPool, CopiesElsewhere, EvictionHook, PoolConfig, PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import CacheEvent
 from radixmesh.proto.ids import BlockId, NodeId

@@ -9,9 +9,7 @@
 
 from collections.abc import Callable, Sequence
 
-from radixmesh.node_agent.memory.block_pool import BlockPool
-from radixmesh.node_agent.memory.pool_config import PoolConfig
-from radixmesh.node_agent.memory.prefix_cache import EvictedBlock, PrefixCache
+from radixmesh.node_agent import BlockPool, EvictedBlock, PoolConfig, PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 
 

@@ -28,8 +28,7 @@ from radixmesh.cluster.sim.miss_causes import MissCauses
 from radixmesh.cluster.sim.node import SimJob, SimNode
 from radixmesh.cluster.sim.oracle import global_cache, infinite_bound
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceRequest
-from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION, EVICTION_ORDERS
-from radixmesh.node_agent.memory.prefix_cache import EvictedBlock
+from radixmesh.node_agent import DEFAULT_EVICTION, EVICTION_ORDERS, EvictedBlock
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
 

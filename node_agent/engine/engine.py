@@ -14,17 +14,17 @@ from typing import NamedTuple
 
 import torch
 
+from radixmesh.common.metrics.exposition import render_prometheus
+from radixmesh.common.text.stop_strings import StopText
+from radixmesh.common.text.tokenizer import Tokenizer
 from radixmesh.node_agent.engine.metrics import EngineCounters, EngineStats, engine_stats
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig, PagedMemory
 from radixmesh.node_agent.engine.preemption import make_preemption_policy
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput, RequestStats
 from radixmesh.node_agent.engine.sampler import sample, token_logprob
 from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler, SequenceState
-from radixmesh.node_agent.engine.stop_text import StopText
 from radixmesh.node_agent.memory.metrics import memory_stats
-from radixmesh.node_agent.metrics_exposition import render_prometheus
 from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
-from radixmesh.node_agent.model.tokenizer import Tokenizer
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.logprobs import TokenLogprob

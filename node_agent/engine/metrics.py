@@ -6,7 +6,7 @@ tiers' (metrics_exposition.render_prometheus)."""
 
 from dataclasses import dataclass, field
 
-from radixmesh.node_agent.metrics_exposition import Histogram, HistogramSnapshot, metric
+from radixmesh.common.metrics.exposition import Histogram, HistogramSnapshot, metric
 from radixmesh.proto.serve.tokens import HIT_SOURCES
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -12,9 +12,9 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from radixmesh.common.text.stop_strings import StopText
 from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
 from radixmesh.node_agent.engine.request import Request, RequestStats
-from radixmesh.node_agent.engine.stop_text import StopText
 from radixmesh.node_agent.memory.block_table import BlockTable
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId

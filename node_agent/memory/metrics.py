@@ -8,9 +8,9 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from radixmesh.common.metrics.exposition import metric
 from radixmesh.node_agent.memory.block_pool import BlockPool
 from radixmesh.node_agent.memory.prefix_cache import PrefixCache
-from radixmesh.node_agent.metrics_exposition import metric
 
 FREE_RUN_BUCKETS = tuple(2**i for i in range(15))
 """Bounds (blocks) of the free-run size distribution: the `size_le` values of radixmesh_free_runs."""

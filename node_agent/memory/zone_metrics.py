@@ -4,9 +4,9 @@ per node, rendered by metrics_exposition.render_prometheus next to the tiers' Me
 import math
 from dataclasses import dataclass
 
+from radixmesh.common.metrics.exposition import metric
 from radixmesh.node_agent.memory.physical import DeviceMemory
 from radixmesh.node_agent.memory.zoned_pool import ZoneGovernor
-from radixmesh.node_agent.metrics_exposition import metric
 
 
 @dataclass(frozen=True, slots=True)

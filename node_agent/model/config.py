@@ -9,11 +9,9 @@ llama3 RoPE scaling and biases), Mistral without a sliding window, and Qwen2 (q/
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from radixmesh.common.text.tokenizer import BYTE_VOCAB_SIZE
 from radixmesh.proto.kv_layout import KVLayout
 from radixmesh.proto.serve.limits import PromptLimits
-
-BYTE_VOCAB_SIZE = 258
-"""256 byte values, then BOS (256) and EOS (257): the byte tokenizer's vocabulary."""
 
 ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",

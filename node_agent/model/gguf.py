@@ -15,8 +15,8 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
+from radixmesh.common.text.gguf_file import open_gguf
 from radixmesh.node_agent.model.config import LlamaConfig
-from radixmesh.node_agent.model.gguf_file import open_gguf
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.weights import file_digest
 

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import torch
 
-from radixmesh.node_agent.model.chat_template import (
+from radixmesh.common.text.chat_template import (
     ChatTemplate,
     PlainChatTemplate,
     chat_template_from_gguf,
     chat_template_from_pretrained_dir,
 )
+from radixmesh.common.text.gguf_file import open_gguf
+from radixmesh.common.text.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from radixmesh.node_agent.model.config import NAMED_CONFIGS, LlamaConfig, named_config
 from radixmesh.node_agent.model.gguf import config_from_gguf, gguf_identity, load_gguf
-from radixmesh.node_agent.model.gguf_file import open_gguf
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
-from radixmesh.node_agent.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from radixmesh.node_agent.model.weights import checkpoint_identity, load_checkpoint, random_model
 
 SMOLLM2 = "smollm2-135m-instruct"

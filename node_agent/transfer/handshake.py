@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from radixmesh.proto.cluster_secret import ClusterSecret
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.limits import check_node_id
 

@@ -8,17 +8,20 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import torch
+
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.tier import TierMemory
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
 from radixmesh.node_agent.transfer.endpoint import ENDPOINTS, RayEndpoint, parse_address
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.memory_path import MemoryPath, memory_path
+from radixmesh.node_agent.transfer.ray_transport import RayTransport
 from radixmesh.node_agent.transfer.serial import Serial
 from radixmesh.node_agent.transfer.source import TransferSource
 from radixmesh.node_agent.transfer.stats import PeerStats
-from radixmesh.node_agent.transfer.transport import TransportError
-from radixmesh.node_agent.transfer.transports import transport_by_name
+from radixmesh.node_agent.transfer.transport import Transport, TransportError
+from radixmesh.node_agent.transfer.ucx_transport import UcxTransport
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId, NodeId
 from radixmesh.proto.kv_layout import KVLayout
@@ -152,3 +155,23 @@ class AgentTransfer:
     def peer_gbps(self) -> dict[str, float]:
         """Measured pull bandwidth by peer (GB/s), for heartbeats."""
         return {peer: s.ewma_gbps for peer, s in self._client.stats.items() if s.ewma_gbps > 0}
+
+
+TRANSPORT_NAMES = ("auto", "ray", "ucx")
+
+
+def transport_by_name(name: str, identity: NodeIdentity,
+                      pool_device: torch.device = torch.device("cpu")) -> Transport:  # noqa: B008  (immutable)
+    """A new transport: "ucx", "ray", or "auto" (ucx where ucxx loads, else the Ray fallback), for a
+    pool on `pool_device` (UCX receives into device memory where it can move it, memory_path)."""
+    if name not in TRANSPORT_NAMES:
+        raise ValueError(f"unknown transport {name!r}; valid: {list(TRANSPORT_NAMES)}")
+    if name == "ray":
+        return RayTransport(identity)
+    try:
+        return UcxTransport(identity, pool_device=pool_device)
+    except ImportError as e:
+        if name == "ucx":
+            raise
+        logger.warning("ucxx cannot load (%s); KV transfers use the Ray object store", e)
+        return RayTransport(identity)

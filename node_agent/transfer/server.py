@@ -15,6 +15,7 @@ import logging
 from collections import deque
 from typing import Any
 
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.transfer.handshake import PROOF_BYTES, HandshakeError, OwnerHandshake, Session
 from radixmesh.node_agent.transfer.protocol import (
     MAX_HANDSHAKE_FRAME_BYTES,
@@ -32,7 +33,6 @@ from radixmesh.node_agent.transfer.protocol import (
 from radixmesh.node_agent.transfer.serial import Serial, run_inline
 from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
 from radixmesh.node_agent.transfer.ucx_transport import import_ucxx, wire_buffer
-from radixmesh.proto.cluster_secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,171 @@
+"""The router's HTTP face (aiohttp): OpenAI-compatible completions and chat, plus /stats, /metrics,
+/healthz.
+
+    POST /v1/completions        prompt text or token ids; SSE when "stream": true
+    POST /v1/chat/completions   messages rendered by chat_template; SSE when "stream": true
+    GET  /v1/models             the one model served; /v1/models/{id} that model, or 404
+    POST /tokenize              vLLM's: {"prompt"} or {"messages"} -> {"tokens", "count", "max_model_len"}
+    POST /detokenize            vLLM's: {"tokens"} -> {"prompt"}
+    GET  /health                vLLM's liveness probe: 200 with an empty body while the router serves
+    GET  /version               {"version": radixmesh's version}
+    GET  /stats                 JSON: the router's own counters and the metadata service's GetStats
+    GET  /metrics               Prometheus: the router's metrics and every agent's, labelled `node`
+                                (?scope=router: without the agents Prometheus scrapes itself, file_sd)
+    GET  /healthz               200 while some agent is known, else 503
+    POST /radixmesh/route       {"prompt", "max_tokens", "cache_salt"}: serve it once and explain the route
+                                (router.explain.RouteReport), what `radixmesh route` prints
+
+With an API key (`start_http(..., api_key=...)`, `radixmesh up --api-key`) every path but /healthz
+and /metrics needs `Authorization: Bearer <key>` (as vLLM's --api-key); without one: 401.
+
+Handlers live by concept: http_openai (generation), http_ops (the rest); access_log writes one line
+per request.
+
+Every error is OpenAI's JSON error object with a 4xx/5xx status. A stream whose first token never
+comes answers with a plain error status (the SSE response starts only with the first item); an
+error after that ends the stream with an `error` event, which the openai client raises.
+"""
+
+import asyncio
+import hmac
+import logging
+import ssl
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from radixmesh.cluster.api.access_log import access_log
+from radixmesh.cluster.api.context import CLOCK_KEY, ROUTER_KEY
+from radixmesh.cluster.api.openai_routes import add_openai_routes
+from radixmesh.cluster.api.openai_schema import ApiError
+from radixmesh.cluster.api.ops_routes import add_operation_routes
+from radixmesh.cluster.observability.file_sd import FileSdConfig, FileSdPublisher
+from radixmesh.cluster.observability.stats_log import StatsLogger
+from radixmesh.cluster.router.router import Router
+from radixmesh.common.secret import is_loopback
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["create_app", "server_tls", "server_tls_pem", "start_http"]
+
+OPEN_PATHS = frozenset({"/healthz", "/health", "/metrics"})
+"""Paths served without the API key: probes and Prometheus scrapes (no prompts, no tenant names)."""
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json_error(e: ApiError) -> web.Response:
+    return web.json_response(e.body(), status=e.status, headers=e.headers)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                  ) -> web.StreamResponse:
+    """Every failure as OpenAI's error object: ours, aiohttp's (404, 405, 413) and unexpected ones."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        if request.path.startswith("/v1/") and not e.counted:
+            request.app[ROUTER_KEY].metrics.record_request("invalid" if e.status < 500 else "unavailable")
+        return _json_error(e)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return _json_error(ApiError(e.status, e.reason, code=str(e.status)))
+    except Exception:
+        logger.exception("unexpected error serving %s %s", request.method, request.path)
+        return _json_error(ApiError(500, "internal error", type_="server_error", code="internal_error"))
+
+
+def _api_key_check(api_key: str) -> Middleware:
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if request.path in OPEN_PATHS or hmac.compare_digest(given, expected):
+            return await handler(request)
+        response = _json_error(ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)",
+                                        code="invalid_api_key"))
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    return check
+
+
+def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
+               client_max_size: int = 4 << 20, api_key: str = "",
+               stats_interval_s: float | None = 10.0, log_access: bool = True) -> web.Application:
+    """The aiohttp application over `router`; `wall_clock` stamps `created` fields; a non-empty
+    `api_key` is required on every path but OPEN_PATHS; every `stats_interval_s` a summary line is
+    logged (stats_log; None: never); `log_access` writes one access_log line per request."""
+    middlewares: list[Middleware] = [access_log()] if log_access else []
+    middlewares.append(_errors)
+    if api_key:
+        middlewares.append(_api_key_check(api_key))
+    app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
+    app[ROUTER_KEY] = router
+    app[CLOCK_KEY] = wall_clock
+    add_openai_routes(app)
+    add_operation_routes(app)
+    if stats_interval_s is not None:
+        app.cleanup_ctx.append(_background("router-stats-log", StatsLogger(router, stats_interval_s).run))
+    return app
+
+
+def _background(name: str, run: Callable[[], Coroutine[Any, Any, None]]
+                ) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A cleanup context that runs `run()` as a task while the application serves."""
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(run(), name=name)
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return lifetime
+
+
+async def start_http(router: Router, host: str, port: int, *, api_key: str = "",
+                     tls: ssl.SSLContext | None = None, log_access: bool = True,
+                     file_sd: FileSdConfig | None = None) -> tuple[web.AppRunner, int]:
+    """Serve `router` on host:port (0: a free port), over HTTPS with `tls` (a server context, see
+    `server_tls`); returns the runner (`await runner.cleanup()` stops it) and the bound port. With
+    `file_sd` the router keeps a Prometheus target list of itself and its agents (file_sd)."""
+    if not api_key and not is_loopback(host):
+        logger.warning("the OpenAI API on %s needs no API key: anyone who reaches it can use it (--api-key)", host)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts the request on
+    # its agent (aiohttp otherwise lets a non-streaming handler run to its end).
+    app = create_app(router, api_key=api_key, log_access=log_access)
+    publisher = FileSdPublisher(router, file_sd) if file_sd is not None else None
+    if publisher is not None:  # its loop starts with the app and waits for the bound port
+        app.cleanup_ctx.append(_background("router-file-sd", publisher.run))
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=tls)
+    await site.start()
+    bound = int(runner.addresses[0][1])
+    if publisher is not None:
+        await publisher.listen_at(f"{host}:{bound}")
+    logger.info("router HTTP API on http://%s:%d", host, bound)
+    return runner, bound
+
+
+def server_tls(cert_chain: Path, private_key: Path) -> ssl.SSLContext:
+    """A TLS server context from PEM files (TLS 1.2 or later); OSError/ssl.SSLError when unreadable."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_chain, private_key)
+    return context
+
+
+def server_tls_pem(cert_chain: bytes, private_key: bytes) -> ssl.SSLContext:
+    """`server_tls` from PEM bytes (ssl loads keys only from files: they live in a private temporary
+    directory for the duration of the load)."""
+    with tempfile.TemporaryDirectory() as d:
+        cert, key = Path(d) / "cert.pem", Path(d) / "key.pem"
+        cert.write_bytes(cert_chain)
+        key.write_bytes(private_key)
+        return server_tls(cert, key)

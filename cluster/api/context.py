@@ -1,0 +1,104 @@
+"""What the handlers of the router's HTTP application share: the application's keys, the JSON
+body reader, and how a refused request answers.
+
+The body reader refuses what Python's json module accepts but the rest of the router cannot carry:
+strings with lone surrogates (valid JSON escapes that no UTF-8 encoder takes), nesting
+deep enough to exhaust the stack, integers past 64 bits (and past the interpreter's 4300-digit
+conversion limit), numbers that overflow a float, and NaN/Infinity (not JSON at all). Each is a 400 naming what is wrong, never a
+500 from deep inside a handler."""
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from radixmesh.cluster.api.openai_schema import ApiError
+from radixmesh.cluster.router.admission import Overloaded
+from radixmesh.cluster.router.routed import NoNodeAvailable
+from radixmesh.cluster.router.router import Router
+from radixmesh.proto.serve.limits import InvalidRequest
+
+ROUTER_KEY = web.AppKey("router", Router)
+CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("wall_clock")
+
+
+async def read_body(request: web.Request) -> object:
+    return parse_json_body(await request.read())
+
+
+def refusal(e: InvalidRequest | Overloaded | NoNodeAvailable) -> ApiError:
+    """The answer to a request Router.generate refused (it counted the outcome already)."""
+    match e:
+        case Overloaded():
+            return ApiError(429, str(e), type_="requests", code="rate_limit_exceeded", counted=True,
+                            headers={"Retry-After": str(math.ceil(e.retry_after_s))})
+        case NoNodeAvailable():
+            return ApiError(503, str(e), type_="server_error", code="no_node_available", counted=True)
+        case _:
+            return ApiError(400, str(e), param="prompt", code="invalid_prompt", counted=True)
+
+
+from radixmesh.cluster.api.openai_schema import ApiError
+
+MAX_DEPTH = 32
+"""Nesting of arrays and objects; OpenAI bodies need 4 (messages, content parts)."""
+MAX_INT = 1 << 63
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ApiError(400, f"the request body is not valid JSON: {name} is not a JSON value", code="invalid_json")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 19:
+        raise ApiError(400, "the request body holds an integer past 64 bits", code="invalid_json")
+    value = int(text)
+    if not -MAX_INT <= value < MAX_INT:
+        raise ApiError(400, "the request body holds an integer past 64 bits", code="invalid_json")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ApiError(400, f"the request body holds a number out of range: {text[:40]}", code="invalid_json")
+    return value
+
+
+def parse_json_body(raw: bytes) -> object:
+    """The JSON value of `raw`; ApiError(400) for invalid or hostile JSON (see the module doc)."""
+    try:
+        value = json.loads(raw, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    _check(value)
+    return value
+
+
+def _check(root: object) -> None:
+    # Iterative, so a hostile body cannot make the check itself recurse.
+    stack: list[tuple[object, int]] = [(root, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value)
+        elif isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, v in items:
+                if isinstance(k, str):
+                    _check_text(k)
+                stack.append((v, depth + 1))
+
+
+def _check_text(s: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "the request body holds a string with a lone UTF-16 surrogate",
+                       code="invalid_json") from None

@@ -1,0 +1,148 @@
+"""The router's operational endpoints: models, tokenizer, probes, statistics, metrics, route
+explanations."""
+
+import importlib.metadata
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+from aiohttp import web
+
+from radixmesh.cluster.api.context import ROUTER_KEY, read_body, refusal
+from radixmesh.cluster.api.explain import ROUTE_PATH, explain
+from radixmesh.cluster.api.openai_schema import ApiError, parse_chat
+from radixmesh.cluster.fleet.reports import agent_metrics, cluster_stats
+from radixmesh.cluster.observability.endpoints import merge_expositions, stats_document
+from radixmesh.cluster.observability.file_sd import ROUTER_SCOPE
+from radixmesh.cluster.router.admission import Overloaded
+from radixmesh.cluster.router.routed import GenerateRequest, NoNodeAvailable
+from radixmesh.cluster.router.router import Router
+from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
+from radixmesh.proto.serve.limits import InvalidRequest
+from radixmesh.proto.serve.sampling import SamplingParams
+
+
+def add_operation_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/v1/models/{model_id}", _model)
+    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/detokenize", _detokenize)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/version", _version)
+    app.router.add_get("/stats", _stats)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_post(ROUTE_PATH, _route)
+
+
+def _model_card(router: Router) -> dict[str, Any]:
+    return {"id": router.config.model_name, "object": "model", "created": 0, "owned_by": "radixmesh",
+            "max_model_len": router.config.limits.max_context_tokens}
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [_model_card(request.app[ROUTER_KEY])]})
+
+
+async def _model(request: web.Request) -> web.Response:
+    router = request.app[ROUTER_KEY]
+    if request.match_info["model_id"] != router.config.model_name:
+        raise ApiError(404, f"model {request.match_info['model_id']!r} does not exist; this server serves "
+                            f"{router.config.model_name!r}", param="model", code="model_not_found")
+    return web.json_response(_model_card(router))
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    """vLLM's /tokenize: a prompt as the router tokenizes it (a chat as its template renders it)."""
+    router = request.app[ROUTER_KEY]
+    body = await read_body(request)
+    unknown = sorted(body.keys() - {"model", "prompt", "messages"}) if isinstance(body, dict) else []
+    if unknown:  # the OpenAI endpoints' policy: no field is silently ignored
+        raise ApiError(400, f"unrecognized request argument supplied: '{unknown[0]}'", param=unknown[0],
+                       code="unknown_parameter")
+    if isinstance(body, dict) and "messages" in body:
+        try:
+            chat = parse_chat({"model": router.config.model_name, "messages": body["messages"]})
+            text = router.chat_template.render(chat.messages)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="messages", code="invalid_messages") from e
+    elif isinstance(body, dict) and isinstance(body.get("prompt"), str):
+        text = body["prompt"]
+    else:
+        raise ApiError(400, "the body must be a JSON object with a string 'prompt' or a 'messages' list",
+                       param="prompt")
+    tokens = router.tokenizer.encode(text)
+    return web.json_response({"tokens": tokens, "count": len(tokens),
+                              "max_model_len": router.config.limits.max_context_tokens})
+
+
+async def _detokenize(request: web.Request) -> web.Response:
+    router = request.app[ROUTER_KEY]
+    body = await read_body(request)
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    vocab = router.config.limits.vocab_size
+    if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                             for t in tokens)):
+        raise ApiError(400, f"'tokens' must be a list of token ids in [0, {vocab})", param="tokens")
+    return web.json_response({"prompt": router.tokenizer.decode(tokens)})
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _version(request: web.Request) -> web.Response:
+    return web.json_response({"version": importlib.metadata.version("radixmesh")})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    router = request.app[ROUTER_KEY]
+    nodes = router.directory.nodes()
+    body = {"status": "ok" if nodes else "no_nodes", "nodes": len(nodes),
+            "metadata_available": router.metadata_available, "policy": router.active_policy}
+    return web.json_response(body, status=200 if nodes else 503)
+
+
+async def _stats(request: web.Request) -> web.Response:
+    router = request.app[ROUTER_KEY]
+    cluster = await cluster_stats(router.metadata, router.config.match_timeout_s)
+    inflight = {n: router.inflight(n) for n in router.directory.nodes()}
+    body = stats_document(router.metrics, cluster, policy=router.config.policy, active_policy=router.active_policy,
+                          metadata_available=router.metadata_available, inflight=inflight)
+    return web.json_response(body)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    router = request.app[ROUTER_KEY]
+    # scope=router (the router's file-SD target): leave out the agents Prometheus scrapes itself.
+    exclude = router.scraped_nodes if request.query.get("scope") == ROUTER_SCOPE else frozenset()
+    text = merge_expositions(router.metrics.render(), await agent_metrics(
+        router.directory, router.config.match_timeout_s * 4, exclude))
+    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                        headers={"X-Prometheus-Format": "0.0.4"})
+
+
+async def _route(request: web.Request) -> web.Response:
+    """Serve one prompt and say where it went, why, and where its prompt tokens came from."""
+    router = request.app[ROUTER_KEY]
+    body = await read_body(request)
+    if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+        raise ApiError(400, "the body must be a JSON object with a string 'prompt'", param="prompt")
+    unknown = sorted(body.keys() - {"prompt", "max_tokens", "cache_salt"})
+    if unknown:  # the OpenAI endpoints' policy: no field is silently ignored
+        raise ApiError(400, f"unrecognized request argument supplied: '{unknown[0]}'", param=unknown[0],
+                       code="unknown_parameter")
+    max_tokens, cache_salt = body.get("max_tokens", 16), body.get("cache_salt", "")
+    if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1):
+        raise ApiError(400, "'max_tokens' must be an integer >= 1", param="max_tokens")
+    if not isinstance(cache_salt, str) or len(cache_salt) > MAX_TENANT_CHARS:
+        raise ApiError(400, f"'cache_salt' must be a string of at most {MAX_TENANT_CHARS} characters",
+                       param="cache_salt")
+    job = GenerateRequest(f"route-{uuid.uuid4().hex}", tuple(router.tokenizer.encode(body["prompt"])),
+                          SamplingParams(max_tokens=max_tokens), cache_salt)
+    try:
+        result = await router.complete(job)
+    except (InvalidRequest, Overloaded, NoNodeAvailable) as e:
+        raise refusal(e) from e
+    report = explain(result, router.tokenizer.decode(list(result.result.output_token_ids)))
+    return web.json_response(asdict(report))

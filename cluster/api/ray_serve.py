@@ -1,0 +1,140 @@
+"""RadixmeshRequestRouter: radixmesh's routing as a Ray Serve request router.
+
+For Ray Serve LLM (or any Serve deployment whose requests carry a `prompt` or `messages`):
+
+    from ray.serve.config import RequestRouterConfig
+    from radixmesh.cluster.api.ray_serve import RadixmeshRequestRouter
+
+    @serve.deployment(num_replicas=4, request_router_config=RequestRouterConfig(
+        request_router_class=RadixmeshRequestRouter,
+        request_router_kwargs={"block_size": 16, "policy": "cost_no_pull"}))
+
+Per request it does what the radixmesh router does, with Serve replicas as nodes: tokenize the
+prompt (token ids as they are, text with the byte tokenizer), hash its full blocks with the tenant
+salt (`cache_salt`), find each replica's prefix among the blocks it was routed (PendingIndex with
+`prefix_ttl_s`: what a replica served stays cached about that long), merge the handle's own
+in-flight counts and recent work (InflightTable), and let the policy decide under bounded load.
+
+The chosen replica alone is offered for the first `affinity_attempts` tries of a request, then it is
+the first rank and the others the second. Serve skips a replica whose queue-length probe misses its
+deadline (0.1 s at first, doubling per try up to 1 s), so on a busy host a single try would scatter
+a prefix group over replicas that hold none of it (6 tries wait out 3.5 s of slow probes); a replica
+that is really at `max_ongoing_requests` answers its probe at once, so the extra tries cost little
+before Serve falls through to the others. Without
+a prompt, all candidates form one rank (Serve's own choice).
+
+Serve makes one router per deployment handle; each keeps its own picture of the replicas, which
+is the approximation that Ray's own PrefixCacheAffinityRouter makes too.
+"""
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from radixmesh.cluster.policy.base import PolicyConfig, RoutePolicy, RouteRequest, make_policy
+from radixmesh.cluster.policy.inflight import InflightTable, Ticket
+from radixmesh.cluster.policy.pending_index import PendingIndex
+from radixmesh.cluster.policy.view import build_view
+from radixmesh.common.text.tokenizer import ByteTokenizer, Tokenizer
+from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
+from radixmesh.proto.ids import NodeId
+
+logger = logging.getLogger(__name__)
+_MAX_UNROUTED = 10_000
+
+
+def prompt_of(request: PendingRequest, tokenizer: Tokenizer) -> tuple[list[int], str] | None:
+    """(token ids, tenant) of the first argument with a `prompt` or `messages` (attribute or key),
+    None when there is none. Messages are their contents concatenated (as Ray's prefix router does)."""
+    for arg in (*request.args, *request.kwargs.values()):
+        prompt = _field(arg, "prompt")
+        if prompt is None:
+            messages = _field(arg, "messages")
+            if isinstance(messages, list):
+                prompt = "".join(str(_field(m, "content") or "") for m in messages)
+        if prompt is None:
+            continue
+        tenant = _field(arg, "cache_salt")
+        tenant = tenant if isinstance(tenant, str) else ""
+        if isinstance(prompt, str):
+            return tokenizer.encode(prompt), tenant
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt), tenant
+    return None
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+class RadixmeshRequestRouter(RequestRouter):
+    """A Serve RequestRouter; configure it with `request_router_kwargs` (initialize_state's)."""
+
+    def initialize_state(self, block_size: int = 16, policy: str = "cost_no_pull", prefix_ttl_s: float = 600.0,
+                         prefill_tokens_per_s: float = 2000.0, seed: int | None = None, affinity_attempts: int = 6,
+                         clock: Callable[[], float] = time.monotonic, **policy_kwargs: Any) -> None:
+        """`policy` names a radixmesh policy (policy_names()); `policy_kwargs` are PolicyConfig fields."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if affinity_attempts < 1:
+            raise ValueError(f"affinity_attempts must be >= 1, got {affinity_attempts}")
+        self._affinity_attempts = affinity_attempts
+        config = PolicyConfig(**policy_kwargs)
+        self._block_size = block_size
+        self._policy: RoutePolicy = make_policy(policy, config, random.Random(seed))
+        self._prefill_rate = prefill_tokens_per_s
+        self._tokenizer: Tokenizer = ByteTokenizer()
+        self._holders = PendingIndex(prefix_ttl_s, clock)
+        self._inflight = InflightTable(clock, config.load_half_life_s)
+        self._routing: dict[str, tuple[list[BlockHash], int, int]] = {}
+        """internal request id -> (its block hashes, prompt tokens, tries so far), between choice and routing."""
+        self._tickets: dict[str, Ticket] = {}
+        self.decisions: list[tuple[str, str]] = []
+        """(replica, reason) of recent decisions, newest last (at most 1000), for tests and logs."""
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        found = prompt_of(pending_request, self._tokenizer) if pending_request is not None else None
+        if found is None:
+            return [candidate_replicas]
+        tokens, tenant = found
+        hashes = hash_blocks(tokens, self._block_size, salt=tenant_salt(tenant))
+        by_id = {NodeId(r.replica_id.to_full_id_str()): r for r in candidate_replicas}
+        view = build_view(list(by_id), None, self._holders.match(hashes), self._inflight, self._prefill_rate)
+        decision = self._policy.route(RouteRequest(len(tokens), len(hashes), self._block_size), view.cluster)
+        assert pending_request is not None
+        request_id = pending_request.metadata.internal_request_id
+        tries = self._routing.pop(request_id, ([], 0, 0))[2] + 1
+        self._routing[request_id] = (hashes, len(tokens), tries)
+        while len(self._routing) > _MAX_UNROUTED:  # requests cancelled between choice and routing
+            del self._routing[next(iter(self._routing))]
+        self.decisions = [*self.decisions[-999:], (decision.node, decision.reason)]
+        logger.debug("request %s -> replica %s: %s", pending_request.metadata.internal_request_id, decision.node,
+                     decision.reason)
+        chosen = by_id[decision.node]
+        rest = [r for r in candidate_replicas if r is not chosen]
+        return [[chosen], rest] if rest and tries >= self._affinity_attempts else [[chosen]]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        request_id = pending_request.metadata.internal_request_id
+        hashes, tokens, _ = self._routing.pop(request_id, ([], 0, 0))
+        node = NodeId(replica_id.to_full_id_str())
+        self._holders.add(node, hashes)
+        self._inflight.record_routed(node, tokens)
+        self._tickets[request_id] = self._inflight.start(node, tokens)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        ticket = self._tickets.pop(internal_request_id, None)
+        if ticket is not None:
+            self._inflight.finish(ticket)
+
+    def replica_prefix(self, replica: str, tokens: Sequence[int], tenant: str = "") -> int:
+        """Leading blocks of `tokens` this router believes `replica` holds."""
+        hashes = hash_blocks(tokens, self._block_size, salt=tenant_salt(tenant))
+        return self._holders.match(hashes).get(NodeId(replica), 0)

@@ -1,0 +1,178 @@
+"""How the router reaches node agents: one interface (AgentClient, AgentDirectory), whether the
+agent is a Ray actor (RayAgentClient) or in this process (LocalAgentClient).
+
+Every client honours AgentClient's contract: `serve` yields TokenDelta items then one ServeResult,
+raises InvalidRequest for a refused plan and AgentUnavailable when the agent is gone.
+"""
+
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from typing import Any, Protocol
+
+import ray
+
+from radixmesh.common.metrics.scrape import ScrapeTarget
+from radixmesh.proto.ids import NodeId, agent_actor_name
+from radixmesh.proto.metadata.nodes import NodeInfo
+from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest
+from radixmesh.proto.serve.plan import ServeItem, ServePlan
+
+logger = logging.getLogger(__name__)
+
+
+class AgentUnavailable(Exception):
+    """The agent died or cannot be reached; the request may be retried on another node."""
+
+
+class AgentClient(Protocol):
+    """A handle on one node agent.
+
+    `serve` yields TokenDelta items as tokens are produced and ends with one ServeResult; closing the
+    generator early (aclose) aborts the request and frees its blocks. It raises
+    AgentUnavailable when the agent is gone (before or during the stream) and InvalidRequest when the
+    agent refuses the request as invalid; nothing else.
+    """
+
+    node: NodeId
+
+    def serve(self, plan: ServePlan) -> AsyncGenerator[ServeItem, None]: ...
+
+    async def prometheus_text(self) -> str:
+        """The agent's metrics (memory of both tiers, engine, transfer) in Prometheus text format."""
+        ...
+
+    async def scrape_target(self) -> ScrapeTarget | None:
+        """Where Prometheus scrapes the agent itself; None when it serves no /metrics of its own (the
+        router's /metrics then carries its metrics alone)."""
+        ...
+
+
+class AgentDirectory(Protocol):
+    """Which agents exist right now (the launcher keeps it current)."""
+
+    def get(self, node: NodeId) -> AgentClient | None: ...
+
+    def nodes(self) -> list[NodeId]: ...
+
+
+class ServingAgent(Protocol):
+    """What LocalAgentClient needs of an agent in this process (node_agent's NodeAgent is one); typed
+    here so the router never imports node_agent."""
+
+    node: NodeId
+
+    def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]: ...
+
+    async def prometheus_text(self) -> str: ...
+
+    def scrape_target(self) -> ScrapeTarget | None: ...
+
+
+class LocalAgentClient:
+    """A NodeAgent in this process (tests, single-process demos)."""
+
+    def __init__(self, agent: ServingAgent) -> None:
+        self.agent = agent
+        self.node: NodeId = agent.node
+
+    async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
+        try:
+            # aclosing: closing this stream closes the agent's now, which aborts the request at once
+            async with contextlib.aclosing(self.agent.serve(plan)) as items:
+                async for item in items:
+                    yield item
+        except (InvalidRequest, AgentBusy):
+            raise
+        except Exception as e:  # a stopped or broken agent: the router retries elsewhere
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+
+    async def prometheus_text(self) -> str:
+        try:
+            return await self.agent.prometheus_text()
+        except RuntimeError as e:
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+
+    async def scrape_target(self) -> ScrapeTarget | None:
+        return self.agent.scrape_target()
+
+
+class StaticAgentDirectory:
+    """A fixed set of agent clients; `remove` takes one out (the launcher saw it die)."""
+
+    def __init__(self, clients: Iterable[AgentClient]) -> None:
+        self._clients: dict[NodeId, AgentClient] = {c.node: c for c in clients}
+
+    def get(self, node: NodeId) -> AgentClient | None:
+        return self._clients.get(node)
+
+    def nodes(self) -> list[NodeId]:
+        return sorted(self._clients)
+
+    def add(self, client: AgentClient) -> None:
+        self._clients[client.node] = client
+
+    def remove(self, node: NodeId) -> None:
+        self._clients.pop(node, None)
+
+
+class RayAgentClient:
+    """An agent actor (node_agent.actor.make_agent_actor) through its handle."""
+
+    def __init__(self, node: NodeId, handle: Any) -> None:
+        self.node = node
+        self.handle = handle
+
+    async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
+        try:
+            stream = self.handle.serve.options(num_returns="streaming").remote(plan)
+            async for ref in stream:
+                yield await ref
+        except ray.exceptions.RayTaskError as e:
+            match e.cause:
+                case InvalidRequest() as refused:  # the agent refused the plan: the caller's error
+                    raise InvalidRequest(str(refused)) from None
+                case AgentBusy() as busy:
+                    raise AgentBusy(str(busy)) from None
+                case cause:
+                    raise AgentUnavailable(f"agent {self.node} failed: {cause!r}") from e
+        except ray.exceptions.RayError as e:  # actor died, or is unreachable
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+
+    async def start(self) -> NodeInfo:
+        """Wait until the agent runs (through a restart, too: start is idempotent, so Ray may retry
+        it); its registration record."""
+        try:
+            info: NodeInfo = await self.handle.start.options(max_task_retries=-1).remote()
+        except ray.exceptions.RayError as e:
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+        return info
+
+    async def prometheus_text(self) -> str:
+        try:
+            text: str = await self.handle.prometheus_text.options(max_task_retries=-1).remote()
+        except ray.exceptions.RayError as e:
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+        return text
+
+    async def scrape_target(self) -> ScrapeTarget | None:
+        try:
+            target: ScrapeTarget | None = await self.handle.scrape_target.options(max_task_retries=-1).remote()
+        except ray.exceptions.RayError as e:
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+        return target
+
+
+class RayAgentDirectory(StaticAgentDirectory):
+    """Agent actors by node id; `discover` finds them by their well-known actor names."""
+
+    @classmethod
+    def discover(cls, nodes: Iterable[NodeId], namespace: str | None = None) -> "RayAgentDirectory":
+        """Clients for the named agent actors that exist now (missing ones are left out, and logged)."""
+        clients: list[AgentClient] = []
+        for node in nodes:
+            try:
+                clients.append(RayAgentClient(node, ray.get_actor(agent_actor_name(node), namespace=namespace)))
+            except ValueError:
+                logger.warning("no agent actor for node %s", node)
+        return cls(clients)

@@ -1,0 +1,196 @@
+"""KVEventSubscriber: follows one engine's ZMQ event stream in sequence order.
+
+vLLM numbers its batches 0, 1, 2, ... per publisher (`vllm/distributed/kv_events.py`,
+ZmqEventPublisher) and keeps the last `buffer_steps` of them for replay on a ROUTER socket. For each
+batch that arrives with sequence number s, the last applied being `last`:
+
+    s == last + 1          apply it
+    s <= last              the engine restarted (its numbering starts again at 0, its cache is
+                           empty): forget every holding, then as below for a first batch
+    first batch, or a gap  with a replay socket: ask it for everything from last + 1 (from 0 on the
+                           first batch, to learn what was cached before we listened); without one,
+                           or when the replay does not reach back to last + 1: forget every holding
+                           (`on_gap`) and apply the contiguous run that ends with s
+
+Forgetting is what keeps the index honest: a missed BlockRemoved would otherwise leave a block that
+the engine no longer holds in the index for good. A contiguous run of the latest batches is always
+safe to apply after forgetting, since every removal that follows a store it shows is in the run too.
+
+A payload that does not decode is a batch lost: holdings are forgotten at once, and the stream goes on.
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from radixmesh.cluster.fleet.ingest.vllm_events import (
+    END_OF_REPLAY,
+    SEQ_BYTES,
+    EngineEventBatch,
+    EventDecodeError,
+    decode_batch,
+    decode_seq,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberConfig:
+    endpoint: str
+    """The engine's PUB address, e.g. tcp://10.0.0.5:5557 (vLLM's `--kv-events-config` endpoint)."""
+    replay_endpoint: str | None = None
+    """The engine's ROUTER replay address; None: gaps are repaired by forgetting, never by replay."""
+    topic: str = ""
+    """Topic prefix to subscribe to ("" takes every topic; vLLM's default topic is "")."""
+    replay_timeout_s: float = 2.0
+    """How long one replay may take before it counts as failed."""
+
+    def __post_init__(self) -> None:
+        for name, value in (("endpoint", self.endpoint), ("replay_endpoint", self.replay_endpoint or "tcp://x")):
+            if "://" not in value:
+                raise ValueError(f"{name} must be a ZMQ address such as tcp://host:5557, got {value!r}")
+        if not self.replay_timeout_s > 0:
+            raise ValueError(f"replay_timeout_s must be > 0, got {self.replay_timeout_s}")
+
+
+@dataclass(slots=True)
+class SubscriberStats:
+    batches: int = 0
+    gaps: int = 0
+    restarts: int = 0
+    replays: int = 0
+    replayed_batches: int = 0
+    forgets: int = 0
+    bad_payloads: int = 0
+
+
+class KVEventSubscriber:
+    """Calls `on_batch` for each batch in sequence order and `on_gap` where holdings must be forgotten.
+
+    Both callbacks run on the event loop that called `start`, and must not raise.
+    """
+
+    def __init__(self, config: SubscriberConfig, on_batch: Callable[[EngineEventBatch], None],
+                 on_gap: Callable[[], None], *, context: zmq.asyncio.Context | None = None) -> None:
+        self.config = config
+        self._on_batch = on_batch
+        self._on_gap = on_gap
+        self._ctx = context or zmq.asyncio.Context.instance()
+        self._sub: zmq.asyncio.Socket | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.last_seq: int | None = None
+        """The last batch applied (None before the first)."""
+        self.stats = SubscriberStats()
+
+    async def start(self) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
+        sub.connect(self.config.endpoint)
+        self._sub = sub
+        self._task = asyncio.create_task(self._run(sub), name=f"kv-events {self.config.endpoint}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._sub is not None:
+            self._sub.close(linger=0)
+            self._sub = None
+
+    async def _run(self, sub: zmq.asyncio.Socket) -> None:
+        while True:
+            frames = await sub.recv_multipart()
+            if len(frames) != 3:
+                logger.warning("%s: a message of %d frames, not (topic, seq, payload): skipped",
+                               self.config.endpoint, len(frames))
+                continue
+            try:
+                seq = decode_seq(frames[1])
+            except EventDecodeError as e:
+                logger.warning("%s: %s", self.config.endpoint, e)
+                continue
+            await self.receive(seq, frames[2])
+
+    async def receive(self, seq: int, payload: bytes) -> None:
+        """One published batch (the order rules in the module docstring)."""
+        last = self.last_seq
+        if last is not None and seq == last + 1:
+            self._apply(seq, payload)
+            return
+        if last is not None and seq <= last:
+            logger.info("%s: batch %d after %d: the engine restarted", self.config.endpoint, seq, last)
+            self.stats.restarts += 1
+            self._forget()
+            self.last_seq = last = None
+        elif last is not None:
+            logger.info("%s: batch %d after %d: %d batch(es) missed", self.config.endpoint, seq, last,
+                        seq - last - 1)
+            self.stats.gaps += 1
+        start = last + 1 if last is not None else 0
+        run = await self._replay(start) if self.config.replay_endpoint is not None else []
+        run = [(s, p) for s, p in run if start <= s < seq] + [(seq, payload)]
+        # Keep the contiguous run that ends with `seq`; it reaches back to `start` when nothing is lost.
+        first = len(run) - 1
+        while first > 0 and run[first - 1][0] == run[first][0] - 1:
+            first -= 1
+        if last is not None and run[first][0] != start:
+            self._forget()
+        for s, p in run[first:]:
+            self._apply(s, p)
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        self.last_seq = seq
+        try:
+            batch = decode_batch(payload)
+        except EventDecodeError as e:
+            logger.warning("%s: batch %d does not decode (%s): handled as lost", self.config.endpoint, seq, e)
+            self.stats.bad_payloads += 1
+            self._forget()
+            return
+        self.stats.batches += 1
+        self._on_batch(batch)
+
+    def _forget(self) -> None:
+        self.stats.forgets += 1
+        self._on_gap()
+
+    async def _replay(self, start: int) -> list[tuple[int, bytes]]:
+        """Batches from `start` on, as the engine's replay socket sends them (in order); [] when it
+        does not answer in time or answers garbage."""
+        assert self.config.replay_endpoint is not None
+        self.stats.replays += 1
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        out: list[tuple[int, bytes]] = []
+        try:
+            dealer.connect(self.config.replay_endpoint)
+            # ROUTER sees (identity, b"", start): the empty frame is the REQ-style delimiter vLLM expects.
+            await dealer.send_multipart((b"", start.to_bytes(SEQ_BYTES, "big")))
+            async with asyncio.timeout(self.config.replay_timeout_s):
+                while True:
+                    frames = await dealer.recv_multipart()
+                    if frames and frames[0] == b"":
+                        frames = frames[1:]
+                    if len(frames) != 2:
+                        raise EventDecodeError(f"a replay message of {len(frames)} frames")
+                    s = decode_seq(frames[0])
+                    if s == END_OF_REPLAY:
+                        break
+                    out.append((s, frames[1]))
+        except (TimeoutError, EventDecodeError) as e:
+            logger.warning("%s: replay from %d failed (%s)", self.config.replay_endpoint, start,
+                           type(e).__name__ if isinstance(e, TimeoutError) else e)
+            return []
+        finally:
+            dealer.close(linger=0)
+        self.stats.replayed_batches += len(out)
+        return out

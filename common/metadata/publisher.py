@@ -1,0 +1,264 @@
+"""EventPublisher: keeps the metadata service's view of one node current.
+
+It registers the node (id, epoch, layout, transfer address, capacity), sends the node's cache events
+in batches numbered 1, 2, ... per epoch, answers RESYNC (a sequence gap) and a fresh registration
+with a full snapshot, and heartbeats load, measured rates and the realized hits of finished requests.
+When a heartbeat or publish says the lease is unknown (it ended: the node was partitioned away or
+stalled), the node registers again as a new incarnation (a higher epoch, sequence from 1, a full
+snapshot), so the service never mixes what it knew of the old one with the new; a stale epoch (a
+newer incarnation of this node exists) stops it for good.
+
+Ordering: one lock serialises every call to the service, so batches leave in sequence order and a
+snapshot never overtakes a batch it does not cover.
+
+Backoff: while calls fail, each loop waits twice as long after every failed round (up to
+`max_backoff_s`, never below its own interval, with jitter so that nodes restarted together do not
+retry in step), so a service that refuses or cannot keep up is not hammered; the first success
+restores the normal pace.
+
+Supervision: an unexpected exception in a round (not the service's answer: a bug, or the node in a
+state it should not be in) is logged with its traceback, counted in `loop_errors` and treated as a
+failed round, so the loop backs off and goes on; it never silently ends the heartbeats of a node
+that keeps serving.
+"""
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import BlockStored, CacheEvent, Tier
+from radixmesh.proto.metadata.hits import RequestHits
+from radixmesh.proto.metadata.limits import MAX_HITS_PER_HEARTBEAT
+from radixmesh.proto.metadata.messages import EventBatch, NodeSnapshot, PublishStatus
+from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
+
+logger = logging.getLogger(__name__)
+
+
+
+class PublishedNode(Protocol):
+    """What the publisher reads from its node (NodeAgent implements it)."""
+
+    def node_info(self) -> NodeInfo: ...
+
+    async def take_events(self) -> list[CacheEvent]:
+        """Drain the cache events since the last call."""
+        ...
+
+    async def snapshot(self) -> tuple[BlockStored, ...]:
+        """Every cached block as chains; drains pending events in the same step (the snapshot covers them)."""
+        ...
+
+    async def load(self) -> NodeLoad: ...
+
+    def take_hits(self) -> list[RequestHits]: ...
+
+    async def recall(self, hashes: Sequence[BlockHash]) -> None:
+        """The cluster evicted its last copy of `hashes` recently (a lease's `recalled`)."""
+        ...
+
+    def next_epoch(self) -> int:
+        """Become a new incarnation: a strictly higher epoch, which node_info reports from now on."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherConfig:
+    publish_interval_s: float = 0.05
+    heartbeat_interval_s: float = 1.0
+    max_pending_batches: int = 256
+    """Unacknowledged batches kept while the service is unreachable; past it they are dropped and a
+    snapshot is sent once it is back."""
+    max_backoff_s: float = 2.0
+    """Longest wait between rounds while calls keep failing: long enough to spare a struggling
+    service (40x fewer publish rounds than the default pace), short enough that a node is back in
+    the index within a few seconds of the service (leases last 10 s by default)."""
+
+
+def chains(pairs: Iterable[tuple[BlockHash, BlockHash | None]], tier: Tier) -> list[BlockStored]:
+    """(hash, parent) pairs in insertion order as BlockStored chains: a pair whose parent is the hash
+    just before it extends the current chain."""
+    out: list[BlockStored] = []
+    run: list[BlockHash] = []
+    parent: BlockHash | None = None
+    for h, p in pairs:
+        if run and p == run[-1]:
+            run.append(h)
+            continue
+        if run:
+            out.append(BlockStored(tuple(run), parent, tier))
+        run, parent = [h], p
+    if run:
+        out.append(BlockStored(tuple(run), parent, tier))
+    return out
+
+
+class EventPublisher:
+    """Publishes one node's events and heartbeats through `client` (which it closes on stop)."""
+
+    def __init__(self, node: PublishedNode, client: MetadataClient, config: PublisherConfig,
+                 rng: random.Random | None = None) -> None:
+        self._node = node
+        self._rng = rng or random.Random()
+        self._client = client
+        self.config = config
+        info = node.node_info()
+        self.node_id, self.epoch = info.node_id, info.epoch
+        self._seq = 0
+        """Last sequence number assigned to a batch (or covered by a snapshot)."""
+        self._pending: list[EventBatch] = []
+        self._hits: list[RequestHits] = []
+        self._lease: Lease | None = None
+        self._resync = False
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.stale = False
+        """A newer incarnation of this node registered: nothing more is sent."""
+        self.registrations = 0
+        self.snapshots = 0
+        self.batches = 0
+        self.failures = 0
+        """Failed calls since the last successful one (what the backoff grows with)."""
+        self.loop_errors = 0
+        """Rounds that raised unexpectedly (the loop went on)."""
+
+    @property
+    def lease(self) -> Lease | None:
+        return self._lease
+
+    async def start(self) -> None:
+        """Start the publish and heartbeat loops (registration happens on their first round)."""
+        self._tasks = [asyncio.create_task(self._every(self.config.publish_interval_s, self.flush)),
+                       asyncio.create_task(self._every(self.config.heartbeat_interval_s, self.heartbeat))]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self._client.close()
+
+    async def flush(self) -> None:
+        """Drain the node's new events and send every unacknowledged batch. A service that cannot be
+        reached keeps them pending (retried next round); never raises for the service's faults."""
+        async with self._lock:
+            if self.stale:
+                return
+            events = await self._node.take_events()
+            if events:
+                self._seq += 1
+                self._pending.append(EventBatch(self.node_id, self.epoch, self._seq, tuple(events)))
+            if len(self._pending) > self.config.max_pending_batches:
+                self._pending.clear()
+                self._resync = True
+            with self._on_rpc_error("publish"):
+                await self._ensure_registered()
+                if self._resync:
+                    await self._send_snapshot()
+                elif self._pending:
+                    ack = await self._client.publish(self._pending)
+                    self.batches += len(self._pending)
+                    if ack.status is PublishStatus.RESYNC:
+                        await self._send_snapshot()
+                    else:
+                        self._pending = [b for b in self._pending if b.seq >= ack.next_seq]
+
+    async def heartbeat(self) -> None:
+        """Renew the lease with the node's load and the hits of requests finished since the last beat."""
+        async with self._lock:
+            if self.stale:
+                return
+            self._hits += self._node.take_hits()
+            with self._on_rpc_error("heartbeat"):
+                await self._ensure_registered()
+                load = await self._node.load()
+                send = self._hits[:MAX_HITS_PER_HEARTBEAT]
+                self._lease = await self._client.heartbeat(self.node_id, self.epoch, load, send)
+                del self._hits[: len(send)]
+                if self._lease.recalled:
+                    await self._node.recall(self._lease.recalled)
+                # A standby that took over restored the index as last persisted, so it may expect an
+                # earlier batch than our next one; an idle node publishes nothing to learn of the gap.
+                first_pending = self._pending[0].seq if self._pending else self._seq + 1
+                if self._lease.next_seq != first_pending:
+                    self._resync = True
+
+    async def _ensure_registered(self) -> None:
+        if self._lease is not None:
+            return
+        self._lease = await self._client.register(self._node.node_info())
+        self.registrations += 1
+        logger.info("node %s registered (epoch %d, snapshot required: %s)", self.node_id, self.epoch,
+                    self._lease.snapshot_required)
+        # The service expects `next_seq`; unless that is exactly our first unacknowledged batch (or the
+        # next one), it lost or never saw some of our batches, and only a snapshot can repair that.
+        first_pending = self._pending[0].seq if self._pending else self._seq + 1
+        if self._lease.snapshot_required or self._lease.next_seq != first_pending:
+            self._seq = max(self._seq, self._lease.next_seq - 1)
+            await self._send_snapshot()
+
+    async def _send_snapshot(self) -> None:
+        snapshot = NodeSnapshot(self.node_id, self.epoch, self._seq, await self._node.snapshot())
+        await self._client.sync_snapshot(snapshot)
+        self.snapshots += 1
+        self._pending.clear()
+        self._resync = False
+
+    def next_delay(self, interval_s: float) -> float:
+        """How long a loop of period `interval_s` waits before its next round."""
+        if not self.failures:
+            return interval_s
+        grown = min(self.config.max_backoff_s, interval_s * 2.0 ** min(self.failures, 30))
+        return max(interval_s, grown * (0.5 + 0.5 * self._rng.random()))
+
+    @contextlib.contextmanager
+    def _on_rpc_error(self, what: str) -> Iterator[None]:
+        try:
+            yield
+            self.failures = 0
+        except grpc.aio.AioRpcError as e:
+            self.failures += 1
+            code = e.code()
+            if code is grpc.StatusCode.NOT_FOUND:
+                self.epoch = self._node.next_epoch()
+                logger.info("node %s: lease unknown to the service, registering again as epoch %d",
+                            self.node_id, self.epoch)
+                self._lease = None
+                self._seq = 0
+                self._pending.clear()
+                self._resync = True
+            elif code is grpc.StatusCode.FAILED_PRECONDITION:
+                logger.error("node %s epoch %d is stale (a newer incarnation exists): %s", self.node_id,
+                             self.epoch, e.details())
+                self.stale = True
+            elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                # Resending the same batches would fail the same way: start over from a snapshot.
+                logger.error("%s refused by the metadata service: %s %s", what, code, e.details())
+                self._pending.clear()
+                self._resync = True
+            else:
+                logger.warning("%s to the metadata service failed: %s %s", what, code, e.details())
+
+    async def _every(self, interval_s: float, fn: "_Round") -> None:
+        while True:
+            try:
+                await fn()
+            except Exception:
+                self.loop_errors += 1
+                self.failures += 1
+                logger.exception("node %s: a %s round failed unexpectedly; backing off", self.node_id,
+                                 getattr(fn, "__name__", "publisher"))
+            await asyncio.sleep(self.next_delay(interval_s))
+
+
+class _Round(Protocol):
+    async def __call__(self) -> None: ...
+

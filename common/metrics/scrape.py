@@ -1,0 +1,84 @@
+"""Each agent's own Prometheus endpoint, so Prometheus scrapes every agent itself and `up` shows each.
+
+    GET /metrics    the agent's exposition (NodeAgent.prometheus_text), labelled node and model_name
+
+Access: open on a loopback address (only this machine reaches it, as the router's /metrics); on any
+other address a scrape must carry `Authorization: Bearer <metrics token>`, a key derived from the
+cluster secret (README, Security: no port other hosts reach opens unauthenticated). Prometheus sends
+it from `authorization: {credentials_file: ...}`; the router writes that file next to its file-SD
+target list (cluster.observability.file_sd).
+"""
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from radixmesh.common.secret import ClusterSecret, is_loopback
+from radixmesh.proto.ids import NodeId
+
+logger = logging.getLogger(__name__)
+
+
+def metrics_token(secret: ClusterSecret) -> str:
+    """Bearer token of agents' /metrics on non-loopback addresses (Prometheus' credentials)."""
+    return secret.derive(b"metrics-token").hex()
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeTarget:
+    """One endpoint Prometheus should scrape, with the labels its samples get (file-SD's "labels")."""
+
+    address: str
+    """host:port of its /metrics."""
+    node: NodeId | None
+    """The agent's node id; None for the router itself."""
+    zone: str = ""
+    """The Ray node's availability zone ("": unknown)."""
+    params: tuple[tuple[str, str], ...] = field(default=())
+    """URL parameters of the scrape (file-SD labels __param_<name>)."""
+
+
+class MetricsServer:
+    """GET /metrics over aiohttp on host:port (0: a free one). Start and stop from one event loop."""
+
+    def __init__(self, render: Callable[[], Awaitable[str]], host: str, port: int, token: str | None) -> None:
+        """`token` None: no authorization; only allowed on a loopback `host` (ValueError otherwise)."""
+        if token is None and not is_loopback(host):
+            raise ValueError(f"an agent's /metrics on {host!r} needs the cluster secret's metrics token")
+        self._render = render
+        self._host, self._port = host, port
+        self._expected = None if token is None else f"Bearer {token}".encode()
+        self._runner: web.AppRunner | None = None
+        self.address = ""
+        """host:port it listens on, once started."""
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port)
+        await site.start()
+        self._runner = runner
+        self.address = f"{self._host}:{int(runner.addresses[0][1])}"
+        logger.info("agent /metrics on http://%s/metrics%s", self.address,
+                    "" if self._expected is None else " (bearer token required)")
+        return self.address
+
+    async def stop(self) -> None:
+        """Idempotent."""
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self._expected is not None:
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, self._expected):
+                return web.json_response({"error": "missing or wrong metrics token (Authorization: Bearer ...)"},
+                                         status=401, headers={"WWW-Authenticate": "Bearer"})
+        return web.Response(text=await self._render(), content_type="text/plain", charset="utf-8",
+                            headers={"X-Prometheus-Format": "0.0.4"})

@@ -9,7 +9,7 @@ A local cluster as `radixmesh up --local N` makes it (Ray, agents as actors that
 on 127.0.0.1), its metadata service on a Redis this script runs. Faults, spread over the churn run:
 kill an agent (Ray restarts it: a new epoch with an empty cache), restart the metadata service (it
 reloads the index from Redis), restart Redis (the service serves from memory meanwhile), kill another
-agent. Partitions need the multi-host harness (tests/multihost/) and are not part of this run.
+agent. Partitions need the multi-host harness (tests/ray/multihost/) and are not part of this run.
 
 Writes bench/results/chaos.json with sent / succeeded / failed / refused / wrong_tokens /
 leaked_blocks / hit_rate_churn / hit_rate_steady, TTFT p50/p99 of both runs, and the fault log.
@@ -35,7 +35,7 @@ import loadgen
 
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.cluster.metadata.redis_server import redis_server_binary
+from radixmesh.cluster.metadata.store import redis_server_binary
 from radixmesh.node_agent.model.source import resolve_model
 
 RESULT = Path(__file__).parent / "results" / "chaos.json"

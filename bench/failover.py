@@ -2,7 +2,7 @@
 
     python bench/failover.py [--runs 3] [--after 3]
 
-Each run (tests/failover_cluster.py): a redis-server, an active and a standby metadata service
+Each run (tests/support/failover_cluster.py): a redis-server, an active and a standby metadata service
 process on it, 2 in-process agents (tiny model), a router listing both services, 3 clients sending
 requests back to back; SIGKILL the active after 2 s. Reported per run and as the worst run: the
 kill until a client's first answer from the standby (`takeover_s`), requests failed, and the
@@ -18,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the failover harness
-from failover_cluster import LEADER_TTL_S, run_failover
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.support is a package there
+from tests.support.failover_cluster import LEADER_TTL_S, run_failover
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -38,10 +38,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from radixmesh.node_agent.memory.block_pool import BlockPool, OOMReason, OutOfBlocks
-from radixmesh.node_agent.memory.block_table import BlockTable, SequenceManager
-from radixmesh.node_agent.memory.pool_config import PoolConfig
-from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.cache.block_table import BlockTable, SequenceManager
+from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.pool.block_pool import BlockPool, OOMReason, OutOfBlocks
+from radixmesh.node_agent.memory.pool.config import PoolConfig
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.kv_layout import KVLayout
 

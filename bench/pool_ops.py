@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from radixmesh.node_agent.memory.block_pool import BlockPool
-from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.pool.block_pool import BlockPool
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 
 PREFIXES = 256

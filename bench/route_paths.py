@@ -25,7 +25,6 @@ from radixmesh.cluster.metadata.server import ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.index_watch import IndexWatcher
-from radixmesh.cluster.router.routed import GenerateRequest
 from radixmesh.cluster.router.router import Router
 from radixmesh.cluster.sim.trace import TokenMapping, TraceRequest
 from radixmesh.common.metadata.client import MetadataClient
@@ -76,10 +75,10 @@ class PrehashedRouter(Router):
 
     prehashed: dict[str, list[BlockHash]]
 
-    def block_hashes(self, request: GenerateRequest) -> list[BlockHash]:
+    def block_hashes(self, request: ServePlan) -> list[BlockHash]:
         return self.prehashed[request.request_id]
 
-    async def decide(self, request: GenerateRequest) -> NodeId:
+    async def decide(self, request: ServePlan) -> NodeId:
         routed = await self.plan(request)
         # What serving would record (recent work drives the least-loaded candidates).
         self._inflight.record_routed(routed.decision.node, len(request.prompt_token_ids))
@@ -149,7 +148,7 @@ async def bench_routes(n_nodes: int, requests: Sequence[TraceRequest], warm: int
             for i, hashes in enumerate(prompts[warm:]):
                 rid = f"{name}-{i}"
                 router.prehashed[rid] = hashes
-                reqs.append(GenerateRequest(rid, (0,) * (len(hashes) * BLOCK), SamplingParams(max_tokens=1)))
+                reqs.append(ServePlan(rid, (0,) * (len(hashes) * BLOCK), SamplingParams(max_tokens=1)))
             if replica:
                 router.start()
                 assert router.watcher is not None

@@ -142,9 +142,9 @@ def main() -> None:
                 print(f"  {policy:<35}" + " / ".join(
                     f"{e[k]['blocks']} at {e[k]['age_p50_s']:.0f}" if k in e else "0"
                     for k in ("last_copy", "duplicate", "global_lru")))
-            tokens = [q.prompt_tokens for q in requests]
-            row["balance_online"] = online_max_over_mean(tokens, n)
-            row["balance_offline"] = offline_max_over_mean(tokens, n)
+            prompt_tokens = [q.prompt_tokens for q in requests]
+            row["balance_online"] = online_max_over_mean(prompt_tokens, n)
+            row["balance_offline"] = offline_max_over_mean(prompt_tokens, n)
             print(
                 f"headroom: infinite bound / global LRU {row['infinite_bound'] / row['global_lru']:.3f};"  # type: ignore[operator]
                 f" load balance alone (max/mean tokens): online greedy {row['balance_online']:.3f},"

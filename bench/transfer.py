@@ -45,11 +45,9 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test owner's TransferActor
-import transfer_owner
-
-from radixmesh.node_agent.memory.block_pool import BlockPool
-from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.support is a package there
+from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.pool.block_pool import BlockPool
 from radixmesh.node_agent.model.config import DEFAULT_CONFIG, named_config
 from radixmesh.node_agent.transfer.checksum import DEFAULT_CHECKSUM
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
@@ -60,6 +58,7 @@ from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
+from tests.support import transfer_owner
 
 SIZES = (1, 16, 256, 4096)
 SECRET = transfer_owner.SECRET
@@ -155,7 +154,7 @@ async def bench_layout(name: str, layout: KVLayout, max_bytes: int, trials: int)
     from radixmesh.node_agent.transfer.ray_transport import RayTransport
     from radixmesh.node_agent.transfer.ucx_transport import UcxTransport, import_ucxx
 
-    ray.cloudpickle.register_pickle_by_value(transfer_owner)  # Ray workers lack tests/ on their path
+    ray.cloudpickle.register_pickle_by_value(transfer_owner)  # Ray workers lack the repo root (tests.support) on their path
     ucxx = import_ucxx(loopback=True)
     sizes = [s for s in SIZES if s * layout.block_bytes <= max_bytes]
     n = max(sizes)

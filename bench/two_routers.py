@@ -25,24 +25,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the in-process cluster parts
-from router_cluster import SECRET, agent_config, router_config, start_metadata
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.support is a package there
 from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.policy.base import PolicyConfig
-from radixmesh.cluster.router.router import GenerateRequest, Router
+from radixmesh.cluster.router.router import Router
 from radixmesh.cluster.sim.replay import ReplayConfig, fit
 from radixmesh.cluster.sim.trace import read_trace
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.node_agent.agent import NodeAgent
+from radixmesh.proto.serve.plan import ServePlan
 from radixmesh.proto.serve.sampling import SamplingParams
+from tests.support.router_cluster import SECRET, agent_config, router_config, start_metadata
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 TRACE_FILES = {"mooncake": TRACES / "mooncake_trace_1000.jsonl", "synthetic": TRACES / "synthetic_trace.jsonl"}
 RESULTS = Path(__file__).resolve().parent / "results"
 NODES, CAPACITY, MAX_BLOCKS, BS = 3, 48, 24, 4
-"""As tests/test_sim_vs_cluster.py: 3 nodes of 48 blocks, prompts cut to 24 blocks of 4 tokens."""
+"""As tests/ray/test_sim_vs_cluster.py: 3 nodes of 48 blocks, prompts cut to 24 blocks of 4 tokens."""
 REPLAY = ReplayConfig(block_size=BS, max_prompt_blocks=MAX_BLOCKS, max_tokens=1)
 
 
@@ -90,7 +90,7 @@ async def run(replayed: list[tuple[int, ...]], *, routers: int, share_work: bool
         async def client() -> None:
             while queue:
                 i, tokens = queue.pop(0)
-                request = GenerateRequest(f"r{i}", tokens, SamplingParams(max_tokens=1, temperature=0.0))
+                request = ServePlan(f"r{i}", tokens, SamplingParams(max_tokens=1, temperature=0.0))
                 result = await fleet[i % routers].complete(request)
                 totals["prompt"] += len(tokens)
                 totals["hits"] += result.cached_tokens

@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radixmesh.node_agent.memory.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.memory.pool_config import PoolConfig
-from radixmesh.node_agent.memory.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.zoned_pool import ZoneGovernor, ZoneSetup
-from radixmesh.node_agent.memory.zones import ZoneConfig, ZoneName
+from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.pool.block_pool import BlockPool, OutOfBlocks
+from radixmesh.node_agent.memory.pool.config import PoolConfig
+from radixmesh.node_agent.memory.zones.budget import ZoneConfig, ZoneName
+from radixmesh.node_agent.memory.zones.governor import ZoneGovernor, ZoneSetup
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
 

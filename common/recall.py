@@ -2,7 +2,7 @@
 
 The metadata index records one per layout from its nodes' BlockRemoved events (a block nobody holds
 any more; it recalls only those nobody stored again since); each agent gets the new ones with its
-lease and keeps a window of its own. A pool told about them (`BlockPool.set_cluster_recall`)
+lease and keeps a window of its own. A pool told about them (`PoolHooks.recalled`)
 counts a block stored under such a hash as re-used, as it does one its own ghost remembers: the
 request that brings a prefix back often lands on another node than the one that evicted it.
 """

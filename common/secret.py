@@ -1,6 +1,6 @@
 """The cluster secret and every key derived from it.
 
-One random secret per deployment (`radixmesh up` makes it, README "Security"); each use gets its own
+One random secret per deployment (`radixmesh up` makes it, docs/security.md); each use gets its own
 key, derived as HMAC-SHA256(secret, "radixmesh\\0" ‖ label), so no key can be turned into another or
 back into the secret:
 

@@ -15,10 +15,11 @@ if TYPE_CHECKING:
     from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
     from radixmesh.node_agent.engine.engine import EngineConfig
     from radixmesh.node_agent.engine.paged_memory import MemoryConfig
-    from radixmesh.node_agent.memory.block_pool import BlockPool
-    from radixmesh.node_agent.memory.eviction import DEFAULT_EVICTION, EVICTION_ORDERS, CopiesElsewhere
-    from radixmesh.node_agent.memory.pool_config import PoolConfig
-    from radixmesh.node_agent.memory.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
+    from radixmesh.node_agent.memory.cache.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
+    from radixmesh.node_agent.memory.pool.block_pool import BlockPool
+    from radixmesh.node_agent.memory.pool.config import PoolConfig, PoolHooks
+    from radixmesh.node_agent.memory.pool.eviction import DEFAULT_EVICTION, EVICTION_ORDERS, CopiesElsewhere
+    from radixmesh.node_agent.memory.pool.s3fifo import Recalled
     from radixmesh.node_agent.model.config import NAMED_CONFIGS
     from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, random_source, resolve_model
     from radixmesh.node_agent.placement import DTYPES
@@ -29,10 +30,11 @@ _HOMES = {
     "TRANSFER_PLANES": "config", "AgentConfig": "config",
     "EngineConfig": "engine.engine",
     "MemoryConfig": "engine.paged_memory",
-    "BlockPool": "memory.block_pool",
-    "DEFAULT_EVICTION": "memory.eviction", "EVICTION_ORDERS": "memory.eviction", "CopiesElsewhere": "memory.eviction",
-    "PoolConfig": "memory.pool_config",
-    "EvictedBlock": "memory.prefix_cache", "EvictionHook": "memory.prefix_cache", "PrefixCache": "memory.prefix_cache",
+    "BlockPool": "memory.pool.block_pool",
+    "DEFAULT_EVICTION": "memory.pool.eviction", "EVICTION_ORDERS": "memory.pool.eviction", "CopiesElsewhere": "memory.pool.eviction",
+    "PoolConfig": "memory.pool.config", "PoolHooks": "memory.pool.config",
+    "Recalled": "memory.pool.s3fifo",
+    "EvictedBlock": "memory.cache.prefix_cache", "EvictionHook": "memory.cache.prefix_cache", "PrefixCache": "memory.cache.prefix_cache",
     "NAMED_CONFIGS": "model.config",
     "SMOLLM2": "model.source", "ModelSource": "model.source", "random_source": "model.source",
     "resolve_model": "model.source",
@@ -40,7 +42,32 @@ _HOMES = {
     "ucx_env": "transfer.ucx_transport",
 }
 
-__all__ = sorted(_HOMES)
+__all__ = [  # the names of _HOMES, spelled out so linters and type checkers see the re-exports
+    "DEFAULT_EVICTION",
+    "DTYPES",
+    "EVICTION_ORDERS",
+    "NAMED_CONFIGS",
+    "SMOLLM2",
+    "TRANSFER_PLANES",
+    "AgentConfig",
+    "AgentPlacement",
+    "BlockPool",
+    "CopiesElsewhere",
+    "EngineConfig",
+    "EvictedBlock",
+    "EvictionHook",
+    "MemoryConfig",
+    "ModelSource",
+    "PoolConfig",
+    "PoolHooks",
+    "PrefixCache",
+    "Recalled",
+    "make_agent_actor",
+    "node_resource",
+    "random_source",
+    "resolve_model",
+    "ucx_env",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -87,7 +87,7 @@ class AgentActor:
             yield item
 
     async def pull(self, request: bytes) -> AsyncIterator[Any]:
-        """A peer's pull under the Ray transport (transport_ray.serve_pull's stream; call with
+        """A peer's pull under the Ray transport (transfer.ray_transport.serve_pull's stream; call with
         num_returns="streaming"). The owner's pins last exactly as long as the stream."""
         await self.start()
         assert self._agent is not None

@@ -1,6 +1,6 @@
-"""NodeAgent: one node of the cluster, a plain async class (the Ray actor wraps it, see agent_actor).
+"""NodeAgent: one node of the cluster, a plain async class (the Ray actor wraps it, see actor.py).
 
-It owns the engine (on its own thread, see engine_runner), the gpu tier's transfer server and client,
+It owns the engine (on its own thread, see engine/runner.py), the gpu tier's transfer server and client,
 and optionally an event publisher to the metadata service. `serve` executes a ServePlan:
 
     prompt blocks  [0, local) | [local, end)          | [end, n)      | last token
@@ -13,7 +13,7 @@ and optionally an event publisher to the metadata service. `serve` executes a Se
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -29,6 +29,7 @@ from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.gpu_budget import measure_gpu_budget
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished, NewTokens
+from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
 from radixmesh.node_agent.placement import place_model
 from radixmesh.node_agent.transfer.endpoint import parse_address
@@ -91,9 +92,9 @@ class NodeAgent:
             logger.info("agent %s gpu tier: %s", self.node, budget.describe())
             engine_config = replace(engine_config, memory=replace(engine_config.memory, num_gpu_blocks=budget.num_blocks))
         tokenizer = await asyncio.to_thread(source.tokenizer)
-        engine = Engine(model, engine_config, device=placement.device, clock=self._clock, tokenizer=tokenizer)
-        if self.config.recall_blocks:
-            engine.memory.gpu.pool.set_cluster_recall(self._recalled.take)
+        hooks = PoolHooks(recalled=self._recalled.take) if self.config.recall_blocks else None
+        engine = Engine(model, engine_config, device=placement.device, clock=self._clock, tokenizer=tokenizer,
+                        gpu_hooks=hooks)
         self._runner = EngineRunner(engine, clock=self._clock)
         try:
             self._transfer = make_transfer_plane(engine.memory.gpu, engine.layout, self.config, self._runner.call)
@@ -161,12 +162,16 @@ class NodeAgent:
             yield item
 
     # --- serving -----------------------------------------------------------------------------
-    async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
+    async def serve(self, plan: ServePlan) -> AsyncGenerator[ServeItem, None]:
         """Yield TokenDelta items as tokens come, then one ServeResult."""
         t0 = self._clock()
         self._check(plan)
         salt = tenant_salt(plan.tenant)
-        pulled = await self._pull(plan, salt)
+        # The one hashing of this prompt on this node: the pull, the engine's checks and its block
+        # table all use these (Request.prompt_hashes).
+        hashes = hash_blocks(plan.prompt_token_ids, self.layout.block_size, salt=salt,
+                             key=self.engine.memory.config.hash_key)
+        pulled = await self._pull(plan, hashes)
         prefix = ExternalPrefix(tuple(pulled.block_ids), tuple(pulled.hashes)) if pulled.block_ids else None
         rid = RequestId(plan.request_id)
         # A refused request leaves the pulled references with us: the engine thread gives them back
@@ -174,8 +179,8 @@ class NodeAgent:
         release = None if prefix is None else partial(self.engine.memory.gpu.cache.release, prefix.block_ids)
         finished = False
         try:
-            queue = await self.runner.submit(Request(rid, plan.prompt_token_ids, plan.sampling, salt, prefix),
-                                             on_refused=release)
+            request = Request(rid, plan.prompt_token_ids, plan.sampling, salt, prefix, tuple(hashes))
+            queue = await self.runner.submit(request, on_refused=release)
             while True:
                 match await queue.get():
                     case NewTokens() as new:
@@ -213,13 +218,12 @@ class NodeAgent:
             except ValueError as e:
                 raise InvalidRequest(str(e)) from None
 
-    async def _pull(self, plan: ServePlan, salt: bytes) -> Pulled:
+    async def _pull(self, plan: ServePlan, prompt_hashes: list[BlockHash]) -> Pulled:
         if plan.pull is None:
             return Pulled.nothing()
         bs = self.layout.block_size
         end = min(plan.pull.first_block + plan.pull.num_blocks, usable_prefix_blocks(len(plan.prompt_token_ids), bs))
-        hashes = hash_blocks(plan.prompt_token_ids[: end * bs], bs, salt=salt,
-                             key=self.engine.memory.config.hash_key)
+        hashes = prompt_hashes[:end]
         local = await self.runner.call(self.engine.memory.gpu.cache.longest_prefix, hashes)
         if local >= end:  # the planned blocks are local by now
             return Pulled.nothing()

@@ -40,7 +40,7 @@ class AgentConfig:
     metrics_port: int | None = None
     """Port of the agent's own GET /metrics on `host` (0: any free port; None: no endpoint, the
     router's merged /metrics still has it). Off loopback it requires the metrics token
-    (metrics_server.metrics_token)."""
+    (common.metrics.scrape.metrics_token)."""
     zone: str = ""
     """Availability zone of the agent's machine, a label of its scrape target ("": unknown; the agent
     actor fills it from the Ray node's `ray.io/availability-zone` label)."""
@@ -63,7 +63,7 @@ class AgentConfig:
     recall_blocks: int = 65536
     """The cluster's ghost on this agent: how many of the hashes the metadata service reports as
     last-copy evictions (with each heartbeat's lease) it remembers; a block stored again under one
-    is kept as re-used (BlockPool.set_cluster_recall; the ``s3fifo`` order uses it). 0: off."""
+    is kept as re-used (PoolHooks.recalled; the ``s3fifo`` order uses it). 0: off."""
     pull_timeout_s: float = 10.0
     """Bound on one pull; past it the missing blocks are recomputed."""
     max_requests: int = 512

@@ -1,5 +1,5 @@
 """The node agent's own counters (served requests, prompt tokens by source, pulls by peer) and their
-snapshot, rendered by metrics_exposition; the engine and memory metrics come from the engine itself."""
+snapshot, rendered by common.metrics.exposition; the engine and memory metrics come from the engine itself."""
 
 # metric() returns a dataclasses.field (metadata only), which RUF009 takes for a mutable default.
 # ruff: noqa: RUF009

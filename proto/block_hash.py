@@ -1,6 +1,6 @@
 """Chained block hashes: the identity of a prefix block across the whole cluster.
 
-Spec (README "Block hashes" has test vectors; other engines can match it)::
+Spec (docs/architecture.md, "Block hashes", has test vectors; other engines can match it)::
 
     h0 = H(salt ‖ tokens[0:bs])
     hi = H(h(i-1) ‖ tokens[i*bs:(i+1)*bs])

@@ -1,5 +1,5 @@
-"""Shared fixtures: a real redis-server per test (local_servers), UCX reset per module, the gpu
-marker's skip, and the xdist schedule that keeps the Ray tests on one worker."""
+"""Shared fixtures: a real redis-server per test (tests/support/servers.py), UCX reset per module, the
+gpu marker's skip, and the xdist schedule that keeps the Ray tests (tests/ray/) on one worker."""
 
 import sys
 import warnings
@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from local_servers import running_redis
 from xdist.scheduler import LoadScopeScheduling
-from xdist_schedule import RayTestsTogether
+
+from tests.support.servers import running_redis
+from tests.support.xdist_schedule import RayTestsTogether
 
 # Two cores are shared by the test process and the servers it starts; intra-op threads only contend.
 torch.set_num_threads(1)
@@ -47,7 +48,7 @@ def fresh_ucx_context() -> Iterator[None]:
             ucxx.reset()
         except ucxx.exceptions.UCXError as e:
             # reset() has already dropped the context, so the next module still starts fresh; what
-            # lingers is a receive posted for a pull that failed (see transport_ucx.UcxChannel.chunks).
+            # lingers is a receive posted for a pull that failed (see ucx_transport.UcxChannel.chunks).
             warnings.warn(f"UCX context reset with objects still alive: {e}", stacklevel=1)
 
 

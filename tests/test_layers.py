@@ -65,9 +65,9 @@ def test_a_back_import_breaks_the_layers(tmp_path: Path) -> None:
 
 
 def test_the_shared_layer_cannot_reach_up(tmp_path: Path) -> None:
-    output = lint_with_import(tmp_path, "common/recall.py", "radixmesh.node_agent.memory.block_pool")
+    output = lint_with_import(tmp_path, "common/recall.py", "radixmesh.node_agent.memory.pool.block_pool")
     assert "radixmesh: cluster > node_agent > common | kernels > proto BROKEN" in output, output
-    assert "radixmesh.common.recall -> radixmesh.node_agent.memory.block_pool" in output, output
+    assert "radixmesh.common.recall -> radixmesh.node_agent.memory.pool.block_pool" in output, output
 
 
 def test_the_router_cannot_import_node_agent(tmp_path: Path) -> None:
@@ -77,9 +77,9 @@ def test_the_router_cannot_import_node_agent(tmp_path: Path) -> None:
 
 
 def test_the_launcher_imports_only_node_agents_public_face(tmp_path: Path) -> None:
-    output = lint_with_import(tmp_path, "cluster/launch/launcher.py", "radixmesh.node_agent.memory.block_pool")
+    output = lint_with_import(tmp_path, "cluster/launch/launcher.py", "radixmesh.node_agent.memory.pool.block_pool")
     assert "cluster imports node_agent's public face only BROKEN" in output, output
-    assert "radixmesh.cluster.launch.launcher -> radixmesh.node_agent.memory.block_pool" in output, output
+    assert "radixmesh.cluster.launch.launcher -> radixmesh.node_agent.memory.pool.block_pool" in output, output
     assert "only cluster.launch, cluster.cli and cluster.sim import node_agent BROKEN" not in output, output
 
 
@@ -112,5 +112,6 @@ def test_node_agents_public_face_names_what_it_loads() -> None:
     typed = {(node.module, a.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
              for a in node.names if node.module and node.module.startswith("radixmesh.node_agent.")}
     assert typed == {(f"radixmesh.node_agent.{home}", name) for name, home in face._HOMES.items()}
+    assert sorted(face.__all__) == sorted(face._HOMES)
     for name in face.__all__:
         assert getattr(face, name) is not None

@@ -13,12 +13,12 @@
                                 (?scope=router: without the agents Prometheus scrapes itself, file_sd)
     GET  /healthz               200 while some agent is known, else 503
     POST /radixmesh/route       {"prompt", "max_tokens", "cache_salt"}: serve it once and explain the route
-                                (router.explain.RouteReport), what `radixmesh route` prints
+                                (api.explain.RouteReport), what `radixmesh route` prints
 
 With an API key (`start_http(..., api_key=...)`, `radixmesh up --api-key`) every path but /healthz
 and /metrics needs `Authorization: Bearer <key>` (as vLLM's --api-key); without one: 401.
 
-Handlers live by concept: http_openai (generation), http_ops (the rest); access_log writes one line
+Handlers live by concept: openai_routes (generation), ops_routes (the rest); access_log writes one line
 per request.
 
 Every error is OpenAI's JSON error object with a 4xx/5xx status. A stream whose first token never

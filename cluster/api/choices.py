@@ -1,7 +1,7 @@
 """The n choices of one prompt (OpenAI's `n`), served as n requests that share one prefill.
 
 Choice 0 is routed as any request. Once its first piece is out, its prompt's full blocks are in its
-node's prefix cache, and choices 1..n-1 start pinned to that node (GenerateRequest.node): their
+node's prefix cache, and choices 1..n-1 start pinned to that node (Router.generate's `node`): their
 prompts hit the cache instead of being prefilled n times (vLLM prefills once and forks; here the
 prefix cache does the sharing). They then run concurrently, their pieces merged in arrival order.
 """
@@ -12,20 +12,20 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Generic, TypeVar
 
-from radixmesh.cluster.router.routed import GenerateRequest
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.serve.plan import ServePlan
 from radixmesh.proto.serve.sampling import SamplingParams
 
 T = TypeVar("T")
 
 
 def choice_requests(request_id: str, tokens: tuple[int, ...], sampling: SamplingParams, tenant: str, n: int
-                    ) -> list[GenerateRequest]:
+                    ) -> list[ServePlan]:
     """One request per choice; with a seed, choice i samples with seed + i (distinct, reproducible)."""
     if n == 1:
-        return [GenerateRequest(request_id, tokens, sampling, tenant)]
+        return [ServePlan(request_id, tokens, sampling, tenant)]
     seeds = [None if sampling.seed is None else sampling.seed + i for i in range(n)]
-    return [GenerateRequest(f"{request_id}-{i}", tokens, replace(sampling, seed=seed), tenant)
+    return [ServePlan(f"{request_id}-{i}", tokens, replace(sampling, seed=seed), tenant)
             for i, seed in enumerate(seeds)]
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixmesh.common.text.tokenizer import Tokenizer
-from radixmesh.proto.serve.logprobs import TokenLogprob
+from radixmesh.proto.serve.sampling import TokenLogprob
 
 
 def completion_logprobs(tokenizer: Tokenizer, entries: Sequence[TokenLogprob], text_offset: int

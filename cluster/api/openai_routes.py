@@ -6,7 +6,6 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import replace
 from typing import Any, NamedTuple
 
 from aiohttp import web
@@ -29,9 +28,8 @@ from radixmesh.cluster.router.routed import NoNodeAvailable, RouterItem
 from radixmesh.cluster.router.router import Router
 from radixmesh.common.text.stop_strings import StopStrings
 from radixmesh.proto.serve.limits import InvalidRequest
-from radixmesh.proto.serve.logprobs import TokenLogprob
 from radixmesh.proto.serve.plan import TokenDelta
-from radixmesh.proto.serve.sampling import SamplingParams
+from radixmesh.proto.serve.sampling import SamplingParams, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +88,7 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
     first = FirstNode()
 
     def rest() -> list[AsyncGenerator[_Piece | _End, None]]:
-        pinned = [replace(job, node=first.node) for job in jobs[1:]]
-        return [_reply(router, router.generate(job), params, access) for job in pinned]
+        return [_reply(router, router.generate(job, node=first.node), params, access) for job in jobs[1:]]
 
     pieces = merge_choices(_reply(router, router.generate(jobs[0], first), params, access), rest)
     try:

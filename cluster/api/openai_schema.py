@@ -32,8 +32,13 @@ from radixmesh.cluster.api.logprobs_json import chat_logprobs, completion_logpro
 from radixmesh.common.text.chat_template import ROLES, ChatMessage
 from radixmesh.common.text.tokenizer import Tokenizer
 from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
-from radixmesh.proto.serve.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
-from radixmesh.proto.serve.sampling import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from radixmesh.proto.serve.sampling import (
+    MAX_SEED,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TOP_LOGPROBS,
+    TokenLogprob,
+)
 
 MAX_CHOICES = 16
 """Most choices (`n`) one request may ask for: each holds a running slot and KV of its own."""

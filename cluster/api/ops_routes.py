@@ -15,10 +15,11 @@ from radixmesh.cluster.fleet.reports import agent_metrics, cluster_stats
 from radixmesh.cluster.observability.endpoints import merge_expositions, stats_document
 from radixmesh.cluster.observability.file_sd import ROUTER_SCOPE
 from radixmesh.cluster.router.admission import Overloaded
-from radixmesh.cluster.router.routed import GenerateRequest, NoNodeAvailable
+from radixmesh.cluster.router.routed import NoNodeAvailable
 from radixmesh.cluster.router.router import Router
 from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
 from radixmesh.proto.serve.limits import InvalidRequest
+from radixmesh.proto.serve.plan import ServePlan
 from radixmesh.proto.serve.sampling import SamplingParams
 
 
@@ -138,7 +139,7 @@ async def _route(request: web.Request) -> web.Response:
     if not isinstance(cache_salt, str) or len(cache_salt) > MAX_TENANT_CHARS:
         raise ApiError(400, f"'cache_salt' must be a string of at most {MAX_TENANT_CHARS} characters",
                        param="cache_salt")
-    job = GenerateRequest(f"route-{uuid.uuid4().hex}", tuple(router.tokenizer.encode(body["prompt"])),
+    job = ServePlan(f"route-{uuid.uuid4().hex}", tuple(router.tokenizer.encode(body["prompt"])),
                           SamplingParams(max_tokens=max_tokens), cache_salt)
     try:
         result = await router.complete(job)

@@ -13,7 +13,8 @@ Per request it does what the radixmesh router does, with Serve replicas as nodes
 prompt (token ids as they are, text with the byte tokenizer), hash its full blocks with the tenant
 salt (`cache_salt`), find each replica's prefix among the blocks it was routed (PendingIndex with
 `prefix_ttl_s`: what a replica served stays cached about that long), merge the handle's own
-in-flight counts and recent work (InflightTable), and let the policy decide under bounded load.
+in-flight counts and recent work (InflightTable), and let the policy decide under bounded load: the
+router's own step (policy.step.RoutingStep), with no index answer, recorded when Serve routes it.
 
 The chosen replica alone is offered for the first `affinity_attempts` tries of a request, then it is
 the first rank and the others the second. Serve skips a replica whose queue-length probe misses its
@@ -35,10 +36,10 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from radixmesh.cluster.policy.base import PolicyConfig, RoutePolicy, RouteRequest, make_policy
+from radixmesh.cluster.policy.base import PolicyConfig, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable, Ticket
 from radixmesh.cluster.policy.pending_index import PendingIndex
-from radixmesh.cluster.policy.view import build_view
+from radixmesh.cluster.policy.step import RoutingStep
 from radixmesh.common.text.tokenizer import ByteTokenizer, Tokenizer
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
@@ -85,11 +86,11 @@ class RadixmeshRequestRouter(RequestRouter):
         self._affinity_attempts = affinity_attempts
         config = PolicyConfig(**policy_kwargs)
         self._block_size = block_size
-        self._policy: RoutePolicy = make_policy(policy, config, random.Random(seed))
-        self._prefill_rate = prefill_tokens_per_s
         self._tokenizer: Tokenizer = ByteTokenizer()
         self._holders = PendingIndex(prefix_ttl_s, clock)
         self._inflight = InflightTable(clock, config.load_half_life_s)
+        self._step = RoutingStep(make_policy(policy, config, random.Random(seed)), self._holders, self._inflight,
+                                 block_tokens=block_size, default_prefill_tokens_per_s=prefill_tokens_per_s)
         self._routing: dict[str, tuple[list[BlockHash], int, int]] = {}
         """internal request id -> (its block hashes, prompt tokens, tries so far), between choice and routing."""
         self._tickets: dict[str, Ticket] = {}
@@ -106,8 +107,7 @@ class RadixmeshRequestRouter(RequestRouter):
         tokens, tenant = found
         hashes = hash_blocks(tokens, self._block_size, salt=tenant_salt(tenant))
         by_id = {NodeId(r.replica_id.to_full_id_str()): r for r in candidate_replicas}
-        view = build_view(list(by_id), None, self._holders.match(hashes), self._inflight, self._prefill_rate)
-        decision = self._policy.route(RouteRequest(len(tokens), len(hashes), self._block_size), view.cluster)
+        decision = self._step.route(hashes, len(tokens), None, list(by_id), record=False).decision
         assert pending_request is not None
         request_id = pending_request.metadata.internal_request_id
         tries = self._routing.pop(request_id, ([], 0, 0))[2] + 1
@@ -125,8 +125,7 @@ class RadixmeshRequestRouter(RequestRouter):
         request_id = pending_request.metadata.internal_request_id
         hashes, tokens, _ = self._routing.pop(request_id, ([], 0, 0))
         node = NodeId(replica_id.to_full_id_str())
-        self._holders.add(node, hashes)
-        self._inflight.record_routed(node, tokens)
+        self._step.record(node, hashes, tokens)
         self._tickets[request_id] = self._inflight.start(node, tokens)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:

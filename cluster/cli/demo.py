@@ -4,6 +4,7 @@ defeated and then as deployed, print both side by side and one real answer, stop
 import asyncio
 import logging
 import time
+from functools import partial
 
 import click
 import ray
@@ -77,7 +78,7 @@ def demo(chats: int, turns: int, model_spec: str, eviction: str, handoff: bool) 
             for label, caching in (("caching off", False), ("caching on", True)):
                 task = progress.add_task(label, total=workload.requests)
                 runs.append(asyncio.run(run_workload(deployment.router_url, config.served_model_name, workload, label,
-                                                     caching=caching, on_done=lambda t=task: progress.advance(t))))
+                                                     caching=caching, on_done=partial(progress.advance, task))))
         answer = asyncio.run(ask(deployment.router_url, config.served_model_name, QUESTION))
     finally:
         asyncio.run(launcher.down())

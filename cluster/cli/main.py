@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 import yaml
 
-from radixmesh.cluster.launch.log_levels import LOG_LEVELS
+from radixmesh.cluster.launch import LOG_LEVELS
 
 COMMANDS = {
     "up": "radixmesh.cluster.cli.cluster:up",

@@ -7,7 +7,7 @@ raises InvalidRequest for a refused plan and AgentUnavailable when the agent is 
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from typing import Any, Protocol
 
 import ray
@@ -34,7 +34,10 @@ class AgentClient(Protocol):
     agent refuses the request as invalid; nothing else.
     """
 
-    node: NodeId
+    @property
+    def node(self) -> NodeId:
+        """Which agent this is (fixed for the client's life: read-only, so a frozen dataclass fits)."""
+        ...
 
     def serve(self, plan: ServePlan) -> AsyncGenerator[ServeItem, None]: ...
 
@@ -62,7 +65,7 @@ class ServingAgent(Protocol):
 
     node: NodeId
 
-    def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]: ...
+    def serve(self, plan: ServePlan) -> AsyncGenerator[ServeItem, None]: ...
 
     async def prometheus_text(self) -> str: ...
 
@@ -76,7 +79,7 @@ class LocalAgentClient:
         self.agent = agent
         self.node: NodeId = agent.node
 
-    async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
+    async def serve(self, plan: ServePlan) -> AsyncGenerator[ServeItem, None]:
         try:
             # aclosing: closing this stream closes the agent's now, which aborts the request at once
             async with contextlib.aclosing(self.agent.serve(plan)) as items:
@@ -123,7 +126,7 @@ class RayAgentClient:
         self.node = node
         self.handle = handle
 
-    async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
+    async def serve(self, plan: ServePlan) -> AsyncGenerator[ServeItem, None]:
         try:
             stream = self.handle.serve.options(num_returns="streaming").remote(plan)
             async for ref in stream:

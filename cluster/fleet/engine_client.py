@@ -17,14 +17,13 @@ unreachable engine, a 5xx, a broken stream or a reply without token ids -> Agent
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 
 from radixmesh.cluster.fleet.agent_client import AgentUnavailable
-from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig
-from radixmesh.cluster.fleet.ingest.http_session import LazySession
+from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig, LazySession
 from radixmesh.common.metrics.scrape import ScrapeTarget
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import RequestHits
@@ -77,7 +76,7 @@ class EngineAgentClient:
             body["cache_salt"] = plan.tenant
         return body
 
-    async def serve(self, plan: ServePlan) -> AsyncIterator[ServeItem]:
+    async def serve(self, plan: ServePlan) -> AsyncGenerator[ServeItem, None]:
         if plan.sampling.logprobs is not None:
             # vLLM names alternatives by their text, not their ids: nothing to carry them in faithfully.
             raise InvalidRequest(f"engine {self.node} does not serve logprobs through radixmesh")

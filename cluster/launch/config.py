@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radixmesh.cluster.launch.log_levels import LOG_LEVELS
+from radixmesh.cluster.launch import LOG_LEVELS
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
@@ -56,7 +56,7 @@ class LauncherConfig:
     lease_ttl_s: float = 10.0
     """A node vanishes from the index this long after its last heartbeat."""
     policy: str = "cost"
-    """Routing policy (route_policy.policy_names())."""
+    """Routing policy (policy.base.policy_names())."""
     model: ModelSource = field(default_factory=random_source)
     """Every agent's model (model.source.resolve_model); its files must be readable on every node."""
     dtype: str = "auto"
@@ -99,7 +99,7 @@ class LauncherConfig:
     """The router writes one access-log line per HTTP request (logger radixmesh.access)."""
     prometheus_dir: Path | None = None
     """Where the router keeps its Prometheus file-SD target list and the agents' metrics token
-    (router.file_sd); every agent then serves its own /metrics. None: neither."""
+    (observability.file_sd); every agent then serves its own /metrics. None: neither."""
 
     def __post_init__(self) -> None:
         if self.local_nodes is not None and not 1 <= self.local_nodes <= 64:

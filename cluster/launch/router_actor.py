@@ -6,7 +6,7 @@ Owning the agents keeps them alive after the `radixmesh up` driver exits (an act
 as its owner) and makes `down` one kill away. What survives a restart: nothing; Ray does not
 restart this actor (max_restarts=0). Agent actors restart on their own (a new epoch, empty cache).
 Idempotent calls: `start` (returns the same URL), `url`, `nodes`, `stop`. The HTTP server is the
-router's one application (router.http_api), `POST /radixmesh/route` included.
+router's one application (cluster/api/app.py), `POST /radixmesh/route` included.
 """
 
 import asyncio

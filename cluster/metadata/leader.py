@@ -21,8 +21,7 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio
 import redis.exceptions
 
-from radixmesh.cluster.metadata.redis_tasks import cancel_and_wait
-from radixmesh.cluster.metadata.server import MetadataServer
+from radixmesh.cluster.metadata.server import MetadataServer, cancel_and_wait
 
 logger = logging.getLogger(__name__)
 

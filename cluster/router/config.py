@@ -20,7 +20,7 @@ class RouterConfig:
     block_size: int = 16
     """Tokens per block of that layout (the agents' engine block size)."""
     policy: str = "cost"
-    """Routing policy while the metadata service answers (see route_policy.policy_names())."""
+    """Routing policy while the metadata service answers (see policy.base.policy_names())."""
     fallback_policy: str = "least_loaded"
     """Policy used while the metadata service is unreachable; it sees no prefixes."""
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)

@@ -1,30 +1,14 @@
-"""What the router takes in (GenerateRequest) and gives back (RoutedPlan, RouterResult)."""
+"""What the router gives back (RoutedPlan, RouterResult); it takes in a ServePlan without a pull."""
 
 from dataclasses import dataclass
 from typing import TypeAlias
 
 from radixmesh.cluster.policy.base import RouteDecision
+from radixmesh.cluster.policy.step import NoNodeAvailable
 from radixmesh.cluster.policy.view import ClusterView
-from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServePlan, ServeResult, TokenDelta
-from radixmesh.proto.serve.sampling import SamplingParams
 
-
-class NoNodeAvailable(Exception):
-    """Every candidate node was unavailable (or there was none): the request could not be served."""
-
-
-@dataclass(frozen=True, slots=True)
-class GenerateRequest:
-    """One prompt in token ids. `sampling.seed` None: the router fixes one (retries reproduce it)."""
-
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    sampling: SamplingParams
-    tenant: str = ""
-    node: NodeId | None = None
-    """Serve on this node while it is a candidate (choices 2..n of one prompt follow the first to
-    its cached prefix); None, or a node that left: routed as any request."""
+__all__ = ["NoNodeAvailable", "RoutedPlan", "RouterItem", "RouterResult"]
 
 
 @dataclass(frozen=True, slots=True)

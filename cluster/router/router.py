@@ -4,8 +4,9 @@ Per request: hash the prompt's full blocks with the tenant salt, match them agai
 own replica of the global index (IndexWatcher keeps it in step with the metadata service; the
 prediction goes to hit accounting in the background) or, while the replica is not in sync, ask the
 metadata service `Match` (short deadline); merge the answer with the router's own in-flight table
-and pending holders into a ClusterView, let the policy decide, record the decision as pending, and
-send the agent a ServePlan (with a PullPlan when the decision pulls from a peer that has a transfer
+and pending holders into a ClusterView, let the policy decide, record the decision as pending (all
+in policy.step.RoutingStep, the step the simulator and the Ray Serve router run too), and
+send the agent the ServePlan (with a PullPlan when the decision pulls from a peer that has a transfer
 address). On the replica the candidates are the prefix holders plus a few least-loaded nodes (cost
 independent of the node count); on Match every live node.
 
@@ -32,22 +33,16 @@ import grpc
 
 from radixmesh.cluster.fleet.agent_client import AgentDirectory, AgentUnavailable
 from radixmesh.cluster.fleet.reports import why_failed
-from radixmesh.cluster.policy.base import RoutePolicy, RouteRequest, make_policy
+from radixmesh.cluster.policy.base import RoutePolicy, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
-from radixmesh.cluster.policy.view import FleetLoad, build_view
+from radixmesh.cluster.policy.step import RoutingStep
 from radixmesh.cluster.router.admission import Admission, Overloaded
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.index_watch import IndexWatcher
 from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.prediction_report import PredictionReporter
-from radixmesh.cluster.router.routed import (
-    GenerateRequest,
-    NoNodeAvailable,
-    RoutedPlan,
-    RouterItem,
-    RouterResult,
-)
+from radixmesh.cluster.router.routed import NoNodeAvailable, RoutedPlan, RouterItem, RouterResult
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.text.chat_template import ChatTemplate, PlainChatTemplate
 from radixmesh.common.text.tokenizer import ByteTokenizer, Tokenizer
@@ -94,15 +89,18 @@ class Router:
         )
         self._pending = PendingIndex(config.pending_ttl_s, clock)
         self._inflight = InflightTable(clock, config.policy_config.load_half_life_s)
+        self._step = RoutingStep(self._policy, self._pending, self._inflight, block_tokens=config.block_size,
+                                 default_prefill_tokens_per_s=config.default_prefill_tokens_per_s,
+                                 least_loaded=config.least_loaded_candidates, fallback=self._fallback)
         self._down_since: float | None = None if metadata is not None else clock()
         self.metrics.metadata_available = metadata is not None
         self.router_id = f"router-{uuid.uuid4().hex[:12]}"
         """Names this router's routed work in the metadata stream (router replicas share load)."""
-        use_replica = metadata is not None and config.index_replica
-        self.watcher = (IndexWatcher(metadata, retry_s=config.metadata_retry_s, on_update=self._others_work)
-                        if use_replica else None)
+        replica_source = metadata if config.index_replica else None
+        self.watcher = (IndexWatcher(replica_source, retry_s=config.metadata_retry_s, on_update=self._others_work)
+                        if replica_source is not None else None)
         """Keeps the router's index replica; started by the first request (it needs the loop)."""
-        self._reporter = PredictionReporter(metadata, self.router_id) if use_replica else None
+        self._reporter = PredictionReporter(replica_source, self.router_id) if replica_source is not None else None
         self.replica_decisions = 0
         """Decisions made on the replica (the rest asked Match or had no prefix knowledge)."""
         self.scraped_nodes: frozenset[NodeId] = frozenset()
@@ -148,50 +146,56 @@ class Router:
             await self._reporter.flush()
 
     # --- routing ------------------------------------------------------------------------------
-    def block_hashes(self, request: GenerateRequest) -> list[BlockHash]:
+    def block_hashes(self, request: ServePlan) -> list[BlockHash]:
         """The prompt's full-block hashes as the agents compute them (tenant salt, cluster key)."""
         salt = tenant_salt(request.tenant)
         return hash_blocks(request.prompt_token_ids, self.config.block_size, salt=salt, key=self.config.hash_key)
 
-    async def plan(self, request: GenerateRequest, exclude: frozenset[NodeId] = frozenset()) -> RoutedPlan:
-        """Decide where `request` goes (never to a node of `exclude`) and record the decision as
-        pending. Raises NoNodeAvailable when no candidate is left."""
+    async def plan(self, request: ServePlan, exclude: frozenset[NodeId] = frozenset(),
+                   node: NodeId | None = None) -> RoutedPlan:
+        """Decide where `request` goes (never to a node of `exclude`; to `node` while it is a candidate)
+        and record the decision as pending (RoutingStep). Raises NoNodeAvailable when no candidate is left."""
         hashes = self.block_hashes(request)[: self.config.max_match_blocks]
-        pending = self._pending.match(hashes)
-        fleet: FleetLoad | None = None
+        tokens = len(request.prompt_token_ids)
         replicated = self._replica_match(hashes)
-        if replicated is not None:
-            match, candidates, fleet = self._replica_candidates(replicated, pending, exclude)
-        else:
-            match = await self._match(hashes, request)
-            candidates = [n for n in self.directory.nodes() if n not in exclude]
-            if match is not None:
-                live = {m.node_id for m in match.nodes}
-                # The directory says who is reachable, the lease who is alive; agents that never
-                # registered (standalone) are still served rather than refused.
-                candidates = [n for n in candidates if n in live] or candidates
-        if request.node is not None and request.node in candidates:
-            candidates = [request.node]
-        if not candidates:
-            raise NoNodeAvailable(f"no node left to serve request {request.request_id}")
-        view = build_view(candidates, match, pending, self._inflight, self.config.default_prefill_tokens_per_s, fleet)
-        policy = self._policy if match is not None else self._fallback
-        route_request = RouteRequest(len(request.prompt_token_ids), len(hashes), self.config.block_size)
-        decision = policy.route(route_request, view.cluster)
+        try:
+            if replicated is not None:
+                assert self.watcher is not None
+                replica, directory = self.watcher.replica, self.directory
+                routed = self._step.route(
+                    hashes, tokens, replicated, directory.nodes(), narrow=True, exclude=exclude, pin=node,
+                    usable=lambda n: replica.is_live(n) and directory.get(n) is not None,
+                    describe=self._described)
+            else:
+                match = await self._match(hashes, request)
+                candidates = [n for n in self.directory.nodes() if n not in exclude]
+                if match is not None:
+                    live = {m.node_id for m in match.nodes}
+                    # The directory says who is reachable, the lease who is alive; agents that never
+                    # registered (standalone) are still served rather than refused.
+                    candidates = [n for n in candidates if n in live] or candidates
+                routed = self._step.route(hashes, tokens, match, candidates, pin=node)
+        except NoNodeAvailable:
+            raise NoNodeAvailable(f"no node left to serve request {request.request_id}") from None
+        decision, view = routed.decision, routed.view
         if replicated is not None and self._reporter is not None and self.watcher is not None:
-            self._reporter.add(self.watcher.replica.prediction(
-                request.request_id, replicated, decision.node, len(request.prompt_token_ids)))
-        self._pending.add(decision.node, hashes)
-        self.metrics.record_decision(policy.name, decision.node)
+            self._reporter.add(self.watcher.replica.prediction(request.request_id, replicated, decision.node, tokens))
+        self.metrics.record_decision(routed.policy, decision.node)
         pull = None
         address = view.addresses.get(decision.pull_from) if decision.pull_from is not None else None
         if decision.pull_from is not None and decision.pull_blocks > 0 and address:
             pull = PullPlan(decision.pull_from, address, decision.local_blocks, decision.pull_blocks)
-        plan = ServePlan(request.request_id, request.prompt_token_ids, request.sampling, request.tenant, pull,
-                         expected_local_blocks=decision.local_blocks)
-        logger.debug("request %s -> %s (%s): %s", request.request_id, decision.node, policy.name, decision.reason)
-        return RoutedPlan(plan, decision, policy.name, view.cluster_blocks * self.config.block_size,
-                          match is not None, view.cluster)
+        plan = dataclasses.replace(request, pull=pull, expected_local_blocks=decision.local_blocks)
+        logger.debug("request %s -> %s (%s): %s", request.request_id, decision.node, routed.policy, decision.reason)
+        return RoutedPlan(plan, decision, routed.policy, view.cluster_blocks * self.config.block_size,
+                          routed.match is not None, view.cluster)
+
+    def _described(self, node: NodeId) -> NodeMatch:
+        """A least-loaded candidate as the replica knows it: no blocks, its heartbeated load."""
+        assert self.watcher is not None
+        w = self.watcher.replica.node(node)
+        assert w is not None
+        return NodeMatch(node, w.transfer_address, 0, 0, 0, w.load)
 
     def _others_work(self, update: IndexUpdate) -> None:
         """Other routers' work counts here too (unshared, two routers lost 2.2 points at 64 nodes). A
@@ -218,33 +222,7 @@ class Router:
         self.replica_decisions += 1
         return result
 
-    def _replica_candidates(
-        self, match: MatchResult, pending: dict[NodeId, int], exclude: frozenset[NodeId]
-    ) -> tuple[MatchResult, list[NodeId], FleetLoad]:
-        """The prefix holders (indexed or pending) and the least-loaded live nodes that the directory
-        can reach, with the least-loaded ones added to `match` (no blocks, their heartbeated load)."""
-        assert self.watcher is not None
-        replica, directory = self.watcher.replica, self.directory
-
-        def usable(n: NodeId) -> bool:
-            return n not in exclude and replica.is_live(n) and directory.get(n) is not None
-
-        pool = directory.nodes()
-        chosen = dict.fromkeys(n for n in (*(m.node_id for m in match.nodes), *pending) if usable(n))
-        extra = []
-        for n in self._inflight.least_loaded(self.config.least_loaded_candidates, pool, usable):
-            if n not in chosen:
-                chosen[n] = None
-                w = replica.node(n)
-                assert w is not None
-                extra.append(NodeMatch(n, w.transfer_address, 0, 0, 0, w.load))
-        candidates = list(chosen)
-        if not candidates:  # agents that never registered (standalone) are served rather than refused
-            candidates = [n for n in pool if n not in exclude]
-        fleet = FleetLoad(len(pool), self._inflight.total_recent_tokens())
-        return MatchResult(match.cluster_blocks, match.nodes + tuple(extra)), candidates, fleet
-
-    async def _match(self, hashes: list[BlockHash], request: GenerateRequest) -> MatchResult | None:
+    async def _match(self, hashes: list[BlockHash], request: ServePlan) -> MatchResult | None:
         """Match's answer, or None while the service is (considered) unreachable."""
         if self.metadata is None:
             return None
@@ -269,14 +247,16 @@ class Router:
         return result
 
     # --- serving ------------------------------------------------------------------------------
-    def validate(self, request: GenerateRequest) -> None:
+    def validate(self, request: ServePlan) -> None:
         """InvalidRequest for what the agents would refuse (the prompt limits of their model)."""
         self.config.limits.check(request.prompt_token_ids, request.sampling.max_tokens)
 
-    async def generate(self, request: GenerateRequest, on_routed: Callable[[NodeId], None] | None = None
-                       ) -> AsyncGenerator[RouterItem, None]:
+    async def generate(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None = None,
+                       node: NodeId | None = None) -> AsyncGenerator[RouterItem, None]:
         """Yield TokenDelta items (each token once, in order, across retries), then one RouterResult;
-        `on_routed` hears the node of each attempt as soon as it is chosen.
+        `on_routed` hears the node of each attempt as soon as it is chosen. `request` is a plan without
+        a pull (the router plans that); `node`: serve there while it is a candidate (choices 2..n of
+        one prompt follow the first to its cached prefix), else routed as any request.
 
         Raises InvalidRequest (nothing routed, or an agent refused it), Overloaded (admission control
         refused it: nothing routed) or NoNodeAvailable after `max_attempts` nodes failed.
@@ -287,7 +267,7 @@ class Router:
             self.validate(request)
             async with self.admission.slot():
                 self.metrics.queue.observe(self._clock() - arrival)
-                async with contextlib.aclosing(self._serve(self._with_seed(request), on_routed)) as items:
+                async with contextlib.aclosing(self._serve(self._with_seed(request), on_routed, node)) as items:
                     last: float | None = None
                     async for item in items:
                         now = self._clock()
@@ -314,7 +294,7 @@ class Router:
         finally:
             self.metrics.record_request(status)
 
-    async def complete(self, request: GenerateRequest) -> RouterResult:
+    async def complete(self, request: ServePlan) -> RouterResult:
         """`generate` run to its end."""
         # aclosing: the request's admission slot and stream end here, not when the generator is collected
         async with contextlib.aclosing(self.generate(request)) as items:
@@ -323,13 +303,13 @@ class Router:
                     return item
         raise AssertionError("generate ended without a result")
 
-    def _with_seed(self, request: GenerateRequest) -> GenerateRequest:
+    def _with_seed(self, request: ServePlan) -> ServePlan:
         if request.sampling.seed is not None:
             return request
         sampling = dataclasses.replace(request.sampling, seed=draw_seed(self._rng))
         return dataclasses.replace(request, sampling=sampling)
 
-    async def _serve(self, request: GenerateRequest, on_routed: Callable[[NodeId], None] | None
+    async def _serve(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None, pin: NodeId | None
                      ) -> AsyncGenerator[RouterItem, None]:
         arrival = self._clock()
         first_token_at: float | None = None
@@ -338,7 +318,7 @@ class Router:
         busy: set[NodeId] = set()
         for attempt in range(1, self.config.max_attempts + 1):
             try:
-                routed = await self.plan(request, frozenset(exclude))
+                routed = await self.plan(request, frozenset(exclude), pin)
             except NoNodeAvailable:
                 if busy:
                     raise Overloaded(f"every node left is busy ({sorted(busy)}): retry later",

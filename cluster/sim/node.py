@@ -13,7 +13,15 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from radixmesh.cluster.policy.base import RouteDecision
-from radixmesh.node_agent import BlockPool, CopiesElsewhere, EvictionHook, PoolConfig, PrefixCache
+from radixmesh.node_agent import (
+    BlockPool,
+    CopiesElsewhere,
+    EvictionHook,
+    PoolConfig,
+    PoolHooks,
+    PrefixCache,
+    Recalled,
+)
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import CacheEvent
 from radixmesh.proto.ids import BlockId, NodeId
@@ -41,14 +49,19 @@ class SimNode:
 
     def __init__(self, node: NodeId, capacity_blocks: int, prefill_tokens_per_s: float,
                  copies: CopiesElsewhere | None = None, eviction_window: int = 0,
-                 eviction: str = "lru", on_evict: EvictionHook | None = None) -> None:
+                 eviction: str = "lru", on_evict: EvictionHook | None = None,
+                 recalled: Recalled | None = None) -> None:
         self.node = node
-        self.cache = PrefixCache(BlockPool(capacity_blocks, config=PoolConfig(eviction=eviction)), on_evict=on_evict)
+        self.cache: PrefixCache
+        chain_ends = None
         if copies is not None:
             # Cluster-aware eviction prefers blocks another node holds, but only chain ends here:
             # evicting a chain's head would strand its cached tail (matches are prefixes).
-            cache = self.cache
-            self.cache.pool.set_cluster_eviction(lambda h: copies(h) if cache.is_leaf(h) else 0, eviction_window)
+            chain_ends = lambda h: copies(h) if self.cache.is_leaf(h) else 0
+        hooks = PoolHooks(copies_elsewhere=chain_ends, eviction_window=eviction_window if copies is not None else 0,
+                          recalled=recalled)
+        pool = BlockPool(capacity_blocks, config=PoolConfig(eviction=eviction), hooks=hooks)
+        self.cache = PrefixCache(pool, on_evict=on_evict)
         self.rate = prefill_tokens_per_s
         self.waiting: deque[SimJob] = deque()
         self.current: SimJob | None = None

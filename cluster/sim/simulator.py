@@ -1,8 +1,9 @@
 """Compute-free cluster simulator: the production GlobalIndex, PrefixCache/BlockPool eviction and
 routing policies, driven by a trace on simulated time.
 
-Per arrival: ask the index (fed by every node cache's events) and the pending index for each
-node's prefix, route with the policy, queue the job on the chosen node. Nodes prefill FIFO, one job
+Per arrival: ask the index (fed by every node cache's events) for each node's prefix, then run the
+router's own routing step (policy.step.RoutingStep: pending holders, candidates, views, the policy's
+decision, recorded as pending), and queue the job on the chosen node. Nodes prefill FIFO, one job
 at a time; a job takes pull time (bytes / bandwidth, when the decision pulls) plus prefill time
 (tokens / rate). TTFT = prefill end - arrival (decode is not modelled: it does not delay TTFT here).
 Hit rate is block-weighted over trace blocks: local, pulled from a peer (remote), or computed (miss).
@@ -17,11 +18,11 @@ from dataclasses import dataclass
 from functools import partial
 
 from radixmesh.cluster.metadata.index import GlobalIndex
-from radixmesh.cluster.policy.base import PolicyConfig, RoutePolicy, RouteRequest, make_policy
+from radixmesh.cluster.policy.base import PolicyConfig, make_policy
 from radixmesh.cluster.policy.cost_model import CostModel
+from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
-from radixmesh.cluster.policy.recent_work import RecentWork
-from radixmesh.cluster.policy.view import ClusterView, FleetLoad, NodeView
+from radixmesh.cluster.policy.step import RoutingStep
 from radixmesh.cluster.sim.eviction_ages import EvictionAges, EvictionSummary, pooled_lru
 from radixmesh.cluster.sim.holders import HolderCount
 from radixmesh.cluster.sim.miss_causes import MissCauses
@@ -31,9 +32,12 @@ from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceR
 from radixmesh.node_agent import DEFAULT_EVICTION, EVICTION_ORDERS, EvictedBlock
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
+from radixmesh.proto.metadata.nodes import NodeLoad
 
 _LAYOUT = "sim"
 _DONE, _ARRIVE = 0, 1  # at equal times a finishing job inserts its blocks before the next routing
+_NO_LOAD = NodeLoad()  # no heartbeats here: a view's prefill rate is the configured one
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +74,7 @@ class SimConfig:
     cache of the same name runs beside it (`SimReport.global_same_eviction`)."""
     cluster_eviction: bool = False
     """Replicated chain ends first among the next `eviction_window` blocks of each eviction
-    (BlockPool.set_cluster_eviction, holder counts from the cluster's events)."""
+    (PoolHooks.copies_elsewhere, holder counts from the cluster's events)."""
     eviction_window: int = 64
     handoff: bool = False
     """A pull's source demotes the blocks it sent that the puller lacked (BlockPool.demote): the
@@ -78,7 +82,7 @@ class SimConfig:
     cluster_recall: bool = False
     """Nodes learn which blocks the cluster evicted its last copy of, recently (the index's ghost,
     `GlobalIndex.recalled`, as long as the cluster has blocks), and keep such blocks as re-used when
-    they come back (BlockPool.set_cluster_recall; used by ``s3fifo``). Agents get it with their lease."""
+    they come back (PoolHooks.recalled; used by ``s3fifo``). Agents get it with their lease."""
     seed: int = 0
     candidates: int = 0
     """0: the policy scores every node. k > 0: only the prefix holders (indexed or pending) and the
@@ -168,17 +172,21 @@ def percentile(values: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
-@dataclass(slots=True)
-class _SimRouter:
-    """What one router knows that the others do not."""
+class _NodeLoads:
+    """What a simulated router's views read per node: queues from the nodes (the nodes' truth, not the
+    router's InflightTable), recent work from the router's own table."""
 
-    pending: PendingIndex
-    recent: RecentWork
-    policy: RoutePolicy | None = None
+    def __init__(self, sim: "Simulator", step: RoutingStep) -> None:
+        self._sim, self._step = sim, step
 
+    def queued_tokens(self, node: NodeId) -> int:
+        return self._sim.nodes[node].queued_tokens(self._sim.now)
 
-def _anyone(node: NodeId) -> bool:
-    return True
+    def inflight(self, node: NodeId) -> int:
+        return self._sim.nodes[node].inflight
+
+    def recent_tokens(self, node: NodeId) -> float:
+        return self._step.table.recent_tokens(node)
 
 
 class Simulator:
@@ -189,15 +197,6 @@ class Simulator:
         self.now = 0.0
         # The cluster's ghost as long as the cluster has blocks (cluster_recall).
         self.index = GlobalIndex(config.nodes * config.capacity_blocks if config.cluster_recall else 0)
-        shared = PendingIndex(config.pending_ttl_s, clock=lambda: self.now)
-        self._routers = [
-            _SimRouter(shared if config.shared_pending or k == 0
-                       else PendingIndex(config.pending_ttl_s, clock=lambda: self.now),
-                       RecentWork(config.load_half_life_s, clock=lambda: self.now))
-            for k in range(config.routers)
-        ]
-        self.pending, self.recent = self._routers[0].pending, self._routers[0].recent
-        """Router 0's (the only one unless config.routers > 1)."""
         policy_config = PolicyConfig(
             load_eps=config.load_eps,
             load_half_life_s=config.load_half_life_s,
@@ -205,19 +204,33 @@ class Simulator:
             pull_latency_s=config.pull_latency_s,
         )
         self.policy = make_policy(config.policy, policy_config, random.Random(config.seed))
-        for k, router in enumerate(self._routers):
-            router.policy = self.policy if k == 0 else make_policy(
-                config.policy, policy_config, random.Random(config.seed + k))
+        shared = PendingIndex(config.pending_ttl_s, clock=lambda: self.now)
+        self._routers: list[RoutingStep] = []
+        """Each router's routing state and step (its pending holders, recent work and policy)."""
+        for k in range(config.routers):
+            step = RoutingStep(
+                self.policy if k == 0 else make_policy(config.policy, policy_config, random.Random(config.seed + k)),
+                shared if config.shared_pending or k == 0
+                else PendingIndex(config.pending_ttl_s, clock=lambda: self.now),
+                InflightTable(lambda: self.now, config.load_half_life_s),
+                block_tokens=TRACE_BLOCK_TOKENS,
+                default_prefill_tokens_per_s=config.prefill_tokens_per_s,
+                default_pull_bytes_per_s=config.pull_bytes_per_s,
+                least_loaded=config.candidates,
+            )
+            step.loads = _NodeLoads(self, step)
+            self._routers.append(step)
+        self.pending, self.recent = self._routers[0].pending, self._routers[0].table
+        """Router 0's (the only one unless config.routers > 1); its table counts recent work only."""
         self.cost = CostModel(policy_config)
         self.nodes: dict[NodeId, SimNode] = {}
         self.holders = HolderCount()
         copies = self.holders.others if config.cluster_eviction else None
         for i in range(config.nodes):
             nid = NodeId(f"n{i:03d}")
+            recalled = partial(self.index.recalled, _LAYOUT) if config.cluster_recall else None
             self.nodes[nid] = SimNode(nid, config.capacity_blocks, config.prefill_tokens_per_s, copies,
-                                      config.eviction_window, config.eviction, self._evicted)
-            if config.cluster_recall:
-                self.nodes[nid].cache.pool.set_cluster_recall(partial(self.index.recalled, _LAYOUT))
+                                      config.eviction_window, config.eviction, self._evicted, recalled)
             self.index.add_node(nid, _LAYOUT)
         self._node_ids = list(self.nodes)
         self.hits = {"local": 0, "remote": 0, "miss": 0}
@@ -232,7 +245,7 @@ class Simulator:
     def share_recent_work(self) -> None:
         """Every router reads and records one recent-work table (load shared with no lag)."""
         for router in self._routers:
-            router.recent = self.recent
+            router.table = self.recent
 
     def run(self, requests: Sequence[SimRequest]) -> SimReport:
         """Replay all requests to completion and report."""
@@ -261,40 +274,16 @@ class Simulator:
 
     def _arrive(self, i: int, r: SimRequest) -> None:
         t0 = time.perf_counter()
-        found = self.index.match(_LAYOUT, r.hashes).prefixes
+        found = self.index.match(_LAYOUT, r.hashes)
         self._match_s += time.perf_counter() - t0
+        # The index's answer as Match gives it (in the index's order, not sorted longest first).
+        match = MatchResult(found.cluster_blocks, tuple(
+            NodeMatch(n, "", p.gpu, p.host, p.any_tier, _NO_LOAD) for n, p in found.prefixes.items()))
         router = self._routers[i % len(self._routers)]
-        pending = router.pending.match(r.hashes)
-        views = []
-        fleet = None
-        scored = self.nodes.keys()
-        if self.config.candidates:
-            chosen = dict.fromkeys((*found, *pending))
-            chosen.update(dict.fromkeys(router.recent.least(self.config.candidates, self._node_ids, _anyone)))
-            scored = chosen.keys()
-            fleet = FleetLoad(len(self.nodes), router.recent.total())
-        for nid in scored:
-            node = self.nodes[nid]
-            p = found.get(nid)
-            extra = pending.get(nid, 0)
-            views.append(
-                NodeView(
-                    nid,
-                    gpu_blocks=max(p.gpu if p else 0, extra),
-                    local_blocks=max(p.any_tier if p else 0, extra),
-                    queued_tokens=node.queued_tokens(self.now),
-                    inflight=node.inflight,
-                    recent_tokens=router.recent.value(nid),
-                    prefill_tokens_per_s=node.rate,
-                )
-            )
-        request = RouteRequest(r.prompt_tokens, len(r.hashes), TRACE_BLOCK_TOKENS)
-        cluster = ClusterView(tuple(views), default_pull_bytes_per_s=self.config.pull_bytes_per_s, fleet=fleet)
-        assert router.policy is not None
-        decision = router.policy.route(request, cluster)
+        decision = router.route(r.hashes, r.prompt_tokens, match, self._node_ids,
+                                narrow=self.config.candidates > 0).decision
         self._route_s += time.perf_counter() - t0
-        router.pending.add(decision.node, r.hashes)
-        router.recent.add(decision.node, r.prompt_tokens)
+        router.table.record_routed(decision.node, r.prompt_tokens)
         reused = decision.local_blocks + decision.pull_blocks
         est = r.prompt_tokens - reused * TRACE_BLOCK_TOKENS
         node = self.nodes[decision.node]
@@ -355,7 +344,7 @@ class Simulator:
         self.index.check_invariants()
         for router in self._routers:
             router.pending.check_invariants()
-            router.recent.check_invariants()
+            router.table.check_invariants()
 
     def _report(self, requests: Sequence[SimRequest]) -> SimReport:
         prompts = [r.hashes for r in requests]

@@ -5,8 +5,8 @@
     node caller                         token = hex(ClusterSecret.node_credential(node))
 
 Node-scoped RPCs (register, heartbeat, publish, snapshot) must come from the node they name; a
-bearer token on the wire is what gRPC offers (TLS protects it from eavesdroppers, see README
-"Security"); a stolen node token speaks for that node only, never for the cluster or another node.
+bearer token on the wire is what gRPC offers (TLS protects it from eavesdroppers, see
+docs/security.md); a stolen node token speaks for that node only, never for the cluster or another node.
 """
 
 from dataclasses import dataclass

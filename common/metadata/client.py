@@ -1,7 +1,7 @@
 """Async client of the metadata service, for node agents and the router.
 
-It speaks radixmesh's dataclasses; protobuf stays inside metadata_codec. Errors arrive as
-grpc.aio.AioRpcError with the service's status codes (see metadata_server). One client holds one
+It speaks radixmesh's dataclasses; protobuf stays inside proto/metadata/codec.py. Errors arrive as
+grpc.aio.AioRpcError with the service's status codes (see cluster/metadata/server.py). One client holds one
 channel; share it between tasks of one event loop.
 """
 

@@ -4,7 +4,7 @@
 
 Access: open on a loopback address (only this machine reaches it, as the router's /metrics); on any
 other address a scrape must carry `Authorization: Bearer <metrics token>`, a key derived from the
-cluster secret (README, Security: no port other hosts reach opens unauthenticated). Prometheus sends
+cluster secret (docs/security.md: no port other hosts reach opens unauthenticated). Prometheus sends
 it from `authorization: {credentials_file: ...}`; the router writes that file next to its file-SD
 target list (cluster.observability.file_sd).
 """

@@ -24,11 +24,11 @@ from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutpu
 from radixmesh.node_agent.engine.sampler import sample, token_logprob
 from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler, SequenceState
 from radixmesh.node_agent.memory.metrics import memory_stats
+from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.serve.limits import InvalidRequest
-from radixmesh.proto.serve.logprobs import TokenLogprob
-from radixmesh.proto.serve.sampling import FinishReason, draw_seed
+from radixmesh.proto.serve.sampling import FinishReason, TokenLogprob, draw_seed
 from radixmesh.proto.serve.tokens import HIT_SOURCES
 
 
@@ -68,9 +68,11 @@ class Engine:
 
     def __init__(self, model: LlamaForCausalLM, config: EngineConfig | None = None, *,
                  device: str | torch.device = "cpu", clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None, tokenizer: Tokenizer | None = None) -> None:
+                 rng: random.Random | None = None, tokenizer: Tokenizer | None = None,
+                 gpu_hooks: PoolHooks | None = None) -> None:
         """`clock` times TTFT and decode; `rng` draws the seeds of requests that bring none;
-        `tokenizer` decodes the output of requests with stop strings (refused without one)."""
+        `tokenizer` decodes the output of requests with stop strings (refused without one);
+        `gpu_hooks` are what the gpu pool calls out to as it evicts (PoolHooks)."""
         self.config = config = config or EngineConfig()
         self.model = model
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -78,7 +80,7 @@ class Engine:
         self.counters = EngineCounters()
         self.policy = make_preemption_policy(config.preemption, self.layout.block_bytes)
         self.memory = PagedMemory(self.layout, config.memory, self.counters, self.policy,
-                                  device=device, clock=clock)
+                                  device=device, clock=clock, gpu_hooks=gpu_hooks)
         self.memory.zones.set_weights_bytes(sum(p.numel() * p.element_size() for p in model.parameters()))
         self.scheduler = Scheduler(self.memory, self.policy, config.max_num_batched_tokens, config.max_num_seqs)
         self.device = device
@@ -98,7 +100,8 @@ class Engine:
         start = self._validate(request)
         seed = request.sampling.seed if request.sampling.seed is not None else draw_seed(self._rng)
         stats = RequestStats(prompt_tokens=len(request.prompt_token_ids), arrival_s=self._clock())
-        seq = SequenceState(request, seed, stats, self.memory.new_sequence(request.prompt_token_ids, request.salt))
+        table = self.memory.new_sequence(request.prompt_token_ids, request.salt, request.prompt_hashes or ())
+        seq = SequenceState(request, seed, stats, table)
         if request.sampling.stop:
             assert self._tokenizer is not None, "_validate refuses stop strings without a tokenizer"
             seq.stop_text = StopText.start(self._tokenizer, request.sampling.stop)
@@ -234,6 +237,9 @@ class Engine:
         if request.request_id in self._active:
             raise InvalidRequest(f"request id {request.request_id!r} is already active")
         self.limits.check(prompt, request.sampling.max_tokens)
+        given = request.prompt_hashes
+        if given is not None and len(given) != len(prompt) // self.layout.block_size:
+            raise InvalidRequest(f"{len(given)} prompt hashes for {len(prompt) // self.layout.block_size} full blocks")
         if request.sampling.stop and self._tokenizer is None:
             raise InvalidRequest("stop strings need the engine's tokenizer, and this engine has none")
         total = len(prompt) + request.sampling.max_tokens
@@ -250,8 +256,8 @@ class Engine:
                 for b, h in zip(ext.block_ids, ext.hashes, strict=True)):
             raise InvalidRequest("external prefix blocks must be distinct gpu blocks held by the caller "
                                  "and not cached under another hash")
-        hashes = hash_blocks(prompt, self.layout.block_size, salt=request.salt,
-                             key=self.memory.config.hash_key)
+        hashes = list(given) if given is not None else hash_blocks(
+            prompt, self.layout.block_size, salt=request.salt, key=self.memory.config.hash_key)
         try:
             start = hashes.index(ext.hashes[0])
         except ValueError:

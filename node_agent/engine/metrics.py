@@ -1,5 +1,5 @@
 """Engine metrics: live counters the engine updates, and the frozen snapshot rendered with the memory
-tiers' (metrics_exposition.render_prometheus)."""
+tiers' (common.metrics.exposition.render_prometheus)."""
 
 # metric() returns a dataclasses.field (metadata only), which RUF009 takes for a mutable default.
 # ruff: noqa: RUF009

@@ -2,8 +2,9 @@
 
 `PagedMemory` is the engine's `BlockSpace`: prefix hits (gpu, then host with promotion), adopted
 external blocks, growth, swap out / in, insertion of computed blocks into the prefix cache, and
-demotion of evicted gpu prefix blocks to the host tier (engine.host_tier makes the host's moves).
-Block tables are block_table.SequenceManager's.
+demotion of evicted gpu prefix blocks to the host tier (memory.tiers makes the host's moves).
+Block tables are block_table.SequenceManager's. It stays the engine's (memory/ holds the tiers it
+composes) because it works on the scheduler's SequenceState and the engine's preemption modes.
 """
 
 import time
@@ -12,17 +13,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixmesh.node_agent.engine.host_tier import HostTier, NoHostTier
 from radixmesh.node_agent.engine.metrics import EngineCounters
 from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
 from radixmesh.node_agent.engine.scheduler import SequenceState
-from radixmesh.node_agent.engine.tier import TierMemory
-from radixmesh.node_agent.memory.block_pool import OutOfBlocks
-from radixmesh.node_agent.memory.block_table import BlockTable, SequenceManager
+from radixmesh.node_agent.memory.cache.block_table import BlockTable, SequenceManager
 from radixmesh.node_agent.memory.physical import StepPeakMeter, device_memory, process_resident_bytes
-from radixmesh.node_agent.memory.pool_config import PoolConfig
-from radixmesh.node_agent.memory.zone_metrics import physical_stats, zone_stats
-from radixmesh.node_agent.memory.zoned_pool import ZoneGovernor, ZoneSetup
+from radixmesh.node_agent.memory.pool.config import PoolConfig, PoolHooks
+from radixmesh.node_agent.memory.pool.counters import OutOfBlocks
+from radixmesh.node_agent.memory.tiers import HostTier, NoHostTier, TierMemory
+from radixmesh.node_agent.memory.zones.governor import ZoneGovernor, ZoneSetup
+from radixmesh.node_agent.memory.zones.metrics import physical_stats, zone_stats
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId
@@ -47,7 +47,7 @@ class MemoryConfig:
     of dropping them; the host tier's own LRU makes room."""
     pool: PoolConfig = field(default_factory=PoolConfig)
     zones: ZoneSetup = field(default_factory=ZoneSetup)
-    """How the gpu pool is split between running KV and the prefix cache (zoned_pool.py)."""
+    """How the gpu pool is split between running KV and the prefix cache (memory/zones/governor.py)."""
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 1 or self.num_host_blocks < 0:
@@ -64,7 +64,8 @@ class PagedMemory:
 
     def __init__(self, layout: KVLayout, config: MemoryConfig, counters: EngineCounters,
                  policy: PreemptionPolicy, *, device: str | torch.device = "cpu",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, gpu_hooks: PoolHooks | None = None) -> None:
+        """`gpu_hooks`: what the gpu pool calls out to (PoolHooks; the agent gives the cluster's recall)."""
         self.layout = layout
         self.config = config
         self.block_size = layout.block_size
@@ -77,7 +78,8 @@ class PagedMemory:
         if host is not None and config.demote_evicted:
             demote = lambda evicted: host.demote(self.gpu, evicted)
         self.host: HostTier | NoHostTier = host or NoHostTier()
-        self.gpu: TierMemory = TierMemory(layout, config.num_gpu_blocks, Tier.GPU, device, config.pool, clock, demote)
+        self.gpu: TierMemory = TierMemory(layout, config.num_gpu_blocks, Tier.GPU, device, config.pool, clock, demote,
+                                          gpu_hooks)
         self.tiers: tuple[TierMemory, ...] = (self.gpu, *self.host.tiers)
         """The tiers this node has, gpu first."""
         self.sequences = SequenceManager(self.gpu.cache, self.block_size, key=config.hash_key)
@@ -104,9 +106,10 @@ class PagedMemory:
     def blocks_for(self, num_tokens: int) -> int:
         return self.sequences.blocks_for(num_tokens)
 
-    def new_sequence(self, tokens: Sequence[int], salt: bytes) -> BlockTable:
-        """The block table of a new request, holding no block until admitted."""
-        return self.sequences.create(tokens, salt=salt)
+    def new_sequence(self, tokens: Sequence[int], salt: bytes, hashes: Sequence[BlockHash] = ()) -> BlockTable:
+        """The block table of a new request, holding no block until admitted; `hashes`: its leading
+        full blocks' hashes when the caller has them (Request.prompt_hashes)."""
+        return self.sequences.create(tokens, salt=salt, hashes=hashes)
 
     # --- external prefix -----------------------------------------------------------------------
     def adopt_external(self, seq: SequenceState, block_ids: Sequence[BlockId],

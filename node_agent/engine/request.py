@@ -7,8 +7,7 @@ import torch
 
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
-from radixmesh.proto.serve.logprobs import TokenLogprob
-from radixmesh.proto.serve.sampling import FinishReason, SamplingParams
+from radixmesh.proto.serve.sampling import FinishReason, SamplingParams, TokenLogprob
 from radixmesh.proto.serve.tokens import TokenSources
 
 RequestId = NewType("RequestId", str)
@@ -43,6 +42,11 @@ class Request:
     salt: bytes = b""
     """Tenant salt of the block hashes (block_hash.tenant_salt); tenants share only equal salts."""
     external_prefix: ExternalPrefix | None = None
+    prompt_hashes: tuple[BlockHash, ...] | None = None
+    """The chained hashes of every full block of the prompt under `salt` and the engine's hash key
+    (block_hash.hash_blocks), when the caller has them: the agent hashes each prompt once as it takes
+    it and the engine's block table starts from these. Taken on trust (a wrong hash would cache KV
+    under it); only their number is checked. None: the engine hashes the prompt itself."""
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
 from radixmesh.proto.serve.limits import InvalidRequest
-from radixmesh.proto.serve.logprobs import TokenLogprob
+from radixmesh.proto.serve.sampling import TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -159,10 +159,10 @@ class EngineRunner:
             self.prefill_tokens_per_s = rate if old == 0.0 else old + RATE_SMOOTHING * (rate - old)
         new: dict[RequestId, NewTokens] = {}
         for rid, token, logprob in step.tokens:
-            tokens = new.setdefault(rid, NewTokens([], []))
-            tokens.token_ids.append(token)
+            fresh = new.setdefault(rid, NewTokens([], []))
+            fresh.token_ids.append(token)
             if logprob is not None:
-                tokens.logprobs.append(logprob)
+                fresh.logprobs.append(logprob)
         items: list[tuple[RequestId, StreamItem]] = list(new.items())
         items += [(out.request_id, Finished(out)) for out in step.finished]
         return items

@@ -2,8 +2,7 @@
 
 import torch
 
-from radixmesh.proto.serve.logprobs import TokenLogprob
-from radixmesh.proto.serve.sampling import SamplingParams
+from radixmesh.proto.serve.sampling import SamplingParams, TokenLogprob
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int, index: int) -> int:

@@ -15,10 +15,10 @@ import torch
 from radixmesh.common.text.stop_strings import StopText
 from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
 from radixmesh.node_agent.engine.request import Request, RequestStats
-from radixmesh.node_agent.memory.block_table import BlockTable
+from radixmesh.node_agent.memory.cache.block_table import BlockTable
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
-from radixmesh.proto.serve.logprobs import TokenLogprob
+from radixmesh.proto.serve.sampling import TokenLogprob
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from radixmesh.common.metrics.exposition import metric
-from radixmesh.node_agent.memory.block_pool import BlockPool
-from radixmesh.node_agent.memory.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.pool.block_pool import BlockPool
 
 FREE_RUN_BUCKETS = tuple(2**i for i in range(15))
 """Bounds (blocks) of the free-run size distribution: the `size_le` values of radixmesh_free_runs."""

@@ -1,17 +1,21 @@
-"""Payload checksums for KV transfers, chosen by name from a registry.
+"""Payload integrity for KV transfers: checksums chosen by name from a registry, and the keyed chunk MAC.
 
 The checksum guards against a peer that sends the wrong bytes (a bug, a torn buffer, a corrupted
 link), not against an attacker: the handshake authenticates the peer, and the keyed chunk MAC
-(transfer.chunk_mac, TransferConfig.mac) is what an attacker on the path cannot forge. TCP and RDMA
+(`chunk_mac`, TransferConfig.mac) is what an attacker on the path cannot forge. TCP and RDMA
 links carry their own CRCs, so the default is decided by what the checksum costs relative to the
 transfer; bench/transfer.py measures both in one run.
 """
 
+import hashlib
+import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from radixmesh.node_agent.transfer.protocol import MAC_BYTES
 
 DEFAULT_CHECKSUM = "none"
 """Off by default: TCP and RDMA links already carry CRCs, and on the loopback bench crc32 cost 10-35%
@@ -62,3 +66,16 @@ def checksum_by_name(name: str) -> Checksum:
         return CHECKSUMS[name]
     except KeyError:
         raise ValueError(f"unknown checksum {name!r}; valid: {sorted(CHECKSUMS)}") from None
+
+
+_POSITION = struct.Struct("<QI")
+
+
+def chunk_mac(key: bytes, pull_id: int, index: int, payload: torch.Tensor) -> bytes:
+    """The keyed MAC of chunk `index` of pull `pull_id`: BLAKE2b-128 keyed by the handshake's session
+    key, over the pull id, the chunk index and the payload, so a chunk cannot be altered, cut short or
+    moved to another position or pull without the requester noticing. A device payload is copied to
+    the host first."""
+    h = hashlib.blake2b(_POSITION.pack(pull_id, index), digest_size=MAC_BYTES, key=key)
+    h.update(tensor_bytes(payload if payload.device.type == "cpu" else payload.cpu()))
+    return h.digest()

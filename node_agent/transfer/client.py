@@ -21,10 +21,10 @@ from typing import NamedTuple
 import torch
 
 from radixmesh.kernels import scatter_blocks
-from radixmesh.node_agent.memory.block_pool import OutOfBlocks
-from radixmesh.node_agent.memory.prefix_cache import PrefixCache
-from radixmesh.node_agent.transfer.checksum import DEFAULT_CHECKSUM, checksum_by_name
-from radixmesh.node_agent.transfer.chunk_mac import chunk_mac
+from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
+from radixmesh.node_agent.memory.pool.counters import OutOfBlocks
+from radixmesh.node_agent.transfer import Serial, run_inline
+from radixmesh.node_agent.transfer.checksum import DEFAULT_CHECKSUM, checksum_by_name, chunk_mac
 from radixmesh.node_agent.transfer.protocol import (
     MAX_CHUNK_BYTES,
     PullHeader,
@@ -32,7 +32,6 @@ from radixmesh.node_agent.transfer.protocol import (
     Status,
     chunk_plan,
 )
-from radixmesh.node_agent.transfer.serial import Serial, run_inline
 from radixmesh.node_agent.transfer.stats import PeerStats
 from radixmesh.node_agent.transfer.transport import (
     Peer,
@@ -58,9 +57,9 @@ class TransferConfig:
     chunk_bytes: int = 4 << 20
     """Staging size: pulls move in chunks of this many bytes (at least one block each)."""
     checksum: str = DEFAULT_CHECKSUM
-    """"none" (default), "crc32" or "adler32"; see transfer_checksum.DEFAULT_CHECKSUM for why."""
+    """"none" (default), "crc32" or "adler32"; see checksum.DEFAULT_CHECKSUM for why."""
     mac: bool = False
-    """Verify a keyed MAC of every chunk (transfer.chunk_mac): integrity end to end against anyone
+    """Verify a keyed MAC of every chunk (checksum.chunk_mac): integrity end to end against anyone
     but the authenticated owner. bench/transfer.py measures its cost."""
     timeout_s: float = 10.0
     """Bound on one whole pull; past it the pull returns what arrived intact."""

@@ -14,9 +14,9 @@ from typing import Any
 
 import ray
 
+from radixmesh.node_agent.transfer import Serial
 from radixmesh.node_agent.transfer.handshake import NodeIdentity, ReplayGuard
 from radixmesh.node_agent.transfer.ray_transport import serve_pull
-from radixmesh.node_agent.transfer.serial import Serial
 from radixmesh.node_agent.transfer.server import TransferServer
 from radixmesh.node_agent.transfer.source import TransferSource
 from radixmesh.node_agent.transfer.transport import Peer, TransportError
@@ -72,7 +72,7 @@ class UcxEndpoint(TransferEndpoint):
 
 class RayEndpoint(TransferEndpoint):
     """Pulls served by the Ray actor this agent runs in, found by the actor's name (so `start`
-    raises ValueError outside a named actor: use agent_actor.make_agent_actor)."""
+    raises ValueError outside a named actor: use actor.make_agent_actor)."""
 
     transport = "ray"
 
@@ -97,7 +97,7 @@ class RayEndpoint(TransferEndpoint):
         self._serving = False
 
     async def serve_pull(self, request: bytes) -> AsyncIterator[Any]:
-        """transport_ray's stream of one pull (header, then chunks); TransportError once stopped."""
+        """ray_transport's stream of one pull (header, then chunks); TransportError once stopped."""
         if not self._serving:
             raise TransportError("this agent's transfer endpoint is stopped")
         async for item in serve_pull(self._source, request, self._identity, self._guard, self._serial):

@@ -1,4 +1,4 @@
-"""The agent's end of the KV transfer plane: an endpoint serving its gpu tier (agent_endpoint) and a
+"""The agent's end of the KV transfer plane: an endpoint serving its gpu tier (endpoint.py) and a
 TransferClient pulling into it over the matching transport, with every pool/cache touch run through
 the agent's engine thread (`serial`)."""
 
@@ -11,13 +11,13 @@ from typing import Any, Protocol
 import torch
 
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.tier import TierMemory
+from radixmesh.node_agent.memory.tiers import TierMemory
+from radixmesh.node_agent.transfer import Serial
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
 from radixmesh.node_agent.transfer.endpoint import ENDPOINTS, RayEndpoint, parse_address
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.memory_path import MemoryPath, memory_path
 from radixmesh.node_agent.transfer.ray_transport import RayTransport
-from radixmesh.node_agent.transfer.serial import Serial
 from radixmesh.node_agent.transfer.source import TransferSource
 from radixmesh.node_agent.transfer.stats import PeerStats
 from radixmesh.node_agent.transfer.transport import Transport, TransportError
@@ -51,8 +51,13 @@ class TransferPlane(Protocol):
     transport: str
     address: str
     """Where peers pull from ("" when nothing is served)."""
-    memory_path: MemoryPath | None
-    """Which memory pulled bytes travel through (None without a plane)."""
+
+    @property
+    def memory_path(self) -> MemoryPath | None:
+        """Which memory pulled bytes travel through (None without a plane). Read-only, so a plane
+        that always has one (AgentTransfer: MemoryPath) and one that never does (NoTransfer: None)
+        both satisfy it."""
+        ...
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -142,7 +147,7 @@ class AgentTransfer:
         return Pulled(tuple(result.hashes), tuple(result.block_ids), result.nbytes, result.seconds, failed)
 
     async def serve_pull(self, request: bytes) -> AsyncIterator[Any]:
-        """One pull through the object store (transport_ray.serve_pull); TransportError unless this
+        """One pull through the object store (ray_transport.serve_pull); TransportError unless this
         agent's transport is ray."""
         if not isinstance(self._endpoint, RayEndpoint):
             raise TransportError(f"this agent serves pulls over {self.transport}, not through its actor")

@@ -21,6 +21,7 @@ import numpy as np
 import ray
 import torch
 
+from radixmesh.node_agent.transfer import Serial, run_inline
 from radixmesh.node_agent.transfer.handshake import (
     HandshakeError,
     NodeIdentity,
@@ -43,7 +44,6 @@ from radixmesh.node_agent.transfer.protocol import (
     encode_request,
     encode_trailer,
 )
-from radixmesh.node_agent.transfer.serial import Serial, run_inline
 from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
 from radixmesh.node_agent.transfer.transport import (
     Peer,

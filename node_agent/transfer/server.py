@@ -2,7 +2,7 @@
 
 One TCP control connection per requester (bound to the address it is given), one UCX endpoint per
 connection to the requester's worker. Pulls on a connection are served one at a time; connections
-are served concurrently. See transport_ucx for why control and payload travel separately.
+are served concurrently. See ucx_transport for why control and payload travel separately.
 
 A connection does no work before its requester is authenticated (transfer.handshake): frames stay
 small (MAX_HANDSHAKE_FRAME_BYTES), the whole handshake has `handshake_timeout_s`, and only then is
@@ -16,6 +16,7 @@ from collections import deque
 from typing import Any
 
 from radixmesh.common.secret import ClusterSecret
+from radixmesh.node_agent.transfer import Serial, run_inline
 from radixmesh.node_agent.transfer.handshake import PROOF_BYTES, HandshakeError, OwnerHandshake, Session
 from radixmesh.node_agent.transfer.protocol import (
     MAX_HANDSHAKE_FRAME_BYTES,
@@ -30,7 +31,6 @@ from radixmesh.node_agent.transfer.protocol import (
     read_frame,
     write_frame,
 )
-from radixmesh.node_agent.transfer.serial import Serial, run_inline
 from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
 from radixmesh.node_agent.transfer.ucx_transport import import_ucxx, wire_buffer
 from radixmesh.proto.ids import NodeId

@@ -18,9 +18,8 @@ from typing import Self
 import torch
 
 from radixmesh.kernels import gather_blocks
-from radixmesh.node_agent.memory.prefix_cache import PrefixCache
-from radixmesh.node_agent.transfer.checksum import CHECKSUMS, checksum_by_name
-from radixmesh.node_agent.transfer.chunk_mac import chunk_mac
+from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
+from radixmesh.node_agent.transfer.checksum import CHECKSUMS, checksum_by_name, chunk_mac
 from radixmesh.node_agent.transfer.handshake import Session
 from radixmesh.node_agent.transfer.protocol import (
     MAX_CHUNK_BYTES,

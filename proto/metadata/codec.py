@@ -4,7 +4,7 @@
 event); range and size checks belong to the dataclasses and to MetadataService.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import cast
 
@@ -32,7 +32,8 @@ from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
 from radixmesh.proto.serve.tokens import TokenSources
 
 _TIER_TO_PB = {Tier.GPU: pb.TIER_GPU, Tier.HOST: pb.TIER_HOST}
-_TIER_FROM_PB = {v: k for k, v in _TIER_TO_PB.items()}
+# keyed by int: a message may carry any wire value (TIER_UNSPECIFIED, or one a newer peer added)
+_TIER_FROM_PB: dict[int, Tier] = {v: k for k, v in _TIER_TO_PB.items()}
 _STATUS_TO_PB = {PublishStatus.OK: pb.PublishAck.OK, PublishStatus.RESYNC: pb.PublishAck.RESYNC}
 _STATUS_FROM_PB = {v: k for k, v in _STATUS_TO_PB.items()}
 
@@ -315,7 +316,9 @@ def update_from_pb(m: pb.IndexUpdate) -> IndexUpdate:
 def predictions_to_pb(predictions: Sequence[MatchPrediction], router_id: str = "") -> pb.PredictionBatch:
     return pb.PredictionBatch(
         predictions=[
-            pb.Prediction(request_id=p.request_id, cluster_tokens=p.cluster_tokens, local_tokens=p.local_tokens,
+            # NodeId is a NewType over str and a Mapping's key type is invariant: a cast, not a copy
+            pb.Prediction(request_id=p.request_id, cluster_tokens=p.cluster_tokens,
+                          local_tokens=cast(Mapping[str, int], p.local_tokens),
                           routed_node=p.routed_node or "", routed_tokens=p.routed_tokens)
             for p in predictions
         ],

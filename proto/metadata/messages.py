@@ -1,6 +1,6 @@
 """The messages of the metadata service as typed dataclasses: what MetadataService takes and returns.
 
-metadata_codec converts them to and from the protobuf messages of proto/radixmesh.proto; nothing
+proto/metadata/codec.py converts them to and from the protobuf messages of proto/radixmesh.proto; nothing
 else touches protobuf objects.
 """
 

@@ -85,4 +85,4 @@ class Lease:
     snapshot_required: bool
     recalled: tuple[BlockHash, ...] = ()
     """Blocks the cluster evicted its last copy of since the node's previous heartbeat (the index's
-    ghost, oldest first): stored again here, they count as re-used (BlockPool.set_cluster_recall)."""
+    ghost, oldest first): stored again here, they count as re-used (PoolHooks.recalled)."""

@@ -8,8 +8,7 @@ and ends with exactly one ServeResult.
 from dataclasses import dataclass
 
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.serve.logprobs import TokenLogprob
-from radixmesh.proto.serve.sampling import FinishReason, SamplingParams
+from radixmesh.proto.serve.sampling import FinishReason, SamplingParams, TokenLogprob
 from radixmesh.proto.serve.tokens import TokenSources
 
 
@@ -30,7 +29,8 @@ class PullPlan:
 
 @dataclass(frozen=True, slots=True)
 class ServePlan:
-    """One routed request."""
+    """One request: as the router takes it in (no pull; `sampling.seed` None: the router fixes one, so
+    retries reproduce it) and, routed, as it sends it to the chosen node's agent."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]

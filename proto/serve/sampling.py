@@ -1,11 +1,10 @@
-"""How a request samples and why it stopped: part of every serve plan and result."""
+"""How a request samples, the log-probabilities it reports of what it sampled, and why it stopped: part
+of every serve plan and result."""
 
 import math
 import random
 from dataclasses import dataclass
 from enum import StrEnum
-
-from radixmesh.proto.serve.logprobs import MAX_TOP_LOGPROBS
 
 MAX_SEED = 2**63 - 1
 """Largest seed a request may carry (OpenAI's `seed` is a signed 64-bit integer)."""
@@ -13,6 +12,8 @@ MAX_STOP_STRINGS = 4
 """OpenAI's limit on `stop` strings per request."""
 MAX_STOP_CHARS = 1024
 """Longest stop string: the engine holds back that much text per request while it decodes."""
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token a request may ask for (OpenAI's limit for top_logprobs)."""
 
 
 def draw_seed(rng: random.Random) -> int:
@@ -59,6 +60,22 @@ class SamplingParams:
         if len(self.stop) > MAX_STOP_STRINGS or not all(0 < len(s) <= MAX_STOP_CHARS for s in self.stop):
             raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings of at most "
                              f"{MAX_STOP_CHARS} characters")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability and the most likely tokens at its position (OpenAI's
+    `logprobs` / `top_logprobs`), as the engine computes them and every hop (agent, router, HTTP)
+    carries them.
+
+    Log-probabilities are log-softmax of the model's raw logits at that position, the logits the
+    token was sampled from (before temperature and top-p, as vLLM's default "raw_logprobs").
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    """(token id, log-probability), most likely first; as many as the request asked for."""
 
 
 class FinishReason(StrEnum):

@@ -2,7 +2,7 @@
 
 An engine names blocks with its own hashes (vLLM: sha256 over (parent, tokens, extra keys)), which
 mean nothing to the router. A BlockStored event carries the tokens, so each engine block gets the
-radixmesh chained hashes of the same tokens (README "Block hashes"); the map keeps engine hash ->
+radixmesh chained hashes of the same tokens (docs/architecture.md, "Block hashes"); the map keeps engine hash ->
 ours, because BlockRemoved names engine hashes only.
 
     engine block size = k x ours:   engine block  [ t0 ........................ t(k*bs-1) ]

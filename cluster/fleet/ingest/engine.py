@@ -21,13 +21,11 @@ import aiohttp
 
 from radixmesh.cluster.fleet.ingest.block_map import EngineBlockMap
 from radixmesh.cluster.fleet.ingest.engine_metrics import EngineMetrics, parse_engine_metrics
-from radixmesh.cluster.fleet.ingest.http_session import LazySession
-from radixmesh.cluster.fleet.ingest.metrics import ingest_stats
-from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig
+from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig, SubscriberStats
 from radixmesh.cluster.fleet.ingest.vllm_events import EngineEventBatch
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metadata.publisher import EventPublisher, PublisherConfig
-from radixmesh.common.metrics.exposition import render_prometheus
+from radixmesh.common.metrics.exposition import metric, render_prometheus
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
@@ -73,6 +71,26 @@ class ExternalEngineConfig:
     @property
     def base_url(self) -> str:
         return self.openai_url.rstrip("/")
+
+
+class LazySession:
+    """One aiohttp session per engine, made on first use (`get`) unless one was given, closed with
+    `close`: a ClientSession must be created inside the event loop that uses it, and an engine's
+    clients (ExternalEngineNode, EngineAgentClient) are built before that loop runs."""
+
+    def __init__(self, session: aiohttp.ClientSession | None = None) -> None:
+        self._session = session
+
+    def get(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def close(self) -> None:
+        """Idempotent; a later `get` makes a new session."""
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
 
 
 class ExternalEngineNode:
@@ -135,6 +153,13 @@ class ExternalEngineNode:
 
     async def recall(self, hashes: Sequence[BlockHash]) -> None:
         """The engine evicts in its own order: the cluster's ghost is of no use to it."""
+
+    def next_epoch(self) -> int:
+        """A new incarnation (the service forgot this node's lease while the engine kept running): a
+        strictly higher epoch, which node_info reports from now on. The publisher then registers
+        again and resyncs the whole block map."""
+        self.epoch = max(time.time_ns() // 1000, self.epoch + 1)
+        return self.epoch
 
     async def refresh_metrics(self) -> EngineMetrics:
         url = f"{self.config.base_url}/metrics"
@@ -206,3 +231,28 @@ class ExternalEngine:
         """How following its events goes (radixmesh_kv_event_*), in Prometheus text format."""
         return render_prometheus([ingest_stats(self.subscriber.stats, self.node.blocks)],
                                  {"model_name": self.config.model})
+
+
+_SKIPPED_HELP = ("Engine blocks not indexed, by reason (lora, extra_keys, unknown_parent, medium, kv_group, "
+                 "block_size, malformed)")
+
+
+@dataclass(frozen=True, slots=True)
+class IngestStats:
+    """What following one engine's KV events looks like, as radixmesh metrics
+    (common/metrics/exposition.py)."""
+
+    kv_event_batches: int = metric("counter", "KV event batches applied, in sequence order")
+    kv_event_gaps: int = metric("counter", "Sequence gaps seen in the engine's KV event stream")
+    kv_event_restarts: int = metric("counter", "Engine restarts seen (its sequence numbers started again)")
+    kv_event_replayed_batches: int = metric("counter", "Batches fetched from the engine's replay socket")
+    kv_event_forgets: int = metric("counter", "Times the engine's indexed blocks were forgotten (a gap "
+                                              "replay could not fill, a restart, an undecodable batch)")
+    kv_event_bad_payloads: int = metric("counter", "KV event payloads that did not decode")
+    kv_event_skipped_blocks: dict[str, int] = metric("counter", _SKIPPED_HELP, "reason")  # noqa: RUF009 (a field())
+    external_engine_blocks: int = metric("gauge", "Engine blocks indexed as held now")
+
+
+def ingest_stats(subscriber: SubscriberStats, blocks: EngineBlockMap) -> IngestStats:
+    return IngestStats(subscriber.batches, subscriber.gaps, subscriber.restarts, subscriber.replayed_batches,
+                       subscriber.forgets, subscriber.bad_payloads, dict(blocks.skipped), len(blocks))

@@ -1,0 +1,166 @@
+"""The routing step, written once: the router (`Router.plan`), the Ray Serve request router and the
+simulator all route through `RoutingStep.route`, so the simulator's figures measure the router's code.
+
+Per request, given the prompt's block hashes and the index's answer for them (a `MatchResult`, or
+None without prefix knowledge; the caller asks the index, which may take a round trip): the pending
+(speculative) holders of the prefix, the candidates, the view of each candidate (the longer of its
+indexed and pending prefix, its load), the policy's decision, and the decision recorded as pending.
+
+Candidates are either the caller's nodes as given, or (`narrow`) the prefix holders (indexed or
+pending) plus the `least_loaded` nodes with the least recent work, with bounded load against the
+fleet's mean, so the cost does not grow with the number of nodes.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from radixmesh.cluster.policy.base import RouteDecision, RoutePolicy, RouteRequest
+from radixmesh.cluster.policy.pending_index import PendingIndex
+from radixmesh.cluster.policy.view import CandidateView, FleetLoad, NodeLoads, build_view
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
+
+
+class NoNodeAvailable(Exception):
+    """Every candidate node was unavailable (or there was none): the request could not be served."""
+
+
+class RecentLoad(NodeLoads, Protocol):
+    """The load table a routing step keeps (InflightTable is one): per-node load for the view, the
+    least-loaded nodes for narrow candidates, and the fleet's recent work for bounded load."""
+
+    def record_routed(self, node: NodeId, prompt_tokens: int) -> None: ...
+
+    def least_loaded(self, k: int, pool: Sequence[NodeId], usable: Callable[[NodeId], bool]) -> list[NodeId]: ...
+
+    def total_recent_tokens(self) -> float: ...
+
+    def check_invariants(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """One routing step's outcome."""
+
+    decision: RouteDecision
+    view: CandidateView
+    """What the policy saw, with the candidates' transfer addresses."""
+    policy: str
+    """The policy that decided (the fallback without an index answer)."""
+    match: MatchResult | None
+    """The index's answer the view was built from (narrow: the least-loaded candidates added)."""
+
+
+def _anyone(node: NodeId) -> bool:
+    return True
+
+
+class RoutingStep:
+    """One router's routing state (its pending holders, its load table, its policies) and the step.
+
+    `table` is the router's own load table; `loads` (default `table`) is what the view reads per
+    node: the simulator reads queues from its nodes and recent work from `table`.
+    """
+
+    def __init__(
+        self,
+        policy: RoutePolicy,
+        pending: PendingIndex,
+        table: RecentLoad,
+        *,
+        block_tokens: int,
+        default_prefill_tokens_per_s: float,
+        default_pull_bytes_per_s: float = 10e9,
+        least_loaded: int = 0,
+        fallback: RoutePolicy | None = None,
+        loads: NodeLoads | None = None,
+    ) -> None:
+        self.policy = policy
+        self.fallback = fallback or policy
+        """Decides when there is no index answer (the router's degraded mode)."""
+        self.pending = pending
+        self.table = table
+        self.loads: NodeLoads = loads or table
+        self.block_tokens = block_tokens
+        self.default_prefill_tokens_per_s = default_prefill_tokens_per_s
+        self.default_pull_bytes_per_s = default_pull_bytes_per_s
+        self.least_loaded = least_loaded
+        """Narrow candidates: how many least-loaded nodes join the prefix holders."""
+
+    def route(
+        self,
+        hashes: Sequence[BlockHash],
+        prompt_tokens: int,
+        match: MatchResult | None,
+        pool: Sequence[NodeId],
+        *,
+        narrow: bool = False,
+        exclude: frozenset[NodeId] = frozenset(),
+        usable: Callable[[NodeId], bool] = _anyone,
+        describe: Callable[[NodeId], NodeMatch | None] | None = None,
+        pin: NodeId | None = None,
+        record: bool = True,
+    ) -> Routed:
+        """Decide where a prompt of `prompt_tokens` tokens whose full blocks are `hashes` goes, never to
+        a node of `exclude`, and (`record`) record the decision as pending.
+
+        Candidates: `pool` as given, or with `narrow` (and an index answer) the holders and the
+        least-loaded nodes of `pool` that pass `usable` (all of `pool` when none does), with what
+        `describe` knows of the least-loaded ones (their heartbeated load and transfer address) added
+        to `match`. `pin`, while a candidate, is the only one. Raises NoNodeAvailable when no
+        candidate is left.
+        """
+        pending = self.pending.match(hashes)
+        fleet: FleetLoad | None = None
+        if narrow and match is not None:
+            match, candidates, fleet = self._narrow(match, pending, pool, exclude, usable, describe)
+        else:
+            candidates = [n for n in pool if n not in exclude] if exclude else list(pool)
+        if pin is not None and pin in candidates:
+            candidates = [pin]
+        if not candidates:
+            raise NoNodeAvailable("no candidate node left")
+        view = build_view(candidates, match, pending, self.loads, self.default_prefill_tokens_per_s, fleet,
+                          self.default_pull_bytes_per_s)
+        policy = self.policy if match is not None else self.fallback
+        decision = policy.route(RouteRequest(prompt_tokens, len(hashes), self.block_tokens), view.cluster)
+        if record:
+            self.pending.add(decision.node, hashes)
+        return Routed(decision, view, policy.name, match)
+
+    def record(self, node: NodeId, hashes: Sequence[BlockHash], prompt_tokens: int) -> None:
+        """`node` was sent the prompt (when `route` did not record it): pending holder and recent work."""
+        self.pending.add(node, hashes)
+        self.table.record_routed(node, prompt_tokens)
+
+    def _narrow(
+        self,
+        match: MatchResult,
+        pending: Mapping[NodeId, int],
+        pool: Sequence[NodeId],
+        exclude: frozenset[NodeId],
+        usable: Callable[[NodeId], bool],
+        describe: Callable[[NodeId], NodeMatch | None] | None,
+    ) -> tuple[MatchResult, list[NodeId], FleetLoad]:
+        """The prefix holders (indexed or pending) and the least-loaded nodes of `pool`, usable ones."""
+
+        def ok(n: NodeId) -> bool:
+            return n not in exclude and usable(n)
+
+        chosen = dict.fromkeys(n for n in (*(m.node_id for m in match.nodes), *pending) if ok(n))
+        extra = []
+        for n in self.table.least_loaded(self.least_loaded, pool, ok):
+            if n not in chosen:
+                chosen[n] = None
+                described = describe(n) if describe is not None else None
+                if described is not None:
+                    extra.append(described)
+        candidates = list(chosen)
+        if not candidates:  # agents that never registered (standalone) are served rather than refused
+            candidates = [n for n in pool if n not in exclude]
+        fleet = FleetLoad(len(pool), self.table.total_recent_tokens())
+        if extra:
+            match = MatchResult(match.cluster_blocks, match.nodes + tuple(extra))
+        return match, candidates, fleet

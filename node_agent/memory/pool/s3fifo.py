@@ -1,0 +1,138 @@
+"""Scan-resistant eviction order for cached blocks (S3-FIFO / 2Q style): a probationary queue for blocks
+used once, a main queue for blocks used again, and a ghost of recent probation evictions."""
+
+from collections.abc import Callable, Sequence
+
+from radixmesh.node_agent.memory.pool.lru import Group, LazyLRU
+from radixmesh.proto.block_hash import BlockHash
+
+Recalled = Callable[[BlockHash], bool]
+"""Whether the cluster evicted its last copy of a block recently (the index's ghost of evictions)."""
+
+
+class S3FIFO:
+    """Cached blocks of a pool in two LazyLRU queues; the pool sees one eviction order.
+
+    A block released for the first time since it was stored (the suffix a request computed) enters
+    `small`, the probationary queue. A block released again after a re-use (a match, a transfer pin)
+    moves to `main`, as does a block stored under a hash that probation evicted not long ago (the
+    ghost: it came back, so it is worth keeping). Eviction takes probation's oldest while probation
+    holds more than `small_fraction` of the blocks here, else main's oldest (each queue in
+    least-recently-released order). So one-hit suffixes, most of a prefix-cache trace's blocks,
+    leave before a shared prefix that a few of them pushed to the back of one LRU.
+
+    Queue shares are counted on stamped blocks (members, and members pinned since: the pool pins
+    without telling the order), which keeps the count O(1) and differs only by the running batch.
+    """
+
+    def __init__(self, ref: list[int], hashes: list[BlockHash | None], small_fraction: float = 0.1) -> None:
+        if not 0.0 < small_fraction < 1.0:
+            raise ValueError(f"small_fraction must lie in (0, 1), got {small_fraction}")
+        self._hashes = hashes
+        self.small = LazyLRU(ref)
+        self.main = LazyLRU(ref)
+        self.small_fraction = small_fraction
+        self._ghost: dict[BlockHash, None] = {}
+        """Hashes evicted from probation, oldest first (a dict keeps insertion order), at most as many
+        as the pool has blocks."""
+        self._ghost_cap = len(ref)
+        self._recalled: Recalled | None = None
+
+    def __contains__(self, block: int) -> bool:
+        return block in self.small or block in self.main
+
+    def push(self, blocks: Sequence[int], now: float) -> None:
+        """Add `blocks` (hashed, ref 0, none a member) as released at `now`: re-used or ghosted ones
+        to main, the others to probation, each part in the given order."""
+        small, main, ghost, hashes, recalled = self.small, self.main, self._ghost, self._hashes, self._recalled
+        reused: list[int] = []
+        fresh: list[int] = []
+        for b in blocks:
+            if main.is_stamped(b):
+                reused.append(b)
+            elif small.is_stamped(b):
+                reused.append(b)
+                small.discard([b])
+            elif ghost and hashes[b] in ghost:
+                del ghost[hashes[b]]  # type: ignore[arg-type]  # pushed blocks are hashed
+                reused.append(b)
+            elif recalled is not None and recalled(hashes[b]):  # type: ignore[arg-type]
+                reused.append(b)
+            else:
+                fresh.append(b)
+        if fresh:
+            small.push(fresh, now)
+        if reused:
+            main.push(reused, now)
+
+    def set_recall(self, recalled: Recalled | None) -> None:
+        """The cluster's ghost: a block stored under a hash it recalls counts as re-used, as one in our
+        own ghost does, since the request that brings a prefix back may land on another node than the
+        one that evicted it."""
+        self._recalled = recalled
+
+    def demote(self, blocks: Sequence[int]) -> None:
+        """Members `blocks` go to the head of probation (out of main, if there): the next to go.
+        Evicted from there they enter the ghost as any probation block does, so one that comes
+        back here counts as re-used."""
+        self.small.discard(blocks)
+        self.main.discard(blocks)
+        self.small.push_first(blocks)
+
+    def group_of(self, blocks: tuple[int, ...]) -> Group | None:
+        """A main group of exactly `blocks` (LazyLRU.group_of); a probation group is never renewed whole,
+        since its release is a re-use that promotes it (the pool then takes its push path)."""
+        return self.main.group_of(blocks)
+
+    def renew(self, group: Group, now: float) -> None:
+        self.main.renew(group, now)
+
+    def discard(self, blocks: Sequence[int]) -> None:
+        """Remove `blocks` for good (evicted); those leaving probation are remembered in the ghost."""
+        self._remember([b for b in blocks if self.small.is_stamped(b)])
+        self.small.discard(blocks)
+        self.main.discard(blocks)
+
+    def _small_excess(self) -> int:
+        """Blocks probation holds beyond its share (<= 0 when within it)."""
+        return self.small.stamped - int(self.small_fraction * (self.small.stamped + self.main.stamped))
+
+    def pop_oldest(self, k: int) -> list[int]:
+        """Remove and return k members in eviction order (fewer when there are fewer)."""
+        out = self.small.pop_oldest(min(k, max(0, self._small_excess())))
+        self._remember(out)
+        out += self.main.pop_oldest(k - len(out))
+        if len(out) < k:  # main ran dry (or holds only pinned blocks): probation gives the rest
+            more = self.small.pop_oldest(k - len(out))
+            self._remember(more)
+            out += more
+        return out
+
+    def oldest(self, n: int) -> list[int]:
+        """About the next n members pop_oldest would take, in that order; removes none. Exact up to
+        the point where probation's share would change queue mid-way."""
+        first, second = (self.small, self.main) if self._small_excess() > 0 else (self.main, self.small)
+        out = first.oldest(n)
+        return out + second.oldest(n - len(out))
+
+    def released_before(self, cutoff: float) -> list[int]:
+        """Members released strictly before `cutoff`: probation's, then main's, each oldest first."""
+        return self.small.released_before(cutoff) + self.main.released_before(cutoff)
+
+    def members(self) -> list[int]:
+        return self.small.members() + self.main.members()
+
+    def _remember(self, blocks: list[int]) -> None:
+        ghost, hashes = self._ghost, self._hashes
+        for b in blocks:
+            ghost[hashes[b]] = None  # type: ignore[index]  # evicted blocks still carry their hash here
+        for _ in range(len(ghost) - self._ghost_cap):
+            del ghost[next(iter(ghost))]
+
+    def check_invariants(self) -> None:
+        """Both queues' invariants, no block in both, a bounded ghost."""
+        self.small.check_invariants()
+        self.main.check_invariants()
+        both = [b for b in range(len(self._hashes)) if self.small.is_stamped(b) and self.main.is_stamped(b)]
+        assert not both, f"blocks stamped in both queues: {both[:10]}"
+        assert len(self._ghost) <= self._ghost_cap, f"ghost holds {len(self._ghost)} > {self._ghost_cap}"

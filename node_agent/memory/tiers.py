@@ -1,0 +1,166 @@
+"""A node's memory tiers (gpu and host): each a block pool, its prefix cache and the KV tensor the
+pool's block ids index; the one way blocks are copied between tiers; and the moves only the host tier
+makes possible: promoting host hits to the gpu, swapping a preempted sequence's blocks out and back
+in, and demoting evicted gpu prefix blocks.
+
+`NoHostTier` is the host tier of a node configured without one (num_host_blocks = 0): nothing to
+promote, a swap is refused (the scheduler then recomputes), nothing is demoted, no tier to report.
+
+The engine's PagedMemory (engine/paged_memory.py) composes these tiers into its BlockSpace; the host
+tier reports its moves through `TierMoves` and `SwapObserver`, which the engine's counters and
+preemption policy satisfy, so memory needs nothing of the engine.
+"""
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+
+from radixmesh import kernels
+from radixmesh.node_agent.memory.cache.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
+from radixmesh.node_agent.memory.pool.block_pool import BlockPool
+from radixmesh.node_agent.memory.pool.config import PoolConfig, PoolHooks
+from radixmesh.node_agent.memory.pool.counters import OutOfBlocks
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import Tier
+from radixmesh.proto.ids import BlockId
+from radixmesh.proto.kv_layout import KVLayout
+
+
+class TierMemory:
+    """One tier: a pool, its prefix cache, and the cache tensor the pool's block ids index."""
+
+    def __init__(self, layout: KVLayout, num_blocks: int, tier: Tier, device: str | torch.device,
+                 config: PoolConfig, clock: Callable[[], float], on_evict: EvictionHook | None = None,
+                 hooks: PoolHooks | None = None) -> None:
+        self.kv = layout.new_cache(num_blocks, device)
+        self.pool = BlockPool(num_blocks, tier=tier, block_bytes=layout.block_bytes, config=config, clock=clock,
+                              hooks=hooks)
+        self.cache = PrefixCache(self.pool, on_evict=on_evict)
+
+
+def copy_blocks(src: TierMemory, src_ids: Sequence[BlockId], dst: TierMemory, dst_ids: Sequence[BlockId]) -> None:
+    """Copy whole blocks (every layer, K and V) between tiers: one gather, one scatter."""
+    buffer = kernels.gather_blocks(src.kv, src_ids)
+    kernels.scatter_blocks(buffer.to(dst.kv.device), dst.kv, dst_ids)
+
+
+class TierMoves(Protocol):
+    """Where the host tier counts its moves (the engine's EngineCounters)."""
+
+    promoted_blocks: int
+    demoted_blocks: int
+    swapped_out_bytes: int
+    swapped_in_bytes: int
+
+
+class SwapObserver(Protocol):
+    """Who learns the measured swap rate (the engine's PreemptionPolicy)."""
+
+    def observe_swap(self, nbytes: int, seconds: float) -> None: ...
+
+
+class NoHostTier:
+    """No host tier: every move it would make is declined."""
+
+    tiers: tuple[TierMemory, ...] = ()
+
+    def promote(self, gpu: TierMemory, hashes: list[BlockHash], start: int) -> list[BlockId]:
+        return []
+
+    def swap_out(self, gpu: TierMemory, written: list[BlockId], full_hashes: list[BlockHash]
+                 ) -> list[BlockId] | None:
+        return None
+
+    def swap_in(self, gpu: TierMemory, host_ids: list[BlockId], gpu_ids: list[BlockId]) -> None:
+        assert not host_ids, "nothing is ever swapped out without a host tier"
+
+    def release(self, host_ids: list[BlockId]) -> None:
+        assert not host_ids, "nothing is ever swapped out without a host tier"
+
+
+class HostTier(TierMemory):
+    """The host tier of a node. Every move keeps the reference discipline of PagedMemory: what a
+    failed move took is given back before it returns."""
+
+    def __init__(self, layout: KVLayout, num_blocks: int, config: PoolConfig, counters: TierMoves,
+                 policy: SwapObserver, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(layout, num_blocks, Tier.HOST, "cpu", config, clock)
+        self._block_bytes = layout.block_bytes
+        self._counters = counters
+        self._policy = policy
+        self._clock = clock
+        self.tiers: tuple[TierMemory, ...] = (self,)
+
+    def promote(self, gpu: TierMemory, hashes: list[BlockHash], start: int) -> list[BlockId]:
+        """Copy this tier's cached run of hashes[start:] into fresh gpu blocks (inserted into the gpu
+        cache and held once by the caller); [] when the host misses or the gpu has no room."""
+        host_ids = self.cache.match(hashes[start:])
+        if not host_ids:
+            return []
+        try:
+            gpu_ids = gpu.pool.allocate(len(host_ids))
+        except OutOfBlocks:
+            self.cache.release(host_ids)
+            return []
+        copy_blocks(self, host_ids, gpu, gpu_ids)
+        gpu.cache.insert(hashes[start: start + len(gpu_ids)], gpu_ids, hashes[start - 1] if start else None)
+        self.cache.release(host_ids)
+        self._counters.promoted_blocks += len(gpu_ids)
+        return gpu_ids
+
+    def swap_out(self, gpu: TierMemory, written: list[BlockId], full_hashes: list[BlockHash]
+                 ) -> list[BlockId] | None:
+        """Host copies of `written` (held once by the caller; the first len(full_hashes) become
+        host-cached under those hashes), or None when the host is full."""
+        try:
+            host_ids = self.pool.allocate(len(written))
+        except OutOfBlocks:
+            return None
+        t0 = self._clock()
+        copy_blocks(gpu, written, self, host_ids)
+        self._policy.observe_swap(len(written) * self._block_bytes, self._clock() - t0)
+        if full_hashes:
+            self.cache.insert(full_hashes, host_ids[: len(full_hashes)], None)
+        self._counters.swapped_out_bytes += len(written) * self._block_bytes
+        return host_ids
+
+    def swap_in(self, gpu: TierMemory, host_ids: list[BlockId], gpu_ids: list[BlockId]) -> None:
+        """Copy a swapped sequence's blocks back into its new gpu blocks and drop its host copies."""
+        copy_blocks(self, host_ids, gpu, gpu_ids)
+        self.cache.release(host_ids)
+        self._counters.swapped_in_bytes += len(host_ids) * self._block_bytes
+
+    def release(self, host_ids: list[BlockId]) -> None:
+        self.cache.release(host_ids)
+
+    def demote(self, gpu: TierMemory, evicted: Sequence[EvictedBlock]) -> None:
+        """Copy gpu prefix blocks being evicted into this tier, where they stay matchable.
+
+        Runs inside a gpu allocation while the evicted blocks still hold their KV, so it must not
+        fail it: it takes only as many host blocks as the host can give (free, or cached ones its
+        LRU evicts), keeping the chain heads, which come last because a chain's tail is evicted
+        first. Hashes the host already holds are not copied again.
+        """
+        todo = [e for e in evicted if e.hash not in self.cache]
+        room = self.pool.num_free + self.pool.num_cached
+        todo = todo[max(len(todo) - room, 0):]
+        if not todo:
+            return
+        host_ids = self.pool.allocate(len(todo))
+        copy_blocks(gpu, [e.block_id for e in todo], self, host_ids)
+        # Reversed, a batch runs head to tail; consecutive links of one chain go in one insert.
+        chain: list[tuple[EvictedBlock, BlockId]] = []
+        for e, b in reversed(list(zip(todo, host_ids, strict=True))):
+            if chain and e.parent != chain[-1][0].hash:
+                _insert_chain(self.cache, chain)
+                chain = []
+            chain.append((e, b))
+        _insert_chain(self.cache, chain)
+        self.cache.release(host_ids)
+        self._counters.demoted_blocks += len(todo)
+
+
+def _insert_chain(cache: PrefixCache, chain: list[tuple[EvictedBlock, BlockId]]) -> None:
+    cache.insert([e.hash for e, _ in chain], [b for _, b in chain], chain[0][0].parent)

@@ -1,0 +1,159 @@
+"""deploy/alerts.yml: `promtool check rules` accepts it, `promtool test rules` fires each alert on
+series written to trip it and keeps it quiet on series just short of that, and every metric a rule
+reads is one radixmesh really exports (or Prometheus' own `up`)."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from radixmesh.cluster.router.metrics import RouterStats
+from radixmesh.common.metrics.exposition import PREFIX
+from radixmesh.node_agent.engine.metrics import EngineStats
+from radixmesh.node_agent.memory.metrics import MemoryStats
+from radixmesh.node_agent.memory.zones.metrics import ZoneStats
+from radixmesh.node_agent.metrics import AgentStats
+
+ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "alerts.yml"
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    exe = shutil.which("promtool")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI is set but promtool is not on PATH: .ci/run installs it (Debian's prometheus package)")
+        pytest.skip("promtool is not on PATH (it comes with Debian's `prometheus` package; CI installs it)")
+    return exe
+
+
+def rules() -> dict[str, str]:
+    """Alert name -> its expression."""
+    doc = yaml.safe_load(ALERTS.read_text())
+    return {r["alert"]: r["expr"] for g in doc["groups"] for r in g["rules"]}
+
+
+def exported_names() -> set[str]:
+    """Every sample name radixmesh's stats dataclasses render (counters with _total, histograms' series)."""
+    names = {"up"}
+    for cls in (MemoryStats, ZoneStats, EngineStats, AgentStats, RouterStats):
+        for name, f in cls.__dataclass_fields__.items():
+            spec = f.metadata.get("metric")
+            if spec is None:
+                continue
+            full = PREFIX + name
+            if spec.kind == "counter":
+                names.add(full + "_total")
+            elif spec.kind == "histogram":
+                names.update(full + s for s in ("_bucket", "_sum", "_count"))
+            else:
+                names.add(full)
+    return names
+
+
+def test_every_rule_reads_exported_metrics() -> None:
+    exported = exported_names()
+    for alert, expr in rules().items():
+        used = set(re.findall(r"\b(radixmesh_[a-z_]+|up)\b(?=\s*[{\[)]|\s)", expr))
+        assert used, alert
+        assert used <= exported, f"{alert} reads {sorted(used - exported)}, which nothing exports"
+
+
+def test_the_issue_alerts_are_all_there() -> None:
+    assert {"RadixmeshGhostBlocks", "RadixmeshLargestFreeRunLow", "RadixmeshOOMRate", "RadixmeshMetadataServiceDown",
+            "RadixmeshHitRateDrop", "RadixmeshAgentMissing"} <= rules().keys()
+
+
+def test_promtool_check_rules(promtool: str) -> None:
+    run = subprocess.run([promtool, "check", "rules", str(ALERTS)], check=False, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in run.stdout
+
+
+NODE = 'node="a",tier="gpu"'
+HITS = 'radixmesh_prompt_tokens_total{source="local_gpu"}'
+MISSES = 'radixmesh_prompt_tokens_total{source="computed"}'
+
+# Each case: series (1-minute samples from time 0), the time the alert is evaluated at, and the
+# alerts expected to be firing then (labels). Pairs trip the rule, then stay just short of it.
+CASES: dict[str, tuple[dict[str, str], str, list[dict[str, str]]]] = {
+    "ghost_bytes_for_5m": ({f"radixmesh_ghost_block_bytes{{{NODE}}}": "0 0 4096x10"}, "8m",
+                           [{"node": "a", "tier": "gpu"}]),
+    "ghost_bytes_for_3m_only": ({f"radixmesh_ghost_block_bytes{{{NODE}}}": "0x5 4096x3"}, "8m", []),
+    "free_run_under_trigger_10m": ({f"radixmesh_largest_free_run_bytes{{{NODE}}}": "1000x20",
+                                    f"radixmesh_gc_trigger_free_run_bytes{{{NODE}}}": "4096x20"}, "15m",
+                                   [{"node": "a", "tier": "gpu"}]),
+    "free_run_trigger_off": ({f"radixmesh_largest_free_run_bytes{{{NODE}}}": "0x20",
+                              f"radixmesh_gc_trigger_free_run_bytes{{{NODE}}}": "0x20"}, "15m", []),
+    "oom_rate": ({f'radixmesh_oom_total{{{NODE},reason="no_free_block"}}': "0+30x20"}, "15m",
+                 [{"node": "a", "tier": "gpu", "reason": "no_free_block"}]),
+    "oom_rare": ({f'radixmesh_oom_total{{{NODE},reason="no_free_block"}}': "0+3x20"}, "15m", []),
+    "metadata_down": ({"radixmesh_metadata_available": "1 1 0x5"}, "5m", [{}]),
+    "metadata_up": ({"radixmesh_metadata_available": "1x7"}, "5m", []),
+    "agent_missing": ({'radixmesh_pool_utilization{node="a",tier="gpu"}': "0.5x10",
+                       'radixmesh_pool_utilization{node="b",tier="gpu"}': "0.5x3 stale"}, "9m", [{"node": "b"}]),
+    "agents_all_present": ({'radixmesh_pool_utilization{node="a",tier="gpu"}': "0.5x10",
+                            'radixmesh_pool_utilization{node="b",tier="gpu"}': "0.5x10"}, "9m", []),
+    # 80% hits for the first hour, then 20%: under half of 80% an hour later.
+    "hit_rate_drop": ({HITS: "0+48000x60 2880000+12000x40", MISSES: "0+12000x60 720000+48000x40"}, "95m", [{}]),
+    # 80% then 60%: lower, but not under half.
+    "hit_rate_dip": ({HITS: "0+48000x60 2880000+36000x40", MISSES: "0+12000x60 720000+24000x40"}, "95m", []),
+    "zone_watermark_high": ({'radixmesh_zone_watermark{node="a",zone="kv"}': "0.97x20"}, "15m",
+                            [{"node": "a", "zone": "kv"}]),
+    "router_down": ({'up{job="radixmesh",role="router",instance="r:8000"}': "1 0x5",
+                     'up{job="radixmesh",role="agent",node="a",instance="a:9000"}': "1x5"}, "4m",
+                    [{"job": "radixmesh", "role": "router", "instance": "r:8000"}]),
+    "scrape_agent_down": ({'up{job="radixmesh",role="agent",node="a",instance="a:9000"}': "1 0x5",
+                           'up{job="radixmesh",role="router",instance="r:8000"}': "1x5"}, "4m",
+                          [{"job": "radixmesh", "role": "agent", "node": "a", "instance": "a:9000"}]),
+}
+ALERT_OF = {"ghost": "RadixmeshGhostBlocks", "free_run": "RadixmeshLargestFreeRunLow", "oom": "RadixmeshOOMRate",
+            "metadata": "RadixmeshMetadataServiceDown", "agent": "RadixmeshAgentMissing",
+            "hit_rate": "RadixmeshHitRateDrop", "zone": "RadixmeshZoneWatermarkHigh", "router": "RadixmeshRouterDown",
+            "scrape_agent": "RadixmeshAgentScrapeDown"}
+
+
+def alert_of(case: str) -> str:
+    return next(a for prefix, a in ALERT_OF.items() if case.startswith(prefix))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_promtool_test_rules(promtool: str, case: str, tmp_path: Path) -> None:
+    series, at, firing = CASES[case]
+    alert = alert_of(case)
+    test = {
+        "rule_files": [str(ALERTS)],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": s, "values": v} for s, v in series.items()],
+            "alert_rule_test": [{"eval_time": at, "alertname": alert,
+                                 "exp_alerts": [{"exp_labels": {**labels, "severity": severity(alert)}}
+                                                for labels in firing]}],
+        }],
+    }
+    # promtool compares annotations too, which would make each case restate the rule's summary text;
+    # the rules under test are the file's own, annotations removed (check_rules lints the templates).
+    doc = yaml.safe_load(ALERTS.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    rules_path = tmp_path / "alerts.yml"
+    rules_path.write_text(yaml.safe_dump(doc))
+    test["rule_files"] = [str(rules_path)]
+    path = tmp_path / "test.yml"
+    path.write_text(yaml.safe_dump(test))
+    run = subprocess.run([promtool, "test", "rules", str(path)], check=False, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def severity(alert: str) -> str:
+    doc = yaml.safe_load(ALERTS.read_text())
+    [level] = [r["labels"]["severity"] for g in doc["groups"] for r in g["rules"] if r["alert"] == alert]
+    return str(level)

@@ -1,0 +1,257 @@
+"""`ray up deploy/local-cluster.yaml` on 3 namespace hosts, then what a real cluster must survive.
+
+The tests share one cluster (module fixture) and run in this file's order, each leaving it serving:
+workload and pulls across hosts, the listening sockets of every host, a host joining, a host
+partitioned and healed, a host killed. Every wait polls observable state with a deadline.
+"""
+
+import concurrent.futures
+import json
+import threading
+import urllib.error
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.netns_hosts import Host, listening_sockets
+from tests.support.poll import wait_for
+from tests.support.ray_up_cluster import RayUpCluster
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
+
+MODEL = "tiny"  # the YAML's `radixmesh up` serves the default, seeded `tiny` model
+PREFIX = "".join(f"Rule {i}: be precise about topic {i % 7}. " for i in range(100))
+"""~3.5 kB (tokens, with the byte tokenizer) shared by the workload's prompts: 220 blocks."""
+
+
+def agent_of(host: Host) -> str:
+    return f"{host.address}-cpu"
+
+
+def router_nodes(c: RayUpCluster) -> dict[str, dict[str, int]]:
+    nodes: dict[str, dict[str, int]] = c.get("/stats")["router"]["nodes"]
+    return nodes
+
+
+def complete(c: RayUpCluster, prompt: str, salt: str = "", max_tokens: int = 8) -> Any:
+    """The router's OpenAI completion (JSON) for `prompt`, greedy; `salt`: its cache_salt (tenant)."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    return c.post("/v1/completions", {**body, "cache_salt": salt} if salt else body)
+
+
+def text(answer: Any) -> str:
+    [choice] = answer["choices"]
+    return str(choice["text"])
+
+
+def cached_tokens(answer: Any) -> int:
+    return int(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def samples(c: RayUpCluster, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(s.labels, s.value) for f in text_string_to_metric_families(c.metrics()) for s in f.samples
+            if s.name == name]
+
+
+@contextmanager
+def steady_traffic(c: RayUpCluster, label: str) -> Iterator[list[str]]:
+    """Requests one after another (a few shared prefixes) until the block ends; yields the list of
+    failures, which the caller asserts empty. The client waits up to 120 s per request: a request
+    caught by a partition completes once the router retries it or the link heals."""
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                complete(c, f"{PREFIX[: 600 + 200 * (i % 3)]} {label} request {i}?", max_tokens=4)
+            except (OSError, urllib.error.HTTPError) as e:
+                failures.append(f"request {i}: {e!r}")
+            i += 1
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield failures
+    finally:
+        stop.set()
+        thread.join(timeout=150)
+
+
+def test_ray_up_brings_one_agent_per_worker_host(ray_up_cluster: RayUpCluster) -> None:
+    c = ray_up_cluster
+    want = sorted(agent_of(h) for h in c.hosts[1:])
+    wait_for("an agent on every worker host", lambda: sorted(router_nodes(c)) == want or None, 240, c.logs)
+    assert c.get("/stats")["metadata"]["state_store"].startswith("redis://127.0.0.1:6380")
+
+
+def test_shared_prefixes_are_pulled_across_hosts_over_ucx_with_cacheless_outputs(ray_up_cluster: RayUpCluster,
+                                                                                  ) -> None:
+    """Bursts of requests on one prefix held by one host: bounded load sends some to the other host,
+    which pulls the prefix over UCX instead of recomputing it (bursts until one pull is seen: when
+    the load bound lets a node take a whole burst depends on its measured prefill rate)."""
+    c = ray_up_cluster
+    complete(c, f"{PREFIX} Warm-up: why?")  # one host holds the prefix, and the index says so
+    for burst in range(4):
+        prompts = [f"{PREFIX} Burst {burst}, question {q}: why?" for q in range(12)]
+        # A unique cache_salt per request: nothing is shared or reused, every token is computed.
+        cacheless = [text(complete(c, p, salt=f"cacheless-{burst}-{i}")) for i, p in enumerate(prompts)]
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            cached = list(pool.map(lambda p: complete(c, p), prompts))
+        assert [text(a) for a in cached] == cacheless
+        assert sum(cached_tokens(a) for a in cached) > 0
+        if c.get("/stats")["router"]["remote"] > 0:
+            break
+    else:
+        pulls = [(s, v) for s, v in samples(c, "radixmesh_pulls_total") if v > 0]
+        pytest.fail(f"no request pulled its prefix in 4 bursts of 12; router's view: {router_nodes(c)}; "
+                    f"pulls by outcome: {pulls}")
+    # The agents count what they pulled from each peer; peers are other hosts.
+    pulled = {(s["node"], s["peer"]): v for s, v in samples(c, "radixmesh_pull_bytes_total") if v > 0}
+    assert pulled, "no KV bytes pulled between agents"
+    for node, peer in pulled:
+        assert node != peer and node.startswith("198.18.0.") and peer.startswith("198.18.0."), (node, peer)
+    ok = {(s["node"], s["peer"]) for s, v in samples(c, "radixmesh_pulls_total") if s["outcome"] == "ok" and v > 0}
+    assert set(pulled) <= ok
+    print(f"\nKV bytes pulled (node <- peer) after {burst + 1} burst(s): {pulled}")
+
+
+PARTS = (
+    # (process name or a piece of its command line, what it is); the first match names a socket.
+    ("ray::RouterActo", "radixmesh router: HTTP on the head's address"),
+    ("ray::MetadataAc", "radixmesh metadata service: gRPC on the head's address"),
+    ("ray::AgentActor", "radixmesh agent: KV transfer server, UCX and /metrics on its host's address"),
+    ("redis-server", "Redis, the metadata service's state: loopback of the head"),
+    ("radixmesh up ", "`radixmesh up` while it starts the deployment (a Ray driver: Ray's core-worker gRPC server)"),
+    ("sshd", "the host's sshd (ray up and the autoscaler log in through it)"),
+    ("gcs_server", "Ray's GCS"),
+    ("raylet", "Ray's raylet and object manager"),
+    ("ray::DashboardA", "Ray's dashboard agent (HTTP, gRPC, metrics export)"),
+    ("ray::RuntimeEnv", "Ray's runtime-env agent"),
+    ("ray/dashboard/", "Ray's dashboard (head)"),
+    ("ray/autoscaler/", "Ray's autoscaler monitor (head)"),
+    ("ray.util.client.server", "Ray's client server (head)"),
+    ("ray::", "a Ray worker process"),
+)
+RADIXMESH = ("ray::RouterActo", "ray::MetadataAc", "ray::AgentActor", "redis-server")
+WILDCARD = {"*", "0.0.0.0", "[::]"}
+
+
+def process_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "?"
+
+
+def test_every_host_listens_only_where_it_should(ray_up_cluster: RayUpCluster) -> None:
+    """What listens on every host, on which address, and why. Everything radixmesh opens binds the
+    host's own address, or loopback; only Ray binds every interface (its gRPC servers, one of them
+    in every Ray worker process, our actors' included)."""
+    c = ray_up_cluster
+    metadata_address = json.loads((c.home / ".radixmesh" / "cluster.json").read_text())["metadata_address"]
+    table = []
+    for host in c.hosts:
+        own = {host.address, f"[::ffff:{host.address}]", "127.0.0.1", "[::ffff:127.0.0.1]"}
+        wildcards: dict[int, int] = {}
+        for proto, local, name, pid in listening_sockets(c.network, host):
+            address = local.rsplit(":", 1)[0]
+            cmd = process_line(pid)
+            [why, *_] = [why for key, why in PARTS if key in name or key in cmd] or [f"unknown: {cmd[:80]}"]
+            assert not why.startswith("unknown"), f"{host.netns}: {local} {name}: {why}"
+            assert address in own | WILDCARD, f"{host.netns}: {local} ({name}) is not this host's address"
+            if address in WILDCARD:
+                assert name.startswith("ray::") or "ray" in cmd or "radixmesh up " in cmd, \
+                    f"{host.netns}: {name} listens on {local}"
+                wildcards[pid] = wildcards.get(pid, 0) + 1
+                if name.startswith(RADIXMESH):
+                    why = "Ray's core-worker gRPC server inside our actor's process"
+            table.append((host.address, proto, local, name, why))
+        for pid, n in wildcards.items():
+            # Our actors' processes open one wildcard socket, Ray's core worker; none of ours.
+            if process_line(pid).startswith(RADIXMESH):
+                assert n == 1, (host.netns, pid, process_line(pid))
+    print("\n" + "\n".join(f"{h:<11} {p:<4} {local:<26} {name:<16} {why}" for h, p, local, name, why in table))
+    head = c.head.address
+    on_head = {(local, name) for h, _, local, name, _ in table if h == head}
+    assert (f"{head}:8000", "ray::RouterActo") in on_head
+    host, port = metadata_address.rsplit(":", 1)
+    assert host == head and {(f"{head}:{port}", "ray::MetadataAc"), (f"[::ffff:{head}]:{port}", "ray::MetadataAc")} & on_head
+    assert ("127.0.0.1:6380", "redis-server") in on_head
+    for worker in c.hosts[1:]:
+        # The transfer server and UCX's own listener, on the host's address only.
+        mine = [row for row in table if row[0] == worker.address and row[3] == "ray::AgentActor"
+                and row[2].startswith(f"{worker.address}:")]
+        assert len(mine) >= 2, mine
+
+
+def test_a_host_that_joins_gets_an_agent_and_traffic(ray_up_cluster: RayUpCluster) -> None:
+    c = ray_up_cluster
+    host = c.add_host()
+    c.join(host)
+    node = agent_of(host)
+    wait_for(f"agent {node} in the router", lambda: node in router_nodes(c) or None, 240, c.logs)
+
+    def served() -> bool:
+        complete(c, f"A new conversation {len(router_nodes(c)[node])}-{id(c)}", max_tokens=2)
+        return router_nodes(c)[node]["requests"] > 0
+
+    wait_for(f"{node} serving", served, 60)
+
+
+def test_a_partitioned_host_keeps_requests_succeeding_and_serves_again_after_heal(
+        ray_up_cluster: RayUpCluster) -> None:
+    c = ray_up_cluster
+    host = c.hosts[2]
+    node = agent_of(host)
+    complete(c, f"{PREFIX} before the partition")
+    live = live_nodes(c)
+    with steady_traffic(c, "partition") as failures:
+        c.network.partition(host)
+        try:
+            # Its heartbeats stop: the lease ends and the index forgets the node's blocks.
+            wait_for(f"{node}'s lease to end", lambda: live_nodes(c) == live - 1 or None, 60)
+        finally:
+            c.network.heal(host)
+        wait_for(f"{node} to register again", lambda: live_nodes(c) == live or None, 120)
+    assert not failures, failures
+    before = router_nodes(c)[node]
+
+    def served_again() -> bool:
+        complete(c, f"After the heal, conversation {router_nodes(c)[node]['routed']}", max_tokens=2)
+        return router_nodes(c)[node]["requests"] > before["requests"]
+
+    wait_for(f"{node} serving after the heal", served_again, 120,
+             lambda: f"router's view: {router_nodes(c)}\n{c.logs()}")
+    after = router_nodes(c)[node]
+    # What the index promised on this node since the heal was there: no entry for a block it lacks.
+    assert (after["realized_local_tokens"] - before["realized_local_tokens"]
+            == after["predicted_local_tokens"] - before["predicted_local_tokens"])
+
+
+def live_nodes(c: RayUpCluster) -> int:
+    """Nodes holding a metadata lease (the service's GetStats, through the router's /stats)."""
+    live: int = c.get("/stats")["metadata"]["live_nodes"]
+    return live
+
+
+def test_a_killed_host_fails_no_request_and_leaves_the_index(ray_up_cluster: RayUpCluster) -> None:
+    c = ray_up_cluster
+    host = c.hosts[1]
+    node = agent_of(host)
+    live = live_nodes(c)
+    with steady_traffic(c, "kill") as failures:
+        c.network.kill_processes(host)
+        wait_for(f"{node}'s lease to end", lambda: live_nodes(c) == live - 1 or None, 60)
+        # Ray declares the host dead; the reconcile loop then drops its agent for good.
+        wait_for(f"{node}'s agent to be dropped", lambda: f"radixmesh-agent-{node}" not in c.agent_actors() or None, 120)
+    assert not failures, failures
+    # Hit rate recovers on the hosts that are left: a repeated prefix is served from cache.
+    prompt = f"{PREFIX} after the kill"
+    complete(c, prompt)
+    assert cached_tokens(complete(c, prompt)) > 0

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from radixmesh.cluster.api.openai_schema import ApiError
 from radixmesh.cluster.router.admission import Overloaded
-from radixmesh.cluster.router.routed import NoNodeAvailable
+from radixmesh.cluster.router.results import NoNodeAvailable
 from radixmesh.cluster.router.router import Router
 from radixmesh.proto.serve.limits import InvalidRequest
 

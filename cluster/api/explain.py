@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from radixmesh.cluster.router.routed import RouterResult
+from radixmesh.cluster.router.results import RouterResult
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServeStats
 from radixmesh.proto.serve.tokens import TokenSources

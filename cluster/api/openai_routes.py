@@ -24,7 +24,7 @@ from radixmesh.cluster.api.openai_schema import (
     usage,
 )
 from radixmesh.cluster.router.admission import Overloaded
-from radixmesh.cluster.router.routed import NoNodeAvailable, RouterItem
+from radixmesh.cluster.router.results import NoNodeAvailable, RouterItem
 from radixmesh.cluster.router.router import Router
 from radixmesh.common.text.stop_strings import StopStrings
 from radixmesh.proto.serve.limits import InvalidRequest

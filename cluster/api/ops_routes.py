@@ -15,7 +15,7 @@ from radixmesh.cluster.fleet.reports import agent_metrics, cluster_stats
 from radixmesh.cluster.observability.endpoints import merge_expositions, stats_document
 from radixmesh.cluster.observability.file_sd import ROUTER_SCOPE
 from radixmesh.cluster.router.admission import Overloaded
-from radixmesh.cluster.router.routed import NoNodeAvailable
+from radixmesh.cluster.router.results import NoNodeAvailable
 from radixmesh.cluster.router.router import Router
 from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
 from radixmesh.proto.serve.limits import InvalidRequest

@@ -42,7 +42,7 @@ from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.index_watch import IndexWatcher
 from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.prediction_report import PredictionReporter
-from radixmesh.cluster.router.routed import NoNodeAvailable, RoutedPlan, RouterItem, RouterResult
+from radixmesh.cluster.router.results import NoNodeAvailable, RoutedPlan, RouterItem, RouterResult
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.text.chat_template import ChatTemplate, PlainChatTemplate
 from radixmesh.common.text.tokenizer import ByteTokenizer, Tokenizer

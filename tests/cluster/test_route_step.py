@@ -10,7 +10,7 @@ from radixmesh.cluster.policy.base import PolicyConfig, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.step import NoNodeAvailable, RoutingStep
-from radixmesh.cluster.router.routed import NoNodeAvailable as RouterNoNode
+from radixmesh.cluster.router.results import NoNodeAvailable as RouterNoNode
 from radixmesh.cluster.sim.simulator import SimConfig, Simulator
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId

@@ -20,7 +20,7 @@ from radixmesh.cluster.policy.cost_model import CostModel
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.view import NodeView, build_view
 from radixmesh.cluster.router.metrics import RouterMetrics
-from radixmesh.cluster.router.routed import NoNodeAvailable, RouterResult
+from radixmesh.cluster.router.results import NoNodeAvailable, RouterResult
 from radixmesh.common.text.chat_template import ChatMessage, PlainChatTemplate
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch

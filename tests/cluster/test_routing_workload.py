@@ -12,7 +12,7 @@ import pytest
 
 from radixmesh.cluster.policy.base import PolicyConfig
 from radixmesh.cluster.policy.view import NodeView
-from radixmesh.cluster.router.routed import RouterResult
+from radixmesh.cluster.router.results import RouterResult
 from radixmesh.cluster.router.router import Router
 from radixmesh.common.text.chat_template import (
     END,

@@ -16,7 +16,7 @@ from collections import deque
 from typing import Any
 
 from radixmesh.common.secret import ClusterSecret
-from radixmesh.node_agent.transfer import Serial, run_inline
+from radixmesh.node_agent.transfer import Serial, run_inline, ucx_progress
 from radixmesh.node_agent.transfer.handshake import PROOF_BYTES, HandshakeError, OwnerHandshake, Session
 from radixmesh.node_agent.transfer.protocol import (
     MAX_HANDSHAKE_FRAME_BYTES,
@@ -122,6 +122,7 @@ class TransferServer:
                 return
             ep = await self._ucxx.create_endpoint_from_worker_address(
                 self._ucxx.get_ucx_address_from_buffer(address))
+            ucx_progress.nudge(self._ucxx)  # ucxx progressed the worker itself: re-arm it
             await write_frame(writer, Kind.HELLO_OK, b"")
             while True:
                 body = await read_frame(reader, Kind.REQUEST)
@@ -154,6 +155,7 @@ class TransferServer:
         finally:
             if ep is not None:
                 ep.abort(period=ABORT_PERIOD_NS)
+                ucx_progress.nudge(self._ucxx)
             writer.close()
             await asyncio.gather(hangup, return_exceptions=True)
             self._handlers.discard(task)
@@ -190,7 +192,7 @@ class TransferServer:
         try:
             for trailer, payload in pull.chunks():
                 tag = payload_tag(trailer.pull_id, trailer.index)
-                inflight.append(asyncio.ensure_future(ep.send(wire_buffer(payload), tag=tag, force_tag=True)))
+                inflight.append(ucx_progress.post_send(self._ucxx, ep, wire_buffer(payload), tag))
                 await write_frame(writer, Kind.TRAILER, encode_trailer(trailer))
                 if len(inflight) == 2:
                     await inflight.popleft()

@@ -13,6 +13,10 @@ expected region get a fresh random sentinel that the owner never sees: a message
 by 8 bytes or more leaves it in place and is refused. A shorter cut changes at most the last few
 values, which the checksum or MAC catches when one is on; a longer message fails in UCX itself.
 
+Progress: ucxx's blocking mode, with the driver of ucx_progress in place of ucxx's (which never
+re-arms the worker and spins a core for ever after the first message); receives and sends are
+posted through it (post_recv, post_send) and await a future, not ucxx's `sleep(0)` loop.
+
 UCX reads its settings from the environment once, when ucxx creates its context (first use).
 `ucx_env()` is the one place that decides them: `import_ucxx()` applies it to this process before
 ucxx can read them, the agent actor factory to a Ray actor's process. `LOOPBACK_ENV` keeps UCX on
@@ -28,6 +32,7 @@ from typing import Any
 
 import torch
 
+from radixmesh.node_agent.transfer import ucx_progress
 from radixmesh.node_agent.transfer.handshake import HandshakeError, NodeIdentity, RequesterHandshake, Session
 from radixmesh.node_agent.transfer.memory_path import MemoryPath, host_buffer, memory_path
 from radixmesh.node_agent.transfer.protocol import (
@@ -54,7 +59,8 @@ from radixmesh.node_agent.transfer.transport import (
 )
 
 DEFAULT_ENV = {"UCXPY_PROGRESS_MODE": "blocking", "UCX_WARN_UNUSED_ENV_VARS": "n"}
-"""Blocking progress: the default thread mode is 3-6x slower where cores are few."""
+"""Blocking progress (driven by ucx_progress.UcxProgress): the default thread mode is 3-6x slower where
+cores are few."""
 LOOPBACK_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo"}
 """TCP over the loopback device only: UCX's own sockets then bind 127.0.0.1."""
 SENTINEL_BYTES = 8
@@ -66,11 +72,13 @@ def ucx_env(loopback: bool = False) -> dict[str, str]:
 
 
 def import_ucxx(loopback: bool = False) -> ModuleType:
-    """Import ucxx after setting ucx_env(loopback) (values already set by the operator win)."""
+    """Import ucxx after setting ucx_env(loopback) (values already set by the operator win), with
+    ucx_progress's driver installed for its blocking mode."""
     for k, v in ucx_env(loopback).items():
         os.environ.setdefault(k, v)
     import ucxx
 
+    ucx_progress.install(ucxx)
     return ucxx
 
 
@@ -132,8 +140,9 @@ class UcxChannel(PeerChannel):
             raise TransportError(f"pull {header.pull_id} broke: {e!r}") from e
         finally:
             if not completed:
-                # A receive still posted may complete later: its staging buffer is dropped (the UCX
-                # request keeps it alive), never reused, and this channel is not used again.
+                # A receive still posted may complete later: its staging buffer is dropped here (the
+                # progress driver keeps it alive until UCX ends the request), never reused, and this
+                # channel is not used again.
                 self._broken = True
                 self._staging = []
                 for f, _ in posted.values():
@@ -145,7 +154,7 @@ class UcxChannel(PeerChannel):
         sentinel = secrets.token_bytes(min(SENTINEL_BYTES, region.numel()))
         region[-len(sentinel) :] = torch.frombuffer(bytearray(sentinel), dtype=torch.uint8)
         view = wire_buffer(region)
-        return asyncio.ensure_future(self._ucxx.recv(view, tag=payload_tag(header.pull_id, index))), sentinel
+        return ucx_progress.post_recv(self._ucxx, view, payload_tag(header.pull_id, index)), sentinel
 
     def _staging_for(self, nbytes: int) -> list[torch.Tensor]:
         if not self._staging or self._staging[0].numel() < nbytes:

@@ -1,7 +1,9 @@
 """Pulls over UCX between two processes on 127.0.0.1: the owner in a spawned process, the requester here."""
 
 import asyncio
+import contextlib
 import multiprocessing as mp
+import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
@@ -11,10 +13,12 @@ import pytest
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.memory.pool.block_pool import BlockPool
+from radixmesh.node_agent.transfer import ucx_progress
 from radixmesh.node_agent.transfer.client import PullOutcome, PullResult, TransferClient, TransferConfig
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.transport import Peer
-from radixmesh.node_agent.transfer.ucx_transport import UcxTransport
+from radixmesh.node_agent.transfer.ucx_progress import UcxProgress
+from radixmesh.node_agent.transfer.ucx_transport import UcxTransport, import_ucxx
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
@@ -90,10 +94,11 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     # One loop for the module: ucxx binds its progress to the loop that first used it.
     lp = asyncio.new_event_loop()
     yield lp
-    pending = asyncio.all_tasks(lp)  # ucxx's progress tasks
+    pending = asyncio.all_tasks(lp)  # none, unless a test left one (UCX progress runs on callbacks)
     for t in pending:
         t.cancel()
-    lp.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    if pending:  # gather() of nothing would make its future on another loop
+        lp.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     lp.close()
 
 
@@ -122,6 +127,65 @@ def test_pulled_blocks_are_bitwise_equal_to_owner(loop: asyncio.AbstractEventLoo
     stats = req.client.stats[NodeId("owner")]
     assert (stats.transport, stats.pulls, stats.blocks, stats.bytes) == ("ucx", 1, 40, result.nbytes)
     assert stats.ewma_gbps > 0 and 0 < stats.ewma_latency_s <= result.seconds
+    req.finish(result)
+    assert_owner_clean(owner)
+
+
+IDLE_S = 1.0
+IDLE_CPU_SHARE = 0.2
+"""Of the idle window's wall time; ucxx's own blocking mode spins a core (close to 1.0) on both sides."""
+
+
+async def idle(seconds: float) -> None:
+    """The loop runs for `seconds` with nothing to do but UCX's progress: an event nobody sets."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.Event().wait(), seconds)
+
+
+async def progress_driver() -> UcxProgress:
+    d = ucx_progress.driver(import_ucxx(loopback=True))
+    assert d is not None
+    return d
+
+
+def test_idle_after_pulls_costs_no_cpu_and_the_next_pull_wakes_at_once(loop: asyncio.AbstractEventLoop,
+                                                                       owner: Owner) -> None:
+    hashes = sequence_hashes(40)
+    for _ in range(3):
+        req = Requester(loop)
+        result = req.pull(owner.peer(), hashes)
+        assert result.outcome is PullOutcome.OK and result.blocks == 40
+        req.finish(result)
+    driver = loop.run_until_complete(progress_driver())
+    # No safety tick from here on (the one already due may still run): the next pull must be woken
+    # by the worker's fd alone, or it would wait out its 10 s timeout.
+    driver.tick_s = 600.0
+    try:
+        idle_then_pull(loop, owner, driver, hashes)
+    finally:
+        driver.tick_s = UcxProgress.tick_s
+
+
+def idle_then_pull(loop: asyncio.AbstractEventLoop, owner: Owner, driver: UcxProgress,
+                   hashes: list[BlockHash]) -> None:
+    owner_cpu = owner.call("cpu")
+    cpu, wall = time.process_time(), time.perf_counter()
+    loop.run_until_complete(idle(IDLE_S))
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    owner_cpu = owner.call("cpu") - owner_cpu
+    print(f"idle {wall:.2f} s: requester {cpu:.3f} s CPU, owner {owner_cpu:.3f} s CPU")
+    assert cpu < IDLE_CPU_SHARE * wall, f"requester used {cpu:.3f} s of CPU in {wall:.2f} s idle"
+    assert owner_cpu < IDLE_CPU_SHARE * wall, f"owner used {owner_cpu:.3f} s of CPU in {wall:.2f} s idle"
+
+    rescued = driver.rescued
+    req = Requester(loop)
+    start = time.perf_counter()
+    result = req.pull(owner.peer(), hashes)
+    elapsed = time.perf_counter() - start
+    print(f"pull after idle: {elapsed * 1e3:.1f} ms, {driver.wakeups} wake-ups, {driver.arms} arms")
+    assert result.outcome is PullOutcome.OK and result.blocks == 40
+    assert kv_digest(req.kv, result.block_ids) == owner.call("digest", 40)
+    assert elapsed < 2.0 and driver.rescued == rescued  # woken by UCX's events, not by a tick
     req.finish(result)
     assert_owner_clean(owner)
 

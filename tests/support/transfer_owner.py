@@ -11,6 +11,7 @@ production the agent actor itself serves pulls (`NodeAgent.serve_pull`).
 import asyncio
 import dataclasses
 import hashlib
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -141,7 +142,8 @@ def build_source(spec: OwnerSpec) -> FaultySource:
 
 
 def run_owner(conn: Connection, spec: OwnerSpec) -> None:
-    """Process entry: serve until told "stop". Commands: ("state",) ("fault", name) ("digest", n)."""
+    """Process entry: serve until told "stop". Commands: ("state",) ("fault", name) ("digest", n)
+    ("cpu",): the process's CPU seconds so far (time.process_time)."""
     asyncio.run(_serve(conn, spec))
 
 
@@ -171,6 +173,8 @@ async def _serve(conn: Connection, spec: OwnerSpec) -> None:
         elif cmd[0] == "fault":
             source.fault = cmd[1]
             conn.send("ok")
+        elif cmd[0] == "cpu":
+            conn.send(time.process_time())
         elif cmd[0] == "digest":
             blocks = source.cache.match(sequence_hashes(cmd[1], spec.seed))
             conn.send(kv_digest(source.kv, blocks))

@@ -182,13 +182,22 @@ def down(timeout: float) -> None:
 
 
 def _is_radixmesh(pid: int) -> bool:
-    """Whether `pid` runs radixmesh (its command line names it); True without procfs to ask."""
+    """Whether `pid` runs `radixmesh up` (its command line says so); True without procfs to ask."""
     try:
-        return b"radixmesh" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return runs_up(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
     except FileNotFoundError:
         return not Path("/proc/self").exists()
     except OSError:
         return True
+
+
+def runs_up(argv: list[bytes]) -> bool:
+    """Whether a command line is `radixmesh up`: the console script (by name, after its interpreter)
+    or `python -m radixmesh...`, with `up` among its arguments. Not "radixmesh" anywhere in it: a
+    checkout or venv under a folder named radixmesh puts the word in every interpreter's path."""
+    program = next((i for i, a in enumerate(argv) if Path(a.decode(errors="replace")).name == "radixmesh"
+                    or (a.startswith(b"radixmesh.") and i > 0 and argv[i - 1] == b"-m")), None)
+    return program is not None and b"up" in argv[program + 1:]
 
 
 def _alive(pid: int) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from radixmesh.cluster.cli.cluster import runs_up
 from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.launch import cluster_record
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, create_secret, deployment_secret, read_secret
@@ -106,6 +107,19 @@ def test_metadata_server_refuses_a_public_bind_without_a_secret_and_a_busy_port(
 def test_route_and_replay_against_a_dead_url_are_one_line(home: Path) -> None:
     one_line_error(run_cli("route", "hello", "--url", "http://127.0.0.1:9"), "does not answer")
     one_line_error(run_cli("replay", str(TRACE), "--url", "http://127.0.0.1:9", "--limit", "2"), "does not answer")
+
+
+@pytest.mark.parametrize(("argv", "is_up"), [
+    ([b"/srv/radixmesh/.venv/bin/python", b"/srv/radixmesh/.venv/bin/radixmesh", b"--log-level", b"ERROR", b"up"], True),
+    ([b"/usr/bin/python3", b"-m", b"radixmesh.cluster.cli", b"up", b"--local", b"2"], True),
+    ([b"radixmesh", b"up", b""], True),
+    # an interpreter in a checkout named radixmesh (where users clone it) is not `up`
+    ([b"/tmp/fresh/radixmesh/.venv/bin/python", b"-c", b"import sys; sys.stdin.read()", b""], False),
+    ([b"/srv/radixmesh/.venv/bin/radixmesh", b"down"], False),
+    ([b"/usr/bin/python3", b"/home/radixmesh/up.py", b"up"], False),
+])
+def test_down_knows_an_up_by_its_command_line(argv: list[bytes], is_up: bool) -> None:
+    assert runs_up(argv) is is_up
 
 
 def test_down_never_signals_a_process_that_is_not_radixmesh(home: Path) -> None:

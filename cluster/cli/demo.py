@@ -1,5 +1,6 @@
 """`radixmesh demo`: start a local 3-agent cluster, run the shared-prefix chat workload with caching
-defeated and then as deployed, print both side by side and one real answer, stop the cluster."""
+defeated and as deployed (`--order` picks which half runs first), print both side by side and one
+real answer, stop the cluster."""
 
 import asyncio
 import logging
@@ -19,6 +20,7 @@ from radixmesh.cluster.sim.demo import DemoRun, DemoWorkload, ask, run_workload
 from radixmesh.node_agent import SMOLLM2, resolve_model
 
 QUESTION = "What is the capital of France?"
+ORDERS = ("off-first", "on-first")
 
 
 def comparison_table(on: DemoRun, off: DemoRun) -> Table:
@@ -50,9 +52,13 @@ def comparison_table(on: DemoRun, off: DemoRun) -> Table:
 @click.option("--model", "model_spec", default=SMOLLM2, show_default=True,
               help=f"{SMOLLM2} (the real model), tiny (seeded random: fast, its text is noise), a local "
                    "Hugging Face directory or a .gguf file.")
+@click.option("--order", type=click.Choice(ORDERS), default="off-first", show_default=True,
+              help="Which half runs first. The uncached half salts every request, so neither half can "
+                   "reuse what the other left; running both orders shows the comparison is not an artefact "
+                   "of warm-up.")
 @cache_options
-def demo(chats: int, turns: int, model_spec: str, eviction: str, handoff: bool) -> None:
-    """Local cluster of 3 agents; shared-prefix chats with caching off, then on; the comparison table."""
+def demo(chats: int, turns: int, model_spec: str, order: str, eviction: str, handoff: bool) -> None:
+    """Local cluster of 3 agents; shared-prefix chats with caching off and on; the comparison table."""
     console = Console()
     # The openai client logs every request at INFO; the progress bar says it better.
     for noisy in ("httpx", "httpx2"):
@@ -74,16 +80,19 @@ def demo(chats: int, turns: int, model_spec: str, eviction: str, handoff: bool) 
     console.print(f"cluster up in {time.monotonic() - t0:.1f} s: router {deployment.router_url}")
     try:
         with Progress(console=console) as progress:
-            runs = []
-            for label, caching in (("caching off", False), ("caching on", True)):
+            runs: dict[bool, DemoRun] = {}
+            halves = (False, True) if order == "off-first" else (True, False)
+            for caching in halves:
+                label = "caching on" if caching else "caching off"
                 task = progress.add_task(label, total=workload.requests)
-                runs.append(asyncio.run(run_workload(deployment.router_url, config.served_model_name, workload, label,
-                                                     caching=caching, on_done=partial(progress.advance, task))))
+                runs[caching] = asyncio.run(run_workload(deployment.router_url, config.served_model_name, workload,
+                                                         label, caching=caching,
+                                                         on_done=partial(progress.advance, task)))
         answer = asyncio.run(ask(deployment.router_url, config.served_model_name, QUESTION))
     finally:
         asyncio.run(launcher.down())
         ray.shutdown()
-    off, on = runs
+    on, off = runs[True], runs[False]
     console.print(comparison_table(on, off))
     console.print(f"{config.served_model_name}, asked {QUESTION!r}: {answer.strip()!r}")
     ratio = off.ttft(50) / on.ttft(50) if on.ttft(50) else float("inf")

@@ -5,8 +5,8 @@ Workload: `chats` conversations of `turns` turns over a few long shared system p
 sends the whole history (rendered by the chat template, so it is a growing shared prefix), `chats
 _at_once` conversations at a time. The baseline runs the same requests with a distinct `cache_salt`
 per request: the tenant salt makes every prefix unique, so nothing is reused and every prompt token is
-prefilled, exactly the work of a cluster without a cache. It runs first, so it cannot profit from
-what the cached run leaves behind.
+prefilled, exactly the work of a cluster without a cache. Because of the salt neither half can profit
+from what the other left behind, whichever runs first (`radixmesh demo --order`).
 """
 
 import asyncio

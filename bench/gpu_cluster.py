@@ -68,7 +68,7 @@ def agent_config(node: NodeId, source: ModelSource, secret: ClusterSecret, on_gp
 def placement(node: NodeId, on_gpu: bool) -> AgentPlacement:
     env = ucx_env(loopback=True)
     if on_gpu:  # UCX may move device memory itself (cuda_copy, cuda_ipc between processes of one GPU)
-        env = {**env, "UCX_TLS": "tcp,self,cuda_copy,cuda_ipc"}
+        env = {**env, "UCX_TLS": "sm,tcp,self,cuda_copy,cuda_ipc"}
     return AgentPlacement(num_gpus=0.5 if on_gpu else 0.0, resources=((node_resource(node), 1.0),),
                           env_vars=tuple(env.items()), max_restarts=0)
 

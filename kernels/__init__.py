@@ -6,6 +6,10 @@ kv_heads, head_dim]``; attention and `write_kv` take per-layer views ``cache_k =
 `gather_blocks` / `scatter_blocks` move whole blocks across all layers. Block tables are int32
 ``[B, max_blocks]`` whose entries past a sequence's blocks are never read; lengths are int32.
 
+Decode attention is planned once per forward: `plan_decode` validates the batch's tables and lengths
+and prepares what the implementation reads (the torch reference's gather rows and mask), and every
+layer's `paged_decode_attention` reads that plan.
+
 Each entry point validates its arguments (ValueError, nothing written) and then runs the
 implementation `dispatch.select` picks: Triton on CUDA, the torch reference otherwise,
 ``RADIXMESH_KERNELS=torch|triton`` to force one.
@@ -17,13 +21,16 @@ import torch
 
 from radixmesh.kernels import paged_args
 from radixmesh.kernels.block_copy import gather_blocks_torch, scatter_blocks_torch
-from radixmesh.kernels.dispatch import select
+from radixmesh.kernels.decode_attention import DecodePlan
+from radixmesh.kernels.dispatch import kernel_set, select
 
 __all__ = [
+    "DecodePlan",
     "gather_blocks",
     "gather_blocks_torch",
     "paged_decode_attention",
     "paged_prefill_attention",
+    "plan_decode",
     "scatter_blocks",
     "scatter_blocks_torch",
     "write_kv",
@@ -40,19 +47,29 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: t
     select(k, cache_k, slot_mapping).write_kv(k, v, cache_k, cache_v, slot_mapping)
 
 
-def paged_decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of one query token per sequence, q ``[B, heads, head_dim]``, over its cached tokens.
+def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, cache_k: torch.Tensor,
+                num_heads: int) -> DecodePlan:
+    """Validate a decode batch once and prepare what every layer's `paged_decode_attention` reads.
 
-    Sequence b attends to its first ``seq_lens[b]`` tokens (the new token's K/V must already be written),
-    held in blocks ``block_tables[b]``; query head h reads kv head ``h // (heads / kv_heads)``. Returns
-    `out` (``[B, heads, head_dim]`` in q's dtype; allocated when None), every element written.
+    Sequence b attends to its first ``seq_lens[b]`` (>= 1) tokens, held in blocks ``block_tables[b]``,
+    with `num_heads` query heads; the plan holds for every per-layer
+    view shaped and strided like `cache_k` (all layers of one tier's cache), and the implementation
+    picked here runs every call on it.
     """
-    paged_args.check_decode_args(q, cache_k, cache_v, block_tables, seq_lens)
+    paged_args.check_decode_plan(block_tables, seq_lens, cache_k, num_heads)
+    return select(cache_k, block_tables, seq_lens).plan_decode(block_tables, seq_lens, cache_k, num_heads)
+
+
+def paged_decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, plan: DecodePlan,
+                           scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of one query token per sequence of `plan`, q ``[B, heads, head_dim]``, over its cached tokens.
+
+    Query head h reads kv head ``h // (heads / kv_heads)``; the new token's K/V must already be written.
+    Returns `out` (``[B, heads, head_dim]`` in q's dtype; allocated when None), every element written.
+    """
+    paged_args.check_decode_call(q, cache_k, cache_v, plan)
     paged_args.check_out(out, q)
-    return select(q, cache_k, block_tables).paged_decode_attention(
-        q, cache_k, cache_v, block_tables, seq_lens, scale, out)
+    return kernel_set(plan.implementation).paged_decode_attention(q, cache_k, cache_v, plan, scale, out)
 
 
 def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,

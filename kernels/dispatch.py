@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from radixmesh.kernels.block_copy import gather_blocks_torch, scatter_blocks_torch
-from radixmesh.kernels.decode_attention import paged_decode_attention_torch
+from radixmesh.kernels.decode_attention import DecodePlan, paged_decode_attention_torch, plan_decode_torch
 from radixmesh.kernels.kv_write import write_kv_torch
 from radixmesh.kernels.prefill_attention import paged_prefill_attention_torch
 
@@ -32,14 +32,21 @@ class KernelSet:
 
     name: str
     write_kv: Callable[..., None]
+    plan_decode: Callable[..., DecodePlan]
     paged_decode_attention: Callable[..., torch.Tensor]
     paged_prefill_attention: Callable[..., torch.Tensor]
     gather_blocks: Callable[..., torch.Tensor]
     scatter_blocks: Callable[..., None]
 
 
+def _torch_decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, plan: DecodePlan, scale: float,
+                  out: torch.Tensor | None) -> torch.Tensor:
+    return paged_decode_attention_torch(q, cache_k, cache_v, plan.block_tables, plan.seq_lens, scale, out,
+                                        plan.gather)
+
+
 def _torch_set() -> KernelSet:
-    return KernelSet("torch", write_kv_torch, paged_decode_attention_torch, paged_prefill_attention_torch,
+    return KernelSet("torch", write_kv_torch, plan_decode_torch, _torch_decode, paged_prefill_attention_torch,
                      gather_blocks_torch, scatter_blocks_torch)
 
 
@@ -51,7 +58,16 @@ def _triton_set() -> KernelSet:
     from radixmesh.kernels.kv_write_triton import write_kv_triton
     from radixmesh.kernels.prefill_attention_triton import paged_prefill_attention_triton
 
-    return KernelSet("triton", write_kv_triton, paged_decode_attention_triton, paged_prefill_attention_triton,
+    def plan_decode(block_tables: torch.Tensor, seq_lens: torch.Tensor, cache_k: torch.Tensor,
+                    num_heads: int) -> DecodePlan:
+        # The kernel reads the tables itself: nothing to prepare.
+        return DecodePlan("triton", block_tables, seq_lens, num_heads, tuple(cache_k.shape), cache_k.stride())
+
+    def decode(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, plan: DecodePlan, scale: float,
+               out: torch.Tensor | None) -> torch.Tensor:
+        return paged_decode_attention_triton(q, cache_k, cache_v, plan.block_tables, plan.seq_lens, scale, out)
+
+    return KernelSet("triton", write_kv_triton, plan_decode, decode, paged_prefill_attention_triton,
                      gather_blocks_triton, scatter_blocks_triton)
 
 

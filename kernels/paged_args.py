@@ -11,6 +11,8 @@ from itertools import pairwise
 
 import torch
 
+from radixmesh.kernels.decode_attention import DecodePlan
+
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -71,17 +73,40 @@ def check_write_args(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, ca
             raise ValueError("slot_mapping holds a slot twice")
 
 
-def check_decode_args(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
-                      block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
-    """q ``[B, heads, head_dim]``, heads a multiple of kv_heads; 1 <= seq_lens <= table capacity."""
-    _check_cache_pair(cache_k, cache_v)
-    _check_same_device(q=q, cache_k=cache_k, block_tables=block_tables, seq_lens=seq_lens)
-    _check_heads(q, cache_k)
-    batch = q.shape[0]
-    _check_index("seq_lens", seq_lens, (batch,), (torch.int32,))
+def check_decode_plan(block_tables: torch.Tensor, seq_lens: torch.Tensor, cache_k: torch.Tensor,
+                      num_heads: int) -> None:
+    """1 <= seq_lens <= table capacity, tables naming real blocks, num_heads a multiple of kv_heads, and
+    cache strides in whole heads (the torch reference reads the cache as rows of head_dim values)."""
+    if cache_k.dim() != 4:
+        raise ValueError(f"cache_k must be [num_blocks, block_size, kv_heads, head_dim], got shape {tuple(cache_k.shape)}")
+    _check_same_device(cache_k=cache_k, block_tables=block_tables, seq_lens=seq_lens)
+    head_dim = cache_k.shape[-1]
+    if cache_k.stride(-1) != 1 or any(s % head_dim for s in cache_k.stride()[:3]):
+        raise ValueError(f"cache strides must be whole heads of {head_dim} contiguous values, got {cache_k.stride()}")
+    if num_heads < 1 or num_heads % cache_k.shape[2]:
+        raise ValueError(f"heads {num_heads} must be a multiple of kv_heads {cache_k.shape[2]}")
+    if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1:
+        raise ValueError(f"seq_lens must be int32 [B], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    batch = seq_lens.shape[0]
     if batch and int(seq_lens.min()) < 1:
         raise ValueError("every seq_len must be >= 1: decode attends to at least the token itself")
     _check_tables(block_tables, seq_lens, batch, cache_k)
+
+
+def check_decode_call(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, plan: DecodePlan) -> None:
+    """q ``[B, heads, head_dim]`` for the plan's B sequences and heads, in the caches' dtype and on their
+    device; both caches shaped and strided as the plan's. Shapes only, and few of them: every layer
+    calls this, and the plan's values were checked once when it was made."""
+    want = (plan.seq_lens.shape[0], plan.num_heads, plan.cache_shape[-1])
+    if (q.shape != want or q.dtype != cache_k.dtype or cache_v.dtype != cache_k.dtype
+            or cache_k.shape != plan.cache_shape or cache_v.shape != plan.cache_shape
+            or cache_k.stride() != plan.cache_strides or cache_v.stride() != plan.cache_strides
+            or q.device != cache_k.device or cache_k.device != plan.block_tables.device):
+        raise ValueError(f"q must be {cache_k.dtype} {want} and both caches {plan.cache_shape} with strides "
+                         f"{plan.cache_strides}, all on the plan's {plan.block_tables.device}, got q {q.dtype} "
+                         f"{tuple(q.shape)} on {q.device}, caches {cache_k.dtype} {tuple(cache_k.shape)} "
+                         f"{cache_k.stride()} on {cache_k.device} / {cache_v.dtype} {tuple(cache_v.shape)} "
+                         f"{cache_v.stride()}")
 
 
 def check_prefill_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,

@@ -7,7 +7,8 @@ and optionally an event publisher to the metadata service. `serve` executes a Se
                    local hit  | pulled from plan.peer | computed      | always computed
                               (recomputed on failure)
 
-`local` is what this node still holds right before the pull (it may differ from the router's view).
+`local` is what this node still holds when the request is queued (it may differ from the router's
+view); the request waits in the engine's queue while [local, end) streams in (see `serve`).
 """
 
 import asyncio
@@ -15,7 +16,6 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 from radixmesh.common.metadata.auth import CallerCredentials
@@ -24,14 +24,15 @@ from radixmesh.common.metadata.publisher import EventPublisher, PublisherConfig,
 from radixmesh.common.metrics.scrape import MetricsServer, ScrapeTarget, metrics_token
 from radixmesh.common.recall import RecallWindow
 from radixmesh.common.secret import is_loopback
+from radixmesh.node_agent.compute_group import compute_group
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.gpu_budget import measure_gpu_budget
-from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId
+from radixmesh.node_agent.engine.request import PendingPrefix, Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished, NewTokens
 from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
-from radixmesh.node_agent.placement import place_model
+from radixmesh.node_agent.placement import place_model, set_torch_threads
 from radixmesh.node_agent.transfer.endpoint import parse_address
 from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
@@ -73,6 +74,8 @@ class NodeAgent:
         self._recalled = RecallWindow(config.recall_blocks)
         """The cluster's ghost as the leases report it; read by the gpu pool on the engine thread."""
         self._metrics_server: MetricsServer | None = None
+        self._pulls: set[asyncio.Task[Pulled]] = set()
+        """Pulls streaming for requests being served (each lands its blocks when it ends)."""
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -81,6 +84,7 @@ class NodeAgent:
         started are stopped again before the error propagates."""
         source = self.config.model
         placement = place_model(self.config.device, self.config.dtype)
+        threads = set_torch_threads()
         model = await asyncio.to_thread(source.load, dtype=placement.dtype, device=placement.device)
         engine_config = replace(self.config.engine, model_id=await asyncio.to_thread(source.identity),
                                 eos_token_ids=source.eos_token_ids())
@@ -114,15 +118,18 @@ class NodeAgent:
         except BaseException:
             await self.stop()
             raise
-        logger.info("agent %s epoch %d up: %s on %s, layout %s, transfer %s at %s (memory path %s), "
-                    "eviction %s, hand-off %s", self.node, self.epoch, source.name, placement.device,
-                    engine.layout.fingerprint(), self._transfer.transport, self.transfer_address or "-",
-                    self._transfer.memory_path or "-", engine_config.memory.pool.eviction,
-                    "on" if self.config.handoff else "off")
+        logger.info("agent %s epoch %d up: %s on %s (torch threads %d), layout %s, transfer %s at %s "
+                    "(memory path %s), eviction %s, hand-off %s", self.node, self.epoch, source.name,
+                    placement.device, threads, engine.layout.fingerprint(), self._transfer.transport,
+                    self.transfer_address or "-", self._transfer.memory_path or "-",
+                    engine_config.memory.pool.eviction, "on" if self.config.handoff else "off")
 
     async def stop(self) -> None:
         """Abort what runs, stop /metrics, the publisher, the transfer plane and the engine thread.
         Idempotent."""
+        for pull in self._pulls:
+            pull.cancel()
+        await asyncio.gather(*self._pulls, return_exceptions=True)  # landed before the engine stops
         if self._metrics_server is not None:
             await self._metrics_server.stop()
             self._metrics_server = None
@@ -163,7 +170,12 @@ class NodeAgent:
 
     # --- serving -----------------------------------------------------------------------------
     async def serve(self, plan: ServePlan) -> AsyncGenerator[ServeItem, None]:
-        """Yield TokenDelta items as tokens come, then one ServeResult."""
+        """Yield TokenDelta items as tokens come, then one ServeResult.
+
+        A planned pull does not delay the request: it is queued at once, its pull's blocks allocated
+        in the same engine job (Request.pending_prefix), and the engine admits it once the pull has
+        landed (one more engine job); meanwhile the chunks are written into the blocks off the
+        engine thread, and the engine steps the other requests."""
         t0 = self._clock()
         self._check(plan)
         salt = tenant_salt(plan.tenant)
@@ -171,16 +183,18 @@ class NodeAgent:
         # table all use these (Request.prompt_hashes).
         hashes = hash_blocks(plan.prompt_token_ids, self.layout.block_size, salt=salt,
                              key=self.engine.memory.config.hash_key)
-        pulled = await self._pull(plan, hashes)
-        prefix = ExternalPrefix(tuple(pulled.block_ids), tuple(pulled.hashes)) if pulled.block_ids else None
+        pending = self._pending_prefix(plan)
         rid = RequestId(plan.request_id)
-        # A refused request leaves the pulled references with us: the engine thread gives them back
-        # even when this caller is cancelled meanwhile.
-        release = None if prefix is None else partial(self.engine.memory.gpu.cache.release, prefix.block_ids)
+        request = Request(rid, plan.prompt_token_ids, plan.sampling, salt, prompt_hashes=tuple(hashes),
+                          pending_prefix=pending)
+        pull: asyncio.Task[Pulled] | None = None
         finished = False
         try:
-            request = Request(rid, plan.prompt_token_ids, plan.sampling, salt, prefix, tuple(hashes))
-            queue = await self.runner.submit(request, on_refused=release)
+            queue = await self.runner.submit(request)
+            if pending is not None and pending.block_ids:
+                pull = asyncio.create_task(self._pull(plan, pending), name=f"pull-{plan.request_id}")
+                self._pulls.add(pull)
+                pull.add_done_callback(self._pulls.discard)
             while True:
                 match await queue.get():
                     case NewTokens() as new:
@@ -189,12 +203,18 @@ class NodeAgent:
                         finished = True
                         if self.publisher is None:  # standalone: nobody drains the events, so they would pile up
                             await self.runner.call(self._drain_events)
+                        # Admitted only after its pull landed, so the pull is over here.
+                        pulled = await pull if pull is not None else self._unpulled(plan, pending)
                         yield self._result(plan, done, pulled, t0)
                         return
                     case error:
                         raise RuntimeError(f"engine of {self.node} failed") from error
         finally:
             if not finished:  # refused, the consumer went away or the engine failed: free its blocks
+                if pull is not None:
+                    pull.cancel()  # it lands (frees) its blocks once nothing can write them
+                elif pending is not None:  # gone while being queued: the blocks, if any, were never written
+                    await self.runner.call(self.engine.land_pull, pending, 0)
                 await self.runner.abort(rid)
 
     def _check(self, plan: ServePlan) -> None:
@@ -218,17 +238,32 @@ class NodeAgent:
             except ValueError as e:
                 raise InvalidRequest(str(e)) from None
 
-    async def _pull(self, plan: ServePlan, prompt_hashes: list[BlockHash]) -> Pulled:
+    def _pending_prefix(self, plan: ServePlan) -> PendingPrefix | None:
+        """What the engine should pull for `plan`: its planned blocks up to the last usable one (the
+        engine skips those held here by then); None without a pull our plane can make."""
+        if plan.pull is None or not self._transfer.reaches(plan.pull.peer, plan.pull.address):
+            return None
+        end = plan.pull.first_block + plan.pull.num_blocks
+        return PendingPrefix(min(end, usable_prefix_blocks(len(plan.prompt_token_ids), self.layout.block_size)))
+
+    async def _pull(self, plan: ServePlan, pending: PendingPrefix) -> Pulled:
+        """Stream `pending`'s blocks from the planned peer, then land them, however the stream ended
+        (cancelled included: its channel is closed by then, so nothing writes the blocks any more)."""
+        assert plan.pull is not None
+        pulled = Pulled.nothing(failed=True)
+        try:
+            pulled = await self._transfer.receive(plan.pull.peer, plan.pull.address, list(pending.hashes),
+                                                  list(pending.block_ids))
+        finally:
+            await self.runner.call(self.engine.land_pull, pending, len(pulled.block_ids))
+        return pulled
+
+    @staticmethod
+    def _unpulled(plan: ServePlan, pending: PendingPrefix | None) -> Pulled:
+        """A planned pull that moved nothing: failed unless the blocks were here already."""
         if plan.pull is None:
             return Pulled.nothing()
-        bs = self.layout.block_size
-        end = min(plan.pull.first_block + plan.pull.num_blocks, usable_prefix_blocks(len(plan.prompt_token_ids), bs))
-        hashes = prompt_hashes[:end]
-        local = await self.runner.call(self.engine.memory.gpu.cache.longest_prefix, hashes)
-        if local >= end:  # the planned blocks are local by now
-            return Pulled.nothing()
-        return await self._transfer.pull(plan.pull.peer, plan.pull.address, hashes[local:end],
-                                         hashes[local - 1] if local else None)
+        return Pulled.nothing(failed=pending is None or pending.start < pending.end_block)
 
     def _result(self, plan: ServePlan, done: Finished, pulled: Pulled, t0: float) -> ServeResult:
         out = done.output
@@ -279,13 +314,16 @@ class NodeAgent:
         return hits
 
     async def load(self) -> NodeLoad:
-        """Queue, running tokens, free blocks, measured prefill rate and per-peer pull bandwidth."""
+        """Queue, running tokens, free blocks, and the prices the router's cost model reads: measured
+        prefill rate, per-peer pull bandwidth and fixed cost, and the compute group (who shares our cores)."""
         def snapshot() -> tuple[int, int, int]:
             sched, pool = self.engine.scheduler, self.engine.memory.gpu.pool
             return (len(sched.waiting), sum(len(s.tokens) for s in sched.running), pool.num_free + pool.num_cached)
         queued, running, free = await self.runner.call(snapshot)
         gbps = self._transfer.peer_gbps()
-        return NodeLoad(queued, running, free, self.runner.prefill_tokens_per_s, gbps)
+        fixed = {str(peer): s.ewma_latency_s for peer, s in self._transfer.peer_stats().items() if s.ewma_latency_s > 0}
+        return NodeLoad(queued, running, free, self.runner.prefill_tokens_per_s, gbps, fixed,
+                        compute_group(self.engine.device))
 
     async def prometheus_text(self) -> str:
         """Memory of both tiers, the engine, the transfer plane and the agent's own counters."""

@@ -1,8 +1,11 @@
 """Where an agent's model runs and in which precision: the CUDA device its Ray actor was given (Ray
-sets CUDA_VISIBLE_DEVICES, so it is cuda:0 inside the actor), else the CPU."""
+sets CUDA_VISIBLE_DEVICES, so it is cuda:0 inside the actor), else the CPU; and how many CPU threads
+torch computes with: the CPUs Ray gave the actor."""
 
+import os
 from dataclasses import dataclass
 
+import ray
 import torch
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -30,3 +33,32 @@ def place_model(device: str = "auto", dtype: str = "auto") -> DevicePlacement:
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
     return DevicePlacement(dev, DTYPES[dtype])
+
+
+def torch_threads(assigned_cpus: float | None, affinity: int, current: int) -> int:
+    """Torch's intra-op threads for an agent that may run on `affinity` CPUs.
+
+    In a Ray actor (`assigned_cpus` not None): the CPUs Ray assigned it, rounded, at least 1, since more
+    threads than that would take cores Ray gave to other actors. Outside Ray the agent shares its process
+    with whoever embedded it (tests pin torch to one thread), so the process's `current` choice stands.
+    Either way no more than `affinity`: threads past the CPUs the process may use only wait for them.
+    """
+    wanted = current if assigned_cpus is None else round(assigned_cpus)
+    return max(1, min(wanted, affinity))
+
+
+def ray_assigned_cpus() -> float | None:
+    """The CPUs Ray assigned to the actor this runs in (0 when it asked for none); None outside an actor."""
+    if not ray.is_initialized():
+        return None
+    context = ray.get_runtime_context()
+    if context.get_actor_id() is None:
+        return None
+    return float(context.get_assigned_resources().get("CPU", 0.0))
+
+
+def set_torch_threads() -> int:
+    """Set torch's intra-op threads for this agent (`torch_threads`) and return the number."""
+    threads = torch_threads(ray_assigned_cpus(), len(os.sched_getaffinity(0)), torch.get_num_threads())
+    torch.set_num_threads(threads)
+    return threads

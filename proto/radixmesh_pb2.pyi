@@ -51,8 +51,15 @@ class Lease(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., ttl_s: _Optional[float] = ..., next_seq: _Optional[int] = ..., snapshot_required: _Optional[bool] = ..., recalled: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class NodeLoad(_message.Message):
-    __slots__ = ("queued_requests", "running_tokens", "free_blocks", "prefill_tokens_per_s", "pull_gbps")
+    __slots__ = ("queued_requests", "running_tokens", "free_blocks", "prefill_tokens_per_s", "pull_gbps", "pull_latency_s", "compute_group")
     class PullGbpsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class PullLatencySEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -64,12 +71,16 @@ class NodeLoad(_message.Message):
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     PULL_GBPS_FIELD_NUMBER: _ClassVar[int]
+    PULL_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_GROUP_FIELD_NUMBER: _ClassVar[int]
     queued_requests: int
     running_tokens: int
     free_blocks: int
     prefill_tokens_per_s: float
     pull_gbps: _containers.ScalarMap[str, float]
-    def __init__(self, queued_requests: _Optional[int] = ..., running_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., pull_gbps: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    pull_latency_s: _containers.ScalarMap[str, float]
+    compute_group: str
+    def __init__(self, queued_requests: _Optional[int] = ..., running_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., pull_gbps: _Optional[_Mapping[str, float]] = ..., pull_latency_s: _Optional[_Mapping[str, float]] = ..., compute_group: _Optional[str] = ...) -> None: ...
 
 class RequestHits(_message.Message):
     __slots__ = ("request_id", "tenant", "prompt_tokens", "local_gpu_tokens", "local_host_tokens", "remote_tokens")

@@ -24,6 +24,7 @@ COMMANDS = {
     "down": "radixmesh.cluster.cli.cluster:down",
     "route": "radixmesh.cluster.cli.inspect:route",
     "stats": "radixmesh.cluster.cli.inspect:stats",
+    "bench": "radixmesh.cluster.cli.bench:bench",
     "demo": "radixmesh.cluster.cli.demo:demo",
     "replay": "radixmesh.cluster.cli.replay:replay_command",
     "front": "radixmesh.cluster.cli.front:front",

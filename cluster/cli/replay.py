@@ -1,5 +1,7 @@
 """`radixmesh replay TRACE [--local N | --url URL] --speedup X --limit K`: a Mooncake trace through
-the real cluster's router at trace times; hit rate by source, TTFT percentiles, the oracle gap."""
+the real cluster's router at trace times; hit rate by source, TTFT percentiles, the oracle gap, and
+how many requests admission control refused (HTTP 429; `--retry-refused` sends them again after
+the Retry-After the router names)."""
 
 import asyncio
 import json
@@ -24,7 +26,8 @@ def format_report(r: ReplayReport) -> str:
         f"remote {hs['remote']}, miss {hs['computed']} tokens)"),
         (f"block hit rate  {r.block_hit_rate:.3f}  infinite-cache bound {r.infinite_bound:.3f}  "
         f"achieved/bound {d['achieved_over_bound']:.3f}"),
-        f"TTFT p50 {r.ttft_p50_s * 1e3:.1f} ms  p99 {r.ttft_p99_s * 1e3:.1f} ms",
+        f"TTFT p50 {r.ttft_p50_s * 1e3:.1f} ms  p99 {r.ttft_p99_s * 1e3:.1f} ms  (of {r.requests - r.refused} served)",
+        f"refused (HTTP 429) {r.refused} of {r.requests} requests" + (f", after {r.retried} retries" if r.retried else ""),
     ])
 
 
@@ -40,11 +43,15 @@ def format_report(r: ReplayReport) -> str:
 @click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
               help="The deployment's tokens per block (one trace block = one cluster block).")
 @click.option("--model", default="radixmesh", show_default=True, help="Model name the router serves.")
+@click.option("--retry-refused", is_flag=True,
+              help="Send a request the router refuses (HTTP 429) again after its Retry-After (else count it).")
+@click.option("--max-retries", type=click.IntRange(min=0), default=ReplayConfig().max_retries, show_default=True,
+              help="With --retry-refused: sends after the first at most, then the request counts as refused.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @cache_options
 def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup: float, limit: int,
-                   sequential: bool, max_prompt_blocks: int, block_size: int, model: str, as_json: bool,
-                   eviction: str, handoff: bool) -> None:
+                   sequential: bool, max_prompt_blocks: int, block_size: int, model: str, retry_refused: bool,
+                   max_retries: int, as_json: bool, eviction: str, handoff: bool) -> None:
     """Replay TRACE (Mooncake JSONL) through the cluster's router."""
     if (local_nodes is None) == (url is None):
         raise click.UsageError("give exactly one of --local N and --url URL")
@@ -56,7 +63,7 @@ def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     config = ReplayConfig(block_size=block_size, sequential=sequential, max_prompt_blocks=max_prompt_blocks,
-                          model=model)
+                          model=model, retry_refused=retry_refused, max_retries=max_retries)
     if url is not None:
         try:
             report = asyncio.run(replay(url, requests, config))

@@ -48,6 +48,8 @@ class RouteDecision:
     pull_blocks: int
     est_ttft_s: float
     reason: str
+    pull_s: float = 0.0
+    """Estimated seconds of the pull (0 without one): the node's queue carries it until the prefill."""
 
 
 class RoutePolicy(Protocol):
@@ -79,8 +81,21 @@ class PolicyConfig:
     """KV bytes of one block (pull cost)."""
     host_bytes_per_s: float = 25e9
     """Host-to-gpu copy rate for the host-tier part of a local prefix."""
-    pull_latency_s: float = 0.002
-    """Fixed cost of one pull (setup, handshake), paid once per request that pulls."""
+    pull_latency_s: float = 0.005
+    """Fixed cost of one pull (request round trip, the puller's allocation), paid once per request
+    that pulls, for a pair of nodes whose puller has not measured one (NodeLoad.pull_latency_s).
+    The steady state, not the first pull: a channel's handshake (16-26 ms on the busy 2-core box) is
+    paid once and the channel kept, and pricing every pull with it would keep a router from ever
+    opening a channel for the prefixes that pay only once it is open (loopback pulls on an open
+    channel measured 1-2 ms: 5 ms stays on the safe side until the puller has measured its own)."""
+    pull_bytes_per_s: float = 1e9
+    """Pull payload rate for a pair not measured yet (NodeLoad.pull_gbps); loopback measured 0.4-1.3 GB/s."""
+    step_tokens: int = 512
+    """Tokens of one engine step (the agents' EngineConfig.max_num_batched_tokens): how many steps a
+    queue of prefill tokens spans, each with a decode pass over the running requests."""
+    decode_pass_tokens: float = 32.0
+    """One decode pass over the running requests costs this many prefill tokens' time plus one per
+    request (a small batch's pass reads every weight once, as a short prefill chunk does)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.load_floor_s) and self.load_floor_s >= 0):
@@ -91,8 +106,10 @@ class PolicyConfig:
             raise ValueError(f"load_half_life_s must be a finite number > 0, got {self.load_half_life_s}")
         if self.block_bytes < 0:
             raise ValueError(f"block_bytes must be >= 0, got {self.block_bytes}")
-        if not self.host_bytes_per_s > 0 or not self.pull_latency_s >= 0:
-            raise ValueError("host_bytes_per_s must be > 0 and pull_latency_s >= 0")
+        if not self.host_bytes_per_s > 0 or not self.pull_bytes_per_s > 0 or not self.pull_latency_s >= 0:
+            raise ValueError("host_bytes_per_s and pull_bytes_per_s must be > 0, pull_latency_s >= 0")
+        if self.step_tokens < 1 or not (math.isfinite(self.decode_pass_tokens) and self.decode_pass_tokens >= 0):
+            raise ValueError("step_tokens must be >= 1 and decode_pass_tokens a finite number >= 0")
 
 
 def within_load_cap(

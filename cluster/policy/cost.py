@@ -1,15 +1,24 @@
 """The `cost` policy: the node with the lowest estimated TTFT under bounded load.
 
-Each candidate may pull the blocks the best other holder has beyond its own prefix; `cost_no_pull`
-is the same policy with the null pull source, to measure what pulling adds.
+Each candidate may pull the blocks the best other holder has computed beyond its own prefix (never
+blocks a holder is still computing: that pull would get nothing); `cost_no_pull` is the same policy
+with the null pull source, to measure what pulling adds.
+
+Scores add one price to the TTFT: prefilling blocks another node is already computing for an earlier
+request (a pending prefix). Two requests that need the same uncached prefix in one burst would
+otherwise both prefill it, since the second's TTFT alone is lower on an idle node; charged for the
+duplicate work, it goes where the first computes the prefix and hits it there, unless the load cap
+or a long queue there makes the duplicate worth its price.
 """
 
 import random
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from radixmesh.cluster.policy.base import PolicyConfig, RouteDecision, RouteRequest, register, within_load_cap
 from radixmesh.cluster.policy.cost_model import CostModel, Holder
 from radixmesh.cluster.policy.view import ClusterView, NodeView
+from radixmesh.proto.ids import NodeId
 
 
 class PullSource(Protocol):
@@ -20,29 +29,40 @@ class PullSource(Protocol):
         """The peer `candidate` would pull from, or None."""
 
 
+def _top_two(cluster: ClusterView, blocks: Callable[[NodeView], int]) -> list[NodeView]:
+    """The two nodes with the most `blocks` (> 0), most first; ties: first in the view."""
+    top: list[NodeView] = []
+    for v in cluster.nodes:
+        n = blocks(v)
+        if n == 0:
+            continue
+        if len(top) < 2 or n > blocks(top[1]):
+            top.append(v)
+            top.sort(key=lambda t: -blocks(t))
+            del top[2:]
+    return top
+
+
+def _best_other(top: Sequence[NodeView], node: NodeId) -> NodeView | None:
+    return next((v for v in top if v.node != node), None)
+
+
 class LongestPeer:
-    """The other node holding the longest prefix (ties: first in the view). Keeps the top two
-    holders so each candidate's best peer costs O(1), not O(nodes)."""
+    """The other node that has computed the longest prefix (ties: first in the view). Keeps the top
+    two so each candidate's best peer costs O(1), not O(nodes)."""
 
     def __init__(self) -> None:
         self._top: list[NodeView] = []
 
     def prepare(self, cluster: ClusterView) -> None:
-        top: list[NodeView] = []
-        for v in cluster.nodes:
-            if v.local_blocks == 0:
-                continue
-            if len(top) < 2 or v.local_blocks > top[1].local_blocks:
-                top.append(v)
-                top.sort(key=lambda t: -t.local_blocks)
-                del top[2:]
-        self._top = top
+        self._top = _top_two(cluster, lambda v: v.held_blocks)
 
     def holder(self, candidate: NodeView, cluster: ClusterView) -> Holder | None:
-        for v in self._top:
-            if v.node != candidate.node:
-                return Holder(v.node, v.local_blocks, cluster.bandwidth(candidate.node, v.node))
-        return None
+        v = _best_other(self._top, candidate.node)
+        if v is None:
+            return None
+        pair = (candidate.node, v.node)
+        return Holder(v.node, v.held_blocks, cluster.pull_bytes_per_s.get(pair), cluster.pull_latency_s.get(pair))
 
 
 class NoPulls:
@@ -56,7 +76,8 @@ class NoPulls:
 
 
 class CostPolicy:
-    """argmin over nodes within the load cap of estimated TTFT; ties go to fewer in flight, then random."""
+    """argmin over nodes within the load cap of estimated TTFT plus duplicate prefill; ties go to
+    fewer in flight, then random."""
 
     def __init__(self, config: PolicyConfig, rng: random.Random, pulls: PullSource, name: str) -> None:
         self.name = name
@@ -68,20 +89,36 @@ class CostPolicy:
 
     def route(self, request: RouteRequest, cluster: ClusterView) -> RouteDecision:
         self._pulls.prepare(cluster)
+        computing = _top_two(cluster, lambda v: v.pending_blocks)
+        groups: dict[str, list[tuple[NodeId, float]]] = {}
+        for v in cluster.nodes:
+            if v.compute_group:
+                groups.setdefault(v.compute_group, []).append((v.node, self._model.queue_time(v)))
         scored = []
         for v in within_load_cap(cluster.nodes, self._eps, request.prompt_tokens, self._floor_s, cluster.fleet):
             holder = self._pulls.holder(v, cluster)
-            scored.append((self._model.estimate(request, v, holder), v, holder))
-        best = min((est.total_s, v.inflight) for est, v, _ in scored)
-        tied = [s for s in scored if (s[0].total_s, s[1].inflight) == best]
-        est, view, holder = tied[0] if len(tied) == 1 else self._rng.choice(tied)
+            mates = groups.get(v.compute_group, []) if v.compute_group else []
+            shared = [work for node, work in mates if node != v.node]
+            est = self._model.estimate(request, v, holder, shared)
+            other = _best_other(computing, v.node)
+            covered = min(v.local_blocks, request.num_blocks) + est.pull_blocks
+            duplicate = max(0, min(other.pending_blocks, request.num_blocks) - covered) if other else 0
+            score = est.total_s + duplicate * request.block_tokens / v.prefill_tokens_per_s
+            scored.append((score, est, v, holder, duplicate))
+        best = min((s[0], s[2].inflight) for s in scored)
+        tied = [s for s in scored if (s[0], s[2].inflight) == best]
+        _, est, view, holder, duplicate = tied[0] if len(tied) == 1 else self._rng.choice(tied)
         local = min(view.local_blocks, request.num_blocks)
         peer = holder.node if holder is not None and est.pull_blocks else None
         reason = f"ttft {est.total_s * 1e3:.1f} ms: {local} local"
         if peer is not None:
-            reason += f", {est.pull_blocks} pulled from {peer}"
+            reason += f", {est.pull_blocks} pulled from {peer} in {est.pull_s * 1e3:.1f} ms"
         reason += f", queue {est.queue_s * 1e3:.1f} ms"
-        return RouteDecision(view.node, local, peer, est.pull_blocks, est.total_s, reason)
+        if est.shared_s:
+            reason += f", {est.shared_s * 1e3:.1f} ms to cores shared"
+        if duplicate:
+            reason += f", {duplicate} blocks another node is computing"
+        return RouteDecision(view.node, local, peer, est.pull_blocks, est.total_s, reason, est.pull_s)
 
 
 @register("cost")

@@ -1,14 +1,29 @@
 """Estimated time to first token of a request on one node, the quantity the `cost` policy minimises.
 
-    TTFT = queue delay + host swap-in of the local prefix's host part
-           + pull of the blocks a peer holds beyond the local prefix (only when cheaper than recomputing them)
+    TTFT = queue (waiting prefill + pulls in progress + decode passes of running requests)
+           + host swap-in of the local prefix's host part
+           + pull of the blocks a peer has computed beyond the local prefix (only when cheaper than recomputing them)
            + prefill of the rest
+           + the time nodes sharing this node's cores take from it (processor sharing)
 
-Block ranges of the prompt, for a candidate with local prefix L and a peer holding H > L::
+Prices: a pull of k blocks costs ``fixed + k x block_bytes / bandwidth``, both measured by the puller
+per peer (NodeLoad.pull_latency_s, pull_gbps: decayed averages of its own pulls), else the
+conservative PolicyConfig defaults (5 ms, 1 GB/s: loopback on an open channel, not what a datacenter
+link promises). Prefill runs at the node's measured rate. A running request's decode pass runs once
+per engine step, so it delays the queue and the prefill by ``steps x (decode_pass_tokens + decodes)``
+prefill tokens' time, ``steps = ceil(tokens / step_tokens)``.
+
+Sharing: agents of one compute group run on the same cores, each measuring its rate as if they were
+its own. Under processor sharing a stream of work x next to streams w_j finishes after
+``x + sum_j min(w_j, x)``: an idle neighbour costs nothing, a busy one up to x.
+
+Block ranges of the prompt, for a candidate with local prefix L and a peer that computed H > L::
 
     [0, L)  local (gpu, then host)   [L, H)  pulled from the peer   [H, n)  prefilled (+ the partial tail)
 """
 
+import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from radixmesh.cluster.policy.base import PolicyConfig, RouteRequest
@@ -17,39 +32,62 @@ from radixmesh.proto.ids import NodeId
 
 
 class Holder(NamedTuple):
-    """A peer that holds blocks 0..blocks-1 of the prompt, and our measured pull rate from it."""
+    """A peer that has computed blocks 0..blocks-1 of the prompt, and what our pulls from it measured
+    (None: not measured, the configured default applies)."""
 
     node: NodeId
     blocks: int
-    bytes_per_s: float
+    bytes_per_s: float | None = None
+    latency_s: float | None = None
 
 
 class TTFTEstimate(NamedTuple):
     total_s: float
     queue_s: float
+    """Work ahead of the prefill: waiting prefill, pulls in progress, decode passes (also those during
+    this request's own prefill)."""
     swap_s: float
     pull_s: float
     prefill_s: float
     pull_blocks: int
-    """0 when no peer holds more, or pulling them is not cheaper than recomputing."""
+    """0 when no peer computed more, or pulling them is not cheaper than recomputing."""
+    shared_s: float = 0.0
+    """Time the node's compute group takes from this request's work."""
 
 
 class CostModel:
-    """Linear time model: prefill and copies cost per token/byte at the node's measured rates."""
+    """Linear time model: prefill and copies cost per token/byte at the measured (or default) rates."""
 
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
 
-    def pull_time(self, blocks: int, bytes_per_s: float) -> float:
-        """Seconds to pull `blocks` blocks in one transfer (0 for none)."""
+    def pull_time(self, blocks: int, bytes_per_s: float | None = None, latency_s: float | None = None) -> float:
+        """Seconds to pull `blocks` blocks in one transfer (0 for none); None prices at the defaults."""
         if blocks <= 0:
             return 0.0
-        return self.config.pull_latency_s + blocks * self.config.block_bytes / bytes_per_s
+        c = self.config
+        fixed = c.pull_latency_s if latency_s is None else latency_s
+        return fixed + blocks * c.block_bytes / (c.pull_bytes_per_s if bytes_per_s is None else bytes_per_s)
 
-    def estimate(self, request: RouteRequest, view: NodeView, holder: Holder | None) -> TTFTEstimate:
-        """TTFT of `request` on `view`'s node, pulling from `holder` when that pays."""
+    def decode_time(self, view: NodeView, tokens: int) -> float:
+        """Seconds the running requests' decode passes add to `tokens` of prefill on `view`'s node
+        (one pass per engine step, at least one step)."""
+        if view.running_decodes == 0:
+            return 0.0
+        steps = max(1, math.ceil(tokens / self.config.step_tokens))
+        return steps * (self.config.decode_pass_tokens + view.running_decodes) / view.prefill_tokens_per_s
+
+    def queue_time(self, view: NodeView, tokens: int = 0) -> float:
+        """Seconds of work ahead on `view`'s node: waiting prefill, pulls in progress, and the decode
+        passes during that prefill and `tokens` more of a new request's."""
+        return (view.queued_tokens / view.prefill_tokens_per_s + view.pulling_s
+                + self.decode_time(view, view.queued_tokens + tokens))
+
+    def estimate(self, request: RouteRequest, view: NodeView, holder: Holder | None,
+                 shared: Sequence[float] = ()) -> TTFTEstimate:
+        """TTFT of `request` on `view`'s node, pulling from `holder` when that pays; `shared`: the
+        work (seconds, `queue_time`) of the other nodes of its compute group."""
         rate = view.prefill_tokens_per_s
-        queue_s = view.queued_tokens / rate
         local = min(view.local_blocks, request.num_blocks)
         swap_s = (
             (local - min(view.gpu_blocks, local)) * self.config.block_bytes / self.config.host_bytes_per_s
@@ -57,10 +95,13 @@ class CostModel:
         pull_blocks, pull_s = 0, 0.0
         if holder is not None and holder.blocks > local:
             k = min(holder.blocks, request.num_blocks) - local
-            t = self.pull_time(k, holder.bytes_per_s)
+            t = self.pull_time(k, holder.bytes_per_s, holder.latency_s)
             # Pull only when it beats recomputing the same tokens here.
             if t < k * request.block_tokens / rate:
                 pull_blocks, pull_s = k, t
-        prefill_s = (request.prompt_tokens - (local + pull_blocks) * request.block_tokens) / rate
-        total = queue_s + swap_s + pull_s + prefill_s
-        return TTFTEstimate(total, queue_s, swap_s, pull_s, prefill_s, pull_blocks)
+        tokens = request.prompt_tokens - (local + pull_blocks) * request.block_tokens
+        prefill_s = tokens / rate
+        queue_s = self.queue_time(view, tokens)
+        work = queue_s + swap_s + pull_s + prefill_s
+        shared_s = sum(min(w, work) for w in shared)
+        return TTFTEstimate(work + shared_s, queue_s, swap_s, pull_s, prefill_s, pull_blocks, shared_s)

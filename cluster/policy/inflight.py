@@ -1,7 +1,9 @@
 """The router's own load table: requests it routed and not finished, prompt tokens not yet
-prefilled, and recent work, per node. It changes the moment the router routes, while a heartbeat is
-seconds old, and bounded load must hold for the burst in between."""
+prefilled, pulls not yet done, requests decoding, and recent work, per node. It changes the moment
+the router routes, while a heartbeat is seconds old, and bounded load must hold for the burst in
+between."""
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,13 +18,16 @@ class Ticket:
 
     node: NodeId
     queued_tokens: int
+    pull_s: float = 0.0
+    """Estimated seconds of its planned pull, counted (as `queued_tokens`) until its prefill ends."""
     prefilled: bool = False
     finished: bool = False
 
 
 class InflightTable:
-    """Per node: requests routed and not finished, prompt tokens routed and not yet prefilled, and
-    recent work (prompt tokens routed, decayed with `half_life_s` on `clock`; see RecentWork).
+    """Per node: requests routed and not finished, prompt tokens routed and not yet prefilled, their
+    planned pull seconds, requests prefilled and not finished (decoding), and recent work (prompt
+    tokens routed, decayed with `half_life_s` on `clock`; see RecentWork).
 
     Every `start` is matched by one `finish` (which implies `prefilled`); both are idempotent per
     ticket, so a retry path that finishes twice cannot drive a count negative.
@@ -34,22 +39,35 @@ class InflightTable:
         self._recent = RecentWork(half_life_s, clock)
         self._inflight: dict[NodeId, int] = {}
         self._queued: dict[NodeId, int] = {}
+        self._pulls: dict[NodeId, list[Ticket]] = {}
+        """Open tickets with a planned pull, not yet prefilled (few: summed when read, no float drift)."""
+        self._decoding: dict[NodeId, int] = {}
         self._open: list[Ticket] = []
 
-    def start(self, node: NodeId, queued_tokens: int) -> Ticket:
-        if queued_tokens < 0:
-            raise ValueError(f"queued_tokens must be >= 0, got {queued_tokens}")
-        ticket = Ticket(node, queued_tokens)
+    def start(self, node: NodeId, queued_tokens: int, pull_s: float = 0.0) -> Ticket:
+        """`node` was sent a request that prefills `queued_tokens` after a pull of about `pull_s`."""
+        if queued_tokens < 0 or not (math.isfinite(pull_s) and pull_s >= 0):
+            raise ValueError(f"queued_tokens and pull_s must be >= 0, got {queued_tokens}, {pull_s}")
+        ticket = Ticket(node, queued_tokens, pull_s)
         self._inflight[node] = self._inflight.get(node, 0) + 1
         self._queued[node] = self._queued.get(node, 0) + queued_tokens
+        if pull_s > 0:
+            self._pulls.setdefault(node, []).append(ticket)
         self._open.append(ticket)
         return ticket
 
     def prefilled(self, ticket: Ticket) -> None:
-        """The request's first token arrived: its prompt no longer waits on the node."""
+        """The request's first token arrived: its prompt and pull no longer wait on the node; it decodes."""
         if not ticket.prefilled:
             ticket.prefilled = True
             self._queued[ticket.node] -= ticket.queued_tokens
+            if ticket.pull_s > 0:
+                pulls = self._pulls[ticket.node]
+                pulls.remove(ticket)
+                if not pulls:
+                    del self._pulls[ticket.node]
+            if not ticket.finished:
+                self._decoding[ticket.node] = self._decoding.get(ticket.node, 0) + 1
 
     def finish(self, ticket: Ticket) -> None:
         if ticket.finished:
@@ -57,6 +75,7 @@ class InflightTable:
         self.prefilled(ticket)
         ticket.finished = True
         self._inflight[ticket.node] -= 1
+        self._decoding[ticket.node] -= 1
         self._open.remove(ticket)
 
     def record_routed(self, node: NodeId, prompt_tokens: int) -> None:
@@ -83,11 +102,23 @@ class InflightTable:
     def queued_tokens(self, node: NodeId) -> int:
         return self._queued.get(node, 0)
 
+    def running_decodes(self, node: NodeId) -> int:
+        return self._decoding.get(node, 0)
+
+    def pulling_s(self, node: NodeId) -> float:
+        return sum((t.pull_s for t in self._pulls.get(node, ())), 0.0)
+
     def check_invariants(self) -> None:
         """Counts equal the open tickets' sums; nothing is negative."""
         self._recent.check_invariants()
-        for node in set(self._inflight) | set(self._queued):
+        for node in set(self._inflight) | set(self._queued) | set(self._pulls) | set(self._decoding):
             mine = [t for t in self._open if t.node == node]
             queued = sum(t.queued_tokens for t in mine if not t.prefilled)
+            decoding = sum(1 for t in mine if t.prefilled)
+            pulls = [t for t in mine if t.pull_s > 0 and not t.prefilled]
             assert self.inflight(node) == len(mine), f"{node}: inflight {self.inflight(node)} != {len(mine)}"
             assert self.queued_tokens(node) == queued, f"{node}: queued {self.queued_tokens(node)} != {queued}"
+            running = self.running_decodes(node)
+            assert running == decoding, f"{node}: decoding {running} != {decoding}"
+            counted = sorted(t.pull_s for t in self._pulls.get(node, []))
+            assert counted == sorted(t.pull_s for t in pulls), f"{node}: pulls {counted} drifted"

@@ -4,11 +4,16 @@ The global index learns of new blocks only when the node's events arrive; a burs
 requests routed before then would scatter. The router (or simulator) records each decision here
 and merges `match` with the index's answer, so siblings co-locate. Entries expire after `ttl_s` of
 the injected clock: by then the real events have arrived (or the request failed).
+
+A record is marked computed once its node answered the request with a first token (its prefill is
+done): from then a peer may pull those blocks, before the node's events reach the index. A pending
+holder that has not computed them would answer a pull with nothing, after which the puller
+recomputes what it paid to pull.
 """
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
@@ -23,6 +28,8 @@ class PendingIndex:
         self.ttl_s = ttl_s
         self._clock = clock
         self._holders: dict[BlockHash, dict[NodeId, float]] = {}
+        self._computed: dict[BlockHash, set[NodeId]] = {}
+        """The records (hash, node) whose node has computed the block; a subset of _holders."""
         # Expiry heap; stale items (renewed or already gone) are skipped when popped.
         self._heap: list[tuple[float, BlockHash, NodeId]] = []
 
@@ -36,19 +43,31 @@ class PendingIndex:
             self._holders.setdefault(h, {})[node] = expiry
             heapq.heappush(self._heap, (expiry, h, node))
 
-    def match(self, hashes: Sequence[BlockHash]) -> dict[NodeId, int]:
-        """Per node, the contiguous prefix of `hashes` it is pending for (nodes with 0 are left out)."""
+    def computed(self, node: NodeId, hashes: Sequence[BlockHash]) -> None:
+        """`node` has computed `hashes` (its request's first token came back): the records it holds
+        for them become pullable until they expire."""
+        for h in hashes:
+            if node in self._holders.get(h, ()):
+                self._computed.setdefault(h, set()).add(node)
+
+    def match(self, hashes: Sequence[BlockHash], *, computed: bool = False) -> dict[NodeId, int]:
+        """Per node, the contiguous prefix of `hashes` it is pending for (nodes with 0 are left out);
+        `computed`: only the part its node has computed already."""
         self.expire()
+
+        def holders(h: BlockHash) -> Collection[NodeId]:
+            return self._computed.get(h, ()) if computed else self._holders.get(h, {})
+
         if not hashes:
             return {}
-        alive = set(self._holders.get(hashes[0], ()))
+        alive = set(holders(hashes[0]))
         out: dict[NodeId, int] = {}
         depth = 1
         for h in hashes[1:]:
             if not alive:
                 break
-            holders = self._holders.get(h, {})
-            for n in [n for n in alive if n not in holders]:
+            present = holders(h)
+            for n in [n for n in alive if n not in present]:
                 out[n] = depth
                 alive.discard(n)
             depth += 1
@@ -67,6 +86,11 @@ class PendingIndex:
             dropped += 1
             if not holders:
                 del self._holders[h]
+            done = self._computed.get(h)
+            if done is not None:
+                done.discard(node)
+                if not done:
+                    del self._computed[h]
         return dropped
 
     def check_invariants(self) -> None:
@@ -77,3 +101,5 @@ class PendingIndex:
             for n, e in holders.items():
                 assert (h, n, e) in in_heap, f"record ({h.hex()}, {n}, {e}) has no heap item"
         assert len(self._heap) >= len(self), f"heap {len(self._heap)} < records {len(self)}"
+        for h, done in self._computed.items():
+            assert done and done <= set(self._holders.get(h, ())), f"computed {h.hex()} without its record"

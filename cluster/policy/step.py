@@ -72,7 +72,6 @@ class RoutingStep:
         *,
         block_tokens: int,
         default_prefill_tokens_per_s: float,
-        default_pull_bytes_per_s: float = 10e9,
         least_loaded: int = 0,
         fallback: RoutePolicy | None = None,
         loads: NodeLoads | None = None,
@@ -85,7 +84,6 @@ class RoutingStep:
         self.loads: NodeLoads = loads or table
         self.block_tokens = block_tokens
         self.default_prefill_tokens_per_s = default_prefill_tokens_per_s
-        self.default_pull_bytes_per_s = default_pull_bytes_per_s
         self.least_loaded = least_loaded
         """Narrow candidates: how many least-loaded nodes join the prefix holders."""
 
@@ -123,12 +121,16 @@ class RoutingStep:
         if not candidates:
             raise NoNodeAvailable("no candidate node left")
         view = build_view(candidates, match, pending, self.loads, self.default_prefill_tokens_per_s, fleet,
-                          self.default_pull_bytes_per_s)
+                          computed=self.pending.match(hashes, computed=True))
         policy = self.policy if match is not None else self.fallback
         decision = policy.route(RouteRequest(prompt_tokens, len(hashes), self.block_tokens), view.cluster)
         if record:
             self.pending.add(decision.node, hashes)
         return Routed(decision, view, policy.name, match)
+
+    def computed(self, node: NodeId, hashes: Sequence[BlockHash]) -> None:
+        """`node` answered a request for these blocks with its first token: pullable from it now."""
+        self.pending.computed(node, hashes)
 
     def record(self, node: NodeId, hashes: Sequence[BlockHash], prompt_tokens: int) -> None:
         """`node` was sent the prompt (when `route` did not record it): pending holder and recent work."""

@@ -2,7 +2,10 @@
 router builds it: the metadata service's Match answer, the router's own in-flight table and its
 speculative (pending) holders, merged.
 
-Load comes from the router itself (policy.inflight), not from heartbeats. Measured rates (prefill tokens/s, pull GB/s) do come from heartbeats, since only agents see them.
+Load comes from the router itself (policy.inflight), not from heartbeats. Measured prices (prefill
+tokens/s, per peer pull bandwidth and fixed cost) and who shares cores (the compute group) do come
+from heartbeats, since only agents see them; what no agent measured yet is priced by the cost
+model's conservative defaults (PolicyConfig), not here.
 """
 
 import math
@@ -20,10 +23,11 @@ class NodeView:
 
     node: NodeId
     gpu_blocks: int = 0
-    """Blocks 0..gpu_blocks-1 of the prompt are on this node's gpu tier."""
+    """Blocks 0..gpu_blocks-1 of the prompt are on this node's gpu tier (or will be: pending)."""
     local_blocks: int = 0
-    """Blocks 0..local_blocks-1 are on this node on some tier (>= gpu_blocks); the part beyond
-    gpu_blocks is swapped in from host memory."""
+    """Blocks 0..local_blocks-1 are on this node on some tier (>= gpu_blocks), or pending there: routed
+    to it and not yet computed, which the node's own queue computes before a later request runs. The
+    part beyond gpu_blocks is swapped in from host memory."""
     queued_tokens: int = 0
     """Prompt tokens waiting for (or in) prefill on this node."""
     inflight: int = 0
@@ -33,18 +37,38 @@ class NodeView:
     """Measured prefill rate."""
     recent_tokens: float = 0.0
     """Prompt tokens routed to this node, exponentially decayed (`RecentWork`); bounds load over time."""
+    held_blocks: int = 0
+    """Blocks 0..held_blocks-1 are computed on this node (the index says so): what a peer can pull.
+    Pending blocks are not: a pull from a node still computing them gets nothing, and the puller
+    recomputes them after paying for the pull."""
+    running_decodes: int = 0
+    """Requests past their prefill and still generating here: each engine step runs their decode pass."""
+    pulling_s: float = 0.0
+    """Estimated seconds of pulls planned to this node and not yet done (they precede those prefills)."""
+    compute_group: str = ""
+    """Nodes of one non-empty group share cores (NodeLoad.compute_group)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.gpu_blocks <= self.local_blocks:
             raise ValueError(
                 f"need 0 <= gpu_blocks <= local_blocks, got {self.gpu_blocks}, {self.local_blocks}"
             )
-        if self.queued_tokens < 0 or self.inflight < 0:
-            raise ValueError("queued_tokens and inflight must be >= 0")
+        if not 0 <= self.held_blocks <= self.local_blocks:
+            raise ValueError(f"need 0 <= held_blocks <= local_blocks, got {self.held_blocks}, {self.local_blocks}")
+        if self.queued_tokens < 0 or self.inflight < 0 or self.running_decodes < 0:
+            raise ValueError("queued_tokens, inflight and running_decodes must be >= 0")
+        if not (math.isfinite(self.pulling_s) and self.pulling_s >= 0):
+            raise ValueError(f"pulling_s must be finite and >= 0, got {self.pulling_s}")
         if not (math.isfinite(self.recent_tokens) and self.recent_tokens >= 0):
             raise ValueError(f"recent_tokens must be finite and >= 0, got {self.recent_tokens}")
         if not (math.isfinite(self.prefill_tokens_per_s) and self.prefill_tokens_per_s > 0):
             raise ValueError(f"prefill_tokens_per_s must be finite and > 0, got {self.prefill_tokens_per_s}")
+
+    @property
+    def pending_blocks(self) -> int:
+        """Leading blocks this node will have computed once its queue ran, beyond what it holds now
+        (0 when it is computing none of the prompt)."""
+        return self.local_blocks if self.local_blocks > self.held_blocks else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +81,13 @@ class FleetLoad:
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:
-    """The candidate nodes, and the measured pull bandwidth between them."""
+    """The candidate nodes, and the pull prices measured between them."""
 
     nodes: tuple[NodeView, ...]
     pull_bytes_per_s: Mapping[tuple[NodeId, NodeId], float] = field(default_factory=dict)
-    """(puller, holder) -> measured bytes/s; pairs not measured use the default."""
-    default_pull_bytes_per_s: float = 10e9
+    """(puller, holder) -> measured payload bytes/s; pairs not measured are priced by the cost model's default."""
+    pull_latency_s: Mapping[tuple[NodeId, NodeId], float] = field(default_factory=dict)
+    """(puller, holder) -> measured fixed cost of one pull, seconds; likewise."""
     fleet: FleetLoad | None = None
     """Set when `nodes` are a subset (the prefix holders and the least loaded): bounded load then
     compares with the fleet's mean, not the candidates'. None: the candidates are the fleet."""
@@ -72,11 +97,6 @@ class ClusterView:
             raise ValueError("no candidate nodes: the cluster has no live node")
         if len({v.node for v in self.nodes}) != len(self.nodes):
             raise ValueError("a node appears twice in the cluster view")
-        if not self.default_pull_bytes_per_s > 0:
-            raise ValueError("default_pull_bytes_per_s must be > 0")
-
-    def bandwidth(self, puller: NodeId, holder: NodeId) -> float:
-        return self.pull_bytes_per_s.get((puller, holder), self.default_pull_bytes_per_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +119,10 @@ class NodeLoads(Protocol):
 
     def recent_tokens(self, node: NodeId) -> float: ...
 
+    def running_decodes(self, node: NodeId) -> int: ...
+
+    def pulling_s(self, node: NodeId) -> float: ...
+
 
 def build_view(
     candidates: Sequence[NodeId],
@@ -107,37 +131,48 @@ def build_view(
     table: NodeLoads,
     default_prefill_tokens_per_s: float,
     fleet: FleetLoad | None = None,
-    default_pull_bytes_per_s: float = 10e9,
+    *,
+    computed: Mapping[NodeId, int] | None = None,
 ) -> CandidateView:
     """Views of `candidates` (in the given order), sorted nowhere else so round robin is stable.
 
     A node's prefix is the longer of the index's answer and its pending (speculative) prefix; the
-    pending part counts as gpu, where the node's fresh prefill will put it.
+    pending part counts as gpu, where the node's fresh prefill will put it, but not as held (pullable)
+    unless `computed` says the node has computed it (PendingIndex.match(computed=True)).
     Raises ValueError when `candidates` is empty.
     """
     found: dict[NodeId, NodeMatch] = {m.node_id: m for m in match.nodes} if match is not None else {}
     views = []
     bandwidth: dict[tuple[NodeId, NodeId], float] = {}
+    latency: dict[tuple[NodeId, NodeId], float] = {}
     for node in candidates:
         m = found.get(node)
         extra = pending.get(node, 0)
         gpu = max(m.gpu_blocks if m else 0, extra)
         rate = m.load.prefill_tokens_per_s if m and m.load.prefill_tokens_per_s > 0 else default_prefill_tokens_per_s
+        held = max(m.any_tier_blocks if m else 0, (computed or {}).get(node, 0))
         views.append(
             NodeView(
                 node,
                 gpu_blocks=gpu,
-                local_blocks=max(m.any_tier_blocks if m else 0, gpu),
+                local_blocks=max(held, gpu),
                 queued_tokens=table.queued_tokens(node),
                 inflight=table.inflight(node),
                 recent_tokens=table.recent_tokens(node),
                 prefill_tokens_per_s=rate,
+                held_blocks=held,
+                running_decodes=table.running_decodes(node),
+                pulling_s=table.pulling_s(node),
+                compute_group=m.load.compute_group if m else "",
             )
         )
         if m is not None:
             for peer, gbps in m.load.pull_gbps.items():
                 if gbps > 0:
                     bandwidth[(node, NodeId(peer))] = gbps * 1e9
+            for peer, seconds in m.load.pull_latency_s.items():
+                if seconds > 0:
+                    latency[(node, NodeId(peer))] = seconds
     addresses = {n: found[n].transfer_address for n in candidates if n in found}
-    cluster = ClusterView(tuple(views), bandwidth, default_pull_bytes_per_s, fleet)
+    cluster = ClusterView(tuple(views), bandwidth, latency, fleet)
     return CandidateView(cluster, addresses, match.cluster_blocks if match else 0)

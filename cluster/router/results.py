@@ -6,6 +6,7 @@ from typing import TypeAlias
 from radixmesh.cluster.policy.base import RouteDecision
 from radixmesh.cluster.policy.step import NoNodeAvailable
 from radixmesh.cluster.policy.view import ClusterView
+from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.serve.plan import ServePlan, ServeResult, TokenDelta
 
 __all__ = ["NoNodeAvailable", "RoutedPlan", "RouterItem", "RouterResult"]
@@ -24,6 +25,8 @@ class RoutedPlan:
     metadata_used: bool
     view: ClusterView
     """What the policy saw (prefixes and load per candidate node), for explanations and audits."""
+    hashes: tuple[BlockHash, ...] = ()
+    """The prompt's leading full-block hashes the decision was made on (at most max_match_blocks)."""
 
 
 @dataclass(frozen=True, slots=True)

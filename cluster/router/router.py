@@ -188,7 +188,7 @@ class Router:
         plan = dataclasses.replace(request, pull=pull, expected_local_blocks=decision.local_blocks)
         logger.debug("request %s -> %s (%s): %s", request.request_id, decision.node, routed.policy, decision.reason)
         return RoutedPlan(plan, decision, routed.policy, view.cluster_blocks * self.config.block_size,
-                          routed.match is not None, view.cluster)
+                          routed.match is not None, view.cluster, tuple(hashes))
 
     def _described(self, node: NodeId) -> NodeMatch:
         """A least-loaded candidate as the replica knows it: no blocks, its heartbeated load."""
@@ -334,12 +334,15 @@ class Router:
             usable = usable_prefix_blocks(len(request.prompt_token_ids), self.config.block_size)
             reused = min(routed.decision.local_blocks + routed.decision.pull_blocks, usable)
             expected_local = min(routed.decision.local_blocks, usable) * self.config.block_size
-            ticket = self._inflight.start(node, len(request.prompt_token_ids) - reused * self.config.block_size)
+            ticket = self._inflight.start(node, len(request.prompt_token_ids) - reused * self.config.block_size,
+                                          routed.decision.pull_s if routed.plan.pull is not None else 0.0)
             self._inflight.record_routed(node, len(request.prompt_token_ids))
             stream = client.serve(routed.plan)
             produced = 0
             try:
                 async for item in stream:
+                    if produced == 0:  # its prefill is done: a peer may pull this prompt from it now
+                        self._step.computed(node, routed.hashes)
                     self._inflight.prefilled(ticket)
                     if isinstance(item, TokenDelta):
                         tokens, logprobs = item.token_ids, item.logprobs

@@ -4,6 +4,8 @@ of its mapped tokens, sent at its (sped-up) trace time, or one after another wit
 Hit rate by source is the difference of the router's /stats before and after (so only this
 replay's traffic should run meanwhile); TTFT is measured here, to the first streamed chunk. The
 oracle gap compares the achieved block hit rate with the infinite-cache bound of the same prompts.
+A request admission control refuses (HTTP 429) is counted as refused, or, with `retry_refused`, sent
+again after the Retry-After the router names; TTFT is of the requests served (from their last send).
 """
 
 import asyncio
@@ -34,10 +36,16 @@ class ReplayConfig:
     sequential: bool = False
     """Send each request after the previous one finished, ignoring trace times."""
     model: str = "radixmesh"
+    retry_refused: bool = False
+    """A request refused with 429 is sent again after the response's Retry-After (else counted refused)."""
+    max_retries: int = 10
+    """Sends of one request after the first, at most, with `retry_refused`; then it counts as refused."""
 
     def __post_init__(self) -> None:
         if min(self.block_size, self.vocab_size, self.max_prompt_blocks, self.max_tokens) < 1:
             raise ValueError("block_size, vocab_size, max_prompt_blocks and max_tokens must be >= 1")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
 
     @property
     def mapping(self) -> TokenMapping:
@@ -58,6 +66,10 @@ class ReplayReport:
     ttft_p50_s: float
     ttft_p99_s: float
     wall_s: float
+    refused: int = 0
+    """Requests the router refused with HTTP 429 (after every retry, with retry_refused)."""
+    retried: int = 0
+    """Sends repeated after a 429 (with retry_refused)."""
 
     def as_dict(self) -> dict[str, object]:
         d = {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
@@ -72,23 +84,36 @@ def fit(trace: Sequence[TraceRequest], config: ReplayConfig) -> list[TraceReques
 
 async def replay(base_url: str, trace: Sequence[TraceRequest], config: ReplayConfig,
                  on_done: Callable[[], None] | None = None) -> ReplayReport:
-    """Replay `fit(trace)` against the router at `base_url`; `on_done` is called per finished request.
-    Raises openai.APIError when the router refuses a request."""
+    """Replay `fit(trace)` against the router at `base_url`; `on_done` is called per finished request
+    (served or refused). Raises openai.APIError for any other error answer."""
     requests = fit(trace, config)
     mapping = config.mapping
     prompts = [mapping.tokens(r) for r in requests]
     before = await router_stats(base_url)
     ttfts: list[float] = []
+    refused: list[TraceRequest] = []
+    retried: list[TraceRequest] = []
     t0 = time.monotonic()
     async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="-", max_retries=0, timeout=600) as client:
 
         async def one(r: TraceRequest, prompt: list[int]) -> None:
             if not config.sequential:
                 await asyncio.sleep(max(0.0, t0 + r.arrival_s - time.monotonic()))  # the trace's own clock
-            sent = time.monotonic()
-            stream = await client.completions.create(model=config.model, prompt=prompt, temperature=0,
-                                                     max_tokens=max(1, min(config.max_tokens, r.output_length)),
-                                                     stream=True)
+            for attempt in range(config.max_retries + 1 if config.retry_refused else 1):
+                sent = time.monotonic()
+                try:
+                    stream = await client.completions.create(
+                        model=config.model, prompt=prompt, temperature=0,
+                        max_tokens=max(1, min(config.max_tokens, r.output_length)), stream=True)
+                    break
+                except openai.RateLimitError as e:
+                    if not config.retry_refused or attempt == config.max_retries:
+                        refused.append(r)
+                        if on_done is not None:
+                            on_done()
+                        return
+                    retried.append(r)
+                    await asyncio.sleep(_retry_after_s(e.response.headers.get("Retry-After")))
             first: float | None = None
             async for _ in stream:
                 first = first if first is not None else time.monotonic()
@@ -112,8 +137,16 @@ async def replay(base_url: str, trace: Sequence[TraceRequest], config: ReplayCon
         hit_rate=(total - hits["computed"]) / total if total else 0.0,
         block_hit_rate=(total - hits["computed"]) / config.block_size / blocks if blocks else 0.0,
         infinite_bound=infinite_bound(hashes), ttft_p50_s=percentile(ttfts, 50), ttft_p99_s=percentile(ttfts, 99),
-        wall_s=wall,
+        wall_s=wall, refused=len(refused), retried=len(retried),
     )
+
+
+def _retry_after_s(header: str | None) -> float:
+    """Seconds a Retry-After header asks for (delta-seconds; 1 s when absent or a date)."""
+    try:
+        return max(0.0, float(header)) if header is not None else 1.0
+    except ValueError:
+        return 1.0
 
 
 async def router_stats(base_url: str) -> dict[str, Any]:

@@ -4,8 +4,9 @@ routing policies, driven by a trace on simulated time.
 Per arrival: ask the index (fed by every node cache's events) for each node's prefix, then run the
 router's own routing step (policy.step.RoutingStep: pending holders, candidates, views, the policy's
 decision, recorded as pending), and queue the job on the chosen node. Nodes prefill FIFO, one job
-at a time; a job takes pull time (bytes / bandwidth, when the decision pulls) plus prefill time
-(tokens / rate). TTFT = prefill end - arrival (decode is not modelled: it does not delay TTFT here).
+at a time; a job takes pull time (fixed cost + bytes / bandwidth, when the decision pulls: the fixed
+cost even when the peer had nothing to send) plus prefill time (tokens / rate).
+TTFT = prefill end - arrival (decode is not modelled: it does not delay TTFT here).
 Hit rate is block-weighted over trace blocks: local, pulled from a peer (remote), or computed (miss).
 """
 
@@ -62,8 +63,10 @@ class SimConfig:
     kv_bytes_per_token: int = 128 * 1024
     """KV bytes per token (Llama-3-8B: 32 layers x 8 KV heads x 128 dims x K,V x bf16)."""
     pull_bytes_per_s: float = 10e9
-    """Pull bandwidth between any two nodes."""
+    """Pull bandwidth between any two nodes (a datacenter link, not loopback); the simulated routers
+    price pulls with it as if every pair had measured it."""
     pull_latency_s: float = 0.002
+    """Fixed cost of one pull, likewise."""
     load_eps: float = 0.25
     load_half_life_s: float = PolicyConfig().load_half_life_s
     """Half-life of the recent-work load measure (`PolicyConfig.load_half_life_s`)."""
@@ -188,6 +191,13 @@ class _NodeLoads:
     def recent_tokens(self, node: NodeId) -> float:
         return self._step.table.recent_tokens(node)
 
+    def running_decodes(self, node: NodeId) -> int:
+        return 0  # decode is not modelled
+
+    def pulling_s(self, node: NodeId) -> float:
+        """The waiting jobs' planned pulls (the current job's rest is in `queued_tokens`)."""
+        return sum(job.decision.pull_s for job in self._sim.nodes[node].waiting)
+
 
 class Simulator:
     """Replays requests through the policy over `config.nodes` virtual nodes. One run per instance."""
@@ -202,6 +212,7 @@ class Simulator:
             load_half_life_s=config.load_half_life_s,
             block_bytes=config.block_bytes,
             pull_latency_s=config.pull_latency_s,
+            pull_bytes_per_s=config.pull_bytes_per_s,
         )
         self.policy = make_policy(config.policy, policy_config, random.Random(config.seed))
         shared = PendingIndex(config.pending_ttl_s, clock=lambda: self.now)
@@ -215,7 +226,6 @@ class Simulator:
                 InflightTable(lambda: self.now, config.load_half_life_s),
                 block_tokens=TRACE_BLOCK_TOKENS,
                 default_prefill_tokens_per_s=config.prefill_tokens_per_s,
-                default_pull_bytes_per_s=config.pull_bytes_per_s,
                 least_loaded=config.candidates,
             )
             step.loads = _NodeLoads(self, step)
@@ -317,6 +327,8 @@ class Simulator:
         self.misses.started(job.hashes[len(job.hashes) - computed :])
         tokens = job.prompt_tokens - (job.local_blocks + job.pull_blocks) * TRACE_BLOCK_TOKENS
         pull_s = self.cost.pull_time(job.pull_blocks, self.config.pull_bytes_per_s)
+        if plan.pull_from is not None and not job.pull_blocks:
+            pull_s = self.config.pull_latency_s  # a pull that got nothing still paid its round trip
         node.compute_from = self.now + pull_s
         node.busy_until = node.compute_from + tokens / node.rate
         self._push(node.busy_until, _DONE, node.node)

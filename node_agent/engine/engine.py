@@ -1,9 +1,10 @@
 """The node engine: requests in, tokens out, KV in the paged pool with prefix reuse and preemption.
 
 `Engine` is a plain synchronous class: `submit` validates and queues, `step` runs one scheduling
-round (at most one prefill pass and one decode pass), `generate` loops until a batch is done. The
+round (one forward over its decodes and prefill chunks together), `generate` loops until a batch is done. The
 Ray actor drives `step` from its own loop; the transfer plane hands pulled blocks in through
-`Request.external_prefix`. Memory moves live in radixmesh.node_agent.engine.paged_memory.
+`Request.external_prefix`, or pulls them while the request waits queued (`Request.pending_prefix`,
+`land_pull`). Memory moves live in radixmesh.node_agent.engine.paged_memory.
 """
 
 import random
@@ -20,14 +21,14 @@ from radixmesh.common.text.tokenizer import Tokenizer
 from radixmesh.node_agent.engine.metrics import EngineCounters, EngineStats, engine_stats
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig, PagedMemory
 from radixmesh.node_agent.engine.preemption import make_preemption_policy
-from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput, RequestStats
+from radixmesh.node_agent.engine.request import PendingPrefix, Request, RequestId, RequestOutput, RequestStats
 from radixmesh.node_agent.engine.sampler import sample, token_logprob
 from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler, SequenceState
 from radixmesh.node_agent.memory.metrics import memory_stats
 from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
 from radixmesh.proto.block_hash import hash_blocks
-from radixmesh.proto.serve.limits import InvalidRequest
+from radixmesh.proto.serve.limits import InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.sampling import FinishReason, TokenLogprob, draw_seed
 from radixmesh.proto.serve.tokens import HIT_SOURCES
 
@@ -96,7 +97,11 @@ class Engine:
     def submit(self, request: Request) -> None:
         """Queue a request. Raises InvalidRequest (nothing taken; an external prefix stays the
         caller's) for an empty or out-of-vocabulary prompt, a context or pool it cannot fit, a
-        duplicate id, or an external prefix that is not a run of the prompt's blocks."""
+        duplicate id, or an external prefix that is not a run of the prompt's blocks.
+
+        A request with a pending prefix gets its pull's blocks here (PendingPrefix, filled in
+        before this returns) and waits in the queue until `land_pull`, without holding up the
+        requests behind it."""
         start = self._validate(request)
         seed = request.sampling.seed if request.sampling.seed is not None else draw_seed(self._rng)
         stats = RequestStats(prompt_tokens=len(request.prompt_token_ids), arrival_s=self._clock())
@@ -108,11 +113,14 @@ class Engine:
         ext = request.external_prefix
         if ext is not None and ext.block_ids:
             self.memory.adopt_external(seq, ext.block_ids, ext.hashes, start)
+        if request.pending_prefix is not None:
+            self.memory.begin_pull(seq, request.pending_prefix)
         self._active[request.request_id] = seq
         self.scheduler.add(seq)
 
     def abort(self, request_id: RequestId) -> bool:
-        """Drop a queued or running request and its blocks; False when it is not active."""
+        """Drop a queued or running request and its blocks; False when it is not active. The blocks
+        of a pull it waits for stay held until the pull lands (the transfer may still write them)."""
         seq = self._active.pop(request_id, None)
         if seq is None:
             return False
@@ -122,6 +130,13 @@ class Engine:
             self.scheduler.waiting.remove(seq)
         self.memory.release(seq)
         return True
+
+    def land_pull(self, pull: PendingPrefix, received: int) -> None:
+        """The transfer of `pull` (begun by `submit`) ended and writes none of its blocks any more;
+        the first `received` arrived intact. They become cached blocks of this node, the rest are
+        freed, and its request, when still queued, is admitted from the next step on (the landed
+        blocks counted as its remote hits; whatever did not arrive is computed)."""
+        self.memory.land_pull(pull, received)
 
     def sequence(self, request_id: RequestId) -> SequenceState | None:
         """The live state of a queued or running request (None once it finished or was aborted).
@@ -153,14 +168,14 @@ class Engine:
 
     # --- the loop ----------------------------------------------------------------------------
     def step(self) -> StepOutput:
-        """One scheduling round: a prefill pass over this step's chunks, a decode pass over the
-        one-token sequences; returns the tokens sampled and the requests that finished."""
+        """One scheduling round: one forward over this step's decodes and prefill chunks; returns the
+        tokens sampled and the requests that finished."""
         plan = self.scheduler.schedule()
         self.counters.steps += 1
         out = StepOutput([], [])
-        for group in ([c for c in plan if c.num_tokens > 1], [c for c in plan if c.num_tokens == 1]):
-            if group:
-                self._run(group, out)
+        if plan:
+            # Decodes first: AttentionBatch runs its leading one-token sequences through the decode kernel.
+            self._run([c for c in plan if c.num_tokens == 1] + [c for c in plan if c.num_tokens > 1], out)
         return out
 
     def _run(self, group: list[ScheduledChunk], out: StepOutput) -> None:
@@ -174,6 +189,7 @@ class Engine:
                             last_rows).cpu()
         self.memory.end_forward()
         if not batch.is_decode:
+            # Decodes riding along cost what prefill tokens cost in the linear layers: count them all.
             self.policy.observe_prefill(len(ids), self._clock() - t0)
         for row, (seq, n) in enumerate(group):
             seq.num_computed += n
@@ -248,6 +264,14 @@ class Engine:
             raise InvalidRequest(f"prompt + max_tokens needs {need} blocks, the whole pool has "
                                  f"{self.memory.config.num_gpu_blocks}")
         ext = request.external_prefix
+        pull = request.pending_prefix
+        if pull is not None:
+            if ext is not None:
+                raise InvalidRequest("a request brings its external prefix or pulls it, not both")
+            usable = usable_prefix_blocks(len(prompt), self.layout.block_size)
+            if pull.block_ids or not 0 <= pull.end_block <= usable:
+                raise InvalidRequest(f"a pending prefix must be fresh and end within the prompt's {usable} "
+                                     f"usable blocks, got end_block {pull.end_block}")
         if ext is None or not ext.block_ids:
             return 0
         pool = self.memory.gpu.pool
@@ -271,9 +295,9 @@ class Engine:
         (so a finished or preempted request can leak nothing)."""
         self.memory.check_invariants()
         seqs = list(self._active.values())
-        held = sum(len(s.block_ids) for s in seqs)
+        held = sum(len(s.block_ids) for s in seqs) + self.memory.pulling_blocks
         refs = sum(self.memory.gpu.pool.ref_counts())
-        assert refs == held, f"gpu refs {refs} != {held} held by {len(seqs)} active sequences"
+        assert refs == held, f"gpu refs {refs} != {held} held by {len(seqs)} active sequences and pulls"
         held = sum(len(s.host_block_ids) for s in seqs)
         refs = sum(sum(t.pool.ref_counts()) for t in self.memory.host.tiers)
         assert refs == held, f"host refs {refs} != {held} held by swapped sequences"

@@ -15,9 +15,11 @@ import torch
 
 from radixmesh.node_agent.engine.metrics import EngineCounters
 from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
+from radixmesh.node_agent.engine.request import PendingPrefix
 from radixmesh.node_agent.engine.scheduler import SequenceState
 from radixmesh.node_agent.memory.cache.block_table import BlockTable, SequenceManager
 from radixmesh.node_agent.memory.physical import StepPeakMeter, device_memory, process_resident_bytes
+from radixmesh.node_agent.memory.pool.block_pool import BlockPool
 from radixmesh.node_agent.memory.pool.config import PoolConfig, PoolHooks
 from radixmesh.node_agent.memory.pool.counters import OutOfBlocks
 from radixmesh.node_agent.memory.tiers import HostTier, NoHostTier, TierMemory
@@ -55,6 +57,20 @@ class MemoryConfig:
                              f"{self.num_gpu_blocks}, {self.num_host_blocks}")
 
 
+def allocate_up_to(pool: BlockPool, n: int) -> list[BlockId]:
+    """Up to `n` fresh blocks (ref 1, no hash): all of them when they fit, else as many as the pool
+    can still give, possibly none. Pulls allocate this way before asking, so a pull never stalls
+    mid-stream for space; the owner is told how many fit."""
+    try:
+        return pool.allocate(n)
+    except OutOfBlocks:
+        room = min(n, pool.num_free + pool.num_cached)
+        try:
+            return pool.allocate(room) if room else []
+        except OutOfBlocks:  # the kv zone's limit, not the pool's size
+            return []
+
+
 class PagedMemory:
     """The gpu and host tiers of one node, and the block moves the scheduler asks for.
 
@@ -87,6 +103,8 @@ class PagedMemory:
         """Weights, activations, running KV and prefix cache over the gpu tier's budget."""
         self._device = torch.device(device)
         self._meter = StepPeakMeter(self._device)
+        self._pulls: dict[PendingPrefix, SequenceState] = {}
+        """Pulls in flight, and the sequence each was begun for: their blocks are held here until they land."""
 
     # --- zones -------------------------------------------------------------------------------
     def begin_forward(self) -> None:
@@ -117,8 +135,45 @@ class PagedMemory:
         """Take over the caller's reference on external blocks holding prompt blocks start.. : they
         become cached gpu blocks, matched at admission like local hits (or evicted under pressure,
         then recomputed: correct, only slower)."""
+        parent = self.sequences.block_hashes(seq.table, start)[-1] if start else None
+        self._adopt(block_ids, hashes, parent, seq)
+
+    def begin_pull(self, seq: SequenceState, pull: PendingPrefix) -> None:
+        """Fill in `pull` (see PendingPrefix): the blocks of [0, pull.end_block) this tier lacks
+        after its longest cached prefix get fresh blocks, as many as fit. Nothing is pulled when
+        prefixes are not cached (nothing would match what arrives)."""
+        if not self.config.enable_prefix_caching:
+            return
+        hashes = self.sequences.block_hashes(seq.table, pull.end_block)
+        start = self.gpu.cache.longest_prefix(hashes)
+        pull.start, pull.hashes = start, tuple(hashes[start:])
+        pull.parent = hashes[start - 1] if start else None
+        pull.block_ids = tuple(allocate_up_to(self.gpu.pool, len(pull.hashes)))
+        if pull.block_ids:
+            self._pulls[pull] = seq
+            seq.pulling = pull
+
+    def land_pull(self, pull: PendingPrefix, received: int) -> None:
+        """The first `received` blocks of `pull` hold their KV: they become cached like adopted
+        external blocks (its sequence's remote hits, and it may be admitted); the rest go back to
+        the pool. The sequence may have been released meanwhile: the blocks stay cached then. A
+        pull that got no blocks lands as nothing."""
+        seq = self._pulls.pop(pull, None)
+        if seq is None:
+            assert not pull.block_ids, "a pull landed twice"
+            return
+        self.gpu.pool.free(pull.block_ids[received:])
+        self._adopt(pull.block_ids[:received], pull.hashes[:received], pull.parent, seq)
+        seq.pulling = None
+
+    @property
+    def pulling_blocks(self) -> int:
+        """Blocks held for pulls in flight (begun, not landed)."""
+        return sum(len(p.block_ids) for p in self._pulls)
+
+    def _adopt(self, block_ids: Sequence[BlockId], hashes: Sequence[BlockHash], parent: BlockHash | None,
+               seq: SequenceState) -> None:
         if self.config.enable_prefix_caching:
-            parent = self.sequences.block_hashes(seq.table, start)[-1] if start else None
             self.gpu.cache.insert(hashes, block_ids, parent)
             seq.external_hashes = frozenset(hashes)
         self.gpu.cache.release(block_ids)

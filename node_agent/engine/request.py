@@ -32,6 +32,32 @@ class ExternalPrefix:
             raise ValueError(f"{len(self.block_ids)} block ids but {len(self.hashes)} hashes")
 
 
+@dataclass(eq=False, slots=True)
+class PendingPrefix:
+    """Prompt blocks the caller pulls from a peer while its request waits in the engine's queue.
+
+    The caller sets `end_block`; Engine.submit (on the engine thread) fills in the rest, skipping
+    what this node holds already, and allocates one pool block per block to pull::
+
+        prompt blocks  [0, start)  | [start, start + len(block_ids))  | [.., end_block)
+                       cached here | pulled into block_ids (in order) | no room: computed
+
+    `block_ids` are named by no block table and no prefix cache until they land, so no step reads
+    them and the caller may write their KV off the engine thread. The request is not admitted
+    before Engine.land_pull says how many of them arrived; the engine frees the rest then (also
+    when the request was aborted meanwhile: a block the transfer may still write is never freed
+    before). Empty `block_ids`: nothing to pull (all cached here, or no room), and nothing to land.
+    """
+
+    end_block: int
+    start: int = 0
+    block_ids: tuple[BlockId, ...] = ()
+    hashes: tuple[BlockHash, ...] = ()
+    """The chained hashes of prompt blocks [start, end_block): what to ask the peer for."""
+    parent: BlockHash | None = None
+    """The hash of prompt block start - 1 (None when start is 0)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """One generation request in token ids (tokenizing is the caller's business)."""
@@ -47,6 +73,8 @@ class Request:
     (block_hash.hash_blocks), when the caller has them: the agent hashes each prompt once as it takes
     it and the engine's block table starts from these. Taken on trust (a wrong hash would cache KV
     under it); only their number is checked. None: the engine hashes the prompt itself."""
+    pending_prefix: PendingPrefix | None = None
+    """Blocks to be pulled while the request is queued (at most one of this and external_prefix)."""
 
 
 @dataclass(slots=True)

@@ -58,22 +58,33 @@ class EngineRunner:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._queues: dict[RequestId, asyncio.Queue[StreamItem]] = {}  # event loop only
         self._driver: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        """Set when a job other than a step ends: what an idle driver waits for."""
         self.pending_calls = 0
         """Jobs queued on or running on the engine thread (steps, submits, the transfer plane's pins)."""
         self.prefill_tokens_per_s = 0.0
-        """Measured: tokens computed per second of the steps that ran a prefill (EWMA)."""
+        """Measured: tokens computed per second of the steps that ran a prefill chunk, the decodes that
+        shared their forward included (EWMA)."""
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn` on the engine thread. The job completes even if the caller is cancelled, so a
-        pool mutation is never skipped half way (its result is then dropped)."""
+        pool mutation is never skipped half way (its result is then dropped). Its end wakes an idle
+        driver: the job may have made work (a submit, a landed pull, blocks given back)."""
+        return await self._on_engine_thread(lambda: fn(*args, **kwargs), wakes=True)
+
+    async def _on_engine_thread(self, job: Callable[[], T], *, wakes: bool) -> T:
         loop = asyncio.get_running_loop()
         self.pending_calls += 1
-        fut = loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
-        fut.add_done_callback(self._call_done)
+        fut = loop.run_in_executor(self._executor, job)
+        fut.add_done_callback(self._job_done if wakes else self._step_done)
         return await asyncio.shield(fut)
 
-    def _call_done(self, _: "asyncio.Future[Any]") -> None:
+    def _step_done(self, _: "asyncio.Future[Any]") -> None:
         self.pending_calls -= 1
+
+    def _job_done(self, _: "asyncio.Future[Any]") -> None:
+        self.pending_calls -= 1
+        self._changed.set()
 
     async def submit(self, request: Request, *, on_refused: Callable[[], object] | None = None
                      ) -> "asyncio.Queue[StreamItem]":
@@ -120,8 +131,11 @@ class EngineRunner:
     # --- event loop side ---------------------------------------------------------------------
     async def _drive(self) -> None:
         while self._queues:
+            # Cleared before the step is queued: a job that ends after this ran after the step (one
+            # executor thread, FIFO) or during it, so a step that saw nothing to do cannot miss it.
+            self._changed.clear()
             try:
-                progress = await self.call(self._step)
+                progress, idle = await self._on_engine_thread(self._step, wakes=False)
             except Exception as e:  # an engine bug: fail the streams loudly, keep the agent alive
                 logger.exception("engine step failed")
                 for q in self._queues.values():
@@ -133,6 +147,10 @@ class EngineRunner:
                     queue.put_nowait(item)
                     if isinstance(item, Finished):
                         del self._queues[rid]
+            if idle:
+                # Only requests waiting for their pulls (or for blocks): steps back to back would
+                # spin a core the pulls' receivers need.
+                await self._changed.wait()
 
     # --- engine thread side ------------------------------------------------------------------
     def _submit(self, request: Request, on_refused: Callable[[], object] | None) -> None:
@@ -146,14 +164,17 @@ class EngineRunner:
     def _abort(self, request_id: RequestId) -> bool:
         return self.engine.abort(request_id)
 
-    def _step(self) -> list[tuple[RequestId, StreamItem]]:
+    def _step(self) -> tuple[list[tuple[RequestId, StreamItem]], bool]:
+        """This step's stream items, and whether it was idle (Scheduler.idle)."""
         computed = self.engine.counters.computed_tokens
         running = len(self.engine.scheduler.running)
         t0 = self._clock()
         step = self.engine.step()
         seconds = self._clock() - t0
         tokens = self.engine.counters.computed_tokens - computed
-        if tokens > running and seconds > 0:  # more tokens than one per running sequence: a prefill ran
+        # More tokens than one per running sequence: a prefill chunk ran, in the same forward as the
+        # decodes, so the step's time is theirs too and their tokens count with it.
+        if tokens > running and seconds > 0:
             rate = tokens / seconds
             old = self.prefill_tokens_per_s
             self.prefill_tokens_per_s = rate if old == 0.0 else old + RATE_SMOOTHING * (rate - old)
@@ -165,4 +186,4 @@ class EngineRunner:
                 fresh.logprobs.append(logprob)
         items: list[tuple[RequestId, StreamItem]] = list(new.items())
         items += [(out.request_id, Finished(out)) for out in step.finished]
-        return items
+        return items, self.engine.scheduler.idle

@@ -14,14 +14,13 @@ import torch
 
 from radixmesh.common.text.stop_strings import StopText
 from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
-from radixmesh.node_agent.engine.request import Request, RequestStats
+from radixmesh.node_agent.engine.request import PendingPrefix, Request, RequestStats
 from radixmesh.node_agent.memory.cache.block_table import BlockTable
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
 from radixmesh.proto.serve.sampling import TokenLogprob
 
 logger = logging.getLogger(__name__)
-
 
 @dataclass(slots=True, eq=False)
 class SequenceState:
@@ -41,6 +40,8 @@ class SequenceState:
     admit_order: int = -1
     num_computed: int = 0
     host_block_ids: list[BlockId] = field(default_factory=list)
+    pulling: PendingPrefix | None = None
+    """The pull this sequence waits for: it is not admitted before the pull lands (Engine.land_pull)."""
     external_hashes: frozenset[BlockHash] = frozenset()
     """Hashes handed in through Request.external_prefix (stats attribute their hits to "external")."""
     host_hit_blocks: int = 0
@@ -102,7 +103,9 @@ class Scheduler:
     Each step serves running sequences first (oldest admission first: they hold blocks and finishing
     them frees memory), then admits waiting ones while budget and room remain. A running sequence
     that cannot grow preempts the most recently admitted running one (possibly itself), which goes
-    back to the head of the waiting queue; no admission happens in a step that preempted.
+    back to the head of the waiting queue; no admission happens in a step that preempted. A waiting
+    sequence whose pull has not landed keeps its place but is passed over, so it never holds up the
+    ones behind it.
     """
 
     def __init__(self, space: BlockSpace, policy: PreemptionPolicy, max_num_batched_tokens: int,
@@ -117,6 +120,9 @@ class Scheduler:
         self.running: list[SequenceState] = []
         self.num_preemptions: dict[PreemptMode, int] = {m: 0 for m in PreemptMode}
         self._admissions = 0
+        self.idle = False
+        """The last schedule() ran nothing and preempted nobody: until a request arrives, a pull lands
+        or blocks are given back, another step would not either (EngineRunner sleeps instead)."""
 
     def add(self, seq: SequenceState) -> None:
         self.waiting.append(seq)
@@ -147,17 +153,20 @@ class Scheduler:
             else:
                 plan.append(ScheduledChunk(seq, n))
                 budget -= n
-        while not preempted and budget and self.waiting and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            n = self.space.admit(seq, budget)
+        while not preempted and budget and len(self.running) < self.max_num_seqs:
+            ready = next((s for s in self.waiting if s.pulling is None), None)
+            if ready is None:
+                break
+            n = self.space.admit(ready, budget)
             if n == 0:
                 break
-            self.waiting.popleft()
-            seq.admit_order = self._admissions
+            self.waiting.remove(ready)
+            ready.admit_order = self._admissions
             self._admissions += 1
-            self.running.append(seq)
-            plan.append(ScheduledChunk(seq, n))
+            self.running.append(ready)
+            plan.append(ScheduledChunk(ready, n))
             budget -= n
+        self.idle = not plan and not preempted
         return plan
 
     def _preempt(self, seq: SequenceState) -> None:

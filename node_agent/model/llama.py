@@ -5,7 +5,8 @@ Module and parameter names mirror Hugging Face's `LlamaForCausalLM` (``model.lay
 
 One forward pass runs a packed batch of new tokens (``T`` of them, from ``B`` sequences): every
 sequence's new tokens sit after the tokens already in its blocks. The pass writes their K/V into the
-slots named by `AttentionBatch.slot_mapping`, then attends over prefix + new tokens, causally.
+slots named by `AttentionBatch.slot_mapping`, then attends over prefix + new tokens, causally: one-token
+sequences (decodes, first in the batch) through the decode kernel, the others through the prefill one.
 """
 
 import math
@@ -28,16 +29,30 @@ class SeqChunk(NamedTuple):
     num_new: int
 
 
+class PrefillChunks(NamedTuple):
+    """The prefill sequences of a batch (its sequences from `num_decodes` on), rows counted from the
+    first prefill row."""
+
+    block_tables: torch.Tensor
+    prefix_lens: torch.Tensor
+    cu_seqlens: torch.Tensor
+
+
 @dataclass(frozen=True, slots=True)
 class AttentionBatch:
     """Where the new tokens of one forward pass come from and where their K/V go.
 
     Sequence i owns packed tokens ``cu_seqlens[i]:cu_seqlens[i+1]``; it already has
-    ``prefix_lens[i]`` tokens in its blocks ``block_tables[i]`` (rows padded with 0).
+    ``prefix_lens[i]`` tokens in its blocks ``block_tables[i]`` (rows padded with 0). Decodes come
+    first: the leading sequences with one new token each run the decode kernel, the rest the prefill
+    kernel, in the same forward (the linear layers see all T tokens at once)::
+
+        packed rows: [ decode 0 | ... | decode D-1 | chunk D ... | chunk D+1 ... | ... ]
+                       decode attention, rows [0, D)  prefill attention, rows [D, T)
     """
 
-    is_decode: bool
-    """Every sequence has exactly one new token: the decode kernel runs instead of prefill."""
+    num_decodes: int
+    """D: the leading sequences with exactly one new token."""
     slot_mapping: torch.Tensor
     """[T] int64: block * block_size + offset of each new token's K/V."""
     block_tables: torch.Tensor
@@ -46,6 +61,13 @@ class AttentionBatch:
     """[B] int32: tokens already cached before this pass."""
     cu_seqlens: torch.Tensor
     """[B + 1] int32: cumulative new-token counts."""
+    prefill: PrefillChunks | None
+    """Sequences D .. B-1, None when every sequence decodes."""
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence has exactly one new token: only the decode kernel runs."""
+        return self.prefill is None
 
     @property
     def seq_lens(self) -> torch.Tensor:
@@ -55,7 +77,8 @@ class AttentionBatch:
     @classmethod
     def build(cls, chunks: Sequence[SeqChunk], block_size: int,
               device: str | torch.device = "cpu") -> tuple["AttentionBatch", torch.Tensor]:
-        """The batch for `chunks` and the positions [T] of its packed tokens.
+        """The batch for `chunks` and the positions [T] of its packed tokens, in the order given
+        (put one-token chunks first: only the leading ones run as decodes).
 
         Each chunk's block table must already cover prefix_len + num_new tokens.
         """
@@ -71,18 +94,31 @@ class AttentionBatch:
             slots.extend(c.block_ids[p // block_size] * block_size + p % block_size for p in pos)
             cu.append(cu[-1] + c.num_new)
         tables = [list(c.block_ids) + [0] * (width - len(c.block_ids)) for c in chunks]
+        d = next((i for i, c in enumerate(chunks) if c.num_new != 1), len(chunks))
 
         def i32(values: Sequence[int] | list[list[int]]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int32, device=device)
 
+        prefix_lens = i32([c.prefix_len for c in chunks])
+        block_tables = i32(tables)
+        prefill = None if d == len(chunks) else PrefillChunks(
+            block_tables[d:], prefix_lens[d:], i32([n - cu[d] for n in cu[d:]]))
         batch = cls(
-            is_decode=all(c.num_new == 1 for c in chunks),
+            num_decodes=d,
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            block_tables=i32(tables),
-            prefix_lens=i32([c.prefix_len for c in chunks]),
+            block_tables=block_tables,
+            prefix_lens=prefix_lens,
             cu_seqlens=i32(cu),
+            prefill=prefill,
         )
         return batch, torch.tensor(positions, dtype=torch.int64, device=device)
+
+    def plan_decode(self, cache_k: torch.Tensor, num_heads: int) -> kernels.DecodePlan | None:
+        """The decode kernel's plan for sequences 0 .. D-1 (once per forward), None without decodes."""
+        d = self.num_decodes
+        if d == 0:
+            return None
+        return kernels.plan_decode(self.block_tables[:d], self.prefix_lens[:d] + 1, cache_k, num_heads)
 
 
 class RMSNorm(nn.Module):
@@ -147,19 +183,20 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.attention_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch,
-                cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
+                decode: kernels.DecodePlan | None, cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
         q = apply_rope(self.q_proj(x).view(t, self.num_heads, self.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         kernels.write_kv(k, v, cache_k, cache_v, batch.slot_mapping)
-        if batch.is_decode:
-            out = kernels.paged_decode_attention(q, cache_k, cache_v, batch.block_tables,
-                                                 batch.seq_lens, self.scale)
-        else:
-            out = kernels.paged_prefill_attention(q, k, v, cache_k, cache_v, batch.block_tables,
-                                                  batch.prefix_lens, batch.cu_seqlens, self.scale)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        out = torch.empty_like(q)
+        d = batch.num_decodes  # rows [0, d) decode, [d, t) prefill (AttentionBatch)
+        if decode is not None:
+            kernels.paged_decode_attention(q[:d], cache_k, cache_v, decode, self.scale, out=out[:d])
+        if (p := batch.prefill) is not None:
+            kernels.paged_prefill_attention(q[d:], k[d:], v[d:], cache_k, cache_v, p.block_tables, p.prefix_lens,
+                                            p.cu_seqlens, self.scale, out=out[d:])
+        return self.o_proj(out.view(t, self.num_heads * self.head_dim))
 
 
 class LlamaMLP(nn.Module):
@@ -186,8 +223,8 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch,
-                cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache_k, cache_v)
+                decode: kernels.DecodePlan | None, cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, decode, cache_k, cache_v)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -223,9 +260,11 @@ class LlamaForCausalLM(nn.Module):
         cfg = self.config
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, positions.device)
         cos, sin = rope_cos_sin(positions, inv_freq)
+        # Per step, not per layer: every layer's cache view has the same shape and strides.
+        decode = batch.plan_decode(kv_cache[:, 0, 0], cfg.num_attention_heads)
         x = self.model.embed_tokens(input_ids)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, batch, kv_cache[:, i, 0], kv_cache[:, i, 1])
+            x = layer(x, cos, sin, batch, decode, kv_cache[:, i, 0], kv_cache[:, i, 1])
         # Only the rows that will be sampled go through the (vocab-wide) head.
         x = self.model.norm(x[logits_indices])
         return self.lm_head(x).float()

@@ -1,5 +1,11 @@
 """TransferClient: pull prefix blocks from a peer into the local pool and PrefixCache.
 
+Two ways in: `pull` does it all (allocate, receive, insert: three jobs on the pool's `serial`);
+`receive` only streams into blocks that the caller allocated and keeps or frees afterwards (the node
+agent: its engine allocates them as it queues the request and lands them when the pull ends, two
+engine-thread jobs per pull, none per chunk). Chunks are written into the blocks on the event loop's
+thread: blocks that no cache or table names yet are read by no step, and no pool state changes.
+
 A pull never fails the caller's request: whatever goes wrong (refusal, timeout, dead peer, corrupted
 chunk) it returns the blocks that arrived intact, a prefix of the asked hashes, and an outcome;
 the caller recomputes the rest. Blocks that did not arrive intact go back to the pool.
@@ -21,8 +27,8 @@ from typing import NamedTuple
 import torch
 
 from radixmesh.kernels import scatter_blocks
+from radixmesh.node_agent.engine.paged_memory import allocate_up_to
 from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.counters import OutOfBlocks
 from radixmesh.node_agent.transfer import Serial, run_inline
 from radixmesh.node_agent.transfer.checksum import DEFAULT_CHECKSUM, checksum_by_name, chunk_mac
 from radixmesh.node_agent.transfer.protocol import (
@@ -108,6 +114,11 @@ class _Refused(Exception):
         self.outcome = outcome
 
 
+def _check_hashes(hashes: Sequence[BlockHash]) -> None:
+    if any(len(h) != HASH_BYTES for h in hashes) or len(set(hashes)) != len(hashes):
+        raise ValueError(f"hashes must be distinct {HASH_BYTES}-byte block hashes")
+
+
 class TransferClient:
     """Pulls into `cache` (its pool) and `kv` (the tensor its block ids index), over `transport`.
 
@@ -118,8 +129,8 @@ class TransferClient:
     def __init__(self, cache: PrefixCache, kv: torch.Tensor, layout: KVLayout, config: TransferConfig,
                  transport: Transport, *, clock: Callable[[], float] = time.perf_counter,
                  serial: Serial = run_inline):
-        """`serial` runs every pool and cache touch (allocate, scatter, insert, free); the node agent
-        passes its engine thread, whose pool is not thread-safe."""
+        """`serial` runs every pool and cache touch (allocate, insert, free); the node agent passes
+        its engine thread, whose pool is not thread-safe."""
         if tuple(kv.shape[1:]) != layout.block_shape or kv.dtype != layout.torch_dtype:
             raise ValueError(f"kv {tuple(kv.shape)} {kv.dtype} does not match layout {layout.block_shape}")
         self.cache = cache
@@ -142,24 +153,46 @@ class TransferClient:
         `parent` is the hash before hashes[0] (None at a sequence start). ValueError on malformed
         hashes, before anything is allocated or sent.
         """
-        if any(len(h) != HASH_BYTES for h in hashes) or len(set(hashes)) != len(hashes):
-            raise ValueError(f"hashes must be distinct {HASH_BYTES}-byte block hashes")
+        _check_hashes(hashes)
         start = self._clock()
-        blocks: list[BlockId] = await self._serial(self._allocate, len(hashes))
+        blocks: list[BlockId] = await self._serial(allocate_up_to, self.cache.pool, len(hashes))
+        received = 0
+        try:
+            result = await self.receive(peer, hashes, blocks, start=start)
+            received = result.blocks
+        finally:
+            await self._serial(self._keep, hashes, blocks, received, parent)
+        return result
+
+    async def receive(self, peer: Peer, hashes: Sequence[BlockHash], blocks: Sequence[BlockId], *,
+                      start: float | None = None) -> PullResult:
+        """Stream the longest prefix of `hashes` that `peer` holds into `blocks` (one per hash, fewer
+        when the caller found no room for all: the owner sends at most that many).
+
+        The caller holds `blocks`, and nothing reads or writes them but this pull until it returns;
+        then it keeps or frees them. The result names the blocks that arrived intact (a prefix of
+        `blocks`); the others may hold anything. Cancelled, it raises only once the channel is
+        closed, so nothing of the pull is written into `blocks` afterwards. `start`: when the pull
+        began (its allocation), for its time; now by default.
+        """
+        _check_hashes(hashes)
+        if len(blocks) > len(hashes):
+            raise ValueError(f"{len(blocks)} blocks for {len(hashes)} hashes")
+        start = self._clock() if start is None else start
         received, latency = 0, 0.0
         outcome = PullOutcome.NO_SPACE if hashes else PullOutcome.OK
         if blocks:
             lock = self._locks.setdefault(peer.node_id, asyncio.Lock())
             async with lock:
-                received, latency, outcome = await self._stream(peer, hashes, blocks, start, parent)
+                received, latency, outcome = await self._stream(peer, hashes, blocks, start)
         seconds = self._clock() - start
         nbytes = received * self.layout.block_bytes
         stats = self.stats.setdefault(peer.node_id, PeerStats(self.transport.name, self.config.ewma_alpha))
         stats.record(outcome, received, nbytes, seconds, latency)
-        return PullResult(list(hashes[:received]), blocks[:received], nbytes, seconds, outcome)
+        return PullResult(list(hashes[:received]), list(blocks[:received]), nbytes, seconds, outcome)
 
-    async def _stream(self, peer: Peer, hashes: Sequence[BlockHash], blocks: list[BlockId], start: float,
-                      parent: BlockHash | None) -> tuple[int, float, PullOutcome]:
+    async def _stream(self, peer: Peer, hashes: Sequence[BlockHash], blocks: Sequence[BlockId], start: float
+                      ) -> tuple[int, float, PullOutcome]:
         """Request, receive, verify and scatter; returns (blocks received intact, latency, outcome)."""
         received, latency, outcome = 0, 0.0, PullOutcome.OK
         drained = False  # the channel is reusable only when nothing of this pull is still in flight
@@ -183,7 +216,7 @@ class TransferClient:
                         raise _Refused(PullOutcome.CHECKSUM_MISMATCH, f"chunk {trailer.index} corrupted")
                     index += 1
                     buf = payload.view(self.layout.torch_dtype).view(n, *self.layout.block_shape)
-                    await self._serial(scatter_blocks, buf, self.kv, blocks[first : first + n])
+                    scatter_blocks(buf, self.kv, blocks[first : first + n])
                     received = first + n
                 drained = True
         except _Refused as e:
@@ -200,25 +233,12 @@ class TransferClient:
         finally:
             if not drained:
                 await self._drop_channel(peer.node_id)
-            await self._serial(self._keep, hashes, blocks, received, parent)
         return received, latency, outcome
 
     async def close(self) -> None:
         """Close every channel."""
         for node in list(self._channels):
             await self._drop_channel(node)
-
-    def _allocate(self, n: int) -> list[BlockId]:
-        # Allocated before asking, so a pull never stalls mid-stream for space; the owner is told
-        # how many fit (max_blocks) and the surplus is freed once it says how many it holds.
-        try:
-            return self.cache.pool.allocate(n)
-        except OutOfBlocks:
-            room = min(n, self.cache.pool.num_free + self.cache.pool.num_cached)
-            try:
-                return self.cache.pool.allocate(room) if room else []
-            except OutOfBlocks:
-                return []
 
     def _request(self, hashes: Sequence[BlockHash], max_blocks: int) -> PullRequest:
         return PullRequest(next(_PULL_IDS), self._fingerprint, tuple(hashes), max_blocks,

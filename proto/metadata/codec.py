@@ -102,11 +102,14 @@ def load_to_pb(load: NodeLoad) -> pb.NodeLoad:
         free_blocks=load.free_blocks,
         prefill_tokens_per_s=load.prefill_tokens_per_s,
         pull_gbps=load.pull_gbps,
+        pull_latency_s=load.pull_latency_s,
+        compute_group=load.compute_group,
     )
 
 
 def load_from_pb(m: pb.NodeLoad) -> NodeLoad:
-    return NodeLoad(m.queued_requests, m.running_tokens, m.free_blocks, m.prefill_tokens_per_s, dict(m.pull_gbps))
+    return NodeLoad(m.queued_requests, m.running_tokens, m.free_blocks, m.prefill_tokens_per_s, dict(m.pull_gbps),
+                    dict(m.pull_latency_s), m.compute_group)
 
 
 def hits_to_pb(h: RequestHits) -> pb.RequestHits:

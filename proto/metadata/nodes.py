@@ -19,6 +19,8 @@ MAX_BLOCK_BYTES = 1 << 34
 MAX_CAPACITY_BLOCKS = 1 << 40
 MAX_LOAD_COUNT = 1 << 53
 """Load counters above this are not counts of anything real (and lose precision as floats)."""
+MAX_GROUP_CHARS = 256
+"""A compute group name (host, device and core set of an agent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,25 +57,33 @@ class NodeInfo:
 
 @dataclass(frozen=True, slots=True)
 class NodeLoad:
-    """A node's load as of its last heartbeat."""
+    """A node's load as of its last heartbeat, and the prices it measured (what the router's cost
+    model reads: prefill rate, and per peer what a pull costs, as fixed cost + bytes / bandwidth)."""
 
     queued_requests: int = 0
     running_tokens: int = 0
     free_blocks: int = 0
     prefill_tokens_per_s: float = 0.0
     pull_gbps: dict[str, float] = field(default_factory=dict)
-    """Measured pull bandwidth by peer node id, GB/s."""
+    """Measured pull payload bandwidth by peer node id, GB/s (the fixed cost excluded)."""
+    pull_latency_s: dict[str, float] = field(default_factory=dict)
+    """Measured fixed cost of one pull by peer node id, seconds: request to the first byte."""
+    compute_group: str = ""
+    """Agents that report the same non-empty group share their cores (or accelerator); "" shares
+    with nobody."""
 
     def __post_init__(self) -> None:
         # NaN compares false with everything: `not 0 <= x` (not `x < 0`) is what refuses it.
         figures = (self.queued_requests, self.running_tokens, self.free_blocks, self.prefill_tokens_per_s,
-                   *self.pull_gbps.values())
+                   *self.pull_gbps.values(), *self.pull_latency_s.values())
         if not all(math.isfinite(v) and 0 <= v <= MAX_LOAD_COUNT for v in figures):
             raise ValueError(f"load figures must be finite numbers in [0, 2^53], got {figures[:8]}")
-        if len(self.pull_gbps) > MAX_PEERS_PER_LOAD:
-            raise ValueError(f"pull bandwidth of at most {MAX_PEERS_PER_LOAD} peers, got {len(self.pull_gbps)}")
-        for peer in self.pull_gbps:
-            check_node_id(peer)
+        for what, peers in (("bandwidth", self.pull_gbps), ("fixed cost", self.pull_latency_s)):
+            if len(peers) > MAX_PEERS_PER_LOAD:
+                raise ValueError(f"pull {what} of at most {MAX_PEERS_PER_LOAD} peers, got {len(peers)}")
+            for peer in peers:
+                check_node_id(peer)
+        check_text("compute group", self.compute_group, MAX_GROUP_CHARS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,9 @@ from radixmesh.cluster.policy.view import ClusterView, NodeView
 from radixmesh.proto.ids import NodeId
 from tests.support.hashes import h
 
-# 1 s per host block, free pulls apart from bandwidth; 10-token blocks at 100 tokens/s = 0.1 s a block.
-CFG = PolicyConfig(block_bytes=1000, host_bytes_per_s=1000.0, pull_latency_s=0.0)
+# 1 s per host block, free pulls apart from bandwidth (1 ms a block unless a pair measured another);
+# 10-token blocks at 100 tokens/s = 0.1 s a block.
+CFG = PolicyConfig(block_bytes=1000, host_bytes_per_s=1000.0, pull_latency_s=0.0, pull_bytes_per_s=1e6)
 REQ = RouteRequest(prompt_tokens=50, num_blocks=5, block_tokens=10)
 A, B, C, D = (NodeId(x) for x in "abcd")
 
@@ -35,8 +36,13 @@ def view(
     queued: int = 0,
     inflight: int = 0,
     recent: float = 0.0,
+    held: int | None = None,
+    decodes: int = 0,
+    group: str = "",
 ) -> NodeView:
-    return NodeView(node, local if gpu is None else gpu, local, queued, inflight, 100.0, recent)
+    """A node at 100 tokens/s whose local prefix is computed (`held`) unless told otherwise."""
+    return NodeView(node, local if gpu is None else gpu, local, queued, inflight, 100.0, recent,
+                    local if held is None else held, decodes, 0.0, group)
 
 
 def test_cost_model_without_pull_when_the_link_is_slow() -> None:
@@ -54,13 +60,13 @@ def test_cost_model_pulls_when_cheaper() -> None:
 
 
 def test_cost_prefers_the_holder_when_idle() -> None:
-    d = make_policy("cost", CFG).route(REQ, ClusterView((view(A, 4), view(B)), default_pull_bytes_per_s=1e6))
+    d = make_policy("cost", CFG).route(REQ, ClusterView((view(A, 4), view(B))))
     assert (d.node, d.local_blocks, d.pull_from, d.pull_blocks) == (A, 4, None, 0)
     assert d.est_ttft_s == pytest.approx(0.1)
 
 
 def test_cost_pulls_to_an_idle_node_when_the_holder_is_busy() -> None:
-    cluster = ClusterView((view(A, 4, queued=1000, inflight=1), view(B)), default_pull_bytes_per_s=1e6)
+    cluster = ClusterView((view(A, 4, queued=1000, inflight=1), view(B)))
     d = make_policy("cost", CFG).route(REQ, cluster)
     assert (d.node, d.local_blocks, d.pull_from, d.pull_blocks) == (B, 0, A, 4)
     assert d.est_ttft_s == pytest.approx(0.104)
@@ -69,13 +75,13 @@ def test_cost_pulls_to_an_idle_node_when_the_holder_is_busy() -> None:
 
 def test_cost_uses_the_measured_pair_bandwidth() -> None:
     nodes = (view(A, 4, queued=1000, inflight=1), view(B))
-    slow = ClusterView(nodes, pull_bytes_per_s={(B, A): 1000.0}, default_pull_bytes_per_s=1e6)
+    slow = ClusterView(nodes, pull_bytes_per_s={(B, A): 1000.0})
     d = make_policy("cost", CFG).route(REQ, slow)
     assert (d.node, d.pull_from, d.est_ttft_s) == (B, None, pytest.approx(0.5))
 
 
 def test_cost_no_pull_never_pulls() -> None:
-    cluster = ClusterView((view(A, 4, queued=1000, inflight=1), view(B)), default_pull_bytes_per_s=1e6)
+    cluster = ClusterView((view(A, 4, queued=1000, inflight=1), view(B)))
     d = make_policy("cost_no_pull", CFG).route(REQ, cluster)
     assert (d.node, d.pull_from, d.pull_blocks) == (B, None, 0)
 
@@ -117,8 +123,8 @@ def test_a_request_too_big_for_any_share_goes_to_the_least_recent_work() -> None
 def test_cost_leaves_an_idle_holder_with_too_much_recent_work() -> None:
     # The holder has nothing in flight (no count at this instant would refuse it) but took most of
     # the recent work: the request goes to b and pulls the prefix instead.
-    nodes = (NodeView(A, 4, 4, recent_tokens=400.0, prefill_tokens_per_s=100.0), view(B))
-    d = make_policy("cost", CFG).route(REQ, ClusterView(nodes, default_pull_bytes_per_s=1e6))
+    nodes = (view(A, 4, recent=400.0), view(B))
+    d = make_policy("cost", CFG).route(REQ, ClusterView(nodes))
     assert (d.node, d.pull_from, d.pull_blocks) == (B, A, 4)
 
 
@@ -168,15 +174,20 @@ def test_bad_inputs_raise_value_error(build: object) -> None:
 
 views_st = st.lists(
     st.tuples(
-        st.integers(0, 5), st.integers(0, 4), st.integers(0, 2000), st.sampled_from([50.0, 100.0, 400.0])
+        st.integers(0, 5), st.integers(0, 4), st.sampled_from([0, 0, 20, 60, 2000]),
+        st.sampled_from([50.0, 100.0, 400.0]), st.integers(0, 5), st.sampled_from([0, 0, 3]),
+        st.sampled_from([0.0, 0.0, 0.3]), st.sampled_from(["", "", "h1", "h2"]),
     ),
     min_size=1,
     max_size=6,
 ).map(
     lambda rows: tuple(
-        NodeView(NodeId(f"n{i}"), loc, loc, q, inf, r) for i, (loc, inf, q, r) in enumerate(rows)
+        NodeView(NodeId(f"n{i}"), loc, loc, q, inf, r, held_blocks=min(held, loc), running_decodes=dec, pulling_s=pull,
+                 compute_group=group)
+        for i, (loc, inf, q, r, held, dec, pull, group) in enumerate(rows)
     )
 )
+"""Nodes with computed and pending prefixes, queues, decodes, pulls in progress and shared cores."""
 
 
 @settings(max_examples=60, deadline=None)
@@ -208,10 +219,11 @@ def test_load_cap_matches_its_formula(
 @settings(max_examples=60, deadline=None)
 @given(nodes=views_st, bw=st.sampled_from([1e3, 1e5, 1e7]), seed=st.integers(0, 3))
 def test_every_policy_decides_within_the_view(nodes: tuple[NodeView, ...], bw: float, seed: int) -> None:
-    cluster = ClusterView(nodes, default_pull_bytes_per_s=bw)
+    cluster = ClusterView(nodes)
+    config = dataclasses.replace(CFG, pull_bytes_per_s=bw)
     eligible = within_load_cap(nodes, CFG.load_eps, REQ.prompt_tokens, CFG.load_floor_s)
     for name in policy_names():
-        d = make_policy(name, CFG, random.Random(seed)).route(REQ, cluster)
+        d = make_policy(name, config, random.Random(seed)).route(REQ, cluster)
         chosen = next(v for v in nodes if v.node == d.node)
         assert d.local_blocks == min(chosen.local_blocks, REQ.num_blocks)
         assert d.local_blocks + d.pull_blocks <= REQ.num_blocks
@@ -219,24 +231,123 @@ def test_every_policy_decides_within_the_view(nodes: tuple[NodeView, ...], bw: f
             assert chosen in eligible
         if d.pull_from is not None:
             assert name == "cost" and d.pull_from != d.node and d.pull_blocks > 0
+            holder = next(v for v in nodes if v.node == d.pull_from)
+            # Never from blocks the holder has not computed yet.
+            assert d.local_blocks + d.pull_blocks <= holder.held_blocks
 
 
-@settings(max_examples=60, deadline=None)
-@given(nodes=views_st, bw=st.sampled_from([1e3, 1e5, 1e7]))
-def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float) -> None:
-    cluster = ClusterView(nodes, default_pull_bytes_per_s=bw)
+def _oracle_ttft(v: NodeView, nodes: tuple[NodeView, ...], bw: float, latency: float) -> tuple[float, int]:
+    """The cost model written out by hand for REQ (block_tokens 10, block_bytes 1000, no host tier
+    part): (TTFT, blocks pulled) of REQ on `v`, pulling from the other node that computed the most."""
+    rate = v.prefill_tokens_per_s
+    local = min(v.local_blocks, 5)
+    others = [o for o in nodes if o.node != v.node and o.held_blocks > 0]
+    pulled = 0
+    if others:
+        best = max(others, key=lambda o: o.held_blocks)  # first of the longest
+        k = min(best.held_blocks, 5) - local
+        if k > 0 and latency + k * 1000 / bw < k * 10 / rate:
+            pulled = k
+    pull_s = latency + pulled * 1000 / bw if pulled else 0.0
+    tokens = 50 - (local + pulled) * 10
+
+    def ahead(u: NodeView, own: int) -> float:
+        steps = max(1, -(-(u.queued_tokens + own) // 512))
+        decode = steps * (32 + u.running_decodes) / u.prefill_tokens_per_s if u.running_decodes else 0.0
+        return u.queued_tokens / u.prefill_tokens_per_s + u.pulling_s + decode
+
+    work = ahead(v, tokens) + pull_s + tokens / rate
+    mates = [u for u in nodes if v.compute_group and u.compute_group == v.compute_group and u.node != v.node]
+    return work + sum(min(ahead(u, 0), work) for u in mates), pulled
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes=views_st, bw=st.sampled_from([1e3, 1e5, 1e7]), latency=st.sampled_from([0.0, 0.025, 0.3]))
+def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float, latency: float) -> None:
+    config = dataclasses.replace(CFG, pull_bytes_per_s=bw, pull_latency_s=latency)
+
+    def score(v: NodeView) -> float:
+        ttft, pulled = _oracle_ttft(v, nodes, bw, latency)
+        computing = max((o.local_blocks for o in nodes if o.node != v.node and o.local_blocks > o.held_blocks),
+                        default=0)
+        duplicate = max(0, min(computing, 5) - min(v.local_blocks, 5) - pulled)
+        return ttft + duplicate * 10 / v.prefill_tokens_per_s
+
+    d = make_policy("cost", config).route(REQ, ClusterView(nodes))
+    eligible = within_load_cap(nodes, CFG.load_eps, REQ.prompt_tokens, CFG.load_floor_s)
+    best = min(score(v) for v in eligible)
+    chosen = next(v for v in eligible if v.node == d.node)
+    assert score(chosen) == pytest.approx(best)
+    assert d.est_ttft_s == pytest.approx(_oracle_ttft(chosen, nodes, bw, latency)[0])
+
+
+# --- measured prices -------------------------------------------------------------------------------
+# SmolLM2-135M float32, 16-token blocks: 30 layers x 3 KV heads x 64 dims x K,V x 4 bytes x 16 tokens.
+SMOL_BLOCK_BYTES = 30 * 3 * 64 * 2 * 4 * 16
+SMOL = RouteRequest(prompt_tokens=64, num_blocks=4, block_tokens=16)
+
+
+def test_default_prices_recompute_a_short_prefix_rather_than_pull_it() -> None:
+    # Before any measurement a pull of 4 blocks is priced 5 ms + 2.9 MB / 1 GB/s = 7.9 ms; at 10k
+    # tokens/s they recompute in 6.4 ms, so the holder's blocks are recomputed on the idle node.
+    holder, idle = NodeView(A, 4, 4, queued_tokens=10000, prefill_tokens_per_s=10000.0, held_blocks=4), NodeView(
+        B, prefill_tokens_per_s=10000.0)
+    d = make_policy("cost", PolicyConfig(block_bytes=SMOL_BLOCK_BYTES)).route(SMOL, ClusterView((holder, idle)))
+    assert (d.node, d.pull_from, d.pull_blocks) == (B, None, 0)
+    # The old prices (10 GB/s, 2 ms) would have pulled: 2.3 ms < 6.4 ms.
+    old = PolicyConfig(block_bytes=SMOL_BLOCK_BYTES, pull_latency_s=0.002, pull_bytes_per_s=10e9)
+    assert make_policy("cost", old).route(SMOL, ClusterView((holder, idle))).pull_from == A
+
+
+def test_a_measured_fixed_cost_per_pair_prices_the_pull() -> None:
+    nodes = (view(A, 4, queued=1000, inflight=1), view(B), view(C, 4, queued=1000, inflight=1))
+    # b's pulls from a took 0.5 s before the first byte: recomputing 4 blocks (0.4 s) is cheaper.
+    slow = ClusterView(nodes, pull_latency_s={(B, A): 0.5})
+    d = make_policy("cost", CFG).route(REQ, slow)
+    assert (d.node, d.pull_from, d.pull_blocks) == (B, None, 0)
+    assert make_policy("cost", CFG).route(REQ, ClusterView(nodes)).pull_from == A
+
+
+def test_no_pull_from_a_holder_still_computing_the_blocks() -> None:
+    # a was just routed the prefix (pending, not computed) behind a long queue: b must not plan a
+    # pull that would get nothing; it computes, paying for the duplicate (a is slower still).
+    pending = view(A, 4, queued=1000, inflight=1, held=0)
+    d = make_policy("cost", CFG).route(REQ, ClusterView((pending, view(B))))
+    assert (d.node, d.pull_from, d.pull_blocks) == (B, None, 0)
+    assert "4 blocks another node is computing" in d.reason
+    # The same holder with the blocks computed is pulled from.
+    done = view(A, 4, queued=1000, inflight=1)
+    assert make_policy("cost", CFG).route(REQ, ClusterView((done, view(B)))).pull_from == A
+
+
+def test_the_second_request_of_a_prefix_goes_where_the_first_computes_it() -> None:
+    # a will compute the 4-block prefix (its 50-token prompt queued): 0.5 s + 0.1 s there, 0.5 s on
+    # idle b, but b would prefill the 4 blocks a second time (0.4 s of duplicate work).
+    pending = view(A, 4, queued=50, inflight=1, held=0)
+    d = make_policy("cost", CFG).route(REQ, ClusterView((pending, view(B))))
+    assert (d.node, d.local_blocks, d.pull_from) == (A, 4, None)
+    assert d.est_ttft_s == pytest.approx(0.6)
+
+
+def test_running_decodes_delay_the_queue_by_one_pass_per_step() -> None:
+    busy, idle = view(A, 4, decodes=8), view(B, 4)
     model = CostModel(CFG)
+    # 10 tokens to prefill, one step: a pass of 32 + 8 tokens' time at 100 tokens/s.
+    assert model.estimate(REQ, busy, None).queue_s == pytest.approx(0.4)
+    assert model.estimate(REQ, idle, None).queue_s == 0.0
+    assert make_policy("cost", CFG).route(REQ, ClusterView((busy, idle))).node == B
 
-    def brute(v: NodeView) -> float:
-        others = [o for o in nodes if o.node != v.node]
-        best = max(others, key=lambda o: o.local_blocks) if others else None
-        holder = Holder(best.node, best.local_blocks, bw) if best else None
-        return model.estimate(REQ, v, holder).total_s
 
-    d = make_policy("cost", CFG).route(REQ, cluster)
-    assert d.est_ttft_s == pytest.approx(
-        min(brute(v) for v in within_load_cap(nodes, CFG.load_eps, REQ.prompt_tokens, CFG.load_floor_s))
-    )
+def test_nodes_sharing_cores_are_priced_as_sharing_them() -> None:
+    # a is busy (10 s of queue); b and c are idle, b on a's cores. A prefix-less request takes 0.5 s
+    # on c, 0.5 s + min(10 s, 0.5 s) on b.
+    nodes = (view(A, queued=1000, group="host"), view(B, group="host"), view(C))
+    model = CostModel(CFG)
+    assert model.estimate(REQ, nodes[1], None, [10.0]).total_s == pytest.approx(1.0)
+    d = make_policy("cost_no_pull", CFG).route(REQ, ClusterView(nodes))
+    assert d.node == C
+    alone = make_policy("cost_no_pull", CFG).route(REQ, ClusterView(nodes[:2]))
+    assert alone.node == B and alone.est_ttft_s == pytest.approx(1.0) and "cores shared" in alone.reason
 
 
 def test_pending_index_prefix_and_expiry() -> None:

@@ -5,6 +5,8 @@ and what it records."""
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixmesh.cluster.policy.base import PolicyConfig, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable
@@ -76,3 +78,107 @@ def test_the_simulator_routes_through_the_step() -> None:
     sim = Simulator(SimConfig(nodes=4, capacity_blocks=10, routers=2, candidates=2))
     assert all(isinstance(r, RoutingStep) for r in sim._routers)
     assert sim._routers[0].policy is sim.policy and sim._routers[0].least_loaded == 2
+
+
+def test_two_requests_needing_one_uncached_prefix_prefill_it_once() -> None:
+    """A burst's second request goes where the first computes the prefix, as the router runs it (the
+    first's ticket in the table), on two idle nodes that share nothing."""
+    s = step(least_loaded=0)
+    prefix = [BlockHash(bytes([i + 1]) * 16) for i in range(16)]
+    match = MatchResult(0, (held(NODES[0], 0), held(NODES[1], 0)))
+    first = s.route(prefix, 64, match, NODES[:2]).decision
+    s.table.start(first.node, 64)
+    second = s.route(prefix, 66, match, NODES[:2]).decision
+    assert (second.node, second.local_blocks, second.pull_from) == (first.node, 16, None)
+
+
+def test_a_pending_holder_becomes_pullable_once_its_first_token_came_back() -> None:
+    """Before its first token a routed node may still be computing the prefix (a pull would get
+    nothing); after it, the router may plan a pull from it before its events reach the index."""
+    s = step(least_loaded=0)
+    prefix = [BlockHash(bytes([i + 1]) * 16) for i in range(16)]
+    s.pending.add(NODES[0], prefix)
+    match = MatchResult(0, (held(NODES[0], 0), held(NODES[1], 0)))
+
+    def views() -> dict[NodeId, int]:
+        routed = s.route(prefix, 64, match, NODES[:2], record=False)
+        return {v.node: v.held_blocks for v in routed.view.cluster.nodes}
+
+    assert views() == {NODES[0]: 0, NODES[1]: 0}
+    s.computed(NODES[0], prefix[:10])
+    assert views() == {NODES[0]: 10, NODES[1]: 0}
+    s.computed(NODES[1], prefix)  # a node never routed the prompt is not made a holder by it
+    assert views()[NODES[1]] == 0
+    s.pending.check_invariants()
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "computed", "tick"]), st.sampled_from(NODES[:3]),
+                              st.integers(0, 4), st.integers(0, 4)), max_size=30))
+def test_pending_index_computed_matches_an_oracle(ops: list[tuple[str, NodeId, int, int]]) -> None:
+    now = [0.0]
+    index = PendingIndex(3.0, lambda: now[0])
+    oracle: dict[tuple[BlockHash, NodeId], tuple[float, bool]] = {}  # (hash, node) -> (expiry, computed)
+    for op, node, a, b in ops:
+        hashes = HASHES[min(a, b): max(a, b)]
+        if op == "add":
+            index.add(node, hashes)
+            for h in hashes:
+                oracle[(h, node)] = (now[0] + 3.0, oracle.get((h, node), (0.0, False))[1])
+        elif op == "computed":
+            index.computed(node, hashes)
+            for h in hashes:
+                if (h, node) in oracle:
+                    oracle[(h, node)] = (oracle[(h, node)][0], True)
+        else:
+            now[0] += 1.0
+        oracle = {k: v for k, v in oracle.items() if v[0] > now[0]}
+        for computed in (False, True):
+            want: dict[NodeId, int] = {}
+            for n in NODES[:3]:
+                depth = 0
+                while depth < len(HASHES) and (HASHES[depth], n) in oracle and (
+                        not computed or oracle[(HASHES[depth], n)][1]):
+                    depth += 1
+                if depth:
+                    want[n] = depth
+            assert index.match(HASHES, computed=computed) == want
+        index.check_invariants()
+
+
+table_ops = st.lists(st.tuples(st.sampled_from(["start", "prefilled", "finish"]), st.sampled_from(NODES[:3]),
+                               st.integers(0, 50), st.sampled_from([0.0, 0.0, 0.25, 1.5]), st.integers(0, 30)),
+                     max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(table_ops)
+def test_inflight_table_counts_decodes_and_pulls_like_an_oracle(ops: list[tuple[str, NodeId, int, float, int]]) -> None:
+    """Decoding: prefilled and not finished; pulling: the planned pull seconds of tickets not yet prefilled."""
+    table, tickets = InflightTable(), []
+    oracle: list[list[object]] = []  # [node, pull_s, prefilled, finished]
+    for op, node, tokens, pull_s, pick in ops:
+        if op == "start":
+            tickets.append(table.start(node, tokens, pull_s))
+            oracle.append([node, pull_s, False, False])
+        elif tickets:
+            i = pick % len(tickets)
+            if op == "prefilled":
+                table.prefilled(tickets[i])
+                oracle[i][2] = True
+            else:
+                table.finish(tickets[i])
+                oracle[i][2] = oracle[i][3] = True
+        table.check_invariants()
+        for n in NODES[:3]:
+            mine = [o for o in oracle if o[0] == n]
+            assert table.running_decodes(n) == sum(1 for o in mine if o[2] and not o[3])
+            assert table.pulling_s(n) == pytest.approx(sum(o[1] for o in mine if not o[2]))  # type: ignore[misc]
+
+
+def test_inflight_table_refuses_a_negative_or_nan_pull() -> None:
+    table = InflightTable()
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError):
+            table.start(NODES[0], 1, bad)
+    assert table.inflight(NODES[0]) == 0 and table.pulling_s(NODES[0]) == 0.0

@@ -109,9 +109,9 @@ def test_view_merges_index_pending_and_own_load() -> None:
     table.start(B, 40)
     view = build_view([A, B, C], match, {C: 2, A: 1}, table, 100.0)
     assert view.cluster.nodes == (
-        NodeView(A, gpu_blocks=3, local_blocks=5, prefill_tokens_per_s=100.0),
+        NodeView(A, gpu_blocks=3, local_blocks=5, prefill_tokens_per_s=100.0, held_blocks=5),
         NodeView(B, queued_tokens=40, inflight=1, prefill_tokens_per_s=500.0),
-        NodeView(C, gpu_blocks=2, local_blocks=2, prefill_tokens_per_s=100.0),
+        NodeView(C, gpu_blocks=2, local_blocks=2, prefill_tokens_per_s=100.0),  # pending: not held
     )
     assert dict(view.cluster.pull_bytes_per_s) == {(B, A): 2e9}
     assert view.addresses == {A: "127.0.0.1:1", B: "127.0.0.1:2"} and view.cluster_blocks == 5

@@ -76,6 +76,17 @@ def test_pending_holder_co_locates_a_burst() -> None:
     assert run(rows, nodes=2, capacity=60, policy="least_loaded").hits_by_source["local"] == 0
 
 
+def test_cost_sends_a_sibling_to_the_node_computing_its_prefix_not_a_pull_from_it() -> None:
+    # The burst of test_pending_holder_co_locates_a_burst under the cost policy. The sibling could
+    # go to the idle node and pull the 3 blocks the holder has only just started computing (priced
+    # 0.3 s, it would get none of them and recompute); or prefill them a second time there (4 s plus
+    # 3 s of duplicate work). It follows the holder instead: 4 s of queue, 1 block, TTFT 5 s.
+    rows = [(float(i), [100 + i]) for i in range(40)] + [(60.0, [0, 1, 2, 3]), (60.0, [0, 1, 2, 4])]
+    r = run(rows, nodes=2, capacity=60, policy="cost")
+    assert r.hits_by_source == {"local": 3, "remote": 0, "miss": 45}
+    assert r.ttft_p99_s == pytest.approx(5.0)
+
+
 def test_bounded_load_splits_a_burst_larger_than_a_fair_share() -> None:
     # On a cold cluster two siblings are the whole recent work: the second may not double the holder's.
     rows = [(0, [0, 1, 2, 3]), (0, [0, 1, 2, 4])]

@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixmesh.kernels import paged_decode_attention, paged_prefill_attention
+from radixmesh.kernels import paged_decode_attention, paged_prefill_attention, plan_decode
 from radixmesh.kernels.decode_attention_triton import paged_decode_attention_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -100,7 +100,8 @@ def check_decode(gen: torch.Generator, lens: list[int], group: int, block_size: 
     scale = 1 / math.sqrt(HEAD_DIM)
     out = torch.full_like(q, float("nan"))
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    got = paged_decode_attention(q, case.cache_k, case.cache_v, case.tables, seq_lens, scale, out=out)
+    plan = plan_decode(case.tables, seq_lens, case.cache_k, q.shape[1])
+    got = paged_decode_attention(q, case.cache_k, case.cache_v, plan, scale, out=out)
     assert got is out
     for b, n in enumerate(lens):
         want = dense_attention(q[b : b + 1], case.keys[b], case.values[b], n - 1, scale)

@@ -9,6 +9,7 @@ from radixmesh.kernels import (
     gather_blocks,
     paged_decode_attention,
     paged_prefill_attention,
+    plan_decode,
     scatter_blocks,
     write_kv,
 )
@@ -47,7 +48,8 @@ def test_write_kv_refuses_a_dtype_mismatch(kv: torch.Tensor) -> None:
 def decode(kv: torch.Tensor, heads: int, tables: list[list[int]], lens: list[int],
            out: torch.Tensor | None = None) -> torch.Tensor:
     q = torch.ones((len(lens), heads, D))
-    return paged_decode_attention(q, kv[:, 0, 0], kv[:, 0, 1], i32(tables), i32(lens), 1.0, out=out)
+    plan = plan_decode(i32(tables), i32(lens), kv[:, 0, 0], heads)
+    return paged_decode_attention(q, kv[:, 0, 0], kv[:, 0, 1], plan, 1.0, out=out)
 
 
 @pytest.mark.parametrize(
@@ -73,10 +75,9 @@ def test_decode_ignores_padding_entries_past_the_length(kv: torch.Tensor) -> Non
 
 
 def test_decode_refuses_int64_block_tables(kv: torch.Tensor) -> None:
-    q = torch.ones((1, 4, D))
     tables = torch.zeros((1, 2), dtype=torch.int64)
     with pytest.raises(ValueError, match="block_tables must be int32"):
-        paged_decode_attention(q, kv[:, 0, 0], kv[:, 0, 1], tables, i32([1]), 1.0)
+        plan_decode(tables, i32([1]), kv[:, 0, 0], 4)
 
 
 def test_decode_refuses_a_misshapen_out(kv: torch.Tensor) -> None:
@@ -105,3 +106,19 @@ def test_gather_refuses_ids_outside_the_pool(kv: torch.Tensor) -> None:
 def test_scatter_refuses_bad_ids(kv: torch.Tensor, ids: list[int], match: str) -> None:
     buffer = torch.zeros((2, *kv.shape[1:]))
     unchanged_after(kv, lambda: scatter_blocks(buffer, kv, ids), match)
+
+
+def test_decode_refuses_a_call_that_does_not_fit_its_plan(kv: torch.Tensor) -> None:
+    plan = plan_decode(i32([[0, 1]]), i32([5]), kv[:, 0, 0], 4)
+    out = torch.full((1, 4, D), float("nan"))
+    with pytest.raises(ValueError, match="for this plan|plan's"):  # two sequences' queries, one planned
+        paged_decode_attention(torch.ones((2, 4, D)), kv[:, 0, 0], kv[:, 0, 1], plan, 1.0)
+    with pytest.raises(ValueError, match="plan's"):  # another layout: the planned rows would be wrong
+        paged_decode_attention(torch.ones((1, 4, D)), kv[:, 0, 0].contiguous(), kv[:, 0, 1], plan, 1.0, out=out)
+    assert torch.isnan(out).all()
+
+
+def test_decode_plan_refuses_caches_not_strided_in_whole_heads() -> None:
+    odd = torch.zeros((N, BS, KVH, D + 1))[..., :D]
+    with pytest.raises(ValueError, match="whole heads"):
+        plan_decode(i32([[0]]), i32([1]), odd, 4)

@@ -1,16 +1,21 @@
 """NodeAgent in-process: serving plans, streaming, stats accounting, bad input, cancellation."""
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
 from radixmesh.cluster.fleet.agent_client import AgentUnavailable, LocalAgentClient, StaticAgentDirectory
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.engine.request import RequestId
+from radixmesh.node_agent.engine.runner import EngineRunner
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, TokenDelta
 from tests.support.agents import agent_config, collect, plan, prompt, reference, ucx_pair
+from tests.support.poll import until
 
 pytestmark = pytest.mark.anyio
 
@@ -239,3 +244,105 @@ async def test_a_peer_on_another_transport_means_recompute(pair: tuple[NodeAgent
     assert s.pull_failed and (s.tokens.remote, s.tokens.computed) == (0, 26)
     assert got.output_token_ids == reference(tokens)
     assert puller.engine.memory.gpu.pool.num_in_use == 0
+
+
+@contextlib.asynccontextmanager
+async def engine_held(agent: NodeAgent) -> AsyncIterator[None]:
+    """Hold `agent`'s engine thread with a job until the block ends: a pull from it waits for the
+    owner's pin (an engine job) meanwhile, so it is in progress for as long as the test needs."""
+    gate = threading.Event()
+    held = asyncio.ensure_future(agent.runner.call(gate.wait))
+    try:
+        yield
+    finally:
+        gate.set()
+        await held
+
+
+async def on_engine(agent: NodeAgent, read: Callable[[], Any]) -> Any:
+    return await agent.runner.call(read)
+
+
+@pytest.mark.integration
+async def test_a_pulled_request_is_queued_at_once_and_others_decode_while_it_pulls(
+        pair: tuple[NodeAgent, NodeAgent]) -> None:
+    owner, puller = pair
+    tokens = prompt(25, 30)
+    await collect(owner.serve(plan("o", tokens)))
+    decoding = puller.serve(plan("d", prompt(26, 6), max_tokens=200))
+    assert isinstance(await anext(decoding), TokenDelta)
+    pull = PullPlan(owner.node, owner.transfer_address, 0, 7)
+    async with engine_held(owner):
+        pulled = asyncio.ensure_future(collect(puller.serve(plan("p", tokens, pull=pull))))
+        rid = RequestId("p")
+        await until(lambda: on_engine(puller, lambda: puller.engine.sequence(rid) is not None), "p queued")
+        generated = puller.engine.counters.generated_tokens
+        await until(lambda: puller.engine.counters.generated_tokens >= generated + 5, "d decoding")
+        seq = await on_engine(puller, lambda: puller.engine.sequence(rid))
+        assert seq.pulling is not None and seq.stats.sources is None and not pulled.done()
+    _, got = await pulled
+    assert got.output_token_ids == reference(tokens)
+    assert (got.stats.tokens.remote, got.stats.tokens.computed, got.stats.pull_failed) == (28, 2, False)
+    await decoding.aclose()
+    await puller.check_invariants()
+    assert puller.engine.memory.gpu.pool.num_in_use == 0
+
+
+@pytest.mark.integration
+async def test_a_request_cancelled_mid_pull_leaks_no_block(pair: tuple[NodeAgent, NodeAgent]) -> None:
+    owner, puller = pair
+    tokens = prompt(27, 30)
+    await collect(owner.serve(plan("o", tokens)))
+    pull = PullPlan(owner.node, owner.transfer_address, 0, 7)
+    async with engine_held(owner):
+        serving = asyncio.ensure_future(collect(puller.serve(plan("p", tokens, pull=pull))))
+        await until(lambda: on_engine(puller, lambda: puller.engine.memory.pulling_blocks == 7), "the pull's blocks")
+        serving.cancel()  # the consumer goes away mid-pull
+        await asyncio.gather(serving, return_exceptions=True)
+        await until(lambda: on_engine(puller, lambda: puller.engine.memory.pulling_blocks == 0), "the pull landed")
+        await puller.check_invariants()
+        assert puller.engine.memory.gpu.pool.num_in_use == 0 and not puller.runner.is_active(RequestId("p"))
+    await until(lambda: on_engine(owner, lambda: owner.engine.memory.gpu.pool.num_in_use == 0), "the owner unpinned")
+    await owner.check_invariants()
+
+
+@pytest.mark.integration
+async def test_a_request_cancelled_while_being_queued_leaks_no_pull_block(pair: tuple[NodeAgent, NodeAgent]) -> None:
+    owner, puller = pair
+    tokens = prompt(29, 30)
+    await collect(owner.serve(plan("o", tokens)))
+    pull = PullPlan(owner.node, owner.transfer_address, 0, 7)
+    async with engine_held(puller):  # the submit job (which allocates the pull's blocks) waits
+        serving = asyncio.ensure_future(collect(puller.serve(plan("p", tokens, pull=pull))))
+        await until(lambda: puller.runner.is_active(RequestId("p")), "p being queued", pause_s=0)
+        serving.cancel()
+    await asyncio.gather(serving, return_exceptions=True)
+    await until(lambda: on_engine(puller, lambda: not puller.engine.has_work), "p aborted")
+    await puller.check_invariants()
+    assert puller.engine.memory.gpu.pool.num_in_use == 0
+
+
+@pytest.mark.integration
+async def test_a_pull_costs_the_puller_two_engine_jobs_and_the_owner_one_pin_and_one_unpin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    jobs: list[tuple[EngineRunner, str]] = []
+    call = EngineRunner.call
+
+    async def counted(self: EngineRunner, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        jobs.append((self, fn.__name__))
+        return await call(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(EngineRunner, "call", counted)  # before the agents start: their planes bind it
+
+    def of(agent: NodeAgent) -> list[str]:
+        return [name for runner, name in jobs if runner is agent.runner and name != "_step"]
+
+    async with ucx_pair() as (owner, puller):
+        tokens = prompt(28, 30)
+        await collect(owner.serve(plan("o", tokens)))
+        jobs.clear()
+        _, got = await collect(puller.serve(plan("p", tokens, pull=PullPlan(owner.node, owner.transfer_address, 0, 7))))
+        assert got.stats.tokens.remote == 28
+        await until(lambda: "close" in of(owner), "the owner's unpin")
+        assert of(owner) == ["open", "close"]
+        assert of(puller) == ["_submit", "land_pull", "_drain_events"]  # the last: standalone, not the pull's

@@ -118,3 +118,33 @@ def test_config_validation_names_the_field() -> None:
     assert named_config("llama3-8b").head_dim == 128
     assert named_config("tiny").kv_layout("m", 16).num_kv_heads == 4
     assert named_config("tiny", hidden_size=512).head_dim == 64
+
+
+def test_a_mixed_batch_of_decodes_and_prefill_chunks_matches_dense_reference() -> None:
+    # One forward: sequence a decodes (one new token), b prefills a chunk over a cached prefix, c its
+    # whole prompt; decodes first, as the engine orders them.
+    model = random_model(small_config(), seed=6)
+    kv = model.config.kv_layout("t", BS).new_cache(10)
+    a, b, c = [3, 4, 5, 6, 7], [9, 8, 7, 6, 5, 4], [11, 12, 13]
+    ta, tb, tc = [0, 5], [7, 2], [9]
+    batch, pos = AttentionBatch.build([SeqChunk(ta, 0, 4), SeqChunk(tb, 0, 2)], BS)
+    model(torch.tensor(a[:4] + b[:2]), pos, batch, kv, torch.tensor([3, 5]))
+    batch, pos = AttentionBatch.build([SeqChunk(ta, 4, 1), SeqChunk(tb, 2, 4), SeqChunk(tc, 0, 3)], BS)
+    assert batch.num_decodes == 1 and not batch.is_decode
+    got = model(torch.tensor(a[4:] + b[2:] + c), pos, batch, kv, torch.tensor([0, 4, 7]))
+    assert rel_err(got[0], dense_logits(model, a)[-1]) < 1e-5
+    assert rel_err(got[1], dense_logits(model, b)[-1]) < 1e-5
+    assert rel_err(got[2], dense_logits(model, c)[-1]) < 1e-5
+
+
+def test_only_leading_one_token_chunks_run_as_decodes() -> None:
+    # [decode, decode, prefill, one-token chunk after it]: the last runs in the prefill kernel.
+    chunks = [SeqChunk([0], 2, 1), SeqChunk([1], 3, 1), SeqChunk([2, 3], 1, 5), SeqChunk([4], 0, 1)]
+    batch, _ = AttentionBatch.build(chunks, BS)
+    assert batch.num_decodes == 2
+    assert batch.prefill is not None
+    assert batch.prefill.cu_seqlens.tolist() == [0, 5, 6]
+    assert batch.prefill.prefix_lens.tolist() == [1, 0]
+    assert batch.prefill.block_tables.tolist() == [[2, 3], [4, 0]]
+    assert AttentionBatch.build(chunks[:2], BS)[0].is_decode
+    assert AttentionBatch.build(chunks[2:], BS)[0].num_decodes == 0

@@ -144,10 +144,10 @@ def test_tensor_bytes_views_bfloat16_without_copy() -> None:
 
 def test_peer_stats_ewma_is_exact() -> None:
     s = PeerStats("ucx", alpha=0.5)
-    s.record("ok", 2, 2_000_000_000, 1.0, 0.010)  # 2 GB/s
-    s.record("ok", 1, 1_000_000_000, 1.0, 0.030)  # 1 GB/s
-    s.record("timeout", 0, 0, 5.0, 0.0)
-    assert (s.pulls, s.blocks, s.bytes, s.seconds) == (3, 3, 3_000_000_000, 7.0)
-    assert s.ewma_gbps == pytest.approx(1.5)  # a pull that moved nothing leaves the bandwidth alone
-    assert s.ewma_latency_s == pytest.approx(0.5 * (0.5 * 0.010 + 0.5 * 0.030))
+    s.record("ok", 2, 2_000_000_000, 1.010, 0.010)  # 2 GB/s after a 10 ms header
+    s.record("ok", 1, 1_000_000_000, 1.030, 0.030)  # 1 GB/s after 30 ms
+    s.record("timeout", 0, 0, 5.0, 0.0)  # no header: 5 s of fixed cost, no payload
+    assert (s.pulls, s.blocks, s.bytes, s.seconds) == (3, 3, 3_000_000_000, pytest.approx(7.04))
+    assert s.ewma_gbps == pytest.approx(1.5)  # payload rate only; a pull that moved nothing leaves it alone
+    assert s.ewma_latency_s == pytest.approx(0.5 * (0.5 * 0.010 + 0.5 * 0.030) + 0.5 * 5.0)
     assert s.outcomes == {"ok": 2, "timeout": 1}

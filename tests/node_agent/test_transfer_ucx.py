@@ -3,6 +3,9 @@
 import asyncio
 import contextlib
 import multiprocessing as mp
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -18,7 +21,7 @@ from radixmesh.node_agent.transfer.client import PullOutcome, PullResult, Transf
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.transport import Peer
 from radixmesh.node_agent.transfer.ucx_progress import UcxProgress
-from radixmesh.node_agent.transfer.ucx_transport import UcxTransport, import_ucxx
+from radixmesh.node_agent.transfer.ucx_transport import UcxTransport, import_ucxx, ucx_env
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
@@ -39,6 +42,7 @@ from tests.support.transfer_owner import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 CTX = mp.get_context("spawn")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHUNK = 3 * LAYOUT.block_bytes  # 3 blocks per chunk: every pull of more than 3 blocks is pipelined
 
 
@@ -131,9 +135,10 @@ def test_pulled_blocks_are_bitwise_equal_to_owner(loop: asyncio.AbstractEventLoo
     assert_owner_clean(owner)
 
 
-IDLE_S = 1.0
-IDLE_CPU_SHARE = 0.2
-"""Of the idle window's wall time; ucxx's own blocking mode spins a core (close to 1.0) on both sides."""
+IDLE_S = 5.0
+IDLE_CPU_SHARE = 0.05
+"""Of the idle window's wall time (5% of a core); ucxx's own blocking mode spins a core (close to 1.0)
+on both sides."""
 
 
 async def idle(seconds: float) -> None:
@@ -297,3 +302,36 @@ def test_a_staged_owner_sends_the_same_bytes(loop: asyncio.AbstractEventLoop) ->
         assert_owner_clean(staged)
     finally:
         staged.stop()
+
+
+def _pull_once() -> None:
+    """A child's whole life (see the test below): one pull from a fresh owner, then exit."""
+    loop = asyncio.new_event_loop()
+    owner = Owner()
+    try:
+        req = Requester(loop)
+        result = req.pull(owner.peer(), sequence_hashes(40))
+        assert result.outcome is PullOutcome.OK and result.blocks == 40
+        req.finish(result)
+    finally:
+        owner.stop()
+        loop.close()
+
+
+def test_agents_of_one_host_move_payload_over_shared_memory() -> None:
+    """UCX picks a shared-memory transport (posix/sysv) for the payload between two processes of one
+    host, not TCP: ucxx's endpoints ask for peer error handling, which UCX grants shared memory only
+    with UCX_MM_ERROR_HANDLING (ucx_transport.DEFAULT_ENV). UCX names each endpoint's lanes at info
+    level ("intra-node cfg#N tag(<transport>/<device>) ..."), so both processes are run with it."""
+    env = {k: v for k, v in os.environ.items() if k not in ucx_env(loopback=True)}  # ucx_env's own values
+    env["UCX_LOG_LEVEL"] = "info"
+    script = "from tests.node_agent.test_transfer_ucx import _pull_once; _pull_once()"
+    child = subprocess.run([sys.executable, "-c", script], check=False, env=env, cwd=REPO, capture_output=True,
+                           text=True, timeout=100)
+    assert child.returncode == 0, child.stderr[-2000:]
+    # UCX logs to stdout. The owner's endpoint sends the payload (the requester only receives).
+    lanes = [line for line in child.stdout.splitlines() if "intra-node cfg" in line and " tag(" in line]
+    assert lanes, child.stdout[-2000:]
+    for line in lanes:
+        tag_lane = line.split(" tag(", 1)[1].split(")", 1)[0]
+        assert tag_lane.endswith("/memory") and tag_lane.split("/")[0] in ("posix", "sysv"), line

@@ -9,6 +9,7 @@ No sleeps: every wait polls a condition under a deadline.
 """
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -163,7 +164,11 @@ async def test_killed_agent_requests_retried_index_drops_it_hit_rate_recovers(
     total = sum(t for _, t in again)
     rate_after = sum(h for h, _ in again) / total
     # Recovered: the survivors hold the family again. Bounded load may still send a repeat to the
-    # less-worked survivor, where the cost policy recomputes a short tail (cheaper than pulling it),
-    # so up to two blocks per prompt may be computed instead of reused.
-    assert rate_after >= rate_before - 2 * BS * len(warm) / total, (rate_before, rate_after)
+    # less-worked survivor, which holds the family's shared system prompt but not that prompt's own
+    # tail; the cost policy recomputes the tail there when that is cheaper than a pull (a few blocks
+    # of the tiny model prefill in ~2 ms, under a pull's fixed cost), so at most the blocks past the
+    # shared part may be computed instead of reused.
+    shared = len(os.path.commonprefix([TOK.encode(p) for p in warm])) // BS * BS
+    tails = sum(len(TOK.encode(p)) - shared for p in warm)
+    assert rate_after >= rate_before - tails / total, (rate_before, rate_after, tails)
     assert (await stats(deployment))["router"]["nodes"][victim]["routed"] == routed_to_victim

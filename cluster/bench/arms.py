@@ -1,0 +1,108 @@
+"""The arms a bench compares, and the clusters it runs them on.
+
+An arm is a routing policy with caching on, or caching off. `off` routes least-loaded (the best a
+cluster without a cache can do) and sends every request with its own cache_salt, so nothing is
+reused even on a running deployment that caches; a local `off` cluster also runs its agents
+without prefix caching.
+
+A `Clusters` object gives a cluster for an arm: `LocalClusters` starts a fresh deployment through
+the launcher for every cell (same model, same memory, cold caches) and stops it after; `RunningCluster`
+is one deployment at a URL, which serves only the arm of its own policy (and `off`).
+"""
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import aiohttp
+
+from radixmesh.cluster.bench.client import served_model
+from radixmesh.cluster.launch import launcher
+from radixmesh.cluster.launch.config import LauncherConfig
+from radixmesh.cluster.sim.replay import router_stats
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    name: str
+    policy: str
+    caching: bool = True
+
+
+ARMS = {arm.name: arm for arm in (
+    Arm("cost", "cost"),
+    Arm("cost_no_pull", "cost_no_pull"),
+    Arm("prefix_affinity", "prefix_affinity"),
+    Arm("least_loaded", "least_loaded"),
+    Arm("round_robin", "round_robin"),
+    Arm("off", "least_loaded", caching=False),
+)}
+"""Every arm by name, in the order a bench runs them."""
+
+AGENTS_TIMEOUT_S = 300.0
+"""How long a local deployment may take to start all its agents (a real model loads in each)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A cluster serving one arm: where its router listens and what it calls the model."""
+
+    url: str
+    model: str
+
+
+class Clusters(Protocol):
+    def cluster(self, arm: Arm) -> contextlib.AbstractAsyncContextManager[Target]:
+        """A cluster serving `arm` for the duration of the context."""
+        ...
+
+
+class LocalClusters:
+    """A fresh deployment of `base` (with the arm's policy and caching) per cell, on the Ray this
+    process started (launcher.init_local_ray)."""
+
+    def __init__(self, base: LauncherConfig) -> None:
+        self.base = base
+
+    @contextlib.asynccontextmanager
+    async def cluster(self, arm: Arm) -> AsyncIterator[Target]:
+        config = replace(self.base, policy=arm.policy, prefix_caching=arm.caching)
+        deployment = await launcher.up(config)
+        try:
+            await self._all_agents(len(deployment.nodes))
+            yield Target(deployment.router_url, config.served_model_name)
+        finally:
+            await launcher.down()
+
+    async def _all_agents(self, started: int) -> None:
+        """Wait until the router routes over every local agent: `up` returns once the first has started."""
+        expected = self.base.local_nodes or started
+        deadline = time.monotonic() + AGENTS_TIMEOUT_S
+        while started < expected:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{started} of {expected} agents after {AGENTS_TIMEOUT_S:.0f} s")
+            await asyncio.sleep(0.5)  # the agents start in their own actors: nothing to wait on here
+            started = len(await launcher.router_handle().nodes.remote())
+
+
+class RunningCluster:
+    """The deployment at `url`, for the arm of its policy and for `off`."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    async def policy(self) -> str:
+        """The policy the deployment routes with (its /stats)."""
+        return str((await router_stats(self.url))["policy"])
+
+    @contextlib.asynccontextmanager
+    async def cluster(self, arm: Arm) -> AsyncIterator[Target]:
+        if arm.caching and arm.policy != await self.policy():
+            raise ValueError(f"the deployment at {self.url} routes with {await self.policy()!r}, not "
+                             f"{arm.policy!r} (arm {arm.name!r})")
+        async with aiohttp.ClientSession() as http:
+            model = await served_model(http, self.url)
+        yield Target(self.url, model)

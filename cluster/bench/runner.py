@@ -1,0 +1,176 @@
+"""Running a bench: every arm at every offered rate, one cell at a time, arms interleaved.
+
+Order: rate by rate, ascending; within a rate the arms in a rotated order (rate i starts at arm i),
+so a machine that drifts (thermal, a neighbour's job) hits every arm alike and no arm always goes
+first. Every cell gets a fresh cluster from `Clusters`, a warm-up (requests salted so they share
+nothing with the workload), then the rate's requests at their arrival times: for `ramp_s` seconds
+unmeasured (the workload itself warms the caches and brings sessions to their later turns, as on a
+service that has been running), then for `duration_s` measured. It ends `drain_s` after the arrival
+window, cancelling what still runs (counted as unfinished). Setting `stop` ends the current cell
+the same way at once and runs no more.
+"""
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+import aiohttp
+
+from radixmesh.cluster.bench.arms import Arm, Clusters, Target
+from radixmesh.cluster.bench.client import Outcome, RequestResult, complete
+from radixmesh.cluster.bench.metrics import Slo, summarise
+from radixmesh.cluster.bench.schedule import BenchRequest, Workload, count_sessions, random_tokens, schedule
+from radixmesh.cluster.bench.workloads import VOCAB
+from radixmesh.cluster.sim.replay import router_stats
+from radixmesh.proto.serve.tokens import SOURCES
+
+WARMUP_PROMPT_TOKENS = 128
+
+
+@dataclass(frozen=True, slots=True)
+class BenchPlan:
+    workload: Workload
+    arms: tuple[Arm, ...]
+    rates: tuple[float, ...]
+    """Offered request rates (requests/s), run in ascending order."""
+    duration_s: float = 90.0
+    """Measured arrival window of each cell."""
+    ramp_s: float = 0.0
+    """Arrivals sent before the measured window, not measured."""
+    drain_s: float = 30.0
+    """How long a cell waits after its window for requests still running."""
+    warmup: int = 4
+    """Warm-up requests per cell (sent two at a time)."""
+    slo: Slo = field(default_factory=Slo)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.arms or not self.rates:
+            raise ValueError("a bench needs at least one arm and one rate")
+        if len({a.name for a in self.arms}) != len(self.arms):
+            raise ValueError("an arm is named twice")
+        if min(self.rates) <= 0 or self.duration_s <= 0 or min(self.ramp_s, self.drain_s, self.warmup) < 0:
+            raise ValueError("rates and duration must be > 0; ramp, drain and warmup >= 0")
+
+    def cells(self) -> list[tuple[float, Arm]]:
+        """(rate, arm) in the order they run."""
+        rates = sorted(self.rates)
+        return [(rate, self.arms[(i + k) % len(self.arms)]) for i, rate in enumerate(rates)
+                for k in range(len(self.arms))]
+
+
+class BenchProgress(Protocol):
+    def start(self, totals: dict[str, int]) -> None:
+        """The bench starts: each arm will send `totals[arm]` requests over all rates."""
+
+    def cell(self, arm: str, rate: float, requests: int) -> None:
+        """A cell of `arm` starts, with `requests` to send."""
+
+    def done(self, arm: str) -> None:
+        """One request of the running cell of `arm` ended (any outcome)."""
+
+
+async def run_bench(plan: BenchPlan, clusters: Clusters, stop: asyncio.Event, progress: BenchProgress,
+                    on_cell: Callable[[list[dict[str, Any]]], None],
+                    clock: Callable[[], float] = time.monotonic) -> list[dict[str, Any]]:
+    """Every cell of `plan`; `on_cell` gets the cells measured so far after each one (to save them)."""
+    cells: list[dict[str, Any]] = []
+    requests = {rate: schedule(plan.workload, rate, plan.ramp_s + plan.duration_s, plan.seed) for rate in plan.rates}
+    progress.start({arm.name: sum(map(len, requests.values())) for arm in plan.arms})
+    for order, (rate, arm) in enumerate(plan.cells()):
+        if stop.is_set():
+            break
+        progress.cell(arm.name, rate, len(requests[rate]))
+        t0 = clock()
+        async with clusters.cluster(arm) as target:
+            if stop.is_set():  # stopped while the cluster started: nothing of this cell was measured
+                break
+            cell = await run_cell(plan, arm, rate, requests[rate], target, stop,
+                                  partial(progress.done, arm.name), clock)
+        cells.append({"arm": arm.name, "rate_rps": rate, "order": order, "wall_s": clock() - t0, **cell})
+        on_cell(cells)
+    return cells
+
+
+async def run_cell(plan: BenchPlan, arm: Arm, rate: float, requests: Sequence[BenchRequest], target: Target,
+                   stop: asyncio.Event, on_done: Callable[[], None],
+                   clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """One arm at one rate against `target`: warm it, send `requests` open-loop (those of the ramp
+    unmeasured), drain, summarise."""
+    connector = aiohttp.TCPConnector(limit=0)  # open loop: the client never holds a request back
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
+        await _warm(http, target, plan, rate)
+        before = await router_stats(target.url)
+
+        async def one(r: BenchRequest) -> RequestResult:
+            # `off` salts each request apart: no prefix is shared, even on a deployment that caches
+            salt = None if arm.caching else f"bench-{plan.seed}-{rate!r}-{r.index}"
+            result = await complete(http, target.url, target.model, r, clock, salt)
+            on_done()
+            return result
+
+        # time 0 is the ramp's start; the measured window is [ramp_s, ramp_s + duration_s)
+        t0 = clock()
+        tasks: list[asyncio.Task[RequestResult]] = []
+        opened = plan.ramp_s <= 0
+        for r in requests:
+            if await _stopped(stop, t0 + r.arrival_s - clock()):
+                break
+            if not opened and r.arrival_s >= plan.ramp_s:
+                # the window opens: what the router counted so far was the ramp's (some of whose
+                # requests still run, so the window's counters hold a little of the ramp's end)
+                opened, before = True, await router_stats(target.url)
+            tasks.append(asyncio.create_task(one(r)))
+        interrupted = stop.is_set()
+        window = max(0.0, clock() - t0 - plan.ramp_s) if interrupted else plan.duration_s
+        await _drain(tasks, stop, t0 + plan.ramp_s + plan.duration_s + plan.drain_s - clock())
+        end = clock()
+        # a task cancelled before it ran never sent its request: it waited since its arrival
+        results = [t.result() if not t.cancelled() else
+                   RequestResult(i, Outcome.UNFINISHED, end - t0 - requests[i].arrival_s, ttft_censored=True)
+                   for i, t in enumerate(tasks) if requests[i].arrival_s >= plan.ramp_s]
+    after = await router_stats(target.url)
+    before = before if opened else after  # stopped during the ramp: nothing was measured
+    delta = {k: int(after[k]) - int(before[k]) for k in ("requests", "prompt_tokens", *SOURCES)}
+    measured = [r for r in requests if plan.ramp_s <= r.arrival_s < plan.ramp_s + window]
+    return {"interrupted": interrupted or stop.is_set(), "window_s": window,
+            "ramp_requests": sum(r.arrival_s < plan.ramp_s for r in requests[:len(tasks)]),
+            "sessions": count_sessions(measured),
+            **summarise(results, len(measured), plan.slo, window, delta)}
+
+
+async def _stopped(stop: asyncio.Event, delay_s: float) -> bool:
+    """Wait `delay_s` unless `stop` is set first; whether it is set."""
+    if delay_s > 0 and not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), delay_s)
+        except TimeoutError:
+            pass
+    return stop.is_set()
+
+
+async def _drain(tasks: Sequence[asyncio.Task[RequestResult]], stop: asyncio.Event, timeout_s: float) -> None:
+    """Wait for `tasks` up to `timeout_s` or until `stop`; cancel what still runs."""
+    pending = [t for t in tasks if not t.done()]
+    if pending and timeout_s > 0 and not stop.is_set():
+        waiters = [asyncio.ensure_future(asyncio.wait(pending)), asyncio.ensure_future(stop.wait())]
+        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:  # cancelling asyncio.wait leaves the tasks it waited on running
+            w.cancel()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _warm(http: aiohttp.ClientSession, target: Target, plan: BenchPlan, rate: float) -> None:
+    """Requests that share nothing with the workload (salted), two at a time: first-use costs paid."""
+    rng = random.Random(f"{plan.seed}/warmup")
+    for start in range(0, plan.warmup, 2):
+        batch = [BenchRequest(i, 0.0, -1, 0, random_tokens(rng, WARMUP_PROMPT_TOKENS, VOCAB), 4)
+                 for i in range(start, min(start + 2, plan.warmup))]
+        await asyncio.gather(*(complete(http, target.url, target.model, r, time.monotonic,
+                                        f"warmup-{plan.seed}-{rate!r}-{r.index}") for r in batch))

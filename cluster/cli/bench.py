@@ -1,0 +1,246 @@
+"""`radixmesh bench`: the arms (routing policies, caching off) on live clusters under one open-loop
+workload at several offered rates; goodput, latency and hit rates per arm and rate, as JSON and PNG.
+
+    radixmesh bench --local 2 --model smollm2-135m-instruct --workload chat --rates 0.5,1,2
+    radixmesh bench --url http://127.0.0.1:8000 --arms cost,off --workload docs
+
+Ctrl-C ends the running cell at once, stops its cluster and writes what was measured; the JSON is
+also rewritten after every cell.
+"""
+
+import asyncio
+import datetime
+import os
+import platform
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import click
+import ray
+from rich.console import Console
+from rich.progress import Progress, TaskID
+from rich.table import Table
+
+from radixmesh.cluster.bench import report
+from radixmesh.cluster.bench.arms import ARMS, Arm, Clusters, LocalClusters, RunningCluster
+from radixmesh.cluster.bench.metrics import Slo
+from radixmesh.cluster.bench.runner import BenchPlan, run_bench
+from radixmesh.cluster.bench.schedule import Workload
+from radixmesh.cluster.bench.workloads import GENERATORS, TraceWorkload, workload_settings
+from radixmesh.cluster.cli.options import cache_options, chosen_log_level
+from radixmesh.cluster.launch import launcher
+from radixmesh.cluster.launch.config import LauncherConfig
+from radixmesh.node_agent import DEFAULT_EVICTION, SMOLLM2, resolve_model
+
+
+def _floats(_: click.Context, __: click.Parameter, value: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(sorted({float(v) for v in value.split(",") if v.strip()}))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of numbers") from None
+    if not rates or min(rates) <= 0:
+        raise click.BadParameter("give one or more rates > 0")
+    return rates
+
+
+def _arms(_: click.Context, __: click.Parameter, value: str) -> tuple[Arm, ...]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in ARMS]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown arm(s) {', '.join(unknown) or '(none given)'}; valid: {', '.join(ARMS)}")
+    return tuple(ARMS[n] for n in dict.fromkeys(names))
+
+
+class _ArmBars:
+    """A progress bar per arm (BenchProgress): its requests over all rates."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._tasks: dict[str, TaskID] = {}
+
+    def start(self, totals: dict[str, int]) -> None:
+        self._tasks = {arm: self._progress.add_task(arm, total=total) for arm, total in totals.items()}
+
+    def cell(self, arm: str, rate: float, requests: int) -> None:
+        self._progress.update(self._tasks[arm], description=f"{arm} @ {rate:g}/s")
+
+    def done(self, arm: str) -> None:
+        self._progress.advance(self._tasks[arm])
+
+
+def results_table(doc: dict[str, Any]) -> Table:
+    table = Table(title=f"radixmesh bench: {doc['settings']['workload']['name']}, {doc['settings']['cluster']}")
+    for name in ("arm", "rate/s", "goodput/s", "SLO met", "TTFT p50", "TTFT p99", "ITL p99", "hit rate",
+                 "429", "failed", "vs round_robin", "vs off"):
+        table.add_column(name, justify="left" if name == "arm" else "right")
+
+    def ratio(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}x"
+
+    for c in sorted(doc["cells"], key=lambda c: (c["rate_rps"], c["arm"])):
+        table.add_row(c["arm"], f"{c['rate_rps']:g}", f"{c['goodput_rps']:.3f}", f"{c['slo_attainment']:.0%}",
+                      f"{c['ttft_s']['p50']:.2f} s", f"{c['ttft_s']['p99']:.2f} s", f"{c['itl_s']['p99'] * 1e3:.0f} ms",
+                      f"{c['hit_rate']:.1%}", str(c["requests"]["refused"]), str(c["requests"]["failed"]),
+                      ratio(c["ratios"].get("goodput_over_round_robin")), ratio(c["ratios"].get("goodput_over_off")))
+    return table
+
+
+@click.command("bench")
+@click.option("--local", "local_nodes", type=click.IntRange(1, 64), default=None,
+              help="Start a fresh local cluster of N agents for every arm and rate (else use --url).")
+@click.option("--url", default=None, help="Router of a running deployment: its own policy's arm and `off` only.")
+@click.option("--workload", type=click.Choice([*GENERATORS, "trace"]), default="chat", show_default=True)
+@click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Mooncake JSONL file for --workload trace (e.g. tests/data/traces/mooncake_trace_1000.jsonl).")
+@click.option("--arms", "arms", default=",".join(ARMS), show_default=True, callback=_arms,
+              help="Comma-separated arms: routing policies with caching on, and `off`.")
+@click.option("--rates", default="0.5,1,2", show_default=True, callback=_floats,
+              help="Comma-separated offered request rates (Poisson arrivals, per second).")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=90.0, show_default=True,
+              help="Measured arrival window of each arm and rate, seconds.")
+@click.option("--ramp", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds the workload runs unmeasured before each window (caches warm, sessions past "
+                   "their first turns).")
+@click.option("--drain", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds after the window a cell waits for requests still running (then: unfinished).")
+@click.option("--warmup", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Warm-up requests per cell, sharing nothing with the workload.")
+@click.option("--ttft-slo", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+              help="Seconds to the first token a request may take and count toward goodput.")
+@click.option("--itl-slo", type=click.FloatRange(min=0, min_open=True), default=0.5, show_default=True,
+              help="Mean seconds per output token after the first a request may take and count toward goodput.")
+@click.option("--knee-attainment", type=click.FloatRange(0, 1), default=0.9, show_default=True,
+              help="The knee: the highest rate at which cost meets the SLO for this share of requests.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Output tokens per request (ignore_eos: every arm generates exactly these).")
+@click.option("--prompt-scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Multiply the generators' prompt lengths (system prompts, documents, turns).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--model", "model_spec", default=SMOLLM2, show_default=True,
+              help=f"{SMOLLM2}, tiny (seeded random), a local Hugging Face directory or a .gguf file (--local).")
+@click.option("--gpu-blocks", default=1024, show_default=True, type=click.IntRange(min=1),
+              help="KV blocks of each agent (--local): the same memory for every arm.")
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Tokens per KV block (--local sets it; with --url, the deployment's).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
+              show_default=True, help="Folder of bench.json and bench.png.")
+@cache_options
+def bench(local_nodes: int | None, url: str | None, workload: str, trace_path: Path | None, arms: tuple[Arm, ...],
+          rates: tuple[float, ...], duration: float, ramp: float, drain: float, warmup: int, ttft_slo: float,
+          itl_slo: float,
+          knee_attainment: float, max_tokens: int, prompt_scale: float, seed: int, model_spec: str,
+          gpu_blocks: int, block_size: int, out_dir: Path, eviction: str, handoff: bool) -> None:
+    """Compare the arms on live clusters: goodput and latency against offered load."""
+    if (local_nodes is None) == (url is None):
+        raise click.UsageError("give exactly one of --local N and --url URL")
+    if url is not None and (eviction != DEFAULT_EVICTION or handoff):
+        raise click.UsageError("--eviction and --handoff set up the agents of --local")
+    if (workload == "trace") != (trace_path is not None):
+        raise click.UsageError("--trace FILE goes with --workload trace, and only with it")
+    load: Workload = (TraceWorkload(trace_path, block_size, max_tokens=max_tokens) if trace_path is not None
+                      else GENERATORS[workload](max_tokens=max_tokens, scale=prompt_scale))
+    plan = BenchPlan(load, arms, rates, duration, ramp, drain, warmup, Slo(ttft_slo, itl_slo), seed)
+    clusters: Clusters
+    if local_nodes is not None:
+        try:
+            base = LauncherConfig(local_nodes=local_nodes, model=resolve_model(model_spec), gpu_blocks=gpu_blocks,
+                                  block_size=block_size, log_level=chosen_log_level(), log_access=False,
+                                  eviction=eviction, handoff=handoff)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        clusters = LocalClusters(base)
+        where = f"{local_nodes} local agent(s), {base.served_model_name}, {gpu_blocks} KV blocks each"
+    else:
+        clusters = RunningCluster(url or "")
+        where = f"the deployment at {url}"
+    settings = {
+        "command": " ".join(["radixmesh", *sys.argv[1:]]),
+        "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "revision": _revision(),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "load_average_1m_at_start": os.getloadavg()[0]},
+        "cluster": where, "block_size": block_size,
+        "workload": workload_settings(load),
+        "arms": {a.name: {"policy": a.policy, "caching": a.caching} for a in arms},
+        "rates_rps": list(rates), "duration_s": duration, "ramp_s": ramp, "drain_s": drain, "warmup": warmup,
+        "seed": seed,
+        "slo": {"ttft_s": ttft_slo, "itl_s": itl_slo,
+                "definition": "met: completed, TTFT <= ttft_s and (end to end - TTFT) / (output tokens - 1) "
+                              "<= itl_s; goodput = met / arrival window; attainment = met / offered; "
+                              "TTFT percentiles include requests unfinished at the cell's end (still waiting "
+                              "for a first token: their wait, a lower bound, counted in ttft_lower_bounds)"},
+        "knee_attainment": knee_attainment,
+    }
+    console = Console(width=None if sys.stdout.isatty() else 150)  # a log file gets the whole table
+    if local_nodes is not None:
+        with console.status(f"starting Ray for {local_nodes} simulated node(s) ..."):
+            launcher.init_local_ray(base)
+    try:
+        cells, interrupted = asyncio.run(_run(plan, clusters, console, settings, out_dir, knee_attainment))
+    except (ValueError, TimeoutError, launcher.DeploymentExists, aiohttp.ClientError, OSError) as e:
+        raise click.ClickException(f"bench stopped: {e} (the cells measured before it are in "
+                                   f"{out_dir / 'bench.json'})") from None
+    except ray.exceptions.RayError as e:  # a part of a local cluster failed to start
+        raise click.ClickException(f"a cluster failed to start: {e}") from None
+    finally:
+        if local_nodes is not None:
+            ray.shutdown()
+    doc = report.document(settings, cells, workload=load.name, attainment=knee_attainment, interrupted=interrupted,
+                          complete=not interrupted)
+    json_path, png_path = report.write(doc, out_dir)
+    console.print(results_table(doc))
+    head = doc["headline"]
+    if head is not None:
+        console.print(f"headline at the knee ({head['knee']['rate_rps']:g}/s, met: {head['knee']['met']}): "
+                      + ", ".join(f"{k} {_x(head[k])}" for k, _, _ in report.HEADLINE_RATIOS))
+    console.print(f"wrote {json_path}" + (f" and {png_path}" if png_path else "")
+                  + (" (interrupted: what was measured)" if interrupted else ""))
+
+
+def _revision() -> str | None:
+    """The checkout's commit (with "+dirty" for uncommitted changes), to tell before from after; None
+    outside a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+async def _run(plan: BenchPlan, clusters: Clusters, console: Console, settings: dict[str, Any], out_dir: Path,
+               attainment: float) -> tuple[list[dict[str, Any]], bool]:
+    """run_bench with the bars, the first Ctrl-C as a clean stop (a second one interrupts), and the JSON
+    rewritten after every cell."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def interrupt() -> None:
+        console.print("stopping: the running cell ends now; Ctrl-C again to abandon it")
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+
+    loop.add_signal_handler(signal.SIGINT, interrupt)
+
+    def save(cells: list[dict[str, Any]]) -> None:
+        doc = report.document(settings, cells, workload=plan.workload.name, attainment=attainment,
+                              interrupted=stop.is_set(), complete=False)
+        report.write(doc, out_dir, picture=False)
+
+    try:
+        with Progress(console=console) as progress:
+            cells = await run_bench(plan, clusters, stop, _ArmBars(progress), save)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    return cells, stop.is_set()

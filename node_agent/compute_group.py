@@ -1,0 +1,37 @@
+"""Which agents share compute: the `compute_group` an agent heartbeats (NodeLoad.compute_group).
+
+Several agents on one machine run on the same cores unless they were pinned apart, and each
+measures its prefill rate as if the cores were its own; the router prices agents of one group as
+sharing them. The machine is named by the kernel's boot id (equal for containers on one kernel,
+where host names differ), else the host name.
+"""
+
+import hashlib
+import os
+import socket
+from pathlib import Path
+
+import torch
+
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def machine_id() -> str:
+    try:
+        return _BOOT_ID.read_text().strip()[:64] or socket.gethostname()
+    except OSError:
+        return socket.gethostname()
+
+
+def compute_group(on: str | torch.device) -> str:
+    """The machine plus what the engine computes on: its cpu set (agents pinned to other cores do not
+    share), or the GPU's uuid (Ray renumbers visible GPUs from 0 in every actor)."""
+    device = torch.device(on)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"{machine_id()}/gpu-{props.uuid}"
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    listed = ",".join(map(str, cores))
+    if len(listed) > 64:  # a many-core machine: the set's digest keeps the group within its limit
+        listed = hashlib.sha256(listed.encode()).hexdigest()[:16]
+    return f"{machine_id()}/cpu-{listed}"

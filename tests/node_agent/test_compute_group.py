@@ -1,0 +1,27 @@
+"""The compute group an agent heartbeats: agents on one machine and one core set share it, agents
+pinned to other cores do not."""
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixmesh.node_agent import compute_group as cg
+
+
+def test_agents_on_the_same_cores_share_a_group_and_pinned_ones_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    here = cg.compute_group(torch.device("cpu"))
+    assert here == cg.compute_group("cpu") and here.startswith(cg.machine_id() + "/cpu-")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    pinned = cg.compute_group("cpu")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1}, raising=False)
+    assert cg.compute_group("cpu") != pinned
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(256)), raising=False)
+    assert len(cg.compute_group("cpu")) <= 128  # a many-core set is named by its digest
+
+
+def test_the_machine_falls_back_to_the_host_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cg, "_BOOT_ID", Path("/nonexistent/boot_id"))
+    assert cg.machine_id() == socket.gethostname()

@@ -146,36 +146,6 @@ def test_pending_index_computed_matches_an_oracle(ops: list[tuple[str, NodeId, i
         index.check_invariants()
 
 
-table_ops = st.lists(st.tuples(st.sampled_from(["start", "prefilled", "finish"]), st.sampled_from(NODES[:3]),
-                               st.integers(0, 50), st.sampled_from([0.0, 0.0, 0.25, 1.5]), st.integers(0, 30)),
-                     max_size=40)
-
-
-@settings(max_examples=60, deadline=None)
-@given(table_ops)
-def test_inflight_table_counts_decodes_and_pulls_like_an_oracle(ops: list[tuple[str, NodeId, int, float, int]]) -> None:
-    """Decoding: prefilled and not finished; pulling: the planned pull seconds of tickets not yet prefilled."""
-    table, tickets = InflightTable(), []
-    oracle: list[list[object]] = []  # [node, pull_s, prefilled, finished]
-    for op, node, tokens, pull_s, pick in ops:
-        if op == "start":
-            tickets.append(table.start(node, tokens, pull_s))
-            oracle.append([node, pull_s, False, False])
-        elif tickets:
-            i = pick % len(tickets)
-            if op == "prefilled":
-                table.prefilled(tickets[i])
-                oracle[i][2] = True
-            else:
-                table.finish(tickets[i])
-                oracle[i][2] = oracle[i][3] = True
-        table.check_invariants()
-        for n in NODES[:3]:
-            mine = [o for o in oracle if o[0] == n]
-            assert table.running_decodes(n) == sum(1 for o in mine if o[2] and not o[3])
-            assert table.pulling_s(n) == pytest.approx(sum(o[1] for o in mine if not o[2]))  # type: ignore[misc]
-
-
 def test_inflight_table_refuses_a_negative_or_nan_pull() -> None:
     table = InflightTable()
     for bad in (-1.0, float("nan")):

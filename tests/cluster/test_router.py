@@ -67,30 +67,36 @@ def test_deployment_layout_refuses_agents_that_disagree() -> None:
 
 # --- in-flight table and views -------------------------------------------------------------------
 ops = st.lists(st.tuples(st.sampled_from(["start", "prefilled", "finish"]), st.sampled_from([A, B, C]),
-                         st.integers(0, 50), st.integers(0, 30)), max_size=40)
+                         st.integers(0, 50), st.sampled_from([0.0, 0.0, 0.25, 1.5]), st.integers(0, 30)),
+               max_size=40)
 
 
 @settings(max_examples=60, deadline=None)
 @given(ops)
-def test_inflight_table_matches_a_counting_oracle(steps: list[tuple[str, NodeId, int, int]]) -> None:
+def test_inflight_table_matches_a_counting_oracle(steps: list[tuple[str, NodeId, int, float, int]]) -> None:
+    """In flight: started and not finished; queued tokens and planned pull seconds: not yet prefilled;
+    decoding: prefilled and not finished."""
     table, tickets = InflightTable(), []
-    oracle: list[list[object]] = []  # [node, tokens, prefilled, finished]
-    for op, node, tokens, pick in steps:
+    oracle: list[list[object]] = []  # [node, tokens, pull_s, prefilled, finished]
+    for op, node, tokens, pull_s, pick in steps:
         if op == "start":
-            tickets.append(table.start(node, tokens))
-            oracle.append([node, tokens, False, False])
+            tickets.append(table.start(node, tokens, pull_s))
+            oracle.append([node, tokens, pull_s, False, False])
         elif tickets:
             i = pick % len(tickets)
             if op == "prefilled":
                 table.prefilled(tickets[i])
-                oracle[i][2] = True
+                oracle[i][3] = True
             else:
                 table.finish(tickets[i])
-                oracle[i][2] = oracle[i][3] = True
+                oracle[i][3] = oracle[i][4] = True
         table.check_invariants()
         for n in (A, B, C):
-            assert table.inflight(n) == sum(1 for o in oracle if o[0] == n and not o[3])
-            assert table.queued_tokens(n) == sum(o[1] for o in oracle if o[0] == n and not o[2])  # type: ignore[misc]
+            mine = [o for o in oracle if o[0] == n]
+            assert table.inflight(n) == sum(1 for o in mine if not o[4])
+            assert table.queued_tokens(n) == sum(o[1] for o in mine if not o[3])  # type: ignore[misc]
+            assert table.running_decodes(n) == sum(1 for o in mine if o[3] and not o[4])
+            assert table.pulling_s(n) == pytest.approx(sum(o[2] for o in mine if not o[3]))  # type: ignore[misc]
 
 
 def test_inflight_table_refuses_negative_tokens_and_changes_nothing() -> None:

@@ -81,15 +81,17 @@ class PolicyConfig:
     """KV bytes of one block (pull cost)."""
     host_bytes_per_s: float = 25e9
     """Host-to-gpu copy rate for the host-tier part of a local prefix."""
-    pull_latency_s: float = 0.005
-    """Fixed cost of one pull (request round trip, the puller's allocation), paid once per request
-    that pulls, for a pair of nodes whose puller has not measured one (NodeLoad.pull_latency_s).
-    The steady state, not the first pull: a channel's handshake (16-26 ms on the busy 2-core box) is
-    paid once and the channel kept, and pricing every pull with it would keep a router from ever
-    opening a channel for the prefixes that pay only once it is open (loopback pulls on an open
-    channel measured 1-2 ms: 5 ms stays on the safe side until the puller has measured its own)."""
-    pull_bytes_per_s: float = 1e9
-    """Pull payload rate for a pair not measured yet (NodeLoad.pull_gbps); loopback measured 0.4-1.3 GB/s."""
+    pull_latency_s: float = 0.003
+    """Fixed cost of one pull (request round trip, the puller's two engine jobs, the owner's pin and
+    unpin), paid once per request that pulls, for a pair of nodes whose puller has not measured one
+    (NodeLoad.pull_latency_s). The steady state of an open channel, not the first pull: a channel's
+    handshake (16-26 ms on the busy 2-core box) is paid once and the channel kept, and pricing every
+    pull with it would keep a router from ever opening a channel for the prefixes that pay once it is
+    open. Measured on the production path (bench/transfer.py, engines busy): ~3 ms for a 64 KiB pull."""
+    pull_bytes_per_s: float = 2.5e9
+    """Pull payload rate for a pair not measured yet (NodeLoad.pull_gbps): bench/transfer.py measured
+    2.5-3.9 GB/s for 16-256 MiB pulls on the production path (shared memory on one host; TCP over
+    loopback 2.5-3.8 GB/s raw), so the default is the low end; the agents' own figures replace it."""
     step_tokens: int = 512
     """Tokens of one engine step (the agents' EngineConfig.max_num_batched_tokens): how many steps a
     queue of prefill tokens spans, each with a decode pass over the running requests."""

@@ -8,8 +8,8 @@
 
 Prices: a pull of k blocks costs ``fixed + k x block_bytes / bandwidth``, both measured by the puller
 per peer (NodeLoad.pull_latency_s, pull_gbps: decayed averages of its own pulls), else the
-conservative PolicyConfig defaults (5 ms, 1 GB/s: loopback on an open channel, not what a datacenter
-link promises). Prefill runs at the node's measured rate. A running request's decode pass runs once
+PolicyConfig defaults (3 ms, 2.5 GB/s: this box's production-path pulls on an open channel, not what
+a datacenter link promises). Prefill runs at the node's measured rate. A running request's decode pass runs once
 per engine step, so it delays the queue and the prefill by ``steps x (decode_pass_tokens + decodes)``
 prefill tokens' time, ``steps = ceil(tokens / step_tokens)``.
 

@@ -288,13 +288,13 @@ SMOL = RouteRequest(prompt_tokens=64, num_blocks=4, block_tokens=16)
 
 
 def test_default_prices_recompute_a_short_prefix_rather_than_pull_it() -> None:
-    # Before any measurement a pull of 4 blocks is priced 5 ms + 2.9 MB / 1 GB/s = 7.9 ms; at 10k
-    # tokens/s they recompute in 6.4 ms, so the holder's blocks are recomputed on the idle node.
-    holder, idle = NodeView(A, 4, 4, queued_tokens=10000, prefill_tokens_per_s=10000.0, held_blocks=4), NodeView(
-        B, prefill_tokens_per_s=10000.0)
+    # Before any measurement a pull of 4 blocks is priced 3 ms + 2.9 MB / 2.5 GB/s = 4.2 ms; at 20k
+    # tokens/s they recompute in 3.2 ms, so the holder's blocks are recomputed on the idle node.
+    holder, idle = NodeView(A, 4, 4, queued_tokens=20000, prefill_tokens_per_s=20000.0, held_blocks=4), NodeView(
+        B, prefill_tokens_per_s=20000.0)
     d = make_policy("cost", PolicyConfig(block_bytes=SMOL_BLOCK_BYTES)).route(SMOL, ClusterView((holder, idle)))
     assert (d.node, d.pull_from, d.pull_blocks) == (B, None, 0)
-    # The old prices (10 GB/s, 2 ms) would have pulled: 2.3 ms < 6.4 ms.
+    # The old prices (10 GB/s, 2 ms) would have pulled: 2.3 ms < 3.2 ms.
     old = PolicyConfig(block_bytes=SMOL_BLOCK_BYTES, pull_latency_s=0.002, pull_bytes_per_s=10e9)
     assert make_policy("cost", old).route(SMOL, ClusterView((holder, idle))).pull_from == A
 

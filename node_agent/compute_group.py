@@ -3,7 +3,9 @@
 Several agents on one machine run on the same cores unless they were pinned apart, and each
 measures its prefill rate as if the cores were its own; the router prices agents of one group as
 sharing them. The machine is named by the kernel's boot id (equal for containers on one kernel,
-where host names differ), else the host name.
+where host names differ), else the host name. `RADIXMESH_COMPUTE_GROUP`, when set, names the group
+instead: containers on one kernel under CPU quotas of their own share a boot id but not cores, and
+simulated hosts (network namespaces of one machine) stand for machines of their own.
 """
 
 import hashlib
@@ -14,6 +16,7 @@ from pathlib import Path
 import torch
 
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+ENV_VAR = "RADIXMESH_COMPUTE_GROUP"
 
 
 def machine_id() -> str:
@@ -26,6 +29,8 @@ def machine_id() -> str:
 def compute_group(on: str | torch.device) -> str:
     """The machine plus what the engine computes on: its cpu set (agents pinned to other cores do not
     share), or the GPU's uuid (Ray renumbers visible GPUs from 0 in every actor)."""
+    if named := os.environ.get(ENV_VAR, "").strip()[:128]:
+        return named
     device = torch.device(on)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

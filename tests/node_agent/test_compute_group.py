@@ -25,3 +25,11 @@ def test_agents_on_the_same_cores_share_a_group_and_pinned_ones_do_not(monkeypat
 def test_the_machine_falls_back_to_the_host_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cg, "_BOOT_ID", Path("/nonexistent/boot_id"))
     assert cg.machine_id() == socket.gethostname()
+
+
+def test_an_operator_names_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cg.ENV_VAR, "rack-3/box-7")
+    assert cg.compute_group("cpu") == "rack-3/box-7"
+    monkeypatch.setenv(cg.ENV_VAR, "  ")  # blank: detected as usual
+    assert cg.compute_group("cpu").endswith("/cpu-" + ",".join(
+        map(str, sorted(os.sched_getaffinity(0)))))

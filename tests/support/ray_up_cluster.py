@@ -68,7 +68,10 @@ class RayUpCluster:
         image = make_image(base / "python", self.redis_server)
         env = {"RAY_USAGE_STATS_ENABLED": "0",
                # The hosts have no route out: pip installs only from what the image holds.
-               "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+               "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+               # A simulated host stands for a machine of its own: its agent must not be priced as
+               # sharing cores with the others (they share this machine's, as real hosts would not).
+               "RADIXMESH_COMPUTE_GROUP": f"simulated-host-{host.index}"}
         start_sshd(self.network, host, self.keys, image, self.home, base / "tmp", env, base / "sshd.log")
         return host
 

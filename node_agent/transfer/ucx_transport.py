@@ -58,8 +58,7 @@ from radixmesh.node_agent.transfer.transport import (
     TransportError,
 )
 
-DEFAULT_ENV = {"UCXPY_PROGRESS_MODE": "blocking", "UCX_WARN_UNUSED_ENV_VARS": "n",
-               "UCX_MM_ERROR_HANDLING": "y", "UCX_MM_FIFO_SIZE": "4096",
+DEFAULT_ENV = {"UCXPY_PROGRESS_MODE": "blocking", "UCX_WARN_UNUSED_ENV_VARS": "n", "UCX_MM_FIFO_SIZE": "4096",
                "UCX_TCP_TX_SEG_SIZE": "64K", "UCX_TCP_RX_SEG_SIZE": "256K"}
 """Blocking progress (driven by ucx_progress.UcxProgress): the default thread mode is 3-6x slower where
 cores are few.
@@ -77,8 +76,11 @@ slice per 2 MiB); 4096 entries (32 MiB, 512 KiB of FIFO per worker) kept it at 4
 TCP segments (across hosts, or where shared memory is off): UCX's 8 KiB send segments cost a system
 call per 8 KiB; 64 KiB / 256 KiB doubled raw tagged messages of 1-256 MiB over the loopback device
 (1.3-1.4 -> 2.5-3.8 GB/s)."""
-LOOPBACK_ENV = {"UCX_TLS": "sm,tcp,self", "UCX_NET_DEVICES": "lo"}
-"""Shared memory, and TCP over the loopback device only: UCX's own sockets then bind 127.0.0.1."""
+LOOPBACK_ENV = {"UCX_TLS": "sm,tcp,self", "UCX_NET_DEVICES": "lo", "UCX_MM_ERROR_HANDLING": "y"}
+"""Shared memory, and TCP over the loopback device only: UCX's own sockets then bind 127.0.0.1.
+Shared memory only here, where the agents are processes of one Ray on one host: between hosts that
+share a kernel but not a PID namespace (containers of one machine, the multihost tests' network
+namespaces) UCX judged shared memory reachable and the pulls failed (outcome unauthenticated)."""
 SENTINEL_BYTES = 8
 
 

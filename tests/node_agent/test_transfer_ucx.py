@@ -321,7 +321,7 @@ def _pull_once() -> None:
 def test_agents_of_one_host_move_payload_over_shared_memory() -> None:
     """UCX picks a shared-memory transport (posix/sysv) for the payload between two processes of one
     host, not TCP: ucxx's endpoints ask for peer error handling, which UCX grants shared memory only
-    with UCX_MM_ERROR_HANDLING (ucx_transport.DEFAULT_ENV). UCX names each endpoint's lanes at info
+    with UCX_MM_ERROR_HANDLING (ucx_transport.LOOPBACK_ENV). UCX names each endpoint's lanes at info
     level ("intra-node cfg#N tag(<transport>/<device>) ..."), so both processes are run with it."""
     env = {k: v for k, v in os.environ.items() if k not in ucx_env(loopback=True)}  # ucx_env's own values
     env["UCX_LOG_LEVEL"] = "info"

@@ -280,9 +280,7 @@ class Columns:
         if isinstance(mooncake, str):
             self.skipped["mooncake"] = mooncake
         else:
-            from mooncake.engine import TransferEngine  # type: ignore[import-untyped]
-
-            engine = TransferEngine()
+            engine = importlib.import_module("mooncake.engine").TransferEngine()
             rc = engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
             rc = rc or engine.register_memory(self.dst.ctypes.data, self.dst.nbytes)
             if rc:

@@ -109,13 +109,13 @@ async def test_metadata_outage_degrades_to_least_loaded_then_prefix_routing_resu
     await until(resumed, "prefix routing resumes", pause_s=0)
     after = await stats(deployment)
     assert after["metadata"]["state_store"].startswith("redis")
-    # Routed by prefix again: each repeat lands where its prompt is cached and reuses all of it, or,
-    # where bounded load sends it on, reuses the family's shared prefix and recomputes its own tail
-    # (a few blocks the tiny model prefills faster than a pull's fixed cost).
-    shared = len(os.path.commonprefix([TOK.encode(p) for p in prompts])) // BS * BS
+    # Routed by prefix again: each repeat reuses its prompt where it is cached, or, where bounded
+    # load sends it on, at least the system prompt every request of this test shares, recomputing
+    # its own tail (a few blocks the tiny model prefills about as fast as a pull's fixed cost).
+    shared = len(os.path.commonprefix([TOK.encode(p) for p in [*prompts, *family(4, "during")]])) // BS * BS
     for p in prompts:
         hit, total = await cached(client, p)
-        assert hit in ((total - 1) // BS * BS, shared), (hit, total, shared)
+        assert shared <= hit <= (total - 1) // BS * BS, (hit, total, shared)
 
 
 async def test_killed_agent_requests_retried_index_drops_it_hit_rate_recovers(

@@ -107,7 +107,9 @@ def test_the_key_is_renewed_while_the_server_starts(redis_url: str) -> None:
     """Regression: renewing began only once `start` returned, so a start slower than the ttl (the
     service restores the index from Redis) served without the key, and the standby took it."""
     async def body() -> None:
-        lease = LeaderLease(redis_url, "slow", ttl_s=0.6)
+        # A ttl long enough that a loaded CI host answers each renewal within its ttl / 3 timeout
+        # (at 0.6 s one slow round trip ended the lease before the first renewal).
+        lease = LeaderLease(redis_url, "slow", ttl_s=3.0)
         keys = redis.asyncio.Redis.from_url(redis_url)
         stop = asyncio.Event()
         renewed = asyncio.Event()
@@ -124,7 +126,7 @@ def test_the_key_is_renewed_while_the_server_starts(redis_url: str) -> None:
 
         leading = asyncio.create_task(serve_while_leader(lease, slow_start, stop))
         try:
-            await asyncio.wait_for(renewed.wait(), 5.0)
+            await asyncio.wait_for(renewed.wait(), 10.0)
             assert await keys.get(lease.key) == b"slow"
         finally:
             stop.set()

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from radixmesh.cluster.api.explain import ROUTE_PATH
 from tests.support.netns_hosts import Host, listening_sockets
 from tests.support.poll import wait_for
 from tests.support.ray_up_cluster import RayUpCluster
@@ -96,21 +97,26 @@ def test_shared_prefixes_are_pulled_across_hosts_over_ucx_with_cacheless_outputs
     which pulls the prefix over UCX instead of recomputing it (bursts until one pull is seen: when
     the load bound lets a node take a whole burst depends on its measured prefill rate)."""
     c = ray_up_cluster
-    complete(c, f"{PREFIX} Warm-up: why?")  # one host holds the prefix, and the index says so
+    reasons: list[str] = []
     for burst in range(4):
         prompts = [f"{PREFIX} Burst {burst}, question {q}: why?" for q in range(12)]
         # A unique cache_salt per request: nothing is shared or reused, every token is computed.
         cacheless = [text(complete(c, p, salt=f"cacheless-{burst}-{i}")) for i, p in enumerate(prompts)]
+        # Those salted prompts may have evicted the shared prefix's tail: one request puts it back
+        # whole on one host, so the burst finds a long prefix to pull rather than one to recompute.
+        complete(c, f"{PREFIX} Warm-up {burst}: why?")
+        # `radixmesh route`'s endpoint: each answer carries the router's reason and the served stats.
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-            cached = list(pool.map(lambda p: complete(c, p), prompts))
-        assert [text(a) for a in cached] == cacheless
-        assert sum(cached_tokens(a) for a in cached) > 0
+            reports = list(pool.map(lambda p: c.post(ROUTE_PATH, {"prompt": p, "max_tokens": 8}), prompts))
+        assert [r["text"] for r in reports] == cacheless
+        assert sum(sum(r["stats"]["tokens"].values()) - r["stats"]["tokens"]["computed"] for r in reports) > 0
+        reasons += [f"burst {burst} -> {r['node']}: {r['reason']}" for r in reports]
         if c.get("/stats")["router"]["remote"] > 0:
             break
     else:
         pulls = [(s, v) for s, v in samples(c, "radixmesh_pulls_total") if v > 0]
         pytest.fail(f"no request pulled its prefix in 4 bursts of 12; router's view: {router_nodes(c)}; "
-                    f"pulls by outcome: {pulls}")
+                    f"pulls by outcome: {pulls}; the router's reasons:\n" + "\n".join(reasons))
     # The agents count what they pulled from each peer; peers are other hosts.
     pulled = {(s["node"], s["peer"]): v for s, v in samples(c, "radixmesh_pull_bytes_total") if v > 0}
     assert pulled, "no KV bytes pulled between agents"

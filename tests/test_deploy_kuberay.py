@@ -1,0 +1,216 @@
+"""deploy/kuberay/raycluster.yaml: valid against KubeRay's RayCluster schema (tests/data/kuberay, with
+unknown fields refused, so a misspelled field fails here instead of being dropped by the API server),
+and running radixmesh as the `ray up` files do: the same `radixmesh up`, Redis, agent resource and
+secrets taken from a Kubernetes Secret."""
+
+import copy
+import functools
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from radixmesh.cluster.cli.inspect import API_KEY_ENV
+from radixmesh.cluster.launch.reconcile import AGENT_RESOURCE
+from radixmesh.cluster.launch.secret_file import SECRET_ENV
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFEST = ROOT / "deploy" / "kuberay" / "raycluster.yaml"
+SCHEMA = ROOT / "tests" / "data" / "kuberay" / "raycluster-v1.schema.json"
+RAY_UP = ROOT / "deploy" / "cluster.yaml"
+LOCAL_RAY_UP = ROOT / "deploy" / "local-cluster.yaml"
+TOKEN_AUTH_MIN_RAY = (2, 52, 0)
+"""The least Ray KubeRay accepts with `authOptions.mode: token`."""
+
+
+def closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` as jsonschema should apply it to a manifest: an object schema with `properties`
+    refuses other fields (the API server would silently prune them) unless it sets
+    x-kubernetes-preserve-unknown-fields; the other x-kubernetes-* extensions are dropped (the
+    schema spells int-or-string as anyOf integer/string itself, and its CEL rules are not run)."""
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key.startswith("x-kubernetes-"):
+            continue
+        if key == "properties":
+            value = {name: closed(sub) for name, sub in value.items()}
+        elif key in ("anyOf", "allOf", "oneOf"):
+            value = [closed(sub) for sub in value]
+        elif key in ("items", "additionalProperties", "not") and isinstance(value, dict):
+            value = closed(value)
+        out[key] = value
+    if "properties" in schema and "additionalProperties" not in schema \
+            and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def raycluster_validator() -> jsonschema.Draft7Validator:
+    schema = closed(json.loads(SCHEMA.read_text()))
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def manifest() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(MANIFEST.read_text())
+    return loaded
+
+
+def errors(document: dict[str, Any]) -> list[str]:
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in raycluster_validator().iter_errors(document)]
+
+
+def head(document: dict[str, Any]) -> dict[str, Any]:
+    """The head's Ray container (KubeRay runs Ray in the first one)."""
+    container: dict[str, Any] = document["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def group(document: dict[str, Any], name: str) -> dict[str, Any]:
+    [found] = [g for g in document["spec"]["workerGroupSpecs"] if g["groupName"] == name]
+    return found
+
+
+def options(args: list[str]) -> dict[str, str]:
+    """`--name value` pairs of a command line (values taken as given)."""
+    assert len(args) % 2 == 0 and all(a.startswith("--") for a in args[::2]), args
+    return dict(zip(args[::2], args[1::2], strict=True))
+
+
+def up_options(command: str) -> dict[str, str]:
+    """The options of the `radixmesh up` in a shell command (it ends the quoted `bash -c` script)."""
+    [args] = re.findall(r"radixmesh up ([^'\n]*)'", command)
+    return options(shlex.split(args))
+
+
+def head_command() -> str:
+    [command] = head(manifest())["command"]
+    assert isinstance(command, str)
+    return command
+
+
+def ray_up_head_commands(path: Path) -> str:
+    return "\n".join(yaml.safe_load(path.read_text())["head_start_ray_commands"])
+
+
+def test_manifest_is_a_raycluster_valid_against_kuberays_schema() -> None:
+    document = manifest()
+    assert (document["apiVersion"], document["kind"]) == ("ray.io/v1", "RayCluster")
+    assert errors(document) == []
+
+
+@pytest.mark.parametrize(("path", "field", "typo"), [
+    (("spec",), "workerGroupSpecs", "workerGroupSpec"),
+    (("spec", "headGroupSpec"), "rayStartParams", "rayStartParam"),
+    # A misspelled `resources` would drop the GPU limit: the agents would get no GPU.
+    (("spec", "workerGroupSpecs", 0, "template", "spec", "containers", 0), "resources", "resource"),
+    (("spec", "headGroupSpec", "template", "spec", "containers", 0, "env", 0), "valueFrom", "valuefrom"),
+])
+def test_a_misspelled_field_fails_validation(path: tuple[str | int, ...], field: str, typo: str) -> None:
+    document = copy.deepcopy(manifest())
+    parent: Any = document
+    for step in path:
+        parent = parent[step]
+    parent[typo] = parent.pop(field)
+    found = errors(document)
+    assert any(f"'{typo}' was unexpected" in e for e in found), found
+
+
+def test_a_value_of_the_wrong_type_fails_validation() -> None:
+    document = copy.deepcopy(manifest())
+    group(document, "gpu")["replicas"] = "2"
+    assert any("replicas: '2' is not of type 'integer'" in e for e in errors(document))
+
+
+def test_closed_objects_refuse_unknown_fields_unless_told_to_keep_them() -> None:
+    validator = jsonschema.Draft7Validator(closed({"type": "object", "properties": {
+        "strict": {"type": "object", "properties": {"a": {"type": "string"}}},
+        "open": {"type": "object", "properties": {"a": {"type": "string"}},
+                 "x-kubernetes-preserve-unknown-fields": True},
+        "map": {"type": "object", "additionalProperties": {"type": "string"}},
+    }}))
+    assert validator.is_valid({"strict": {"a": "x"}, "open": {"a": "x", "b": 1}, "map": {"any": "x"}})
+    assert not validator.is_valid({"strict": {"a": "x", "b": 1}})
+    assert not validator.is_valid({"strict": {}, "other": 1})
+    assert not validator.is_valid({"map": {"any": 1}})
+
+
+def test_every_int_or_string_in_the_schema_spells_its_two_types() -> None:
+    # closed() drops x-kubernetes-int-or-string: the anyOf beside it must say the same.
+    found = 0
+
+    def walk(node: Any) -> None:
+        nonlocal found
+        if isinstance(node, dict):
+            if node.get("x-kubernetes-int-or-string"):
+                found += 1
+                assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], node
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads(SCHEMA.read_text()))
+    assert found > 0
+
+
+def test_head_runs_radixmesh_up_as_ray_up_does() -> None:
+    command = head_command()
+    assert up_options(command) == up_options(ray_up_head_commands(RAY_UP))
+    # It waits, as local-cluster.yaml's head does, for a GPU or a CPU node that offers the agent resource.
+    [wait] = re.findall(r"until (ray status \| grep [^;]*);", command)
+    assert wait in ray_up_head_commands(LOCAL_RAY_UP) and AGENT_RESOURCE in wait
+    assert command.startswith("(nohup ") and command.endswith("&)")  # in the background: Ray starts next
+    # KubeRay starts Ray after this command only when the command does not mention `ray start` itself.
+    assert "ray start" not in command
+
+
+def test_router_port_is_a_port_of_the_head_pod() -> None:
+    # The head Service KubeRay makes exposes the head container's ports.
+    ports = {p["name"]: p["containerPort"] for p in head(manifest())["ports"]}
+    assert ports["router"] == int(up_options(head_command())["--port"])
+    assert ports["gcs-server"] == 6379
+
+
+def test_redis_runs_beside_the_head_as_ray_up_starts_it() -> None:
+    [redis] = [c for c in manifest()["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+               if c["name"] == "redis"]
+    [ray_up_redis] = re.findall(r"--daemonize yes (--bind .*)$", ray_up_head_commands(RAY_UP), re.MULTILINE)
+    assert options(redis["args"]) == options(shlex.split(ray_up_redis))
+    assert up_options(head_command())["--state"] == f"redis://127.0.0.1:{options(redis['args'])['--port']}/0"
+
+
+def test_secrets_come_from_a_kubernetes_secret_never_the_manifest() -> None:
+    document = manifest()
+    env = {e["name"]: e for e in head(document)["env"]}
+    for name in (SECRET_ENV, API_KEY_ENV):
+        assert "value" not in env[name]
+        assert set(env[name]["valueFrom"]["secretKeyRef"]) == {"name", "key"}
+    assert not re.search(r"[0-9a-fA-F]{32}", MANIFEST.read_text())  # no pasted secret or token
+    # Ray's own token auth, which KubeRay accepts from Ray 2.52 on.
+    assert document["spec"]["authOptions"] == {"mode": "token"}
+    assert tuple(map(int, document["spec"]["rayVersion"].split("."))) >= TOKEN_AUTH_MIN_RAY
+
+
+def test_gpu_group_offers_gpus_and_cpu_group_the_agent_resource() -> None:
+    document = manifest()
+    gpu, cpu = group(document, "gpu"), group(document, "cpu")
+    assert int(gpu["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+    assert AGENT_RESOURCE not in gpu.get("resources", {})  # one agent per GPU, not one more per pod
+    assert cpu["resources"] == {AGENT_RESOURCE: "1"}
+    assert "nvidia.com/gpu" not in cpu["template"]["spec"]["containers"][0]["resources"]["limits"]
+
+
+def test_every_ray_container_runs_the_same_image() -> None:
+    document = manifest()
+    images = {head(document)["image"]} | {g["template"]["spec"]["containers"][0]["image"]
+                                           for g in document["spec"]["workerGroupSpecs"]}
+    assert len(images) == 1, images

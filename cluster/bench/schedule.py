@@ -8,6 +8,7 @@ bounds, the number of users grows with the rate, and every arm of a bench sees t
 """
 
 import heapq
+import itertools
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -55,38 +56,48 @@ def poisson_arrivals(rate: float, duration_s: float, rng: random.Random) -> list
     """Arrival times in [0, duration_s) of a Poisson process of `rate` per second."""
     if not (rate > 0 and duration_s > 0):
         raise ValueError(f"rate and duration must be > 0, got {rate} and {duration_s}")
-    out: list[float] = []
+    return list(itertools.takewhile(lambda t: t < duration_s, poisson_times(rate, rng)))
+
+
+def poisson_times(rate: float, rng: random.Random) -> Iterator[float]:
+    """The endless arrival times of a Poisson process of `rate` per second."""
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0, got {rate}")
     t = rng.expovariate(rate)
-    while t < duration_s:
-        out.append(t)
+    while True:
+        yield t
         t += rng.expovariate(rate)
-    return out
 
 
 def schedule(workload: Workload, rate: float, duration_s: float, seed: int) -> list[BenchRequest]:
-    """The requests of one offered rate: Poisson arrivals seeded by (seed, rate), sessions by seed alone
-    (so a higher rate sends the same sessions, more of them at once). Stops early when a finite
-    workload (a trace) runs out of sessions."""
-    arrivals = poisson_arrivals(rate, duration_s, random.Random(f"{seed}/arrivals/{rate!r}"))
+    """The requests of one offered rate that arrive in [0, duration_s): see `open_loop`."""
+    if not (rate > 0 and duration_s > 0):
+        raise ValueError(f"rate and duration must be > 0, got {rate} and {duration_s}")
+    return list(itertools.takewhile(lambda r: r.arrival_s < duration_s, open_loop(workload, rate, seed)))
+
+
+def open_loop(workload: Workload, rate: float, seed: int) -> Iterator[BenchRequest]:
+    """The requests of one offered rate in arrival order: Poisson arrivals seeded by (seed, rate), sessions
+    by seed alone (so a higher rate sends the same sessions, more of them at once). Endless, unless a
+    finite workload (a trace) runs out of sessions."""
+    arrivals = poisson_times(rate, random.Random(f"{seed}/arrivals/{rate!r}"))
     sessions = workload.sessions(random.Random(f"{seed}/sessions"))
     started: list[Sequence[Turn]] = []
     # (ready at, session, next turn): the heap's order is "ready longest", then the older session
     ready: list[tuple[float, int, int]] = []
-    out: list[BenchRequest] = []
-    for t in arrivals:
+    for index, t in enumerate(arrivals):
         if ready and ready[0][0] <= t:
             _, s, k = heapq.heappop(ready)
         else:
             session = next(sessions, None)
             if session is None:
-                break
+                return
             s, k = len(started), 0
             started.append(session)
         turn = started[s][k]
-        out.append(BenchRequest(len(out), t, s, k, turn.prompt, turn.max_tokens))
+        yield BenchRequest(index, t, s, k, turn.prompt, turn.max_tokens)
         if k + 1 < len(started[s]):
             heapq.heappush(ready, (t + started[s][k + 1].think_s, s, k + 1))
-    return out
 
 
 def random_tokens(rng: random.Random, n: int, vocab: int) -> tuple[int, ...]:

@@ -42,6 +42,7 @@ class ChatWorkload:
     """Multi-turn chat. Token lengths are multiplied by `scale`."""
 
     systems: int = 3
+    """Shared system prompts, one per conversation drawn uniformly; 0: conversations start bare."""
     system_tokens: int = 512
     user_tokens: tuple[int, int] = (16, 64)
     reply_tokens: tuple[int, int] = (32, 96)
@@ -56,11 +57,19 @@ class ChatWorkload:
     vocab: int = VOCAB
     name: str = "chat"
 
+    def __post_init__(self) -> None:
+        # Sessions whose first turn does not fit are skipped: if none can fit, `sessions` would spin forever.
+        shortest = ((max(1, round(self.system_tokens * self.scale)) if self.systems else 0)
+                    + max(1, round(self.user_tokens[0] * self.scale)) + self.max_tokens)
+        if shortest > self.max_prompt_tokens:
+            raise ValueError(f"the shortest first turn ({shortest} tokens with the system prompt and max_tokens) "
+                             f"passes max_prompt_tokens {self.max_prompt_tokens}")
+
     def sessions(self, rng: random.Random) -> Iterator[Sequence[Turn]]:
         systems = [random_tokens(rng, max(1, round(self.system_tokens * self.scale)), self.vocab)
                    for _ in range(self.systems)]
         while True:
-            history = systems[rng.randrange(self.systems)]
+            history = systems[rng.randrange(self.systems)] if systems else ()
             turns: list[Turn] = []
             for k in range(rng.randint(*self.turns)):
                 if k:

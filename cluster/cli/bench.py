@@ -141,8 +141,11 @@ def bench(local_nodes: int | None, url: str | None, workload: str, trace_path: P
         raise click.UsageError("--eviction and --handoff set up the agents of --local")
     if (workload == "trace") != (trace_path is not None):
         raise click.UsageError("--trace FILE goes with --workload trace, and only with it")
-    load: Workload = (TraceWorkload(trace_path, block_size, max_tokens=max_tokens) if trace_path is not None
-                      else GENERATORS[workload](max_tokens=max_tokens, scale=prompt_scale))
+    try:
+        load: Workload = (TraceWorkload(trace_path, block_size, max_tokens=max_tokens) if trace_path is not None
+                          else GENERATORS[workload](max_tokens=max_tokens, scale=prompt_scale))
+    except ValueError as e:  # e.g. a scale whose first turn can never fit the context
+        raise click.UsageError(str(e)) from None
     plan = BenchPlan(load, arms, rates, duration, ramp, drain, warmup, Slo(ttft_slo, itl_slo), seed)
     clusters: Clusters
     if local_nodes is not None:

@@ -25,6 +25,7 @@ COMMANDS = {
     "route": "radixmesh.cluster.cli.inspect:route",
     "stats": "radixmesh.cluster.cli.inspect:stats",
     "bench": "radixmesh.cluster.cli.bench:bench",
+    "bench-trace": "radixmesh.cluster.cli.bench_trace:bench_trace",
     "demo": "radixmesh.cluster.cli.demo:demo",
     "replay": "radixmesh.cluster.cli.replay:replay_command",
     "front": "radixmesh.cluster.cli.front:front",

@@ -134,6 +134,8 @@ async def test_a_stop_ends_the_running_cell_and_keeps_what_was_measured() -> Non
     (["bench", "--url", "http://127.0.0.1:9", "--arms", "cost,fastest"], "unknown arm(s) fastest"),
     (["bench", "--url", "http://127.0.0.1:9", "--rates", "1,-2"], "rates > 0"),
     (["bench", "--url", "http://127.0.0.1:9", "--workload", "trace"], "--trace FILE goes with --workload trace"),
+    # A system prompt scaled past the context: no first turn could ever be sent (it used to hang).
+    (["bench", "--url", "http://127.0.0.1:9", "--workload", "chat", "--prompt-scale", "8"], "max_prompt_tokens"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args: list[str], message: str) -> None:
     result = CliRunner().invoke(main, args)

@@ -7,6 +7,7 @@ from typing import TypeVar
 
 import click
 
+from radixmesh.common.cache_sharing import DEFAULT_HANDOFF
 from radixmesh.node_agent import DEFAULT_EVICTION, EVICTION_ORDERS
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -15,12 +16,12 @@ F = TypeVar("F", bound=Callable[..., object])
 def cache_options(command: F) -> F:
     """Add `eviction: str` and `handoff: bool` parameters to a click command."""
     command = click.option(
-        "--handoff/--no-handoff", default=False, show_default=True,
+        "--handoff/--no-handoff", default=DEFAULT_HANDOFF, show_default=True,
         help="Agents evict first the blocks a peer just pulled from them (one copy of a moved conversation).",
     )(command)
     return click.option(
         "--eviction", type=click.Choice(sorted(EVICTION_ORDERS)), default=DEFAULT_EVICTION, show_default=True,
-        help="Which cached blocks agents evict first: lru, or s3fifo (blocks used once before blocks used again).",
+        help="Which cached blocks agents evict first (PoolConfig.eviction).",
     )(command)
 
 

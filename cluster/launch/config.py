@@ -12,7 +12,8 @@ from radixmesh.cluster.launch import LOG_LEVELS
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
-from radixmesh.cluster.router.config import RouterConfig
+from radixmesh.cluster.router.config import DEFAULT_POLICY, RouterConfig
+from radixmesh.common.cache_sharing import DEFAULT_HANDOFF
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent import (
     DEFAULT_EVICTION,
@@ -55,7 +56,7 @@ class LauncherConfig:
     the fault tests and bench/chaos.py expect), and it costs a second actor polling Redis."""
     lease_ttl_s: float = 10.0
     """A node vanishes from the index this long after its last heartbeat."""
-    policy: str = "cost"
+    policy: str = DEFAULT_POLICY
     """Routing policy (policy.base.policy_names())."""
     model: ModelSource = field(default_factory=random_source)
     """Every agent's model (model.source.resolve_model); its files must be readable on every node."""
@@ -71,7 +72,7 @@ class LauncherConfig:
     """False: agents neither reuse nor publish prefixes (the demo's "caching off" baseline)."""
     eviction: str = DEFAULT_EVICTION
     """Which cached block every agent evicts first (PoolConfig.eviction): "lru" or "s3fifo"."""
-    handoff: bool = False
+    handoff: bool = DEFAULT_HANDOFF
     """Agents evict first the blocks a peer pulled from them (AgentConfig.handoff)."""
     transfer: str = "ucx"
     """KV transfer plane of the agents: one of agent_config.TRANSFER_PLANES ("ucx", "ray", "auto", "none")."""
@@ -100,6 +101,12 @@ class LauncherConfig:
     prometheus_dir: Path | None = None
     """Where the router keeps its Prometheus file-SD target list and the agents' metrics token
     (observability.file_sd); every agent then serves its own /metrics. None: neither."""
+    kv_events_endpoint: str | None = None
+    """Every agent also publishes its cache events in vLLM's ZMQ format (AgentConfig.kv_events_endpoint)
+    here, "{node}" replaced by its node id: ipc:///tmp/radixmesh-kv-{node} keeps the agents of one
+    host apart, a tcp://127.0.0.1:port suits one agent per host. None: not published."""
+    kv_events_allow_remote: bool = False
+    """Let kv_events_endpoint be a non-loopback address (AgentConfig.kv_events_allow_remote)."""
 
     def __post_init__(self) -> None:
         if self.local_nodes is not None and not 1 <= self.local_nodes <= 64:
@@ -128,10 +135,18 @@ class LauncherConfig:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.block_size < 1 or self.gpu_blocks < 1 or self.host_blocks < 0:
             raise ValueError("need block_size >= 1, gpu_blocks >= 1 and host_blocks >= 0")
+        if self.kv_events_endpoint is not None:  # refused here, not when the first agent starts
+            node = NodeId("node-0")
+            AgentConfig(node, kv_events_endpoint=self.kv_events_endpoint_of(node),
+                        kv_events_allow_remote=self.kv_events_allow_remote)
 
     @property
     def served_model_name(self) -> str:
         return self.model_name or self.model.name
+
+    def kv_events_endpoint_of(self, node: NodeId) -> str | None:
+        """Where `node`'s agent publishes vLLM-format KV events (kv_events_endpoint)."""
+        return None if self.kv_events_endpoint is None else self.kv_events_endpoint.replace("{node}", node)
 
     def node_ids(self, count: int) -> list[NodeId]:
         """Names of `count` nodes: node-0, node-1, ..."""
@@ -151,7 +166,9 @@ class LauncherConfig:
                            metadata_address=metadata_address if self.prefix_caching else None,
                            heartbeat_interval_s=self.heartbeat_interval_s,
                            publish_interval_s=self.publish_interval_s,
-                           metrics_port=0 if self.prometheus_dir is not None else None)
+                           metrics_port=0 if self.prometheus_dir is not None else None,
+                           kv_events_endpoint=self.kv_events_endpoint_of(node),
+                           kv_events_allow_remote=self.kv_events_allow_remote)
 
     def router_config(self, layout: str, block_bytes: int) -> RouterConfig:
         """The router's settings for agents of `layout` whose blocks hold `block_bytes` of KV."""

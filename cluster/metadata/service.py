@@ -22,6 +22,7 @@ from radixmesh.cluster.metadata.hit_accounting import HitAccounting, Prediction
 from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.cluster.metadata.membership import Member, Membership, SeqVerdict
 from radixmesh.cluster.metadata.store import MemoryStore, StateStore
+from radixmesh.common.cache_sharing import DEFAULT_RECALL_BLOCKS
 from radixmesh.proto.block_hash import HASH_BYTES
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored
 from radixmesh.proto.ids import NodeId
@@ -82,7 +83,7 @@ class ServiceConfig:
     limits: ServiceLimits = field(default_factory=ServiceLimits)
     watch_backlog: int = 65536
     """Updates queued per WatchIndex stream; a watcher further behind is sent a fresh snapshot."""
-    recall_blocks: int = 65536
+    recall_blocks: int = DEFAULT_RECALL_BLOCKS
     """Last-copy evictions the index remembers per layout (the cluster's ghost, GlobalIndex.recalled;
     about 10 MB at the default); 0 turns the ghost off. In the simulator a ghost as large as the
     cluster's capacity moved synthetic-8 from 0.927 to 1.025 x global LRU (s3fifo alone vs with the ghost, docs/benchmarks.md)."""

@@ -10,6 +10,9 @@ from radixmesh.proto.block_hash import MAX_KEY_BYTES
 from radixmesh.proto.metadata.limits import MAX_HASHES_PER_QUERY
 from radixmesh.proto.serve.limits import PromptLimits
 
+DEFAULT_POLICY = "cost"
+"""The routing policy unless one is chosen: the router's, the launcher's and the simulator's default."""
+
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
@@ -19,7 +22,7 @@ class RouterConfig:
     """KV layout fingerprint of the agents behind this router; Match is asked for this partition."""
     block_size: int = 16
     """Tokens per block of that layout (the agents' engine block size)."""
-    policy: str = "cost"
+    policy: str = DEFAULT_POLICY
     """Routing policy while the metadata service answers (see policy.base.policy_names())."""
     fallback_policy: str = "least_loaded"
     """Policy used while the metadata service is unreachable; it sees no prefixes."""

@@ -8,6 +8,8 @@ at a time; a job takes pull time (fixed cost + bytes / bandwidth, when the decis
 cost even when the peer had nothing to send) plus prefill time (tokens / rate).
 TTFT = prefill end - arrival (decode is not modelled: it does not delay TTFT here).
 Hit rate is block-weighted over trace blocks: local, pulled from a peer (remote), or computed (miss).
+
+`SimConfig(nodes=n, capacity_blocks=c)` is what `radixmesh up` runs (see SimConfig for what differs).
 """
 
 import heapq
@@ -15,21 +17,24 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 
 from radixmesh.cluster.metadata.index import GlobalIndex
+from radixmesh.cluster.metadata.service import ServiceConfig
 from radixmesh.cluster.policy.base import PolicyConfig, make_policy
 from radixmesh.cluster.policy.cost_model import CostModel
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.step import RoutingStep
+from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.sim.eviction_ages import EvictionAges, EvictionSummary, pooled_lru
 from radixmesh.cluster.sim.holders import HolderCount
 from radixmesh.cluster.sim.miss_causes import MissCauses
 from radixmesh.cluster.sim.node import SimJob, SimNode
 from radixmesh.cluster.sim.oracle import global_cache, infinite_bound
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceRequest
+from radixmesh.common.cache_sharing import DEFAULT_HANDOFF, DEFAULT_RECALL_BLOCKS
 from radixmesh.node_agent import DEFAULT_EVICTION, EVICTION_ORDERS, EvictedBlock
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
@@ -39,6 +44,9 @@ from radixmesh.proto.metadata.nodes import NodeLoad
 _LAYOUT = "sim"
 _DONE, _ARRIVE = 0, 1  # at equal times a finishing job inserts its blocks before the next routing
 _NO_LOAD = NodeLoad()  # no heartbeats here: a view's prefill rate is the configured one
+_UP_ROUTER = RouterConfig(_LAYOUT)
+"""The router `radixmesh up` starts, as far as routing goes: the launcher leaves policy, candidates,
+pending TTL and load settings (its PolicyConfig's) at RouterConfig's defaults, as SimConfig does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +60,33 @@ class SimRequest:
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    """One simulated cluster."""
+    """One simulated cluster. Its defaults are what `radixmesh up` runs, read from the same definitions
+    (RouterConfig and its PolicyConfig; eviction.DEFAULT_EVICTION; common.cache_sharing for hand-off
+    and recall; ServiceConfig for the metadata service's ghost), so `SimConfig(nodes=n,
+    capacity_blocks=c)` is an `up` cluster of n nodes and `dataclasses.replace` turns parts off.
+
+    What the simulator does not model as `up` runs it:
+    - recall: the ghost is the index's own, as large as the cluster's capacity (nodes x
+      capacity_blocks) and read by every node at once; `up`'s metadata service keeps
+      `ServiceConfig.recall_blocks` hashes per layout (of 16-token blocks), and agents learn them with
+      their next lease (a heartbeat later, at most `max_recalled_per_lease` a lease) into a window of
+      `AgentConfig.recall_blocks`.
+    - hand-off: a pull always delivers here; an agent demotes only after every chunk was sent.
+    - routing: the index is exact and instant; `up`'s router routes on a replica fed by the metadata
+      stream and asks Match while it is out of sync, which scores every node, not `candidates`.
+      Load is the nodes' queues and the configured prefill rate, not heartbeats; decode, admission
+      limits and the agents' request cap are not modelled.
+    - hardware: prefill rate, KV bytes and pull bandwidth/latency are this model's (an 8B model on a
+      datacenter link), priced as if measured; `up`'s router prices PolicyConfig's defaults until
+      its agents report measured ones. A trace block is 512 tokens, an agent's 16 by default.
+    - tiers: a node is one gpu-tier cache, as `up`'s agents are by default (host_blocks 0).
+    """
 
     nodes: int
     capacity_blocks: int
     """Cache capacity of each node, in trace blocks."""
-    policy: str = "cost"
+    policy: str = _UP_ROUTER.policy
+    """Routing policy (RouterConfig.policy)."""
     prefill_tokens_per_s: float = 20_000.0
     """Every node's prefill rate (an 8B model on one H100-class GPU, roughly)."""
     kv_bytes_per_token: int = 128 * 1024
@@ -67,34 +96,44 @@ class SimConfig:
     price pulls with it as if every pair had measured it."""
     pull_latency_s: float = 0.002
     """Fixed cost of one pull, likewise."""
-    load_eps: float = 0.25
-    load_half_life_s: float = PolicyConfig().load_half_life_s
-    """Half-life of the recent-work load measure (`PolicyConfig.load_half_life_s`)."""
-    pending_ttl_s: float = 10.0
+    load_eps: float = _UP_ROUTER.policy_config.load_eps
+    """Bounded load's slack (PolicyConfig.load_eps)."""
+    load_floor_s: float = _UP_ROUTER.policy_config.load_floor_s
+    """Recent work below this many seconds of prefill is not load (PolicyConfig.load_floor_s)."""
+    load_half_life_s: float = _UP_ROUTER.policy_config.load_half_life_s
+    """Half-life of the recent-work load measure (PolicyConfig.load_half_life_s)."""
+    pending_ttl_s: float = _UP_ROUTER.pending_ttl_s
+    """How long a routed request's blocks count as held by its node (RouterConfig.pending_ttl_s)."""
     eviction: str = DEFAULT_EVICTION
-    """Each node's eviction order (`PoolConfig.eviction`: ``lru``, ``s3fifo``; the agents' default, so a
-    simulated node evicts as a real one does); the global reference
-    cache of the same name runs beside it (`SimReport.global_same_eviction`)."""
+    """Each node's eviction order (`PoolConfig.eviction`, a name in EVICTION_ORDERS; the agents'
+    default, so a simulated node evicts as a real one does); the global reference cache of the same
+    name runs beside it (`SimReport.global_same_eviction`)."""
     cluster_eviction: bool = False
     """Replicated chain ends first among the next `eviction_window` blocks of each eviction
-    (PoolHooks.copies_elsewhere, holder counts from the cluster's events)."""
+    (PoolHooks.copies_elsewhere, holder counts from the cluster's events). Off, as in `up`: agents
+    build their pools without copies_elsewhere and no setting gives them one; only the simulator
+    runs it."""
     eviction_window: int = 64
-    handoff: bool = False
+    """Blocks past the eviction order's next one that cluster eviction may pick from (simulator only)."""
+    handoff: bool = DEFAULT_HANDOFF
     """A pull's source demotes the blocks it sent that the puller lacked (BlockPool.demote): the
-    puller's copy serves the conversation from now on, the source's goes first when space is needed."""
-    cluster_recall: bool = False
+    puller's copy serves the conversation from now on, the source's goes first when space is needed
+    (AgentConfig.handoff)."""
+    cluster_recall: bool = DEFAULT_RECALL_BLOCKS > 0 and ServiceConfig().recall_blocks > 0
     """Nodes learn which blocks the cluster evicted its last copy of, recently (the index's ghost,
     `GlobalIndex.recalled`, as long as the cluster has blocks), and keep such blocks as re-used when
-    they come back (PoolHooks.recalled; used by ``s3fifo``). Agents get it with their lease."""
+    they come back (PoolHooks.recalled; used by ``s3fifo``). On in `up` while both the metadata
+    service's and the agents' ghost have room (ServiceConfig / AgentConfig.recall_blocks)."""
     seed: int = 0
-    candidates: int = 0
+    candidates: int = _UP_ROUTER.least_loaded_candidates if _UP_ROUTER.index_replica else 0
     """0: the policy scores every node. k > 0: only the prefix holders (indexed or pending) and the
     k least-loaded nodes, with bounded load against the fleet's mean, as the router does on its
-    index replica."""
+    index replica (RouterConfig.least_loaded_candidates)."""
     routers: int = 1
-    """Routers behind a round-robin balancer (request i to router i mod routers). They share the index
-    (each holds an in-sync replica) but not what only a router knows: its pending (speculative)
-    holders, its recent-work load table and its policy state. Node queues stay the nodes' truth."""
+    """Routers behind a round-robin balancer (request i to router i mod routers); `up` starts one.
+    They share the index (each holds an in-sync replica) but not what only a router knows: its
+    pending (speculative) holders, its recent-work load table and its policy state. Node queues stay
+    the nodes' truth."""
     shared_pending: bool = False
     """Routers share one PendingIndex (as if speculative inserts went through the metadata stream
     with no lag): measures what not sharing them costs."""
@@ -114,16 +153,40 @@ class SimConfig:
             raise ValueError(f"eviction must be one of {sorted(EVICTION_ORDERS)}, got {self.eviction!r}")
         if self.kv_bytes_per_token < 0 or not self.pull_bytes_per_s > 0 or self.check_every < 0:
             raise ValueError("kv_bytes_per_token and check_every must be >= 0, pull_bytes_per_s > 0")
+        if self.candidates < 0 or self.eviction_window < 0:
+            raise ValueError(f"candidates and eviction_window must be >= 0, got {self.candidates}, "
+                             f"{self.eviction_window}")
+        if not (math.isfinite(self.pending_ttl_s) and self.pending_ttl_s > 0):
+            raise ValueError(f"pending_ttl_s must be a finite number > 0, got {self.pending_ttl_s}")
+        self.policy_config  # noqa: B018  (building it validates the load settings)
 
     @property
     def block_bytes(self) -> int:
         return TRACE_BLOCK_TOKENS * self.kv_bytes_per_token
+
+    @property
+    def policy_config(self) -> PolicyConfig:
+        """The simulated routers' policy settings: load as configured, pulls priced as they run."""
+        return PolicyConfig(
+            load_eps=self.load_eps,
+            load_floor_s=self.load_floor_s,
+            load_half_life_s=self.load_half_life_s,
+            block_bytes=self.block_bytes,
+            pull_latency_s=self.pull_latency_s,
+            pull_bytes_per_s=self.pull_bytes_per_s,
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        """Every setting by field name (JSON-ready: the report's `config`)."""
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
 class SimReport:
     """What one run measured; hit rates are fractions of all trace blocks."""
 
+    config: SimConfig
+    """What ran."""
     policy: str
     nodes: int
     capacity_blocks: int
@@ -155,6 +218,7 @@ class SimReport:
 
     def as_dict(self) -> dict[str, object]:
         d = {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        d["config"] = self.config.as_dict()
         d["evictions"] = {k: v._asdict() for k, v in self.evictions.items()}
         d["achieved_over_bound"] = self.hit_rate / self.infinite_bound if self.infinite_bound else 0.0
         d["achieved_over_global_lru"] = self.hit_rate / self.global_lru if self.global_lru else 0.0
@@ -207,13 +271,7 @@ class Simulator:
         self.now = 0.0
         # The cluster's ghost as long as the cluster has blocks (cluster_recall).
         self.index = GlobalIndex(config.nodes * config.capacity_blocks if config.cluster_recall else 0)
-        policy_config = PolicyConfig(
-            load_eps=config.load_eps,
-            load_half_life_s=config.load_half_life_s,
-            block_bytes=config.block_bytes,
-            pull_latency_s=config.pull_latency_s,
-            pull_bytes_per_s=config.pull_bytes_per_s,
-        )
+        policy_config = config.policy_config
         self.policy = make_policy(config.policy, policy_config, random.Random(config.seed))
         shared = PendingIndex(config.pending_ttl_s, clock=lambda: self.now)
         self._routers: list[RoutingStep] = []
@@ -369,6 +427,7 @@ class Simulator:
         capacity = self.config.nodes * self.config.capacity_blocks
         global_lru, pooled = pooled_lru(prompts, [r.arrival_s for r in requests], capacity)
         return SimReport(
+            config=self.config,
             policy=self.config.policy,
             nodes=self.config.nodes,
             capacity_blocks=self.config.capacity_blocks,

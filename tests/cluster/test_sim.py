@@ -27,6 +27,8 @@ def trace(rows: Sequence[tuple[float, list[int]]]) -> list[SimRequest]:
 
 
 def simulator(nodes: int, capacity: int, policy: str) -> Simulator:
+    """The routings below are computed by hand with every node scored and plain caches (no recall,
+    no hand-off), whatever `up` runs by default."""
     config = SimConfig(
         nodes=nodes,
         capacity_blocks=capacity,
@@ -35,6 +37,9 @@ def simulator(nodes: int, capacity: int, policy: str) -> Simulator:
         kv_bytes_per_token=1,
         pull_bytes_per_s=5120.0,
         pull_latency_s=0.0,
+        candidates=0,
+        cluster_recall=False,
+        handoff=False,
         check_every=1,
     )
     return Simulator(config)
@@ -163,6 +168,12 @@ def test_sim_config_validates() -> None:
         SimConfig(nodes=0, capacity_blocks=1)
     with pytest.raises(ValueError, match="unknown policy"):
         Simulator(SimConfig(nodes=1, capacity_blocks=1, policy="nope"))
+    with pytest.raises(ValueError, match="candidates and eviction_window must be >= 0, got -1, 64"):
+        SimConfig(nodes=1, capacity_blocks=1, candidates=-1, eviction_window=64)
+    with pytest.raises(ValueError, match="pending_ttl_s"):
+        SimConfig(nodes=1, capacity_blocks=1, pending_ttl_s=0.0)
+    with pytest.raises(ValueError, match="load_floor_s"):  # the routers' PolicyConfig, checked up front
+        SimConfig(nodes=1, capacity_blocks=1, load_floor_s=-1.0)
 
 
 def _trace_file(tmp_path: Path) -> Path:

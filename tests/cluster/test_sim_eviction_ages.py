@@ -17,8 +17,10 @@ from radixmesh.cluster.sim.trace import TraceRequest
 
 
 def run(rows: Sequence[tuple[float, list[int]]], nodes: int, capacity: int) -> SimReport:
+    # Round robin over every node (candidates=0): the cases below count on its strict alternation.
     config = SimConfig(nodes=nodes, capacity_blocks=capacity, policy="round_robin", prefill_tokens_per_s=512.0,
-                       kv_bytes_per_token=1, pull_bytes_per_s=5120.0, pull_latency_s=0.0, check_every=1)
+                       kv_bytes_per_token=1, pull_bytes_per_s=5120.0, pull_latency_s=0.0, candidates=0,
+                       check_every=1)
     return Simulator(config).run(prepare([TraceRequest(t, 512 * len(ids), 1, tuple(ids)) for t, ids in rows]))
 
 

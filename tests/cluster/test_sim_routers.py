@@ -8,7 +8,8 @@ from radixmesh.cluster.sim.simulator import SimConfig, SimRequest, Simulator, pr
 from radixmesh.cluster.sim.trace import TraceRequest
 
 BASE = SimConfig(nodes=6, capacity_blocks=40, prefill_tokens_per_s=512.0, kv_bytes_per_token=1,
-                 pull_bytes_per_s=5120.0, pull_latency_s=0.0, check_every=1)
+                 pull_bytes_per_s=5120.0, pull_latency_s=0.0, candidates=0, check_every=1)
+"""Every node scored (candidates=0), the baseline the candidate sets are compared with."""
 
 
 def burst() -> list[SimRequest]:

@@ -5,6 +5,10 @@
 Handlers of generation requests fill an AccessNote on the request (id, the node that served it,
 cached prompt tokens); other paths log "-" for them. Lines go to the `radixmesh.access` logger at
 INFO, so `--log-level warning` or `--no-access-log` turns them off.
+
+Text fields are escaped as nginx escapes its log: control characters (C0, DEL, C1, the Unicode line
+and paragraph separators), the space and the backslash become `\\xNN` (`\\uNNNN`), so a request for
+`/a%0A...` can neither start a forged line nor shift the fields of its own.
 """
 
 import asyncio
@@ -29,6 +33,14 @@ class AccessNote:
 
 
 ACCESS_NOTE = web.RequestKey("access_note", AccessNote)
+
+_ESCAPES = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}")
+            for c in (*range(0x21), 0x5C, *range(0x7F, 0xA0), 0x2028, 0x2029)}
+
+
+def escaped(text: str) -> str:
+    """`text` as one unambiguous field of a log line (see the module doc)."""
+    return text.translate(_ESCAPES)
 
 
 def note(request: web.Request) -> AccessNote:
@@ -56,7 +68,8 @@ def access_log(clock: Callable[[], float] = time.monotonic) -> Middleware:
         finally:
             n = request.get(ACCESS_NOTE) or AccessNote()
             cached = "-" if n.cached_tokens is None else str(n.cached_tokens)
-            logger.info("%s %s %d %.3fs id=%s node=%s cached_tokens=%s", request.method, request.path, status,
-                        clock() - start, n.request_id, n.node, cached)
+            logger.info("%s %s %d %.3fs id=%s node=%s cached_tokens=%s", escaped(request.method),
+                        escaped(request.path), status, clock() - start, escaped(n.request_id), escaped(n.node),
+                        cached)
 
     return log

@@ -15,8 +15,16 @@
     POST /radixmesh/route       {"prompt", "max_tokens", "cache_salt"}: serve it once and explain the route
                                 (api.explain.RouteReport), what `radixmesh route` prints
 
-With an API key (`start_http(..., api_key=...)`, `radixmesh up --api-key`) every path but /healthz
-and /metrics needs `Authorization: Bearer <key>` (as vLLM's --api-key); without one: 401.
+With an API key (`start_http(..., api_key=...)`, `radixmesh up --api-key`) every path but the probes
+(/health, /healthz) needs `Authorization: Bearer <key>` (as vLLM's --api-key); without one: 401.
+/metrics also takes the metrics token (the credentials Prometheus is given with the file-SD targets),
+so a scrape config needs no API key. Without an API key the router answers only Hosts no attacker's DNS
+can produce (allowed_hosts: DNS rebinding), and /metrics is open.
+
+Every POST body is JSON with `Content-Type: application/json` (415 otherwise: a cross-origin page can
+POST text/plain without a preflight, never JSON). /metrics is rendered at most once a second per
+scope (observability.scrape_cache): every render asks every agent. Prompts are length-checked
+before they are tokenized, and tokenized off the event loop (prompt_tokens).
 
 Handlers live by concept: openai_routes (generation), ops_routes (the rest); access_log writes one line
 per request.
@@ -32,7 +40,7 @@ import logging
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +48,13 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from radixmesh.cluster.api.access_log import access_log
-from radixmesh.cluster.api.context import CLOCK_KEY, ROUTER_KEY
+from radixmesh.cluster.api.allowed_hosts import AllowedHosts
+from radixmesh.cluster.api.context import CLOCK_KEY, ROUTER_KEY, SCRAPES_KEY
 from radixmesh.cluster.api.openai_routes import add_openai_routes
 from radixmesh.cluster.api.openai_schema import ApiError
 from radixmesh.cluster.api.ops_routes import add_operation_routes
 from radixmesh.cluster.observability.file_sd import FileSdConfig, FileSdPublisher
+from radixmesh.cluster.observability.scrape_cache import ScrapeCache
 from radixmesh.cluster.observability.stats_log import StatsLogger
 from radixmesh.cluster.router.router import Router
 from radixmesh.common.secret import is_loopback
@@ -53,8 +63,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["create_app", "server_tls", "server_tls_pem", "start_http"]
 
-OPEN_PATHS = frozenset({"/healthz", "/health", "/metrics"})
-"""Paths served without the API key: probes and Prometheus scrapes (no prompts, no tenant names)."""
+OPEN_PATHS = frozenset({"/healthz", "/health"})
+"""Paths served without the API key: probes (they say nothing but "up")."""
+METRICS_PATH = "/metrics"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -81,13 +92,15 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         return _json_error(ApiError(500, "internal error", type_="server_error", code="internal_error"))
 
 
-def _api_key_check(api_key: str) -> Middleware:
+def _api_key_check(api_key: str, metrics_token: str) -> Middleware:
     expected = f"Bearer {api_key}".encode()
+    scrape = f"Bearer {metrics_token}".encode() if metrics_token else None
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-        if request.path in OPEN_PATHS or hmac.compare_digest(given, expected):
+        if (request.path in OPEN_PATHS or hmac.compare_digest(given, expected)
+                or (scrape is not None and request.path == METRICS_PATH and hmac.compare_digest(given, scrape))):
             return await handler(request)
         response = _json_error(ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)",
                                         code="invalid_api_key"))
@@ -98,18 +111,24 @@ def _api_key_check(api_key: str) -> Middleware:
 
 
 def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
-               client_max_size: int = 4 << 20, api_key: str = "",
+               clock: Callable[[], float] = time.monotonic, client_max_size: int = 4 << 20, api_key: str = "",
+               metrics_token: str = "", allowed_hosts: AllowedHosts | None = None,
                stats_interval_s: float | None = 10.0, log_access: bool = True) -> web.Application:
-    """The aiohttp application over `router`; `wall_clock` stamps `created` fields; a non-empty
-    `api_key` is required on every path but OPEN_PATHS; every `stats_interval_s` a summary line is
-    logged (stats_log; None: never); `log_access` writes one access_log line per request."""
+    """The aiohttp application over `router`; `wall_clock` stamps `created` fields, `clock` ages the
+    /metrics render. A non-empty `api_key` is required on every path but OPEN_PATHS (/metrics also
+    takes a non-empty `metrics_token`); without one, only `allowed_hosts` are answered (None: IP
+    literals and localhost). Every `stats_interval_s` a summary line is logged (stats_log; None:
+    never); `log_access` writes one access_log line per request."""
     middlewares: list[Middleware] = [access_log()] if log_access else []
     middlewares.append(_errors)
     if api_key:
-        middlewares.append(_api_key_check(api_key))
+        middlewares.append(_api_key_check(api_key, metrics_token))
+    else:
+        middlewares.append((allowed_hosts or AllowedHosts(frozenset())).middleware())
     app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
     app[ROUTER_KEY] = router
     app[CLOCK_KEY] = wall_clock
+    app[SCRAPES_KEY] = ScrapeCache(clock=clock)
     add_openai_routes(app)
     add_operation_routes(app)
     if stats_interval_s is not None:
@@ -130,15 +149,20 @@ def _background(name: str, run: Callable[[], Coroutine[Any, Any, None]]
 
 async def start_http(router: Router, host: str, port: int, *, api_key: str = "",
                      tls: ssl.SSLContext | None = None, log_access: bool = True,
-                     file_sd: FileSdConfig | None = None) -> tuple[web.AppRunner, int]:
+                     file_sd: FileSdConfig | None = None, allowed_hosts: Iterable[str] = ()
+                     ) -> tuple[web.AppRunner, int]:
     """Serve `router` on host:port (0: a free port), over HTTPS with `tls` (a server context, see
     `server_tls`); returns the runner (`await runner.cleanup()` stops it) and the bound port. With
-    `file_sd` the router keeps a Prometheus target list of itself and its agents (file_sd)."""
+    `file_sd` the router keeps a Prometheus target list of itself and its agents (file_sd), and its
+    /metrics takes the metrics token written beside it. Without an API key it answers the Host names
+    of AllowedHosts.serving(host, allowed_hosts) and IP literals only."""
     if not api_key and not is_loopback(host):
         logger.warning("the OpenAI API on %s needs no API key: anyone who reaches it can use it (--api-key)", host)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the request on
     # its agent (aiohttp otherwise lets a non-streaming handler run to its end).
-    app = create_app(router, api_key=api_key, log_access=log_access)
+    app = create_app(router, api_key=api_key, log_access=log_access,
+                     metrics_token=(file_sd.metrics_token or "") if file_sd is not None else "",
+                     allowed_hosts=AllowedHosts.serving(host, allowed_hosts))
     publisher = FileSdPublisher(router, file_sd) if file_sd is not None else None
     if publisher is not None:  # its loop starts with the app and waits for the bound port
         app.cleanup_ctx.append(_background("router-file-sd", publisher.run))

@@ -1,12 +1,19 @@
 """What the handlers of the router's HTTP application share: the application's keys, the JSON
 body reader, and how a refused request answers.
 
+The body reader takes only a body declared `Content-Type: application/json` (415 otherwise): a
+browser page of another origin may POST `text/plain` or a form without a CORS preflight, never
+JSON, so a keyless router cannot be driven by a page its user happens to visit (CSRF). A body past
+OFF_LOOP_BYTES is parsed in a worker thread (a 4 MiB list of integers takes a second to parse and
+check).
+
 The body reader refuses what Python's json module accepts but the rest of the router cannot carry:
 strings with lone surrogates (valid JSON escapes that no UTF-8 encoder takes), nesting
 deep enough to exhaust the stack, integers past 64 bits (and past the interpreter's 4300-digit
 conversion limit), numbers that overflow a float, and NaN/Infinity (not JSON at all). Each is a 400 naming what is wrong, never a
 500 from deep inside a handler."""
 
+import asyncio
 import json
 import math
 from collections.abc import Callable
@@ -15,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from radixmesh.cluster.api.openai_schema import ApiError
+from radixmesh.cluster.observability.scrape_cache import ScrapeCache
 from radixmesh.cluster.router.admission import Overloaded
 from radixmesh.cluster.router.results import NoNodeAvailable
 from radixmesh.cluster.router.router import Router
@@ -22,10 +30,22 @@ from radixmesh.proto.serve.limits import InvalidRequest
 
 ROUTER_KEY = web.AppKey("router", Router)
 CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("wall_clock")
+SCRAPES_KEY = web.AppKey("scrapes", ScrapeCache)
+
+
+OFF_LOOP_BYTES = 64 << 10
+"""Bodies larger than this are parsed off the event loop."""
 
 
 async def read_body(request: web.Request) -> object:
-    return parse_json_body(await request.read())
+    """The request's JSON body; ApiError 415 when it is not declared JSON, 400 when it is not JSON."""
+    if request.content_type != "application/json":
+        given = request.headers.get("Content-Type")
+        raise ApiError(415, "the request body must be JSON sent with Content-Type: application/json, got "
+                            + ("no Content-Type" if given is None else repr(given[:100])),
+                       code="unsupported_media_type")
+    raw = await request.read()
+    return await asyncio.to_thread(parse_json_body, raw) if len(raw) > OFF_LOOP_BYTES else parse_json_body(raw)
 
 
 def refusal(e: InvalidRequest | Overloaded | NoNodeAvailable) -> ApiError:
@@ -39,8 +59,6 @@ def refusal(e: InvalidRequest | Overloaded | NoNodeAvailable) -> ApiError:
         case _:
             return ApiError(400, str(e), param="prompt", code="invalid_prompt", counted=True)
 
-
-from radixmesh.cluster.api.openai_schema import ApiError
 
 MAX_DEPTH = 32
 """Nesting of arrays and objects; OpenAI bodies need 4 (messages, content parts)."""

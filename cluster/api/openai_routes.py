@@ -23,6 +23,7 @@ from radixmesh.cluster.api.openai_schema import (
     parse_completion,
     usage,
 )
+from radixmesh.cluster.api.prompt_tokens import chat_tokens, text_tokens
 from radixmesh.cluster.router.admission import Overloaded
 from radixmesh.cluster.router.results import NoNodeAvailable, RouterItem
 from radixmesh.cluster.router.router import Router
@@ -44,7 +45,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     _admit(router)
     parsed = parse_completion(await read_body(request))
     prompt = parsed.prompt
-    tokens = tuple(router.tokenizer.encode(prompt)) if isinstance(prompt, str) else prompt
+    tokens = await text_tokens(router, prompt) if isinstance(prompt, str) else prompt
     return await _generate(request, parsed.params, tokens, "cmpl", ResponseShape())
 
 
@@ -52,11 +53,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     router = request.app[ROUTER_KEY]
     _admit(router)
     parsed = parse_chat(await read_body(request))
-    try:
-        prompt = router.chat_template.render(parsed.messages)
-    except ValueError as e:  # the model's template refused the conversation
-        raise ApiError(400, str(e), param="messages", code="invalid_messages") from e
-    tokens = tuple(router.tokenizer.encode(prompt))
+    tokens = await chat_tokens(router, parsed.messages)
     return await _generate(request, parsed.params, tokens, "chatcmpl", ChatResponseShape())
 
 

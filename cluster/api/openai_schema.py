@@ -11,7 +11,8 @@ body is in exactly one of these classes, and none is ever silently ignored.
   `max_completion_tokens`; omitted: the rest of the context), `n` (1..MAX_CHOICES), `temperature`,
   `top_p`, `seed`, `logprobs` (completions: 0..20 alternatives; chat: a boolean, with `top_logprobs`
   0..20),
-  `stream`, `stream_options.include_usage`, `stop` (a string or up to 4), and vLLM's `stop_token_ids`,
+  `stream`, `stream_options.include_usage`, `stop` (a string or up to 4), and vLLM's `stop_token_ids`
+  (up to MAX_STOP_TOKEN_IDS),
   `ignore_eos` and `cache_salt` (the tenant: it salts the prompt's block hashes, so only requests
   with equal salts share cached prefixes; none is the shared tenant).
 - Accepted, not acted on (they change nothing OpenAI returns): `user` (an end-user id; it does not
@@ -42,6 +43,8 @@ from radixmesh.proto.serve.sampling import (
 
 MAX_CHOICES = 16
 """Most choices (`n`) one request may ask for: each holds a running slot and KV of its own."""
+MAX_STOP_TOKEN_IDS = 64
+"""Most `stop_token_ids` one request may give: the engine checks every sampled token against them."""
 
 # Fields both endpoints serve; each endpoint adds its prompt field (and chat max_completion_tokens).
 _SERVED = frozenset({"model", "max_tokens", "n", "temperature", "top_p", "seed", "stream", "stream_options", "stop",
@@ -210,6 +213,9 @@ def _stop_token_ids(body: dict[str, Any]) -> tuple[int, ...]:
     value = body.get("stop_token_ids")
     if value is None:
         return ()
+    if isinstance(value, list) and len(value) > MAX_STOP_TOKEN_IDS:
+        raise _bad(f"'stop_token_ids' holds {len(value)} ids, at most {MAX_STOP_TOKEN_IDS} are allowed",
+                   "stop_token_ids")
     if not (isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)):
         raise _bad("'stop_token_ids' must be a list of token ids", "stop_token_ids", "invalid_type")
     return tuple(dict.fromkeys(value))

@@ -1,6 +1,7 @@
 """The router's operational endpoints: models, tokenizer, probes, statistics, metrics, route
 explanations."""
 
+import asyncio
 import importlib.metadata
 import uuid
 from dataclasses import asdict
@@ -8,9 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
-from radixmesh.cluster.api.context import ROUTER_KEY, read_body, refusal
+from radixmesh.cluster.api.context import ROUTER_KEY, SCRAPES_KEY, read_body, refusal
 from radixmesh.cluster.api.explain import ROUTE_PATH, explain
 from radixmesh.cluster.api.openai_schema import ApiError, parse_chat
+from radixmesh.cluster.api.prompt_tokens import chat_tokens, text_tokens
 from radixmesh.cluster.fleet.reports import agent_metrics, cluster_stats
 from radixmesh.cluster.observability.endpoints import merge_expositions, stats_document
 from radixmesh.cluster.observability.file_sd import ROUTER_SCOPE
@@ -62,30 +64,28 @@ async def _tokenize(request: web.Request) -> web.Response:
         raise ApiError(400, f"unrecognized request argument supplied: '{unknown[0]}'", param=unknown[0],
                        code="unknown_parameter")
     if isinstance(body, dict) and "messages" in body:
-        try:
-            chat = parse_chat({"model": router.config.model_name, "messages": body["messages"]})
-            text = router.chat_template.render(chat.messages)
-        except ValueError as e:
-            raise ApiError(400, str(e), param="messages", code="invalid_messages") from e
+        chat = parse_chat({"model": router.config.model_name, "messages": body["messages"]})
+        tokens = await chat_tokens(router, chat.messages)
     elif isinstance(body, dict) and isinstance(body.get("prompt"), str):
-        text = body["prompt"]
+        tokens = await text_tokens(router, body["prompt"])
     else:
         raise ApiError(400, "the body must be a JSON object with a string 'prompt' or a 'messages' list",
                        param="prompt")
-    tokens = router.tokenizer.encode(text)
     return web.json_response({"tokens": tokens, "count": len(tokens),
                               "max_model_len": router.config.limits.max_context_tokens})
 
 
 async def _detokenize(request: web.Request) -> web.Response:
+    """vLLM's /detokenize, for at most a context's worth of ids (no model emits more), decoded off the loop."""
     router = request.app[ROUTER_KEY]
     body = await read_body(request)
     tokens = body.get("tokens") if isinstance(body, dict) else None
-    vocab = router.config.limits.vocab_size
-    if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
-                                             for t in tokens)):
-        raise ApiError(400, f"'tokens' must be a list of token ids in [0, {vocab})", param="tokens")
-    return web.json_response({"prompt": router.tokenizer.decode(tokens)})
+    limits = router.config.limits
+    if not (isinstance(tokens, list) and len(tokens) <= limits.max_context_tokens
+            and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < limits.vocab_size for t in tokens)):
+        raise ApiError(400, f"'tokens' must be a list of at most {limits.max_context_tokens} token ids in "
+                            f"[0, {limits.vocab_size})", param="tokens")
+    return web.json_response({"prompt": await asyncio.to_thread(router.tokenizer.decode, tokens)})
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -114,11 +114,17 @@ async def _stats(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
+    """The merged exposition, rendered at most once a second per scope (observability.scrape_cache)."""
     router = request.app[ROUTER_KEY]
     # scope=router (the router's file-SD target): leave out the agents Prometheus scrapes itself.
-    exclude = router.scraped_nodes if request.query.get("scope") == ROUTER_SCOPE else frozenset()
-    text = merge_expositions(router.metrics.render(), await agent_metrics(
-        router.directory, router.config.match_timeout_s * 4, exclude))
+    scope = ROUTER_SCOPE if request.query.get("scope") == ROUTER_SCOPE else ""
+
+    async def render() -> str:
+        exclude = router.scraped_nodes if scope == ROUTER_SCOPE else frozenset()
+        return merge_expositions(router.metrics.render(), await agent_metrics(
+            router.directory, router.config.match_timeout_s * 4, exclude))
+
+    text = await request.app[SCRAPES_KEY].text(scope, render)
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Prometheus-Format": "0.0.4"})
 
@@ -139,8 +145,8 @@ async def _route(request: web.Request) -> web.Response:
     if not isinstance(cache_salt, str) or len(cache_salt) > MAX_TENANT_CHARS:
         raise ApiError(400, f"'cache_salt' must be a string of at most {MAX_TENANT_CHARS} characters",
                        param="cache_salt")
-    job = ServePlan(f"route-{uuid.uuid4().hex}", tuple(router.tokenizer.encode(body["prompt"])),
-                          SamplingParams(max_tokens=max_tokens), cache_salt)
+    job = ServePlan(f"route-{uuid.uuid4().hex}", await text_tokens(router, body["prompt"]),
+                    SamplingParams(max_tokens=max_tokens), cache_salt)
     try:
         result = await router.complete(job)
     except (InvalidRequest, Overloaded, NoNodeAvailable) as e:

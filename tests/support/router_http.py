@@ -24,7 +24,7 @@ class Api:
 
     async def post(self, path: str, body: object) -> tuple[int, Any]:
         data = body if isinstance(body, str) else json.dumps(body)
-        async with self.session.post(self.base + path, data=data) as resp:
+        async with self.session.post(self.base + path, data=data, headers={"Content-Type": "application/json"}) as resp:
             return resp.status, await resp.json()
 
     async def get(self, path: str) -> tuple[int, str]:

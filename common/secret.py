@@ -1,14 +1,12 @@
 """The cluster secret and every key derived from it.
 
 One random secret per deployment (`radixmesh up` makes it, docs/security.md); each use gets its own
-key, derived as HMAC-SHA256(secret, "radixmesh\\0" ‖ label), so no key can be turned into another or
-back into the secret:
+key, `ClusterSecret.key(purpose, node)`, derived as HMAC-SHA256(secret, "radixmesh\\0" ‖ label [‖ "\\0" ‖
+node]). Labels hold no NUL and node ids are checked, so distinct (purpose, node) pairs give independent
+keys: no key can be turned into another or back into the secret, and a token seen on the wire (a
+metadata bearer token, a scrape token) opens nothing but what its purpose names.
 
-    metadata_token()        what the router and operators send to the metadata service
-    node_credential(node)   a node's identity: metadata RPCs of that node and the transfer handshake
-    hash_key()              the block-hash key (a prefix's hash cannot be computed outside the cluster)
-
-Node credentials are derivable by any holder of the secret: they name which node speaks (a node's
+Per-node keys are derivable by any holder of the secret: they name which node speaks (a node's
 lease cannot be taken over by another host), they do not isolate nodes from each other.
 """
 
@@ -17,12 +15,40 @@ import hmac
 import ipaddress
 import secrets
 from dataclasses import dataclass
+from enum import Enum, unique
 
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.limits import check_node_id
 
 SECRET_BYTES = 32
 """Length of a generated secret (and the least accepted: 256 bits)."""
 _DOMAIN = b"radixmesh\x00"
+
+
+@unique
+class KeyPurpose(Enum):
+    """What a derived key is for; the value is its label. The labels of purposes that never shared a
+    key are those of earlier versions, so block hashes and scrape tokens did not change."""
+
+    BLOCK_HASH = b"block-hash-key"
+    """Keys the block hashes (BLAKE2b keyed mode): a prefix's hash cannot be computed outside the cluster."""
+    METADATA_CLUSTER = b"metadata-token"
+    """Bearer token of the cluster principal (routers, operators) on the metadata service."""
+    METADATA_NODE = b"metadata-node"
+    """Per node: its bearer token on the metadata service's node-scoped RPCs (seen on the wire without TLS)."""
+    TRANSFER_HANDSHAKE = b"transfer-handshake"
+    """Per node: proves "I am this node" in the transfer handshake; never sent."""
+    TRANSFER_SESSION = b"transfer-session"
+    """Per node (the owner of a pull): keys the session key of each handshake, hence the chunk MACs."""
+    METRICS_SCRAPE = b"metrics-token"
+    """Bearer token of agents' /metrics off loopback (Prometheus' credentials file)."""
+
+    @property
+    def per_node(self) -> bool:
+        return self in _PER_NODE
+
+
+_PER_NODE = frozenset({KeyPurpose.METADATA_NODE, KeyPurpose.TRANSFER_HANDSHAKE, KeyPurpose.TRANSFER_SESSION})
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,21 +76,21 @@ class ClusterSecret:
     def to_hex(self) -> str:
         return self.value.hex()
 
-    def derive(self, label: bytes) -> bytes:
-        """The 32-byte key for `label`; distinct labels give independent keys."""
+    def key(self, purpose: KeyPurpose, node: NodeId | None = None) -> bytes:
+        """The 32-byte key of `purpose`, of `node` for a per-node purpose. ValueError when `node` is
+        missing for a per-node purpose, given for a cluster-wide one, or not a valid node id."""
+        if purpose.per_node != (node is not None):
+            raise ValueError(f"key {purpose.name} is {'per node' if purpose.per_node else 'cluster-wide'}, "
+                             f"got node {node!r}")
+        label = purpose.value
+        if node is not None:
+            check_node_id(node)
+            label += b"\x00" + node.encode()
         return hmac.new(self.value, _DOMAIN + label, hashlib.sha256).digest()
 
-    def metadata_token(self) -> str:
-        """Bearer token of cluster-scoped metadata RPCs (Match, GetStats)."""
-        return self.derive(b"metadata-token").hex()
-
-    def node_credential(self, node: NodeId) -> bytes:
-        """The identity key of `node`: proves "I am `node`" without being sent (transfer handshake)."""
-        return self.derive(b"node\x00" + node.encode())
-
     def hash_key(self) -> bytes:
-        """Key of the block hashes (BLAKE2b keyed mode)."""
-        return self.derive(b"block-hash-key")
+        """Key of the block hashes (the engines' configs take it as bytes)."""
+        return self.key(KeyPurpose.BLOCK_HASH)
 
     def __repr__(self) -> str:
         return "ClusterSecret(<hidden>)"

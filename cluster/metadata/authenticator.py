@@ -1,21 +1,27 @@
 """Who is calling the metadata service: the cluster (router, operator) or one node, proven by the
-tokens of common.metadata.auth. A service without a secret (loopback development only, see
+tokens of common.metadata.auth. A node may call only the RPCs of its own node; the cluster-scoped
+RPCs only the cluster. A service without a secret (loopback development only, see
 server.ServerOptions) admits every caller as the cluster and checks no node scope."""
 
 import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from radixmesh.common.metadata.auth import NODE_METADATA_KEY, TOKEN_METADATA_KEY, bearer
+from radixmesh.common.metadata.auth import NODE_METADATA_KEY, TOKEN_METADATA_KEY, cluster_bearer, node_bearer
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.limits import check_node_id
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
     node: NodeId | None
     """The node whose credential the call carried; None for a cluster caller."""
+
+    @property
+    def is_cluster(self) -> bool:
+        """The cluster principal (a router, an operator; every caller of an open service): the only
+        caller of the cluster-scoped RPCs, which read every node's state or steer every router."""
+        return self.node is None
 
     def may_speak_for(self, node: str, open_service: bool) -> bool:
         """Whether this caller may act as `node` (register it, renew its lease, publish its events)."""
@@ -27,7 +33,7 @@ class Authenticator:
 
     def __init__(self, secret: ClusterSecret | None) -> None:
         self._secret = secret
-        self._cluster = bearer(secret.metadata_token()).encode() if secret is not None else b""
+        self._cluster = cluster_bearer(secret).encode() if secret is not None else b""
 
     @property
     def open(self) -> bool:
@@ -44,8 +50,7 @@ class Authenticator:
             return Caller(None) if hmac.compare_digest(given, self._cluster) else None
         try:
             node = NodeId(node_raw.decode())
-            check_node_id(node)
+            expected = node_bearer(self._secret, node).encode()  # ValueError for an invalid node id
         except ValueError:  # UnicodeDecodeError included
             return None
-        expected = bearer(self._secret.node_credential(node).hex()).encode()
         return Caller(node) if hmac.compare_digest(given, expected) else None

@@ -5,15 +5,16 @@ Each RPC converts (proto/metadata/codec.py), calls the plain service object and 
 status codes: LimitExceeded -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT, StaleEpoch ->
 FAILED_PRECONDITION, UnknownNode -> NOT_FOUND. A call without a valid credential is refused with
 UNAUTHENTICATED before its request is even parsed; a node-scoped call (register, heartbeat, publish,
-snapshot) naming another node than the caller's credential gets PERMISSION_DENIED. All RPCs run on
-the server's one event loop, which is what makes the non-thread-safe service safe.
+snapshot) naming another node than the caller's credential gets PERMISSION_DENIED, and so does a
+cluster-scoped call (Match, GetStats, WatchIndex, ReportPredictions) with a node's credential. All
+RPCs run on the server's one event loop, which is what makes the non-thread-safe service safe.
 """
 
 import asyncio
 import gc
 import logging
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -30,7 +31,8 @@ from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata import codec
-from radixmesh.proto.metadata.messages import PublishAck, PublishStatus
+from radixmesh.proto.metadata.hits import MAX_PROMPT_TOKENS
+from radixmesh.proto.metadata.messages import MatchPrediction, PublishAck, PublishStatus
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +155,13 @@ class MetadataServicer(pb_grpc.MetadataServiceServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"this credential does not speak for node {node[:80]!r}")
 
+    async def _cluster_only(self, context: grpc.aio.ServicerContext) -> None:
+        """Abort with PERMISSION_DENIED unless the caller is the cluster principal: these RPCs read
+        every node's state or steer every router, and a node's token is seen on the wire without TLS."""
+        caller = self._authenticator.authenticate(context.invocation_metadata())
+        if caller is None or not caller.is_cluster:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "only the cluster credential may call this RPC")
+
     async def RegisterNode(self, request: pb.RegisterNodeRequest, context: grpc.aio.ServicerContext) -> pb.Lease:
         await self._speaks_for(context, request.node_id)
         s = self._service
@@ -188,17 +197,20 @@ class MetadataServicer(pb_grpc.MetadataServiceServicer):
         return await _guarded(context, lambda: codec.ack_to_pb(s.sync_snapshot(codec.snapshot_from_pb(request))))
 
     async def Match(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> pb.MatchResponse:
+        await self._cluster_only(context)
         s = self._service
         return await _guarded(
             context, lambda: codec.match_response_to_pb(s.match(codec.match_request_from_pb(request)))
         )
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.ClusterStats:
+        await self._cluster_only(context)
         return codec.stats_to_pb(self._service.stats())
 
     async def WatchIndex(
         self, request: pb.WatchIndexRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.IndexUpdate]:
+        await self._cluster_only(context)
         sub, first = self._service.watch()
         try:
             yield codec.update_to_pb(first)
@@ -219,12 +231,29 @@ class MetadataServicer(pb_grpc.MetadataServiceServicer):
     async def ReportPredictions(
         self, request: pb.PredictionBatch, context: grpc.aio.ServicerContext
     ) -> pb.ReportAck:
+        await self._cluster_only(context)
+
         def call() -> None:
             router_id, predictions = codec.predictions_from_pb(request)
+            _check_predictions(predictions, lambda node: self._service.membership.get(node) is not None)
             self._service.record_predictions(predictions, router_id)
 
         await _guarded(context, call)
         return pb.ReportAck()
+
+
+def _check_predictions(predictions: Sequence[MatchPrediction], is_live: Callable[[NodeId], bool]) -> None:
+    """ValueError unless every node a prediction names is live and every figure is at most a prompt's
+    tokens: hit accounting keeps the predictions and every router's load table adds the routed work."""
+    for p in predictions:
+        named = [*p.local_tokens, *([p.routed_node] if p.routed_node is not None else [])]
+        unknown = next((n for n in named if not is_live(n)), None)
+        if unknown is not None:
+            raise ValueError(f"prediction {p.request_id!r} names {unknown[:80]!r}, not a live node")
+        top = max(p.cluster_tokens, p.routed_tokens, *p.local_tokens.values())
+        if top > MAX_PROMPT_TOKENS:
+            raise ValueError(f"prediction {p.request_id!r} counts {top} tokens, more than a prompt's "
+                             f"{MAX_PROMPT_TOKENS}")
 
 
 class MetadataServer:

@@ -1,26 +1,33 @@
 """How a metadata RPC says who calls: gRPC metadata `authorization: Bearer <token>`, plus
 `x-radixmesh-node: <node id>` when a node calls.
 
-    cluster caller (router, operator)   token = ClusterSecret.metadata_token()
-    node caller                         token = hex(ClusterSecret.node_credential(node))
+    cluster caller (router, operator)   token = hex(key(METADATA_CLUSTER))
+    node caller                         token = hex(key(METADATA_NODE, node))
 
-Node-scoped RPCs (register, heartbeat, publish, snapshot) must come from the node they name; a
+Node-scoped RPCs (register, heartbeat, publish, snapshot) must come from the node they name;
+cluster-scoped ones (Match, GetStats, WatchIndex, ReportPredictions) from the cluster principal. A
 bearer token on the wire is what gRPC offers (TLS protects it from eavesdroppers, see
-docs/security.md); a stolen node token speaks for that node only, never for the cluster or another node.
+docs/security.md); a stolen node token speaks for that node on the metadata service only: not for the
+cluster, another node, or that node on the transfer plane (whose keys are other purposes').
 """
 
 from dataclasses import dataclass
 
-from radixmesh.common.secret import ClusterSecret
+from radixmesh.common.secret import ClusterSecret, KeyPurpose
 from radixmesh.proto.ids import NodeId
 
 TOKEN_METADATA_KEY = "authorization"
 NODE_METADATA_KEY = "x-radixmesh-node"
 
 
-def bearer(token: str) -> str:
-    """The metadata value carrying `token`."""
-    return f"Bearer {token}"
+def cluster_bearer(secret: ClusterSecret) -> str:
+    """The `authorization` value of the cluster principal."""
+    return f"Bearer {secret.key(KeyPurpose.METADATA_CLUSTER).hex()}"
+
+
+def node_bearer(secret: ClusterSecret, node: NodeId) -> str:
+    """The `authorization` value of `node` (ValueError for an invalid node id)."""
+    return f"Bearer {secret.key(KeyPurpose.METADATA_NODE, node).hex()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +38,11 @@ class CallerCredentials:
 
     @classmethod
     def cluster(cls, secret: ClusterSecret) -> "CallerCredentials":
-        return cls(((TOKEN_METADATA_KEY, bearer(secret.metadata_token())),))
+        return cls(((TOKEN_METADATA_KEY, cluster_bearer(secret)),))
 
     @classmethod
     def node(cls, secret: ClusterSecret, node: NodeId) -> "CallerCredentials":
-        token = secret.node_credential(node).hex()
-        return cls(((TOKEN_METADATA_KEY, bearer(token)), (NODE_METADATA_KEY, node)))
+        return cls(((TOKEN_METADATA_KEY, node_bearer(secret, node)), (NODE_METADATA_KEY, node)))
 
     def __repr__(self) -> str:
         return f"CallerCredentials({[k for k, _ in self.metadata]})"

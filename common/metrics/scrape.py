@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from radixmesh.common.secret import ClusterSecret, is_loopback
+from radixmesh.common.secret import ClusterSecret, KeyPurpose, is_loopback
 from radixmesh.proto.ids import NodeId
 
 logger = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 def metrics_token(secret: ClusterSecret) -> str:
     """Bearer token of agents' /metrics on non-loopback addresses (Prometheus' credentials)."""
-    return secret.derive(b"metrics-token").hex()
+    return secret.key(KeyPurpose.METRICS_SCRAPE).hex()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,18 +1,21 @@
 """Mutual authentication of a requester and an owner before any hash is sent or byte accepted.
 
-Each side proves it holds its node credential (ClusterSecret.node_credential) by a keyed MAC over a
-transcript that includes a fresh nonce of the other side; no credential or secret ever travels::
+Each side proves it holds its node's handshake key (ClusterSecret.key(TRANSFER_HANDSHAKE, node)) by a
+keyed MAC over a transcript that includes a fresh nonce of the other side; no key or secret ever
+travels::
 
     requester                                          owner
       HELLO(requester id, owner id, nonce_r)     ->
-                                                 <-  CHALLENGE(nonce_o, HMAC(cred_owner, "owner" ‖ T))
-      AUTH(HMAC(cred_requester, "requester" ‖ T))  ->
+                                                 <-  CHALLENGE(nonce_o, HMAC(hs_owner, "owner" ‖ T))
+      AUTH(HMAC(hs_requester, "requester" ‖ T))  ->
                                                      T = requester ‖ owner ‖ nonce_r ‖ nonce_o
 
 The requester names the owner it expects (the node the metadata service said holds the blocks), so
 a host that took over that node's address cannot answer the challenge; the owner refuses a HELLO
-that names another node. Both then share a session key, HMAC(cred_owner, "session" ‖ T), which keys
-the optional per-chunk MAC.
+that names another node. Both then share a session key, HMAC(session_owner, "session" ‖ T) with
+session_owner = ClusterSecret.key(TRANSFER_SESSION, owner), which keys the optional per-chunk MAC.
+Neither key is the node's metadata bearer token (another purpose's key), so a token sniffed from a
+heartbeat without TLS neither passes this handshake nor yields a session key.
 
 The Ray transport has no connection to hold a challenge in: there the owner's nonce is empty and
 the owner refuses a requester nonce it has already seen (`ReplayGuard`), so a captured request
@@ -29,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from radixmesh.common.secret import ClusterSecret
+from radixmesh.common.secret import ClusterSecret, KeyPurpose
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.limits import check_node_id
 
@@ -81,6 +84,14 @@ def _mac(key: bytes, role: bytes, transcript: bytes) -> bytes:
     return hmac.new(key, role + b"\x00" + transcript, hashlib.sha256).digest()
 
 
+def _proof_key(secret: ClusterSecret, node: NodeId) -> bytes:
+    return secret.key(KeyPurpose.TRANSFER_HANDSHAKE, node)
+
+
+def _session_key(secret: ClusterSecret, owner: NodeId, transcript: bytes) -> bytes:
+    return _mac(secret.key(KeyPurpose.TRANSFER_SESSION, owner), b"session", transcript)
+
+
 class RequesterHandshake:
     """The requester's side towards one owner: `hello()`, then `answer(challenge)`."""
 
@@ -105,7 +116,7 @@ class RequesterHandshake:
     def one_shot(self) -> bytes:
         """The Ray transport's hello and proof in one message (no owner nonce: see the module doc)."""
         t = _transcript(self._me, self._owner, self._nonce_r, b"")
-        return self.hello() + _mac(self._secret.node_credential(self._me), b"requester", t)
+        return self.hello() + _mac(_proof_key(self._secret, self._me), b"requester", t)
 
     def check_owner(self, proof: bytes) -> Session:
         """The Ray transport: check the owner's proof over the one-shot transcript."""
@@ -113,11 +124,10 @@ class RequesterHandshake:
 
     def _finish(self, nonce_o: bytes, proof: bytes) -> tuple[bytes, Session]:
         t = _transcript(self._me, self._owner, self._nonce_r, nonce_o)
-        owner_cred = self._secret.node_credential(self._owner)
-        if not hmac.compare_digest(proof, _mac(owner_cred, b"owner", t)):
+        if not hmac.compare_digest(proof, _mac(_proof_key(self._secret, self._owner), b"owner", t)):
             raise HandshakeError(f"the peer does not hold the credential of node {self._owner}")
-        mine = _mac(self._secret.node_credential(self._me), b"requester", t)
-        return mine, Session(self._owner, _mac(owner_cred, b"session", t))
+        mine = _mac(_proof_key(self._secret, self._me), b"requester", t)
+        return mine, Session(self._owner, _session_key(self._secret, self._owner, t))
 
 
 class OwnerHandshake:
@@ -141,10 +151,10 @@ class OwnerHandshake:
     def verify(self, proof: bytes) -> Session:
         """The session once the requester proved its credential; HandshakeError otherwise."""
         assert self._transcript, "challenge() first"
-        expected = _mac(self._secret.node_credential(self._requester), b"requester", self._transcript)
+        expected = _mac(_proof_key(self._secret, self._requester), b"requester", self._transcript)
         if not hmac.compare_digest(proof, expected):
             raise HandshakeError(f"the requester does not hold the credential of node {self._requester}")
-        return Session(self._requester, _mac(self._secret.node_credential(self._me), b"session", self._transcript))
+        return Session(self._requester, _session_key(self._secret, self._me, self._transcript))
 
     def one_shot(self, message: bytes, guard: "ReplayGuard") -> tuple[bytes, Session]:
         """The Ray transport: check a requester's one-shot hello ‖ proof; our proof and the session."""
@@ -164,7 +174,7 @@ class OwnerHandshake:
         return requester, nonce_r
 
     def _proof(self) -> bytes:
-        return _mac(self._secret.node_credential(self._me), b"owner", self._transcript)
+        return _mac(_proof_key(self._secret, self._me), b"owner", self._transcript)
 
 
 class ReplayGuard:

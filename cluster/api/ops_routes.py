@@ -121,7 +121,8 @@ async def _metrics(request: web.Request) -> web.Response:
 
     async def render() -> str:
         exclude = router.scraped_nodes if scope == ROUTER_SCOPE else frozenset()
-        return merge_expositions(router.metrics.render(), await agent_metrics(
+        parts = [router.watcher.stats()] if router.watcher is not None else []
+        return merge_expositions(router.metrics.render(*parts), await agent_metrics(
             router.directory, router.config.match_timeout_s * 4, exclude))
 
     text = await request.app[SCRAPES_KEY].text(scope, render)

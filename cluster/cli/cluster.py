@@ -23,6 +23,7 @@ from radixmesh.cluster.launch.secret_file import SECRET_ENV, default_secret_path
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
+from radixmesh.cluster.router.config import DEFAULT_POLICY
 from radixmesh.node_agent import DTYPES, NAMED_CONFIGS, SMOLLM2, resolve_model
 
 
@@ -48,7 +49,7 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
 @click.option("--state", default="memory", show_default=True, help="'memory' or a redis:// URL.")
 @click.option("--metadata-standby/--no-metadata-standby", default=False, show_default=True,
               help="With --state redis://: a standby metadata service takes over within ~1 s if the active dies.")
-@click.option("--policy", type=click.Choice(policy_names()), default="cost", show_default=True)
+@click.option("--policy", type=click.Choice(policy_names()), default=DEFAULT_POLICY, show_default=True)
 @click.option("--host", default=None,
               help="Address router and metadata bind [default: 127.0.0.1 with --local, else this Ray node's address].")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Router HTTP port.")
@@ -84,12 +85,19 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
               help="Where the router keeps its Prometheus file-SD targets and the agents' metrics token "
                    "(default: $RADIXMESH_HOME/prometheus); every agent then serves its own /metrics.")
 @click.option("--no-prometheus", is_flag=True, help="No target list and no per-agent /metrics.")
+@click.option("--kv-events-endpoint", default=None,
+              help="Agents also publish their KV cache events as vLLM does (ZMQ PUB; replay on port + 1, or "
+                   "path.replay) at this tcp://host:port or ipc://path, {node} replaced by the node id, e.g. "
+                   "ipc:///tmp/radixmesh-kv-{node}. Loopback or ipc only, unless --kv-events-allow-remote.")
+@click.option("--kv-events-allow-remote", is_flag=True,
+              help="Let --kv-events-endpoint bind beyond loopback: vLLM's event sockets have no authentication.")
 @cache_options
 def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool, policy: str, host: str | None,
        port: int, model_spec: str, served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
        lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, tls_cert: Path | None,
        tls_key: Path | None, max_running_per_node: int, max_waiting: int, access_log: bool,
-       prometheus_dir: Path | None, no_prometheus: bool, eviction: str, handoff: bool) -> None:
+       prometheus_dir: Path | None, no_prometheus: bool, kv_events_endpoint: str | None, kv_events_allow_remote: bool,
+       eviction: str, handoff: bool) -> None:
     """Start metadata service, node agents and router; print the router URL."""
     if cluster_record.load() is not None:
         raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
@@ -111,7 +119,8 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
                                                           max_waiting=max_waiting),
                                 log_level=chosen_log_level(),
                                 log_access=access_log,
-                                prometheus_dir=None if no_prometheus else prometheus_dir or _prometheus_dir())
+                                prometheus_dir=None if no_prometheus else prometheus_dir or _prometheus_dir(),
+                                kv_events_endpoint=kv_events_endpoint, kv_events_allow_remote=kv_events_allow_remote)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if local_nodes is None:
@@ -126,7 +135,8 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
         raise click.ClickException(f"radixmesh up failed: {_cause(e)}") from None
     pid = os.getpid() if local_nodes is not None else None
     cluster_record.save(cluster_record.ClusterRecord(deployment.router_url, deployment.metadata_address,
-                                                     None if pid else address, pid))
+                                                     None if pid else address, pid,
+                                                     cluster_record.running_since(pid) if pid else None))
     click.echo(f"radixmesh is up: {len(deployment.nodes)} agent(s), metadata service {deployment.metadata_address}")
     click.echo(f"router: {deployment.router_url}   (OpenAI API at {deployment.router_url}/v1)", nl=True)
     if local_nodes is not None:
@@ -158,17 +168,20 @@ def down(timeout: float) -> None:
     """Stop the recorded deployment: router and agents, metadata service (and a local `up`'s Ray)."""
     record = recorded()
     if record.pid is not None:
-        if not _is_radixmesh(record.pid):
+        # Identity is (pid, start time), never the command line: any process may call itself
+        # `radixmesh up`, none can start at the recorded time under the recorded pid but that `up`.
+        if record.pid_start is None or cluster_record.running_since(record.pid) != record.pid_start:
             cluster_record.remove()
             raise click.ClickException(f"process {record.pid} is not the `radixmesh up` that made the record "
-                                       "(it ended and its pid was reused): nothing signalled, the record is cleared")
+                                       "(that one ended, or the record does not say when it started): nothing "
+                                       "signalled, the record is cleared")
         try:
             os.kill(record.pid, signal.SIGTERM)
         except ProcessLookupError:
             cluster_record.remove()
             raise click.ClickException(f"the `up` process {record.pid} is gone; the record is cleared") from None
         deadline = time.monotonic() + timeout
-        while _alive(record.pid):
+        while cluster_record.running_since(record.pid) == record.pid_start:
             if time.monotonic() > deadline:
                 raise click.ClickException(f"`up` process {record.pid} did not stop within {timeout:.0f} s")
             time.sleep(0.2)  # polling another process's exit: there is nothing to wait on
@@ -179,34 +192,3 @@ def down(timeout: float) -> None:
     stopped = asyncio.run(launcher.down())
     cluster_record.remove()
     click.echo("radixmesh is down" if stopped else "nothing was running; the record is cleared")
-
-
-def _is_radixmesh(pid: int) -> bool:
-    """Whether `pid` runs `radixmesh up` (its command line says so); True without procfs to ask."""
-    try:
-        return runs_up(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
-    except FileNotFoundError:
-        return not Path("/proc/self").exists()
-    except OSError:
-        return True
-
-
-def runs_up(argv: list[bytes]) -> bool:
-    """Whether a command line is `radixmesh up`: the console script (by name, after its interpreter)
-    or `python -m radixmesh...`, with `up` among its arguments. Not "radixmesh" anywhere in it: a
-    checkout or venv under a folder named radixmesh puts the word in every interpreter's path."""
-    program = next((i for i, a in enumerate(argv) if Path(a.decode(errors="replace")).name == "radixmesh"
-                    or (a.startswith(b"radixmesh.") and i > 0 and argv[i - 1] == b"-m")), None)
-    return program is not None and b"up" in argv[program + 1:]
-
-
-def _alive(pid: int) -> bool:
-    """True while `pid` runs; an exited process its parent has not reaped yet (a zombie) is gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:  # no procfs: kill(0) is all we know
-        return True

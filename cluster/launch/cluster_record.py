@@ -15,6 +15,9 @@ class ClusterRecord:
     """The Ray cluster the detached actors live on (`up` joined an existing one)."""
     pid: int | None = None
     """The foreground `up --local` process that owns a local Ray; `down` sends it SIGTERM."""
+    pid_start: int | None = None
+    """When `pid` started (`process_start`): `down` signals `pid` only while its start time is still
+    this one, so a pid that `up` left and another process took is never signalled."""
 
 
 def record_path() -> Path:
@@ -40,3 +43,17 @@ def load() -> ClusterRecord | None:
 
 def remove() -> None:
     record_path().unlink(missing_ok=True)
+
+
+def running_since(pid: int) -> int | None:
+    """When the process running under `pid` started, in clock ticks since boot (/proc/PID/stat field
+    22, starttime); None when none runs there (no such pid, or one that exited and awaits its parent:
+    a zombie) or there is no procfs to ask. A pid is reused, a (pid, start) pair is not: a process
+    that takes a freed pid starts later."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Fields 3 on follow the command name, which may hold spaces and ")" itself: split after its last ")".
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else int(fields[19])

@@ -78,8 +78,10 @@ class ServiceLimits:
 class ServiceConfig:
     lease_ttl_s: float = 10.0
     """A node vanishes this long after its last register/heartbeat."""
-    max_predictions: int = 65536
-    """Match predictions kept for hit accounting (newest request ids)."""
+    max_predictions: int = 8192
+    """Match predictions kept for hit accounting (newest request ids). A prediction waits only for its
+    request's hits in the serving node's next heartbeat, so this bounds requests in flight across the
+    routers, not history; with one live node per entry it stays near 30 bytes a prediction per node."""
     limits: ServiceLimits = field(default_factory=ServiceLimits)
     watch_backlog: int = 65536
     """Updates queued per WatchIndex stream; a watcher further behind is sent a fresh snapshot."""
@@ -212,7 +214,11 @@ class MetadataService:
         _check_limit("predictions per report", len(predictions), self.config.limits.max_predictions_per_report)
         check_text("router id", router_id, MAX_REQUEST_ID_CHARS)
         for p in predictions:
-            self.hits.predict(p.request_id, Prediction(p.cluster_tokens, dict(p.local_tokens)))
+            # Hit accounting reads the serving node's entry only: a routed prediction keeps just its
+            # node's (reports name every live node, 64 of them x 8192 predictions was 110 MiB).
+            local = ({p.routed_node: p.local_tokens.get(p.routed_node, 0)} if p.routed_node
+                     else dict(p.local_tokens))
+            self.hits.predict(p.request_id, Prediction(p.cluster_tokens, local))
         work = tuple(RoutedWork(router_id, p.routed_node, p.routed_tokens) for p in predictions if p.routed_node)
         if work:
             self.feed.record(work=work)

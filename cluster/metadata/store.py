@@ -111,9 +111,11 @@ class RedisStore(StateStore):
     counter increments summed, the latest index), so no RPC ever waits on Redis; `write_behind`, a task
     on the service's event loop, writes it with redis.asyncio and a timeout, and retries with backoff
     while Redis is down (the service serves from memory meanwhile, and `describe` says so). Counter
-    increments go in batches with an id that Redis records in the same script, so a batch retried after
-    a lost reply is not counted twice. What is pending when the process dies is lost: at most one
-    write round.
+    increments go in batches numbered 1, 2, ... per store (the writer); the same script that adds a
+    batch records its number under the writer's one key, so a batch retried after a lost reply is not
+    counted twice. A batch is retried until confirmed before the next is formed, so the last number is
+    all the dedup needs: one key per writer, not one per flush. What is pending when the process dies
+    is lost: at most one write round.
     """
 
     def __init__(self, url: str, prefix: str = "radixmesh:", socket_timeout_s: float = 2.0,
@@ -127,8 +129,12 @@ class RedisStore(StateStore):
         self._max_backoff_s = max_backoff_s
         self._nodes: dict[str, bytes] = {}
         self._counters: dict[str, dict[str, int]] = {}
-        self._batch: tuple[str, dict[str, dict[str, int]]] | None = None
-        """Counter increments being written, under their batch id (kept until Redis confirms)."""
+        self._writer = uuid.uuid4().hex
+        """Names this store's batches in Redis: a standby or a restarted service numbers its own."""
+        self._batch_seq = 0
+        """The last batch number formed."""
+        self._batch: tuple[int, dict[str, dict[str, int]]] | None = None
+        """Counter increments being written, under their batch number (kept until Redis confirms)."""
         self._index: bytes | None = None
         self._dirty = asyncio.Event()
         self._down_since: float | None = None
@@ -213,12 +219,8 @@ class RedisStore(StateStore):
         nodes, self._nodes = self._nodes, {}
         index, self._index = self._index, None
         try:
-            # A batch that failed is retried under its id first; increments recorded since form the next.
-            while self._batch is not None or self._counters:
-                if self._batch is None:
-                    self._batch, self._counters = (uuid.uuid4().hex, self._counters), {}
-                batch_id, counters = self._batch
-                keys, args = self._counter_script_args(batch_id, counters)
+            while (batch := self._next_batch()) is not None:
+                keys, args = self._counter_script_args(*batch)
                 await self._async.eval(_ADD_COUNTERS_ONCE, len(keys), *keys, *args)  # type: ignore[misc]
                 self._batch = None
             if nodes:
@@ -235,10 +237,10 @@ class RedisStore(StateStore):
     def close(self) -> None:
         """Write what is pending (once, synchronously: the loop may be gone) and disconnect."""
         try:
-            for batch_id, counters in [*([self._batch] if self._batch else []), (uuid.uuid4().hex, self._counters)]:
-                if counters:
-                    keys, args = self._counter_script_args(batch_id, counters)
-                    self._redis.eval(_ADD_COUNTERS_ONCE, len(keys), *keys, *args)
+            while (batch := self._next_batch()) is not None:
+                keys, args = self._counter_script_args(*batch)
+                self._redis.eval(_ADD_COUNTERS_ONCE, len(keys), *keys, *args)
+                self._batch = None
             if self._nodes:
                 self._redis.hset(self._key("nodes"), mapping=self._nodes)  # type: ignore[arg-type]
             if self._index is not None:
@@ -248,12 +250,20 @@ class RedisStore(StateStore):
                            self.pending(), e)
         self._redis.close()
 
-    def _counter_script_args(self, batch_id: str, counters: Mapping[str, Mapping[str, int]]
+    def _next_batch(self) -> tuple[int, dict[str, dict[str, int]]] | None:
+        """The batch to write next: one that failed is retried under its number first; increments
+        recorded since form the next. None when nothing is pending."""
+        if self._batch is None and self._counters:
+            self._batch_seq += 1
+            self._batch, self._counters = (self._batch_seq, self._counters), {}
+        return self._batch
+
+    def _counter_script_args(self, seq: int, counters: Mapping[str, Mapping[str, int]]
                              ) -> tuple[list[str], list[str | int]]:
-        """KEYS: the batch marker, the scope set, one hash per scope; ARGV: marker ttl, then per scope
-        its name, its field count and field/increment pairs."""
-        keys = [self._key(f"batch:{batch_id}"), self._key("scopes")]
-        args: list[str | int] = [_BATCH_MARKER_TTL_S]
+        """KEYS: the writer's marker, the scope set, one hash per scope; ARGV: the batch number, the
+        marker ttl, then per scope its name, its field count and field/increment pairs."""
+        keys = [self._key(f"writer:{self._writer}"), self._key("scopes")]
+        args: list[str | int] = [seq, _WRITER_MARKER_TTL_S]
         for scope, fields in counters.items():
             keys.append(self._key(f"counters:{scope}"))
             args += [scope, len(fields)]
@@ -265,14 +275,17 @@ class RedisStore(StateStore):
         return f"{self._prefix}{name}"
 
 
-_BATCH_MARKER_TTL_S = 86400
-"""How long Redis remembers a counter batch id: far longer than any retry of it."""
+_WRITER_MARKER_TTL_S = 86400
+"""How long Redis remembers a writer's last batch number after its last batch: far longer than any
+retry (one comes when Redis answers again after the lost reply, however long the outage), and what a
+writer that stopped leaves behind is its one key for this long."""
 
-# Adds one batch of counter increments unless its marker exists (it was added before, and the reply
-# was lost): the marker and the increments are one atomic script.
+# Adds batch ARGV[1] of counter increments unless the writer's marker says it was added before (the
+# reply was lost): the marker and the increments are one atomic script.
 _ADD_COUNTERS_ONCE = """
-if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
-local a = 2
+if tonumber(redis.call('GET', KEYS[1]) or '0') >= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+local a = 3
 for k = 3, #KEYS do
   redis.call('SADD', KEYS[2], ARGV[a])
   local n = tonumber(ARGV[a + 1])

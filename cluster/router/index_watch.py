@@ -2,21 +2,36 @@
 
 One task per router: watch, apply every update, and on a gap, a broken stream or a stopping service
 forget the replica (the router then falls back to the Match RPC, then to least-loaded) and watch
-again after `retry_s`, which starts with a fresh snapshot.
+again after `retry_s`, which starts with a fresh snapshot. Anything else that goes wrong (an update
+that does not apply for a reason nobody foresaw, an `on_update` that raises) restarts the task after
+a backoff (SupervisedTask); the replica is forgotten first, so until the next snapshot it says it is
+out of sync rather than answer from a copy that stopped following.
 """
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 
+from radixmesh.cluster.fleet.supervisor import SupervisedTask
 from radixmesh.cluster.metadata.replica import IndexReplica, ReplicaGap
 from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.metrics.exposition import metric
 from radixmesh.proto.metadata.messages import IndexUpdate
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexWatchStats:
+    """How following the index goes, as radixmesh metrics (common/metrics/exposition.py)."""
+
+    index_watch_restarts: int = metric("counter", "Times the index watch failed unexpectedly and started "
+                                                  "again (the replica forgotten until the next snapshot)")
+    index_replica_in_sync: int = metric("gauge", "1 while the router's index replica follows the metadata "
+                                                 "service, 0 while it waits for a snapshot")
 
 
 class IndexWatcher:
@@ -37,19 +52,20 @@ class IndexWatcher:
         self.on_update = on_update
         self.snapshots = 0
         """Reset snapshots applied (the first one included)."""
-        self._task: asyncio.Task[None] | None = None
+        self.task = SupervisedTask("index-watch", self._run, self._restart)
 
     def start(self) -> None:
         """Start watching on the running loop; idempotent."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="index-watch")
+        self.task.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self.task.stop()
+        self.replica.desync()
+
+    def stats(self) -> IndexWatchStats:
+        return IndexWatchStats(self.task.restarts, int(self.replica.in_sync))
+
+    def _restart(self, error: Exception) -> None:
         self.replica.desync()
 
     async def _run(self) -> None:

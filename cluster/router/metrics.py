@@ -180,6 +180,6 @@ class RouterMetrics:
             router_requests_waiting=self.admission.waiting if self.admission else 0,
         )
 
-    def render(self) -> str:
-        """Prometheus text of `stats()`."""
-        return render_prometheus([self.stats()], {"model_name": self.model_name})
+    def render(self, *more: object) -> str:
+        """Prometheus text of `stats()` and of `more` stats dataclasses of the router's parts."""
+        return render_prometheus([self.stats(), *more], {"model_name": self.model_name})

@@ -3,10 +3,13 @@ as Match would give, predictions still reaching hit accounting, and the candidat
 (prefix holders plus the least loaded) independent of the node count."""
 
 
+import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
+from radixmesh.cluster.api.app import start_http
 from radixmesh.cluster.policy.recent_work import RecentWork
 from radixmesh.cluster.router.router import Router
 from radixmesh.proto.ids import NodeId
@@ -108,3 +111,22 @@ def test_least_loaded_matches_a_brute_force_ranking(steps: list[tuple[str, int, 
             # Among nodes given work, equal values may come in either order: compare the values.
             assert [round(work.value(n), 6) for n in got] == [round(work.value(n), 6) for n in want]
         work.check_invariants()
+
+
+async def test_the_router_metrics_say_whether_its_replica_follows_the_index() -> None:
+    """The index watcher's restarts and in-sync gauge are on the router's /metrics (a frozen replica
+    must be visible where the operator looks)."""
+    async with local_cluster(2, publish=True) as c:
+        r = c.router
+        assert r.watcher is not None
+        r.start()
+        await until(lambda: r.watcher is not None and r.watcher.replica.in_sync)
+        runner, port = await start_http(r, "127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                text = await resp.text()
+        finally:
+            await runner.cleanup()
+        samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        assert samples["radixmesh_index_replica_in_sync"] == 1
+        assert samples["radixmesh_index_watch_restarts_total"] == 0

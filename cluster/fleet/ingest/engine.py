@@ -21,7 +21,7 @@ import aiohttp
 
 from radixmesh.cluster.fleet.ingest.block_map import EngineBlockMap
 from radixmesh.cluster.fleet.ingest.engine_metrics import EngineMetrics, parse_engine_metrics
-from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig, SubscriberStats
+from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig
 from radixmesh.cluster.fleet.ingest.vllm_events import EngineEventBatch
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metadata.publisher import EventPublisher, PublisherConfig
@@ -229,7 +229,7 @@ class ExternalEngine:
 
     def prometheus_text(self) -> str:
         """How following its events goes (radixmesh_kv_event_*), in Prometheus text format."""
-        return render_prometheus([ingest_stats(self.subscriber.stats, self.node.blocks)],
+        return render_prometheus([ingest_stats(self.subscriber, self.node.blocks)],
                                  {"model_name": self.config.model})
 
 
@@ -249,10 +249,15 @@ class IngestStats:
     kv_event_forgets: int = metric("counter", "Times the engine's indexed blocks were forgotten (a gap "
                                               "replay could not fill, a restart, an undecodable batch)")
     kv_event_bad_payloads: int = metric("counter", "KV event payloads that did not decode")
+    kv_event_malformed_messages: int = metric("counter", "KV event messages dropped for their framing (not "
+                                                         "topic, seq, payload; a seq that is not 8 bytes)")
+    kv_event_ingest_restarts: int = metric("counter", "Times following the engine's KV events failed "
+                                                      "unexpectedly and started again (its blocks forgotten)")
     kv_event_skipped_blocks: dict[str, int] = metric("counter", _SKIPPED_HELP, "reason")  # noqa: RUF009 (a field())
     external_engine_blocks: int = metric("gauge", "Engine blocks indexed as held now")
 
 
-def ingest_stats(subscriber: SubscriberStats, blocks: EngineBlockMap) -> IngestStats:
-    return IngestStats(subscriber.batches, subscriber.gaps, subscriber.restarts, subscriber.replayed_batches,
-                       subscriber.forgets, subscriber.bad_payloads, dict(blocks.skipped), len(blocks))
+def ingest_stats(subscriber: KVEventSubscriber, blocks: EngineBlockMap) -> IngestStats:
+    s = subscriber.stats
+    return IngestStats(s.batches, s.gaps, s.restarts, s.replayed_batches, s.forgets, s.bad_payloads,
+                       s.malformed_messages, subscriber.task.restarts, dict(blocks.skipped), len(blocks))

@@ -16,11 +16,13 @@ Forgetting is what keeps the index honest: a missed BlockRemoved would otherwise
 the engine no longer holds in the index for good. A contiguous run of the latest batches is always
 safe to apply after forgetting, since every removal that follows a store it shows is in the run too.
 
-A payload that does not decode is a batch lost: holdings are forgotten at once, and the stream goes on.
+A payload that does not decode is a batch lost: holdings are forgotten at once, and the stream goes on;
+a message that is not (topic, seq, payload) is counted and dropped. Anything else that goes wrong
+while following (a callback that raises, a socket error) restarts the following task after a backoff
+(SupervisedTask): holdings are forgotten, and the next batch is handled as a first one.
 """
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from radixmesh.cluster.fleet.ingest.vllm_events import (
     decode_batch,
     decode_seq,
 )
+from radixmesh.cluster.fleet.supervisor import SupervisedTask
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +71,14 @@ class SubscriberStats:
     replayed_batches: int = 0
     forgets: int = 0
     bad_payloads: int = 0
+    malformed_messages: int = 0
 
 
 class KVEventSubscriber:
     """Calls `on_batch` for each batch in sequence order and `on_gap` where holdings must be forgotten.
 
-    Both callbacks run on the event loop that called `start`, and must not raise.
+    Both callbacks run on the event loop that called `start`, and should not raise: one that does
+    costs the engine's holdings (the following task restarts, see the module docstring).
     """
 
     def __init__(self, config: SubscriberConfig, on_batch: Callable[[EngineEventBatch], None],
@@ -83,7 +88,8 @@ class KVEventSubscriber:
         self._on_gap = on_gap
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sub: zmq.asyncio.Socket | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.task = SupervisedTask(f"kv-events {config.endpoint}", self._run, self._restart)
+        """Follows the stream; its `restarts` count the failures it survived."""
         self.last_seq: int | None = None
         """The last batch applied (None before the first)."""
         self.stats = SubscriberStats()
@@ -94,31 +100,36 @@ class KVEventSubscriber:
         sub.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
         sub.connect(self.config.endpoint)
         self._sub = sub
-        self._task = asyncio.create_task(self._run(sub), name=f"kv-events {self.config.endpoint}")
+        self.task.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self.task.stop()
         if self._sub is not None:
             self._sub.close(linger=0)
             self._sub = None
 
-    async def _run(self, sub: zmq.asyncio.Socket) -> None:
+    async def _run(self) -> None:
+        assert self._sub is not None
         while True:
-            frames = await sub.recv_multipart()
+            frames = await self._sub.recv_multipart()
             if len(frames) != 3:
-                logger.warning("%s: a message of %d frames, not (topic, seq, payload): skipped",
+                logger.warning("%s: a message of %d frames, not (topic, seq, payload): dropped",
                                self.config.endpoint, len(frames))
+                self.stats.malformed_messages += 1
                 continue
             try:
                 seq = decode_seq(frames[1])
             except EventDecodeError as e:
-                logger.warning("%s: %s", self.config.endpoint, e)
+                logger.warning("%s: %s: dropped", self.config.endpoint, e)
+                self.stats.malformed_messages += 1
                 continue
             await self.receive(seq, frames[2])
+
+    def _restart(self, error: Exception) -> None:
+        """The following task failed mid-batch: what it applied is in doubt, so forget it all and take
+        the next batch as a first one (with a replay socket: everything the engine still buffers)."""
+        self.last_seq = None
+        self._forget()
 
     async def receive(self, seq: int, payload: bytes) -> None:
         """One published batch (the order rules in the module docstring)."""

@@ -102,6 +102,8 @@ def decode_batch(payload: bytes) -> EngineEventBatch:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
         raise EventDecodeError(f"payload is not msgpack: {e}") from e
+    except TypeError as e:  # a map key that Python cannot hash: an array or a map
+        raise EventDecodeError(f"payload has a map key that is not a scalar: {e}") from e
     if isinstance(raw, list):
         if not 2 <= len(raw) <= 3:
             raise EventDecodeError(f"an array batch has 2 or 3 fields, got {len(raw)}")

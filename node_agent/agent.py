@@ -30,6 +30,8 @@ from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.gpu_budget import measure_gpu_budget
 from radixmesh.node_agent.engine.request import PendingPrefix, Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished, NewTokens
+from radixmesh.node_agent.kv_events.publisher import KVEventsOut, NoKVEvents, ZmqKVEventPublisher
+from radixmesh.node_agent.kv_events.token_book import TokenBook
 from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
 from radixmesh.node_agent.placement import place_model, set_torch_threads
@@ -69,6 +71,8 @@ class NodeAgent:
         self._runner: EngineRunner | None = None
         self._transfer: TransferPlane = NoTransfer()
         self.publisher: EventPublisher | None = None
+        self.kv_events: KVEventsOut = NoKVEvents()
+        """The same cache events in vLLM's ZMQ format (config.kv_events_endpoint)."""
         self.counters = AgentCounters()
         self._hits: list[RequestHits] = []
         self._recalled = RecallWindow(config.recall_blocks)
@@ -103,6 +107,11 @@ class NodeAgent:
         try:
             self._transfer = make_transfer_plane(engine.memory.gpu, engine.layout, self.config, self._runner.call)
             await self._transfer.start()
+            if self.config.kv_events_endpoint is not None:  # before the metadata publisher drains events
+                book = TokenBook(engine.layout.block_size, engine_config.memory.hash_key,
+                                 max_unheld=2 * sum(t.pool.num_blocks for t in engine.memory.tiers))
+                self.kv_events = ZmqKVEventPublisher(self.config.kv_events_endpoint, book)
+                await self.kv_events.start()
             if self.config.metadata_address is not None:
                 client = MetadataClient(self.config.metadata_address,
                                         credentials=CallerCredentials.node(self.config.secret, self.node),
@@ -125,7 +134,7 @@ class NodeAgent:
                     engine_config.memory.pool.eviction, "on" if self.config.handoff else "off")
 
     async def stop(self) -> None:
-        """Abort what runs, stop /metrics, the publisher, the transfer plane and the engine thread.
+        """Abort what runs, stop /metrics, the publishers, the transfer plane and the engine thread.
         Idempotent."""
         for pull in self._pulls:
             pull.cancel()
@@ -136,6 +145,8 @@ class NodeAgent:
         if self.publisher is not None:
             await self.publisher.stop()
             self.publisher = None
+        await self.kv_events.stop()
+        self.kv_events = NoKVEvents()
         await self._transfer.stop()
         self._transfer = NoTransfer()
         if self._runner is not None:
@@ -189,6 +200,7 @@ class NodeAgent:
                           pending_prefix=pending)
         pull: asyncio.Task[Pulled] | None = None
         finished = False
+        ticket = self.kv_events.open(plan.prompt_token_ids, hashes, plan.tenant)
         try:
             queue = await self.runner.submit(request)
             if pending is not None and pending.block_ids:
@@ -198,6 +210,7 @@ class NodeAgent:
             while True:
                 match await queue.get():
                     case NewTokens() as new:
+                        self.kv_events.extend(ticket, new.token_ids)
                         yield TokenDelta(plan.request_id, tuple(new.token_ids), tuple(new.logprobs))
                     case Finished() as done:
                         finished = True
@@ -210,6 +223,7 @@ class NodeAgent:
                     case error:
                         raise RuntimeError(f"engine of {self.node} failed") from error
         finally:
+            self.kv_events.close(ticket)
             if not finished:  # refused, the consumer went away or the engine failed: free its blocks
                 if pull is not None:
                     pull.cancel()  # it lands (frees) its blocks once nothing can write them
@@ -301,7 +315,10 @@ class NodeAgent:
         return await self.runner.call(both)
 
     def _drain_events(self) -> list[CacheEvent]:
-        return [e for t in self.engine.memory.tiers for e in t.cache.take_events()]
+        """The one drain of both tiers' events (gpu first): the vLLM-format publisher sees each too."""
+        events = [e for t in self.engine.memory.tiers for e in t.cache.take_events()]
+        self.kv_events.offer(events)
+        return events
 
     async def recall(self, hashes: Sequence[BlockHash]) -> None:
         """Remember the cluster's last-copy evictions a lease reported; on the engine thread, where

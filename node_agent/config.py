@@ -2,8 +2,10 @@
 
 from dataclasses import dataclass, field
 
+from radixmesh.common.cache_sharing import DEFAULT_HANDOFF, DEFAULT_RECALL_BLOCKS
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.kv_events.endpoint import check_endpoint
 from radixmesh.node_agent.model.source import ModelSource, random_source
 from radixmesh.node_agent.placement import DTYPES
 from radixmesh.proto.ids import NodeId
@@ -55,12 +57,12 @@ class AgentConfig:
     (the launcher derives it from this secret)."""
     transfer_mac: bool = False
     """Verify a keyed MAC of every pulled chunk (TransferConfig.mac)."""
-    handoff: bool = False
+    handoff: bool = DEFAULT_HANDOFF
     """Hand-off: once a peer has been sent every block of a pull, those blocks go first when this
     agent evicts (TransferSource.handoff), so a conversation that moved keeps one copy in the
     cluster, not two. The eviction order itself is `engine.memory.pool.eviction`. Off by default:
     the simulator's best row uses it, but it has not been measured on real traffic yet."""
-    recall_blocks: int = 65536
+    recall_blocks: int = DEFAULT_RECALL_BLOCKS
     """The cluster's ghost on this agent: how many of the hashes the metadata service reports as
     last-copy evictions (with each heartbeat's lease) it remembers; a block stored again under one
     is kept as re-used (PoolHooks.recalled; the ``s3fifo`` order uses it). 0: off."""
@@ -76,6 +78,11 @@ class AgentConfig:
     heartbeat_interval_s: float = 1.0
     publish_interval_s: float = 0.05
     """How long cache events are batched before they are sent."""
+    kv_events_endpoint: str | None = None
+    """Also publish the cache events in vLLM's ZMQ format (kv_events.publisher) on this PUB address,
+    tcp://host:port or ipc://path, with the replay socket beside it (kv_events.endpoint); None: not."""
+    kv_events_allow_remote: bool = False
+    """Let `kv_events_endpoint` be a non-loopback address: vLLM's event sockets carry no authentication."""
 
     @property
     def model_name(self) -> str:
@@ -97,6 +104,8 @@ class AgentConfig:
                 raise ValueError(f"{name} must be in [0, 65535], got {port}")
         if self.recall_blocks < 0:
             raise ValueError(f"recall_blocks must be >= 0, got {self.recall_blocks}")
+        if self.kv_events_endpoint is not None:
+            check_endpoint(self.kv_events_endpoint, allow_remote=self.kv_events_allow_remote)
         for name in ("pull_timeout_s", "heartbeat_interval_s", "publish_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

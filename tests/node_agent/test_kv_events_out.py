@@ -1,0 +1,436 @@
+"""An agent's cache events in vLLM's ZMQ format (node_agent/kv_events): byte-exact against vLLM's golden
+frames, followed by radixmesh's own vLLM ingest into the very blocks the agent holds, replayed."""
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.asyncio
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixmesh.cluster.cli.main import main
+from radixmesh.cluster.fleet.ingest.block_map import EngineBlockMap
+from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig
+from radixmesh.cluster.fleet.ingest.vllm_events import (
+    EngineBlockRemoved,
+    EngineBlockStored,
+    EngineEventBatch,
+    decode_batch,
+    decode_seq,
+)
+from radixmesh.cluster.launch.config import LauncherConfig
+from radixmesh.node_agent.agent import NodeAgent
+from radixmesh.node_agent.config import AgentConfig
+from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.kv_events.endpoint import check_endpoint, replay_endpoint
+from radixmesh.node_agent.kv_events.publisher import ZmqKVEventPublisher
+from radixmesh.node_agent.kv_events.token_book import TokenBook
+from radixmesh.node_agent.kv_events.vllm_wire import (
+    FULL_ATTENTION,
+    VllmAllBlocksCleared,
+    VllmBlockRemoved,
+    VllmBlockStored,
+    VllmEvent,
+    encode_batch,
+    seq_frame,
+    wire_hash,
+)
+from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
+from radixmesh.proto.events import BlockStored, Tier
+from radixmesh.proto.ids import NodeId
+from tests.support.agents import SECRET, collect, plan, prompt
+from tests.support.poll import until
+from tests.support.tiny_model import BS, SOURCE
+
+pytestmark = pytest.mark.anyio
+
+DATA = Path(__file__).parents[1] / "data" / "vllm_kv_events"
+GOLDEN = json.loads((DATA / "v0.11.0_frames.json").read_text())
+PUB = [[bytes.fromhex(f) for f in frames] for frames in GOLDEN["pub"]]
+REPLAY = [[bytes.fromhex(f) for f in frames] for frames in GOLDEN["replay"]]
+MAIN_PAYLOAD = bytes.fromhex(json.loads((DATA / "main_map_batch.json").read_text())["payload"])
+KEY = b"cluster-hash-key"
+
+
+def h(i: int) -> bytes:
+    return bytes([i]) * 32
+
+
+# --- the wire format against vLLM's golden bytes --------------------------------------------------
+def test_the_encoder_writes_vllm_mains_golden_payload_byte_for_byte() -> None:
+    events: list[VllmEvent] = [
+        VllmBlockStored((h(11), h(12)), None, tuple(range(8)), 4, None, "GPU", None, (("tenant-a",), None), 0,
+                        FULL_ATTENTION),
+        VllmBlockStored((h(13),), None, (5, 6, 7, 8), 4, None, "GPU", None, ((("img-1", 0),),)),
+        VllmBlockRemoved((h(12),), "GPU", 0),
+        VllmAllBlocksCleared(),
+    ]
+    assert encode_batch(1700000100.5, events, 0) == MAIN_PAYLOAD
+
+
+def test_sequence_frames_are_vllms() -> None:
+    assert [seq_frame(i) for i in range(5)] == [f[1] for f in PUB]
+    assert REPLAY[-1] == [b"", seq_frame(-1), b""]
+
+
+def test_block_hashes_go_out_as_vllms_int_hashes() -> None:
+    # vLLM: int.from_bytes(digest, "big") & (2**64 - 1), the last 8 bytes, unsigned.
+    digest = BlockHash(bytes(range(16)))
+    assert wire_hash(digest) == 0x08090A0B0C0D0E0F
+    assert wire_hash(BlockHash(b"\xff" * 16)) == 2**64 - 1
+
+
+# --- endpoints ------------------------------------------------------------------------------------
+def test_the_replay_socket_sits_beside_the_pub_socket() -> None:
+    assert replay_endpoint("tcp://127.0.0.1:5557") == "tcp://127.0.0.1:5558"
+    assert replay_endpoint("tcp://[::1]:5557") == "tcp://[::1]:5558"
+    assert replay_endpoint("tcp://127.0.0.1:0") == "tcp://127.0.0.1:0"
+    assert replay_endpoint("ipc:///tmp/agent-0") == "ipc:///tmp/agent-0.replay"
+
+
+@pytest.mark.parametrize(("endpoint", "error"), [
+    ("127.0.0.1:5557", "tcp://host:port or ipc://path"),
+    ("http://127.0.0.1:5557", "tcp://host:port or ipc://path"),
+    ("tcp://127.0.0.1", "tcp://host:port"),
+    ("tcp://127.0.0.1:65535", r"\[0, 65534\]"),
+    ("tcp://0.0.0.0:5557", "--kv-events-allow-remote"),
+    ("tcp://*:5557", "--kv-events-allow-remote"),
+    ("tcp://10.1.2.3:5557", "--kv-events-allow-remote"),
+])
+def test_a_bad_endpoint_is_refused_by_the_config(endpoint: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        AgentConfig(NodeId("a"), kv_events_endpoint=endpoint)
+
+
+def test_remote_endpoints_only_when_allowed() -> None:
+    check_endpoint("tcp://10.1.2.3:5557", allow_remote=True)
+    check_endpoint("tcp://localhost:5557")
+    check_endpoint("ipc:///tmp/x")
+    assert AgentConfig(NodeId("a"), kv_events_endpoint="tcp://0.0.0.0:5557",
+                       kv_events_allow_remote=True).kv_events_endpoint == "tcp://0.0.0.0:5557"
+
+
+def test_the_deployment_gives_each_agent_its_endpoint() -> None:
+    config = LauncherConfig(local_nodes=2, kv_events_endpoint="ipc:///tmp/radixmesh-kv-{node}")
+    agent = config.agent_config(NodeId("node-1"), "127.0.0.1:1", "127.0.0.1")
+    assert (agent.kv_events_endpoint, agent.kv_events_allow_remote) == ("ipc:///tmp/radixmesh-kv-node-1", False)
+    assert LauncherConfig().agent_config(NodeId("node-0"), "127.0.0.1:1", "127.0.0.1").kv_events_endpoint is None
+
+
+def test_up_refuses_a_remote_endpoint_unless_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADIXMESH_HOME", str(tmp_path))
+    result = CliRunner().invoke(main, ["up", "--local", "1", "--kv-events-endpoint", "tcp://0.0.0.0:5557"])
+    assert result.exit_code == 2 and "needs --kv-events-allow-remote" in result.output
+    assert not (tmp_path / "cluster.json").exists()
+    allowed = LauncherConfig(kv_events_endpoint="tcp://0.0.0.0:5557", kv_events_allow_remote=True)
+    assert allowed.agent_config(NodeId("node-0"), "127.0.0.1:1", "10.0.0.1").kv_events_allow_remote
+
+
+async def test_an_endpoint_in_use_fails_the_agents_start_with_its_address() -> None:
+    taken: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
+    try:
+        taken.bind("tcp://127.0.0.1:0")
+        address = taken.getsockopt_string(zmq.LAST_ENDPOINT)
+        agent = NodeAgent(config(address))
+        with pytest.raises(ValueError, match=f"cannot bind the KV events PUB socket to '{address}'"):
+            await agent.start()
+        assert agent.publisher is None and agent._runner is None  # what had started was stopped again
+    finally:
+        taken.close(linger=0)
+
+
+# --- a real agent, followed by radixmesh's own ingest ---------------------------------------------
+def config(endpoint: str = "tcp://127.0.0.1:0", *, gpu_blocks: int = 96, host_blocks: int = 0) -> AgentConfig:
+    memory = MemoryConfig(num_gpu_blocks=gpu_blocks, num_host_blocks=host_blocks, hash_key=KEY)
+    return AgentConfig(NodeId("zmq"), model=SOURCE, engine=EngineConfig(block_size=BS, memory=memory),
+                       transfer="none", secret=SECRET, kv_events_endpoint=endpoint)
+
+
+class Ingest:
+    """radixmesh's vLLM ingest (subscriber + block map, as an external engine node runs them) and a
+    raw SUB socket that keeps every frame."""
+
+    def __init__(self, publisher: ZmqKVEventPublisher, ctx: zmq.asyncio.Context) -> None:
+        self.map = EngineBlockMap(BS, hash_key=KEY)
+        self.subscriber = KVEventSubscriber(
+            SubscriberConfig(publisher.endpoint, publisher.replay_endpoint, replay_timeout_s=5.0),
+            self._apply, self._forget, context=ctx)
+        self.raw = ctx.socket(zmq.SUB)
+        self.raw.setsockopt(zmq.SUBSCRIBE, b"")
+        self.raw.connect(publisher.endpoint)
+
+    def _apply(self, batch: EngineEventBatch) -> None:
+        self.map.apply(batch.events)
+
+    def _forget(self) -> None:
+        self.map.forget_holdings()
+
+    def held(self) -> set[tuple[BlockHash, Tier]]:
+        return {(x, c.tier) for c in self.map.chains() for x in c.hashes}
+
+    async def frames(self) -> list[list[bytes]]:
+        """The frames the raw socket has received so far."""
+        out = []
+        while await self.raw.poll(0):
+            out.append(await self.raw.recv_multipart())
+        return out
+
+    async def close(self) -> None:
+        await self.subscriber.stop()
+        self.raw.close(linger=0)
+
+
+@contextlib.asynccontextmanager
+async def publishing_agent(gpu_blocks: int = 96, host_blocks: int = 0
+                           ) -> AsyncIterator[tuple[NodeAgent, ZmqKVEventPublisher]]:
+    agent = NodeAgent(config(gpu_blocks=gpu_blocks, host_blocks=host_blocks))
+    await agent.start()
+    try:
+        assert isinstance(agent.kv_events, ZmqKVEventPublisher)
+        yield agent, agent.kv_events
+    finally:
+        await agent.stop()
+
+
+@contextlib.asynccontextmanager
+async def ingesting(publisher: ZmqKVEventPublisher) -> AsyncIterator[Ingest]:
+    ctx = zmq.asyncio.Context()
+    ingest = Ingest(publisher, ctx)
+    before = publisher.subscriptions
+    await ingest.subscriber.start()
+    try:
+        await until(lambda: publisher.subscriptions >= before + 2, "both subscriptions")
+        yield ingest
+    finally:
+        await ingest.close()
+        ctx.term()
+
+
+async def holdings(agent: NodeAgent) -> set[tuple[BlockHash, Tier]]:
+    """What the agent's tiers cache now (its snapshot drains, and so publishes, pending events)."""
+    return {(x, c.tier) for c in await agent.snapshot() for x in c.hashes}
+
+
+async def test_the_ingest_rebuilds_exactly_the_blocks_the_agent_holds_on_both_tiers() -> None:
+    # 12 gpu blocks: later prompts evict earlier ones, which are demoted to the 64-block host tier.
+    async with publishing_agent(gpu_blocks=12, host_blocks=64) as (agent, publisher), ingesting(publisher) as ingest:
+        for i in range(4):
+            await collect(agent.serve(plan(f"q{i}", prompt(i, 18), max_tokens=7, tenant="acme" if i == 1 else "")))
+        expected = await holdings(agent)
+        await until(lambda: ingest.held() == expected, "the ingest's blocks to equal the agent's")
+        assert {t for _, t in expected} == {Tier.GPU, Tier.HOST}
+        # Each block's int hash names our digest: the ingest's translation of it is that digest.
+        for digest, _ in expected:
+            assert ingest.map.our_hashes(wire_hash(digest)) == (digest,)
+        assert ingest.subscriber.stats.forgets == 0 and publisher.left_out_blocks == 0
+        assert ingest.map.skipped == {}
+        await agent.check_invariants()
+        publisher.book.check_invariants()
+
+
+async def test_events_drained_mid_request_go_out_with_their_generated_tokens() -> None:
+    # The metadata publisher drains every 50 ms, so blocks of generated tokens may be drained before
+    # their tokens reach serve(); a snapshot after every streamed step drains the same way.
+    async with publishing_agent() as (agent, publisher), ingesting(publisher) as ingest:
+        async for _ in agent.serve(plan("long", prompt(1, 6), max_tokens=40)):
+            await holdings(agent)
+        expected = await holdings(agent)
+        await until(lambda: ingest.held() == expected, "the ingest's blocks to equal the agent's")
+        assert len(expected) == (6 + 40 - 1) // BS and publisher.left_out_blocks == 0
+
+
+async def test_the_published_frames_decode_as_vllm_batches() -> None:
+    async with publishing_agent(gpu_blocks=12, host_blocks=64) as (agent, publisher), ingesting(publisher) as ingest:
+        tokens = prompt(5, 18)
+        await collect(agent.serve(plan("salted", tokens, max_tokens=7, tenant="acme")))
+        for i in range(3):
+            await collect(agent.serve(plan(f"q{i}", prompt(i, 18), max_tokens=7)))
+        await holdings(agent)
+        await until(lambda: ingest.subscriber.last_seq == publisher.published - 1, "every batch")
+        frames = await ingest.frames()
+    assert [f[0] for f in frames] == [b""] * len(frames)  # vLLM's default topic
+    assert [decode_seq(f[1]) for f in frames] == list(range(publisher.published))
+    batches = [decode_batch(f[2]) for f in frames]
+    assert all(isinstance(b, EngineEventBatch) and b.data_parallel_rank == 0 for b in batches)
+    events = [e for b in batches for e in b.events]
+    stored = [e for e in events if isinstance(e, EngineBlockStored)]
+    assert {e.medium for e in stored} == {"GPU", "CPU"}
+    assert any(isinstance(e, EngineBlockRemoved) and e.medium == "GPU" for e in events)
+    for e in stored:
+        assert all(isinstance(x, int) and 0 <= x < 2**64 for x in e.block_hashes)
+        assert (e.block_size, e.lora_id, e.lora_name, e.group_idx) == (BS, None, None, 0)
+        assert len(e.token_ids) == len(e.block_hashes) * BS
+    # The salted request's first block carries its cache salt, and only it; the int hashes are our
+    # digests of its tokens under tenant_salt("acme").
+    ours = hash_blocks(tokens, BS, salt=tenant_salt("acme"), key=KEY)
+    first = next(e for e in stored if e.block_hashes[0] == wire_hash(ours[0]))
+    assert first.parent_block_hash is None and first.token_ids[:BS] == tokens[:BS]
+    assert first.extra_keys == (("acme",), *(None,) * (len(first.block_hashes) - 1))
+    assert first.block_hashes == tuple(wire_hash(x) for x in ours[: len(first.block_hashes)])
+
+
+async def test_a_late_subscriber_replays_the_batches_it_missed() -> None:
+    async with publishing_agent() as (agent, publisher):
+        await collect(agent.serve(plan("before", prompt(1, 18))))
+        await holdings(agent)
+        await until(lambda: publisher.published > 0, "the first batches")
+        missed = publisher.published
+        async with ingesting(publisher) as ingest:
+            await collect(agent.serve(plan("after", prompt(2, 18))))
+            expected = await holdings(agent)
+            await until(lambda: ingest.held() == expected, "the ingest's blocks to equal the agent's")
+            assert ingest.subscriber.stats.replayed_batches >= missed
+            assert ingest.subscriber.stats.forgets == 0
+
+
+# --- the publisher alone: its ring, and blocks whose tokens lag their events ---------------------
+@contextlib.asynccontextmanager
+async def started(book: TokenBook, buffer_steps: int = 100) -> AsyncIterator[ZmqKVEventPublisher]:
+    publisher = ZmqKVEventPublisher("tcp://127.0.0.1:0", book, buffer_steps=buffer_steps)
+    await publisher.start()
+    try:
+        yield publisher
+    finally:
+        await publisher.stop()
+
+
+async def replay(publisher: ZmqKVEventPublisher, start: int) -> list[list[bytes]]:
+    """What the replay socket answers a DEALER asking from `start`, its end marker included."""
+    ctx = zmq.asyncio.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    try:
+        dealer.connect(publisher.replay_endpoint)
+        await dealer.send_multipart((b"", seq_frame(start)))
+        replies: list[list[bytes]] = []
+        while not replies or replies[-1][1] != seq_frame(-1):
+            replies.append(await dealer.recv_multipart())
+        return replies
+    finally:
+        dealer.close(linger=0)
+        ctx.term()
+
+
+def stored(reply: list[bytes]) -> EngineBlockStored:
+    (event,) = decode_batch(reply[2]).events
+    assert isinstance(event, EngineBlockStored)
+    return event
+
+
+async def test_replay_answers_from_the_asked_seq_out_of_a_bounded_ring() -> None:
+    book = TokenBook(BS)
+    async with started(book, buffer_steps=2) as publisher:
+        for i in range(3):
+            tokens = prompt(i, 2 * BS)
+            hashes = hash_blocks(tokens, BS)
+            book.close(book.open(tokens, hashes, None))
+            publisher.offer([BlockStored(tuple(hashes), None, Tier.GPU)])
+        await until(lambda: publisher.published == 3, "three batches")
+        replies = await replay(publisher, 0)
+    # Batch 0 left the 2-batch ring; what is kept comes as vLLM's replay sends it.
+    assert [decode_seq(r[1]) for r in replies] == [1, 2, -1]
+    assert [r[0] for r in replies] == [b""] * 3 and replies[-1][2] == b""
+    assert [stored(r).block_hashes for r in replies[:2]] == [
+        tuple(wire_hash(x) for x in hash_blocks(prompt(i, 2 * BS), BS)) for i in (1, 2)]
+
+
+async def test_a_block_stored_before_its_tokens_streamed_waits_for_them() -> None:
+    book = TokenBook(BS, KEY)
+    async with started(book) as publisher:
+        tokens = prompt(7, 2 * BS + 1)
+        hashes = hash_blocks(tokens, BS, key=KEY)
+        ticket = publisher.open(tokens, hashes, None)
+        generated = [11, 12, 13]  # completes block 2
+        block2 = hash_blocks([*tokens, *generated], BS, key=KEY)[2]
+        publisher.offer([BlockStored((block2,), hashes[1], Tier.GPU)])
+        await until(lambda: publisher.waiting == 1, "the batch offered")
+        assert publisher.published == 0  # its tokens have not streamed yet
+        publisher.extend(ticket, generated)
+        await until(lambda: publisher.published == 1, "the batch published")
+        (reply, _) = await replay(publisher, 0)
+    assert stored(reply).token_ids == (tokens[-1], *generated)
+    assert stored(reply).parent_block_hash == wire_hash(hashes[1])
+
+
+async def test_blocks_whose_tokens_never_came_are_left_out_once_their_requests_end() -> None:
+    book = TokenBook(BS)
+    async with started(book) as publisher:
+        tokens = prompt(3, 2 * BS)
+        hashes = hash_blocks(tokens, BS)
+        ticket = publisher.open(tokens, hashes, None)
+        unseen = hash_blocks(prompt(4, 3 * BS), BS)[2]
+        publisher.offer([BlockStored((hashes[0], unseen, hashes[1]), None, Tier.GPU)])
+        await until(lambda: publisher.waiting == 1, "the batch offered")
+        publisher.close(ticket)  # an aborted request: no more tokens will come
+        await until(lambda: publisher.published == 1, "the batch published")
+        (reply, _) = await replay(publisher, 0)
+    events = decode_batch(reply[2]).events
+    assert events == (
+        EngineBlockStored((wire_hash(hashes[0]),), None, tokens[:BS], BS, None, "GPU", None, None, 0),
+        EngineBlockStored((wire_hash(hashes[1]),), wire_hash(hashes[0]), tokens[BS:], BS, None, "GPU", None, None, 0),
+    )
+    assert publisher.left_out_blocks == 1
+
+
+async def test_a_run_stored_without_its_parent_gets_the_chains_parent() -> None:
+    # The host tier stores swapped-out blocks with parent None (tiers.py, swap_out): the book knows it.
+    book = TokenBook(BS)
+    async with started(book) as publisher:
+        tokens = prompt(9, 3 * BS)
+        hashes = hash_blocks(tokens, BS)
+        book.close(book.open(tokens, hashes, "acme"))
+        publisher.offer([BlockStored(tuple(hashes[1:]), None, Tier.HOST)])
+        await until(lambda: publisher.published == 1, "the batch published")
+        (reply, _) = await replay(publisher, 0)
+    event = stored(reply)
+    assert (event.parent_block_hash, event.medium, event.extra_keys) == (wire_hash(hashes[0]), "CPU", None)
+    assert event.token_ids == tokens[BS:]
+
+
+# --- the token book against an oracle --------------------------------------------------------------
+OPS = st.lists(st.tuples(st.sampled_from(["serve", "hold", "release", "clear"]), st.integers(0, 5),
+                         st.integers(0, 3 * BS), st.sampled_from(list(Tier))), max_size=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(OPS)
+def test_the_book_knows_every_held_block_and_bounds_the_rest(ops: list[tuple[str, int, int, Tier]]) -> None:
+    book = TokenBook(BS, KEY, max_unheld=4)
+    chains: dict[BlockHash, tuple[tuple[int, ...], BlockHash | None]] = {}
+    """Oracle: every block ever served, with its tokens and parent."""
+    held: dict[BlockHash, set[Tier]] = {}
+    for op, seed, n, tier in ops:
+        tokens = prompt(seed, 2 * BS + 1)
+        hashes = hash_blocks(tokens, BS, key=KEY)
+        if op == "serve":  # a prompt, then `n` generated tokens
+            generated = [(seed + i) % 250 for i in range(n)]
+            ticket = book.open(tokens, hashes, None)
+            book.extend(ticket, generated)
+            book.close(ticket)
+            full = [*tokens, *generated]
+            chain = hash_blocks(full, BS, key=KEY)
+            for i, x in enumerate(chain):
+                chains[x] = (tuple(full[i * BS:(i + 1) * BS]), chain[i - 1] if i else None)
+        elif op == "hold":
+            known = [x for x in hashes if book.get(x) is not None]
+            book.hold(hashes, tier)
+            for x in known:
+                held.setdefault(x, set()).add(tier)
+        elif op == "release":
+            book.release(hashes, tier)
+            for x in hashes:
+                held.get(x, set()).discard(tier)
+        else:
+            book.release_all()
+            held.clear()
+        book.check_invariants()
+        for x, tiers in held.items():
+            if tiers:  # a held block is never forgotten, and is what was served
+                entry = book.get(x)
+                assert entry is not None and (entry.tokens, entry.parent) == chains[x]
+        assert len(book) <= sum(1 for t in held.values() if t) + 4

@@ -1,5 +1,7 @@
 """The node agent's own counters (served requests, prompt tokens by source, pulls by peer) and their
-snapshot, rendered by common.metrics.exposition; the engine and memory metrics come from the engine itself."""
+snapshot, rendered by common.metrics.exposition; the engine and memory metrics come from the engine itself
+(the agent's time-to-first-token is the engine's histogram, radixmesh_time_to_first_token_seconds: the
+agent queues a request in its engine on arrival, so that histogram counts its pull wait too)."""
 
 # metric() returns a dataclasses.field (metadata only), which RUF009 takes for a mutable default.
 # ruff: noqa: RUF009
@@ -21,7 +23,6 @@ class AgentCounters:
     requests: int = 0
     prompt_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
     pull_failures: int = 0
-    ttft_seconds: float = 0.0
     background_errors: int = 0
     """Unexpected failures of background loops (the publisher's), each followed by a retry."""
 
@@ -30,7 +31,6 @@ class AgentCounters:
         for source, n in stats.tokens.items():
             self.prompt_tokens[source] += n
         self.pull_failures += stats.pull_failed
-        self.ttft_seconds += stats.ttft_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,6 @@ class AgentStats:
     agent_prompt_tokens: dict[str, int] = metric(
         "counter", "Prompt tokens by where their KV came from.", "source")
     agent_pull_failures: int = metric("counter", "Requests whose planned pull fell short (recomputed).")
-    agent_ttft_seconds: float = metric("counter", "Sum of times to first token, pulls included.")
     agent_background_errors: int = metric(
         "counter", "Unexpected failures of background loops (publisher, heartbeats); each is retried with backoff.")
     pull_bytes: dict[str, int] = metric("counter", "KV bytes pulled from each peer.", "peer")
@@ -66,7 +65,6 @@ def agent_stats(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, Pe
         agent_requests=counters.requests,
         agent_prompt_tokens=dict(counters.prompt_tokens),
         agent_pull_failures=counters.pull_failures,
-        agent_ttft_seconds=counters.ttft_seconds,
         agent_background_errors=counters.background_errors,
         pull_bytes={peer: s.bytes for peer, s in ordered},
         pull_seconds={peer: s.seconds for peer, s in ordered},

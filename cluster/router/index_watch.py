@@ -28,8 +28,8 @@ logger = logging.getLogger(__name__)
 class IndexWatchStats:
     """How following the index goes, as radixmesh metrics (common/metrics/exposition.py)."""
 
-    index_watch_restarts: int = metric("counter", "Times the index watch failed unexpectedly and started "
-                                                  "again (the replica forgotten until the next snapshot)")
+    index_watch_restarts: int = metric("counter", "Unexpected failures of the index watch, each followed by "
+                                                  "a restart (the replica forgotten until the next snapshot)")
     index_replica_in_sync: int = metric("gauge", "1 while the router's index replica follows the metadata "
                                                  "service, 0 while it waits for a snapshot")
 

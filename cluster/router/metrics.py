@@ -88,10 +88,9 @@ class RouterStats:
     router_requests: dict[str, int] = metric("counter", "Requests answered by the router, by outcome.", "status")
     routing_decisions: dict[tuple[str, str], int] = metric(
         "counter", "Routing decisions by policy and node.", "policy", "node")
+    # No hit-rate gauge: a lifetime ratio hides the last minutes; the hit rate is the rate() of these
+    # counters, hits (source != "computed") over all (deploy/grafana-dashboard.json, deploy/alerts.yml).
     prompt_tokens: dict[str, int] = metric("counter", "Prompt tokens served, by source.", "source")
-    global_hit_rate: float = metric(
-        "gauge", "Token-weighted prompt hit rate (local + remote) of requests served via this router, "
-        "since it started (rate() the prompt_tokens counter for a window).")
     remote_hit_blocks: int = metric("counter", "Prompt blocks pulled from peers and used.")
     transfer_bytes: int = metric("counter", "KV bytes pulled between nodes.")
     transfer_seconds: HistogramSnapshot = metric("histogram", "Time of one request's pull.")
@@ -166,7 +165,6 @@ class RouterMetrics:
             router_requests=dict(self.status_counts),
             routing_decisions={(policy, str(node)): n for (policy, node), n in self.decisions.items()},
             prompt_tokens=dict(self.total.tokens.items()),
-            global_hit_rate=self.total.hit_rate,
             remote_hit_blocks=self.remote_hit_blocks,
             transfer_bytes=self.transfer_bytes,
             transfer_seconds=self.transfer_seconds.snapshot(),

@@ -1,10 +1,13 @@
 """Prometheus text exposition of plain stats snapshots: the one place radixmesh writes metrics.
 
 A frozen stats dataclass joins by declaring its metric fields with `metric(...)`: each such field
-becomes ``radixmesh_<field name>`` (a counter gains ``_total`` in the text), and the snapshot's plain
-``str`` fields become labels on every sample it renders. The memory tiers, the engine, the agent and
-the router all export this way; live counts stay in mutable counters that their owner updates, and a
-`Histogram` among them is frozen into a `HistogramSnapshot` with the rest of the snapshot.
+becomes ``radixmesh_<field name>`` (a counter gains ``_total`` in the text), or the exact name a
+protocol fixes (`metric(..., name="vllm:num_requests_waiting")`: what the Gateway API Inference
+Extension's endpoint pickers scrape), and the snapshot's plain ``str`` fields become labels on every
+sample it renders; a metric field holding None renders no sample (a figure that snapshot lacks). The
+memory tiers, the engine, the agent and the router all export this way; live counts stay in mutable
+counters that their owner updates, and a `Histogram` among them is frozen into a `HistogramSnapshot`
+with the rest of the snapshot.
 """
 
 import dataclasses
@@ -37,17 +40,25 @@ class MetricSpec:
     kind: MetricKind
     help: str
     labels: tuple[str, ...] = ()
+    name: str | None = None
+    """The family's exact name where a protocol fixes it; None: radixmesh_<field name>."""
+
+    def family(self, field_name: str) -> str:
+        """The family name `field_name` renders under (before a counter's _total)."""
+        return self.name if self.name is not None else PREFIX + field_name
 
 
-def metric(kind: MetricKind, help: str, *labels: str) -> Any:
-    """A dataclass field (no default) declaring a stats field a metric.
+def metric(kind: MetricKind, help: str, *labels: str, name: str | None = None) -> Any:
+    """A dataclass field (no default) declaring a stats field a metric, named `name` if given and
+    ``radixmesh_<field name>`` otherwise. vLLM's colon names are valid Prometheus names, though
+    `promtool check metrics` lints each (it reserves colons for recording rules).
 
     Without `labels` the value is one number (a `HistogramSnapshot` for a histogram); with them it is
     a dict whose keys fill them: a ``str`` for one label, a tuple of ``str`` in `labels` order for
     several. A histogram counts observations since start: a point-in-time distribution is not one
     (its buckets would shrink, and rate() over them means nothing), so it is a labelled gauge.
     """
-    return field(metadata={"metric": MetricSpec(kind, help, labels)})
+    return field(metadata={"metric": MetricSpec(kind, help, labels, name)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,14 +115,14 @@ def stats_families(snapshots: Iterable[Any], labels: Mapping[str, str] | None = 
         snap_labels = {**common, **own}
         for f in fields:
             spec = f.metadata.get("metric")
-            if spec is not None:
-                _add_samples(families, f.name, spec, getattr(snap, f.name), snap_labels)
+            value = getattr(snap, f.name)
+            if spec is not None and value is not None:
+                _add_samples(families, spec.family(f.name), spec, value, snap_labels)
     return list(families.values())
 
 
-def _add_samples(families: dict[str, Any], name: str, spec: MetricSpec, value: Any,
+def _add_samples(families: dict[str, Any], full: str, spec: MetricSpec, value: Any,
                  labels: Mapping[str, str]) -> None:
-    full = PREFIX + name
     label_names = [*labels, *spec.labels]
     family = families.get(full)
     if family is None:

@@ -138,6 +138,21 @@ class Engine:
         blocks counted as its remote hits; whatever did not arrive is computed)."""
         self.memory.land_pull(pull, received)
 
+    def reset_prefix_cache(self) -> dict[str, int]:
+        """Evict every cached block (hashed, no reference) of every tier; blocks a request or a peer's
+        pull holds stay, and stay matchable. Returns the cached blocks dropped per tier ("gpu",
+        "host"). The evictions emit BlockRemoved like any other, so the index follows.
+
+        The gpu tier goes first: its evictions are demoted to the host on their way out (the
+        eviction hook cannot be bypassed), and the host's pass then drops those copies too, so the
+        counts are what each tier held before the reset."""
+        tiers = self.memory.tiers
+        dropped = {t.pool.tier.value: t.pool.num_cached for t in tiers}
+        for t in tiers:
+            t.pool.evict(t.pool.num_cached)
+        assert all(t.pool.num_cached == 0 for t in tiers), "a cached block survived the reset"
+        return dropped
+
     def sequence(self, request_id: RequestId) -> SequenceState | None:
         """The live state of a queued or running request (None once it finished or was aborted).
 
@@ -172,6 +187,11 @@ class Engine:
         tokens sampled and the requests that finished."""
         plan = self.scheduler.schedule()
         self.counters.steps += 1
+        now = self._clock()
+        for c in plan:
+            if c.seq.stats.scheduled_s is None:  # queue time is the wait before the first run only
+                c.seq.stats.scheduled_s = now
+                self.counters.observe_queue_time(now - c.seq.stats.arrival_s)
         out = StepOutput([], [])
         if plan:
             # Decodes first: AttentionBatch runs its leading one-token sequences through the decode kernel.
@@ -213,9 +233,14 @@ class Engine:
         self.counters.generated_tokens += 1
         if self.config.keep_logits:
             seq.logits.append(logits.clone())
+        now = self._clock()
         if index == 0:
-            seq.stats.first_token_s = self._clock()
-            self.counters.observe_ttft(seq.stats.first_token_s - seq.stats.arrival_s)
+            seq.stats.first_token_s = now
+            self.counters.observe_ttft(now - seq.stats.arrival_s)
+        else:
+            assert seq.stats.last_token_s is not None, "a later token follows an earlier one"
+            self.counters.observe_inter_token(now - seq.stats.last_token_s)
+        seq.stats.last_token_s = now
         if token in params.stop_token_ids or (token in self._eos and not params.ignore_eos):
             return token, FinishReason.STOP
         if seq.stop_text is not None and seq.stop_text.push(token):

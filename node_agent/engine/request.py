@@ -90,7 +90,10 @@ class RequestStats:
     forward_tokens: int = 0
     """Tokens run through the model for this request: prefill, recomputation and decode."""
     preemptions: int = 0
+    scheduled_s: float | None = None
+    """When the request was first scheduled (a re-admission after preemption keeps it)."""
     first_token_s: float | None = None
+    last_token_s: float | None = None
     finish_s: float | None = None
 
     @property

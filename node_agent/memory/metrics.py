@@ -1,5 +1,9 @@
 """Memory metrics: the frozen snapshot of one tier (its pool and prefix cache), rendered to
-Prometheus by metrics_exposition.render_prometheus, labelled `tier`."""
+Prometheus by common.metrics.exposition.render_prometheus, labelled `tier`. The gpu tier's also
+carries the KV-cache utilisation of the Gateway API Inference Extension's model-server protocol.
+
+The prefix hit rate is no gauge: a lifetime ratio hides the last minutes behind everything since
+start. Dashboards divide the counters' rates (prefix_hit_blocks_total over prefix_query_blocks_total)."""
 
 # metric() returns a dataclasses.field (metadata only), which RUF009 takes for a mutable default.
 # ruff: noqa: RUF009
@@ -11,6 +15,7 @@ from dataclasses import dataclass
 from radixmesh.common.metrics.exposition import metric
 from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.memory.pool.block_pool import BlockPool
+from radixmesh.proto.events import Tier
 
 FREE_RUN_BUCKETS = tuple(2**i for i in range(15))
 """Bounds (blocks) of the free-run size distribution: the `size_le` values of radixmesh_free_runs."""
@@ -40,7 +45,6 @@ class MemoryStats:
     swapped_to_host_bytes: int = metric("counter", "Bytes of KV moved to the host tier by preemption.")
     prefix_query_blocks: int = metric("counter", "Blocks looked up by prefix matches.")
     prefix_hit_blocks: int = metric("counter", "Blocks found cached by prefix matches.")
-    prefix_hit_rate: float = metric("gauge", "prefix_hit_blocks / prefix_query_blocks (0 before any query).")
     pool_mean_refcount: float = metric("gauge", "Mean refcount of the blocks in use (0 if none is).")
     ghost_block_bytes: int = metric("gauge", "Bytes in blocks at ref 0 that are neither free nor evictable.")
     evictions: int = metric("counter", "Cached blocks evicted.")
@@ -49,6 +53,16 @@ class MemoryStats:
         "counter", "GC passes started automatically because the largest free run fell under the trigger.")
     gc_trigger_free_run_bytes: int = metric(
         "gauge", "Automatic GC runs when the largest free run is shorter than this many bytes (0: off).")
+    # GAIE's KVCacheUtilization, as vLLM defines it: blocks referenced by requests over all blocks,
+    # cached blocks nobody references counting as free (they are evictable). The gpu tier only (None
+    # elsewhere: no sample: an endpoint picker takes one series per family). Under both of vLLM's
+    # names: GAIE's endpoint picker defaults to kv_cache_usage_perc, its releases and scrapers written
+    # before vLLM's rename read gpu_cache_usage_perc.
+    kv_cache_usage_perc: float | None = metric(
+        "gauge", "GAIE KVCacheUtilization: gpu KV blocks in use by requests / all gpu KV blocks (0..1).",
+        name="vllm:kv_cache_usage_perc")
+    gpu_cache_usage_perc: float | None = metric(
+        "gauge", "vllm:kv_cache_usage_perc under its older name (0..1).", name="vllm:gpu_cache_usage_perc")
 
 
 def free_runs_by_size(sizes: Iterable[int]) -> dict[str, int]:
@@ -66,6 +80,7 @@ def memory_stats(pool: BlockPool, cache: PrefixCache | None = None) -> MemorySta
     free = pool.num_free
     largest = pool.largest_free_run()
     c = pool.counters
+    usage = pool.num_in_use / pool.num_blocks if pool.tier is Tier.GPU else None
     queries = cache.query_blocks if cache is not None else 0
     hits = cache.hit_blocks if cache is not None else 0
     return MemoryStats(
@@ -84,12 +99,13 @@ def memory_stats(pool: BlockPool, cache: PrefixCache | None = None) -> MemorySta
         swapped_to_host_bytes=c.swapped_to_host_bytes,
         prefix_query_blocks=queries,
         prefix_hit_blocks=hits,
-        prefix_hit_rate=hits / queries if queries else 0.0,
         pool_mean_refcount=sum(in_use) / len(in_use) if in_use else 0.0,
         ghost_block_bytes=pool.ghost_blocks() * pool.block_bytes,
         evictions=c.evictions,
         gc_runs=c.gc_runs,
         gc_auto_runs=c.gc_auto_runs,
         gc_trigger_free_run_bytes=pool.gc_trigger_blocks * pool.block_bytes,
+        kv_cache_usage_perc=usage,
+        gpu_cache_usage_perc=usage,
     )
 

@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from radixmesh.cluster.router.metrics import RouterStats
-from radixmesh.common.metrics.exposition import PREFIX
 from radixmesh.node_agent.engine.metrics import EngineStats
 from radixmesh.node_agent.memory.metrics import MemoryStats
 from radixmesh.node_agent.memory.zones.metrics import ZoneStats
@@ -45,7 +44,7 @@ def exported_names() -> set[str]:
             spec = f.metadata.get("metric")
             if spec is None:
                 continue
-            full = PREFIX + name
+            full = spec.family(name)
             if spec.kind == "counter":
                 names.add(full + "_total")
             elif spec.kind == "histogram":

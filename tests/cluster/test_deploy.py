@@ -37,8 +37,7 @@ def test_cluster_yaml_validates_against_rays_schema(name: str) -> None:
 @pytest.mark.parametrize("name", ["cluster.yaml", "local-cluster.yaml"])
 def test_setup_installs_the_synced_checkout_with_extras_that_exist(name: str) -> None:
     config = yaml.safe_load((DEPLOY / name).read_text())
-    [(target, source)] = config["file_mounts"].items()
-    assert (target, source) == ("~/radixmesh", ".")
+    assert config["file_mounts"]["~/radixmesh"] == "."
     installs = [c for c in config["setup_commands"] if "pip install" in c and " -e " in c]
     assert installs, "the setup installs no checkout"
     extras = set(tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"])
@@ -121,11 +120,20 @@ def test_dashboard_has_a_panel_for_every_required_metric() -> None:
 
 def test_hit_rate_panel_is_a_windowed_rate_of_the_token_counters() -> None:
     # A lifetime gauge hides today's hit rate behind everything since the router started.
-    [[expr]] = [e for t, e in dashboard_exprs().items() if "hit rate" in t.lower()]
+    [[expr]] = [e for t, e in dashboard_exprs().items() if "global hit rate" in t.lower()]
     assert "radixmesh_global_hit_rate" not in expr
     model = re.escape(MODEL_MATCHER)
     assert re.fullmatch(rf'sum\(rate\(radixmesh_prompt_tokens_total\{{{model},source!="computed"\}}\[(\w+)\]\)\) / '
                         rf"sum\(rate\(radixmesh_prompt_tokens_total\{{{model}\}}\[\1\]\)\)", expr), expr
+
+
+def test_agent_hit_rate_panel_is_a_windowed_rate_of_the_block_counters() -> None:
+    # The agents' lifetime radixmesh_prefix_hit_rate gauge is gone for the same reason.
+    [[expr]] = [e for t, e in dashboard_exprs().items() if "agent" in t.lower() and "hit rate" in t.lower()]
+    model = re.escape(MODEL_MATCHER)
+    assert re.fullmatch(rf'sum by \(node\) \(rate\(radixmesh_prefix_hit_blocks_total\{{{model},tier="gpu"\}}\[(\w+)\]\)\) / '
+                        rf'sum by \(node\) \(rate\(radixmesh_prefix_query_blocks_total\{{{model},tier="gpu"\}}\[\1\]\)\)',
+                        expr), expr
 
 
 def test_every_dashboard_query_selects_the_chosen_model_and_is_valid_promql(tmp_path: Path) -> None:

@@ -248,10 +248,12 @@ async def test_metrics_merge_writes_each_family_once_with_node_labels() -> None:
     assert {s.labels["node"] for s in families[agent_family].samples} == {"a", "b"}
     assert families["radixmesh_prompt_tokens"].type == "counter"
     assert sum(s.value for s in families["radixmesh_prompt_tokens"].samples if s.name.endswith("_total")) == 14
-    for name in ("radixmesh_router_requests", "radixmesh_routing_decisions", "radixmesh_global_hit_rate",
-                 "radixmesh_remote_hit_blocks", "radixmesh_transfer_bytes", "radixmesh_transfer_seconds",
-                 "radixmesh_router_ttft_seconds", "radixmesh_routing_regret_tokens", "radixmesh_metadata_available"):
+    for name in ("radixmesh_router_requests", "radixmesh_routing_decisions", "radixmesh_remote_hit_blocks",
+                 "radixmesh_transfer_bytes", "radixmesh_transfer_seconds", "radixmesh_router_ttft_seconds",
+                 "radixmesh_routing_regret_tokens", "radixmesh_metadata_available"):
         assert name in families, name
+    # No lifetime hit-rate gauge: the hit rate is a rate() ratio of radixmesh_prompt_tokens_total.
+    assert "radixmesh_global_hit_rate" not in families
 
 
 def test_metrics_merge_rejects_text_that_does_not_parse() -> None:

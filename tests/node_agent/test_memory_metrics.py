@@ -55,7 +55,9 @@ def test_snapshot_has_exact_numbers() -> None:
     assert s.oom == {"no_free_block": 1, "no_contiguous_block": 0, "ref_count_lock": 0, "zone_limit": 0}
     assert s.oom_by_seq_len == {"4096": 1}
     assert (s.preemptions, s.swapped_to_host_bytes) == (1, 2 * BB)
-    assert (s.prefix_query_blocks, s.prefix_hit_blocks, s.prefix_hit_rate) == (4, 2, 0.5)
+    assert (s.prefix_query_blocks, s.prefix_hit_blocks) == (4, 2)
+    # GAIE's KV-cache utilisation: blocks held by requests over all of them; the cached ones are free
+    assert s.kv_cache_usage_perc == s.gpu_cache_usage_perc == 0.5
     assert s.pool_mean_refcount == pytest.approx(7 / 5)  # refs 2, 2, 1, 1, 1
     assert s.ghost_block_bytes == 0 and s.evictions == 0 and s.gc_runs == 0
     assert s.gc_auto_runs == 0 and s.gc_trigger_free_run_bytes == 0
@@ -71,7 +73,7 @@ def test_prometheus_text_parses_with_radixmesh_names_and_tier_labels() -> None:
     host = BlockPool(4, tier=Tier.HOST, block_bytes=BB)
     text = render_prometheus([memory_stats(cache.pool, cache), memory_stats(host)])
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert families and all(name.startswith("radixmesh_") for name in families)
+    assert families and all(name.startswith(("radixmesh_", "vllm:")) for name in families)
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples
     }
@@ -82,14 +84,18 @@ def test_prometheus_text_parses_with_radixmesh_names_and_tier_labels() -> None:
     assert samples[("radixmesh_free_runs", (("size_le", "1"), ("tier", "gpu")))] == 1
     assert samples[("radixmesh_free_runs", (("size_le", "+Inf"), ("tier", "gpu")))] == 2
     assert families["radixmesh_free_runs"].type == "gauge"  # a distribution now, not since start
-    assert samples[("radixmesh_prefix_hit_rate", (("tier", "gpu"),))] == 0.5
+    assert samples[("radixmesh_prefix_hit_blocks_total", (("tier", "gpu"),))] == 2
+    assert samples[("radixmesh_prefix_query_blocks_total", (("tier", "gpu"),))] == 4
+    assert "radixmesh_prefix_hit_rate" not in families  # a lifetime ratio: dashboards rate() the counters
+    # the gpu tier alone is the KV cache an endpoint picker reads: one series
+    assert [s.labels for s in families["vllm:kv_cache_usage_perc"].samples] == [{"tier": "gpu"}]
     assert samples[("radixmesh_swapped_to_host_bytes_total", (("tier", "gpu"),))] == 2 * BB
     assert families["radixmesh_evictions"].type == "counter"
     assert families["radixmesh_ghost_block_bytes"].type == "gauge"
     # every metric DESIGN.md lists for memory is present
     for name in (
         "pool_utilization", "free_runs", "largest_free_run_bytes", "fragmentation_ratio", "oom",
-        "oom_by_seq_len", "preemptions", "swapped_to_host_bytes", "prefix_hit_rate", "pool_mean_refcount",
+        "oom_by_seq_len", "preemptions", "swapped_to_host_bytes", "prefix_hit_blocks", "pool_mean_refcount",
         "ghost_block_bytes", "evictions",
     ):  # fmt: skip
         assert "radixmesh_" + name in families, name

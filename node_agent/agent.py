@@ -20,7 +20,14 @@ from typing import Any
 
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
-from radixmesh.common.metadata.publisher import EventPublisher, PublisherConfig, chains
+from radixmesh.common.metadata.publisher import (
+    EventPublisher,
+    HitReportStats,
+    PendingHits,
+    PublisherConfig,
+    chains,
+)
+from radixmesh.common.metrics.exposition import render_prometheus
 from radixmesh.common.metrics.scrape import MetricsServer, ScrapeTarget, metrics_token
 from radixmesh.common.recall import RecallWindow
 from radixmesh.common.secret import is_loopback
@@ -42,6 +49,7 @@ from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
 from radixmesh.proto.metadata.hits import RequestHits
+from radixmesh.proto.metadata.limits import MAX_HITS_PER_HEARTBEAT
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
 from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.plan import ServeItem, ServePlan, ServeResult, ServeStats, TokenDelta
@@ -74,7 +82,9 @@ class NodeAgent:
         self.kv_events: KVEventsOut = NoKVEvents()
         """The same cache events in vLLM's ZMQ format (config.kv_events_endpoint)."""
         self.counters = AgentCounters()
-        self._hits: list[RequestHits] = []
+        self._hits = PendingHits(MAX_HITS_PER_HEARTBEAT)
+        """Realized hits until the publisher's next heartbeat takes them; bounded, since nothing takes
+        them on a standalone agent."""
         self._recalled = RecallWindow(config.recall_blocks)
         """The cluster's ghost as the leases report it; read by the gpu pool on the engine thread."""
         self._metrics_server: MetricsServer | None = None
@@ -225,11 +235,30 @@ class NodeAgent:
         finally:
             self.kv_events.close(ticket)
             if not finished:  # refused, the consumer went away or the engine failed: free its blocks
+                logger.info("request %s ended on %s before its result", plan.request_id, self.node)
                 if pull is not None:
                     pull.cancel()  # it lands (frees) its blocks once nothing can write them
                 elif pending is not None:  # gone while being queued: the blocks, if any, were never written
                     await self.runner.call(self.engine.land_pull, pending, 0)
                 await self.runner.abort(rid)
+
+    async def reset_prefix_cache(self) -> dict[str, int]:
+        """Drop every cached block nothing holds, on every tier (Engine.reset_prefix_cache), and
+        publish the removals before returning, so the metadata service's index has dropped them too.
+        Blocks a peer's pull pins stay. AgentBusy, with nothing dropped, while a request is queued or
+        running here. Returns the blocks dropped per tier."""
+        # No await between the check and queuing the job: a request that is not counted here is
+        # submitted after the reset, on the engine thread's queue.
+        if self.runner.active_requests:
+            raise AgentBusy(f"agent {self.node} has {self.runner.active_requests} request(s) running")
+        dropped = await self.runner.call(self.engine.reset_prefix_cache)
+        if self.publisher is not None:
+            await self.publisher.flush()
+        else:  # standalone: nobody else drains the events
+            await self.runner.call(self._drain_events)
+        logger.info("agent %s prefix cache reset: dropped %s cached blocks", self.node,
+                    ", ".join(f"{n} {tier}" for tier, n in dropped.items()))
+        return dropped
 
     def _check(self, plan: ServePlan) -> None:
         """Refuse, before anything is pulled, what the engine would refuse (it checks again)."""
@@ -287,7 +316,11 @@ class NodeAgent:
                            pull_failed=pulled.failed, ttft_s=first - t0, decode_s=out.stats.decode_s or 0.0,
                            preemptions=out.stats.preemptions)
         self.counters.count_request(stats)
-        self._hits.append(RequestHits(plan.request_id, plan.tenant, out.stats.sources))
+        self._hits.add((RequestHits(plan.request_id, plan.tenant, out.stats.sources),))
+        logger.info("request %s served on %s: %d prompt tokens (%d cached), %d output, %s, ttft %.3fs",
+                    plan.request_id, self.node, len(plan.prompt_token_ids),
+                    out.stats.sources.hits, len(out.output_token_ids),
+                    out.finish_reason.value, stats.ttft_s)
         return ServeResult(plan.request_id, self.node, out.output_token_ids, out.finish_reason, stats,
                            out.logprobs)
 
@@ -298,9 +331,11 @@ class NodeAgent:
         return self.epoch
 
     def node_info(self) -> NodeInfo:
-        """What RegisterNode declares for this incarnation."""
+        """What RegisterNode declares for this incarnation. Its capacity counts both tiers' blocks: the
+        index holds what either tier caches, and refuses a node holding more than it declared."""
+        capacity = sum(t.pool.num_blocks for t in self.engine.memory.tiers)
         return NodeInfo(self.node, self.epoch, self.layout.fingerprint(), self.layout.block_size,
-                        self.layout.block_bytes, self.transfer_address, self.engine.memory.config.num_gpu_blocks)
+                        self.layout.block_bytes, self.transfer_address, capacity)
 
     async def take_events(self) -> list[CacheEvent]:
         """Drain both tiers' cache events since the last call (gpu first)."""
@@ -327,8 +362,7 @@ class NodeAgent:
 
     def take_hits(self) -> list[RequestHits]:
         """Drain the realized hits of the requests finished since the last call."""
-        hits, self._hits = self._hits, []
-        return hits
+        return self._hits.take()
 
     async def load(self) -> NodeLoad:
         """Queue, running tokens, free blocks, and the prices the router's cost model reads: measured
@@ -349,9 +383,11 @@ class NodeAgent:
         if self.publisher is not None:
             self.counters.background_errors = self.publisher.loop_errors
         peers = self._transfer.peer_stats()
-        return text + render_agent_metrics(self.node, self.counters, peers, self._transfer.memory_path, labels,
-                                           eviction=self.config.engine.memory.pool.eviction,
-                                           handoff=self.config.handoff)
+        dropped = self._hits.dropped + (self.publisher.hits_dropped if self.publisher is not None else 0)
+        return (text + render_agent_metrics(self.node, self.counters, peers, self._transfer.memory_path, labels,
+                                            eviction=self.config.engine.memory.pool.eviction,
+                                            handoff=self.config.handoff)
+                + render_prometheus([HitReportStats(self.node, dropped)], labels))
 
     def scrape_target(self) -> ScrapeTarget | None:
         """Where Prometheus scrapes this agent itself (None: it serves no /metrics of its own)."""

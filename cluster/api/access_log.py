@@ -2,9 +2,15 @@
 
     POST /v1/completions 200 0.231s id=cmpl-3f... node=node-1 cached_tokens=48
 
-Handlers of generation requests fill an AccessNote on the request (id, the node that served it,
-cached prompt tokens); other paths log "-" for them. Lines go to the `radixmesh.access` logger at
-INFO, so `--log-level warning` or `--no-access-log` turns them off.
+Every request has an id: the caller's `X-Request-Id` when it is one a log line can carry
+(REQUEST_ID: 1 to 64 of `A-Za-z0-9._:@/+=-`), else a fresh one; every response echoes it in
+`X-Request-Id` (`echo_request_id`, before the headers go out, so streams carry it too). A generation
+request runs under `<cmpl|chatcmpl>-<caller's id>-<8 hex>` (unique even when callers reuse an id),
+or `<cmpl|chatcmpl>-<32 hex>` without one: the id its agent logs and its response body names.
+
+Handlers of generation requests fill the rest of the AccessNote (the id they run under, the node
+that served it, cached prompt tokens); other paths log "-" for node and cached tokens. Lines go to
+the `radixmesh.access` logger at INFO, so `--log-level warning` or `--no-access-log` turns them off.
 
 Text fields are escaped as nginx escapes its log: control characters (C0, DEL, C1, the Unicode line
 and paragraph separators), the space and the backslash become `\\xNN` (`\\uNNNN`), so a request for
@@ -13,7 +19,9 @@ and paragraph separators), the space and the backslash become `\\xNN` (`\\uNNNN`
 
 import asyncio
 import logging
+import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -23,13 +31,34 @@ from aiohttp.typedefs import Middleware
 logger = logging.getLogger("radixmesh.access")
 
 
+REQUEST_ID_HEADER = "X-Request-Id"
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,64}")
+"""A caller's request id we carry: no separator, quote or control character a log line could trip on,
+and short enough that a generation's id (prefix, suffix, choice number) stays within the metadata
+service's request-id limit."""
+
+
+def client_request_id(value: str | None) -> str | None:
+    """`value` (an X-Request-Id header) when it matches REQUEST_ID, else None (a fresh id is used)."""
+    return value if value is not None and REQUEST_ID.fullmatch(value) else None
+
+
 @dataclass(slots=True)
 class AccessNote:
-    """What a generation handler learned about its request, for the access line."""
+    """The request's id, and what a generation handler learned about it, for the access line."""
 
-    request_id: str = "-"
+    client_id: str | None
+    """The caller's X-Request-Id, when usable (client_request_id)."""
+    request_id: str
+    """The id the access line logs: a generation's own, else the caller's or a fresh one."""
     node: str = "-"
     cached_tokens: int | None = None
+
+    def generation_id(self, prefix: str) -> str:
+        """A new generation request's id (see the module doc), which becomes the logged id too."""
+        self.request_id = (f"{prefix}-{self.client_id}-{uuid.uuid4().hex[:8]}" if self.client_id is not None
+                           else f"{prefix}-{uuid.uuid4().hex}")
+        return self.request_id
 
 
 ACCESS_NOTE = web.RequestKey("access_note", AccessNote)
@@ -46,8 +75,16 @@ def escaped(text: str) -> str:
 def note(request: web.Request) -> AccessNote:
     """The request's AccessNote, made on first use."""
     if ACCESS_NOTE not in request:
-        request[ACCESS_NOTE] = AccessNote()
+        client = client_request_id(request.headers.get(REQUEST_ID_HEADER))
+        request[ACCESS_NOTE] = AccessNote(client, client if client is not None else uuid.uuid4().hex)
     return request[ACCESS_NOTE]
+
+
+async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """An on_response_prepare signal handler: the response's X-Request-Id is the caller's usable one,
+    else the id the request ran under."""
+    n = note(request)
+    response.headers[REQUEST_ID_HEADER] = n.client_id if n.client_id is not None else n.request_id
 
 
 def access_log(clock: Callable[[], float] = time.monotonic) -> Middleware:
@@ -66,7 +103,7 @@ def access_log(clock: Callable[[], float] = time.monotonic) -> Middleware:
             status = 499  # the client went away before the reply ended (nginx's code for it)
             raise
         finally:
-            n = request.get(ACCESS_NOTE) or AccessNote()
+            n = note(request)
             cached = "-" if n.cached_tokens is None else str(n.cached_tokens)
             logger.info("%s %s %d %.3fs id=%s node=%s cached_tokens=%s", escaped(request.method),
                         escaped(request.path), status, clock() - start, escaped(n.request_id), escaped(n.node),

@@ -14,9 +14,18 @@
     GET  /healthz               200 while some agent is known, else 503
     POST /radixmesh/route       {"prompt", "max_tokens", "cache_salt"}: serve it once and explain the route
                                 (api.explain.RouteReport), what `radixmesh route` prints
+    POST /reset_prefix_cache    admin (vLLM's; SGLang's POST /flush_cache too): drop every agent's
+                                cached blocks and their index entries (?wait=true: after the running
+                                requests end; 409 while they run otherwise), see ops_routes
+
+Headers: `X-Request-Id` names the request (echoed on every response, in the access line and, inside
+the generation's id, in its agent's log lines; see access_log); `X-Session-Id` (Ray),
+`X-Dynamo-Session-Id` (Dynamo) or `X-Smg-Routing-Key` (SGLang) keeps a session on one node while
+that node stays within the load bound (router.session_affinity).
 
 With an API key (`start_http(..., api_key=...)`, `radixmesh up --api-key`) every path but the probes
 (/health, /healthz) needs `Authorization: Bearer <key>` (as vLLM's --api-key); without one: 401.
+Without an API key the admin endpoint answers only on a loopback bind (ops_routes).
 /metrics also takes the metrics token (the credentials Prometheus is given with the file-SD targets),
 so a scrape config needs no API key. Without an API key the router answers only Hosts no attacker's DNS
 can produce (allowed_hosts: DNS rebinding), and /metrics is open.
@@ -47,9 +56,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from radixmesh.cluster.api.access_log import access_log
+from radixmesh.cluster.api.access_log import access_log, echo_request_id
 from radixmesh.cluster.api.allowed_hosts import AllowedHosts
-from radixmesh.cluster.api.context import CLOCK_KEY, ROUTER_KEY, SCRAPES_KEY
+from radixmesh.cluster.api.context import ADMIN_KEY, CLOCK_KEY, ROUTER_KEY, SCRAPES_KEY, AdminAccess
 from radixmesh.cluster.api.openai_routes import add_openai_routes
 from radixmesh.cluster.api.openai_schema import ApiError
 from radixmesh.cluster.api.ops_routes import add_operation_routes
@@ -113,12 +122,14 @@ def _api_key_check(api_key: str, metrics_token: str) -> Middleware:
 def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
                clock: Callable[[], float] = time.monotonic, client_max_size: int = 4 << 20, api_key: str = "",
                metrics_token: str = "", allowed_hosts: AllowedHosts | None = None,
-               stats_interval_s: float | None = 10.0, log_access: bool = True) -> web.Application:
+               stats_interval_s: float | None = 10.0, log_access: bool = True, keyless_admin: bool = False
+               ) -> web.Application:
     """The aiohttp application over `router`; `wall_clock` stamps `created` fields, `clock` ages the
     /metrics render. A non-empty `api_key` is required on every path but OPEN_PATHS (/metrics also
     takes a non-empty `metrics_token`); without one, only `allowed_hosts` are answered (None: IP
-    literals and localhost). Every `stats_interval_s` a summary line is logged (stats_log; None:
-    never); `log_access` writes one access_log line per request."""
+    literals and localhost), and the admin endpoints only with `keyless_admin` (a loopback bind).
+    Every `stats_interval_s` a summary line is logged (stats_log; None: never); `log_access` writes
+    one access_log line per request."""
     middlewares: list[Middleware] = [access_log()] if log_access else []
     middlewares.append(_errors)
     if api_key:
@@ -126,7 +137,9 @@ def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
     else:
         middlewares.append((allowed_hosts or AllowedHosts(frozenset())).middleware())
     app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
+    app.on_response_prepare.append(echo_request_id)
     app[ROUTER_KEY] = router
+    app[ADMIN_KEY] = AdminAccess.KEY if api_key else AdminAccess.LOOPBACK if keyless_admin else AdminAccess.CLOSED
     app[CLOCK_KEY] = wall_clock
     app[SCRAPES_KEY] = ScrapeCache(clock=clock)
     add_openai_routes(app)
@@ -160,7 +173,7 @@ async def start_http(router: Router, host: str, port: int, *, api_key: str = "",
         logger.warning("the OpenAI API on %s needs no API key: anyone who reaches it can use it (--api-key)", host)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the request on
     # its agent (aiohttp otherwise lets a non-streaming handler run to its end).
-    app = create_app(router, api_key=api_key, log_access=log_access,
+    app = create_app(router, api_key=api_key, log_access=log_access, keyless_admin=is_loopback(host),
                      metrics_token=(file_sd.metrics_token or "") if file_sd is not None else "",
                      allowed_hosts=AllowedHosts.serving(host, allowed_hosts))
     publisher = FileSdPublisher(router, file_sd) if file_sd is not None else None

@@ -1,5 +1,5 @@
 """What the handlers of the router's HTTP application share: the application's keys, the JSON
-body reader, and how a refused request answers.
+body reader, the session key a request carries, and how a refused request answers.
 
 The body reader takes only a body declared `Content-Type: application/json` (415 otherwise): a
 browser page of another origin may POST `text/plain` or a form without a CORS preflight, never
@@ -17,6 +17,7 @@ import asyncio
 import json
 import math
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 
 from aiohttp import web
@@ -31,6 +32,37 @@ from radixmesh.proto.serve.limits import InvalidRequest
 ROUTER_KEY = web.AppKey("router", Router)
 CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("wall_clock")
 SCRAPES_KEY = web.AppKey("scrapes", ScrapeCache)
+
+
+class AdminAccess(StrEnum):
+    """Who may call the admin endpoints (ops_routes: the prefix-cache reset)."""
+
+    KEY = "key"
+    """Holders of the API key (the key middleware checks it)."""
+    LOOPBACK = "loopback"
+    """No API key, a loopback bind: local callers, but no browser's request."""
+    CLOSED = "closed"
+    """No API key on a bind others reach: nobody."""
+
+
+ADMIN_KEY = web.AppKey("admin", AdminAccess)
+
+SESSION_HEADERS = ("X-Session-Id", "X-Dynamo-Session-Id", "X-Smg-Routing-Key")
+"""Session keys as Ray Serve LLM, Dynamo and SGLang's model gateway send them; the first present wins."""
+MAX_SESSION_CHARS = 256
+
+
+def session_key(request: web.Request) -> str | None:
+    """The request's session key (SESSION_HEADERS), None without one; ApiError(400) for an empty or
+    overlong one."""
+    for name in SESSION_HEADERS:
+        value = request.headers.get(name)
+        if value is not None:
+            if not 0 < len(value) <= MAX_SESSION_CHARS:
+                raise ApiError(400, f"the {name} header must be 1 to {MAX_SESSION_CHARS} characters, got "
+                                    f"{len(value)}", param=name, code="invalid_header")
+            return value
+    return None
 
 
 OFF_LOOP_BYTES = 64 << 10

@@ -1,10 +1,11 @@
 """The router's OpenAI endpoints: POST /v1/completions and /v1/chat/completions, whole or streamed
-as server-sent events."""
+as server-sent events. A session header (context.SESSION_HEADERS) keeps a session's requests on one
+node while that stays cheap (Router.generate's `session`); the request id comes from X-Request-Id
+(access_log)."""
 
 import contextlib
 import json
 import logging
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, NamedTuple
 
@@ -12,7 +13,7 @@ from aiohttp import web
 
 from radixmesh.cluster.api.access_log import AccessNote, note
 from radixmesh.cluster.api.choices import FirstNode, choice_requests, merge_choices
-from radixmesh.cluster.api.context import CLOCK_KEY, ROUTER_KEY, read_body, refusal
+from radixmesh.cluster.api.context import CLOCK_KEY, ROUTER_KEY, read_body, refusal, session_key
 from radixmesh.cluster.api.logprobs_json import text_length
 from radixmesh.cluster.api.openai_schema import (
     ApiError,
@@ -63,9 +64,9 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
     if params.model != router.config.model_name:
         raise ApiError(404, f"model {params.model!r} does not exist; this server serves "
                             f"{router.config.model_name!r}", param="model", code="model_not_found")
-    rid = f"{prefix}-{uuid.uuid4().hex}"
+    session = session_key(request)
     access = note(request)
-    access.request_id = rid
+    rid = access.generation_id(prefix)
     limits = router.config.limits
     bad_stop = next((t for t in params.stop_token_ids if t >= limits.vocab_size), None)
     if bad_stop is not None:
@@ -87,7 +88,7 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
     def rest() -> list[AsyncGenerator[_Piece | _End, None]]:
         return [_reply(router, router.generate(job, node=first.node), params, access) for job in jobs[1:]]
 
-    pieces = merge_choices(_reply(router, router.generate(jobs[0], first), params, access), rest)
+    pieces = merge_choices(_reply(router, router.generate(jobs[0], first, session=session), params, access), rest)
     try:
         if params.stream:
             return await _stream(request, pieces, ids, params, shape)

@@ -1,15 +1,32 @@
 """The router's operational endpoints: models, tokenizer, probes, statistics, metrics, route
-explanations."""
+explanations, and the prefix-cache reset.
+
+    POST /reset_prefix_cache   (vLLM's; SGLang's POST /flush_cache is the same) drop every agent's
+                               cached blocks nothing holds, and the index entries with them.
+                               `?wait=true` (or the JSON body {"wait": true}) waits up to `timeout`
+                               seconds (default 60) for the router's running requests to end;
+                               without it, while any runs: 409 `requests_running`. 200 with the
+                               blocks dropped per node and tier; 409 when an agent refused (requests
+                               of another router run on it), 503 when one could not be reset, both
+                               with what the others dropped.
+
+The reset is an admin endpoint: behind the API key when the router has one; without a key only a
+loopback bind answers it (403 otherwise, as vLLM keeps it to its dev mode), and never a browser's
+request (an Origin header: a page the user visits could otherwise POST to a keyless local router
+without a CORS preflight).
+"""
 
 import asyncio
 import importlib.metadata
-import uuid
+import math
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 
-from radixmesh.cluster.api.context import ROUTER_KEY, SCRAPES_KEY, read_body, refusal
+from radixmesh.cluster.api.access_log import note
+from radixmesh.cluster.api.context import ADMIN_KEY, ROUTER_KEY, SCRAPES_KEY, AdminAccess, read_body, refusal
 from radixmesh.cluster.api.explain import ROUTE_PATH, explain
 from radixmesh.cluster.api.openai_schema import ApiError, parse_chat
 from radixmesh.cluster.api.prompt_tokens import chat_tokens, text_tokens
@@ -18,7 +35,7 @@ from radixmesh.cluster.observability.endpoints import merge_expositions, stats_d
 from radixmesh.cluster.observability.file_sd import ROUTER_SCOPE
 from radixmesh.cluster.router.admission import Overloaded
 from radixmesh.cluster.router.results import NoNodeAvailable
-from radixmesh.cluster.router.router import Router
+from radixmesh.cluster.router.router import RequestsRunning, Router
 from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.plan import ServePlan
@@ -36,6 +53,8 @@ def add_operation_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
     app.router.add_post(ROUTE_PATH, _route)
+    app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
+    app.router.add_post("/flush_cache", _reset_prefix_cache)
 
 
 def _model_card(router: Router) -> dict[str, Any]:
@@ -146,7 +165,7 @@ async def _route(request: web.Request) -> web.Response:
     if not isinstance(cache_salt, str) or len(cache_salt) > MAX_TENANT_CHARS:
         raise ApiError(400, f"'cache_salt' must be a string of at most {MAX_TENANT_CHARS} characters",
                        param="cache_salt")
-    job = ServePlan(f"route-{uuid.uuid4().hex}", await text_tokens(router, body["prompt"]),
+    job = ServePlan(note(request).generation_id("route"), await text_tokens(router, body["prompt"]),
                     SamplingParams(max_tokens=max_tokens), cache_salt)
     try:
         result = await router.complete(job)
@@ -154,3 +173,65 @@ async def _route(request: web.Request) -> web.Response:
         raise refusal(e) from e
     report = explain(result, router.tokenizer.decode(list(result.result.output_token_ids)))
     return web.json_response(asdict(report))
+
+
+DEFAULT_RESET_WAIT_S = 60.0
+MAX_RESET_WAIT_S = 3600.0
+
+
+async def _reset_prefix_cache(request: web.Request) -> web.Response:
+    """Drop every agent's cached blocks (Router.reset_prefix_cache); see the module doc."""
+    access = request.app[ADMIN_KEY]
+    if access is AdminAccess.CLOSED:
+        raise ApiError(403, f"{request.path} needs an API key on a router others can reach (--api-key)",
+                       code="admin_disabled")
+    if access is AdminAccess.LOOPBACK and "Origin" in request.headers:
+        raise ApiError(403, f"{request.path} is not answered to a browser's request without an API key",
+                       code="admin_disabled")
+    body = await read_body(request) if request.body_exists else {}
+    wait, timeout = _reset_options(request.query, body)
+    try:
+        reset = await request.app[ROUTER_KEY].reset_prefix_cache(wait_s=timeout if wait else None)
+    except RequestsRunning as e:
+        raise ApiError(409, f"{e}; nothing was reset", code="requests_running") from e
+    nodes: dict[str, Any] = {
+        **{n: {"status": "reset", "dropped_blocks": d} for n, d in reset.dropped.items()},
+        **{n: {"status": "busy", "error": why} for n, why in reset.busy.items()},
+        **{n: {"status": "failed", "error": why} for n, why in reset.failed.items()},
+    }
+    total = sum(sum(d.values()) for d in reset.dropped.values())
+    if reset.busy or reset.failed:
+        status, code = (409, "requests_running") if reset.busy else (503, "reset_incomplete")
+        error = ApiError(status, f"{len(reset.busy) + len(reset.failed)} of {len(nodes)} node(s) were not reset: "
+                                 + "; ".join(f"{n}: {v['error']}" for n, v in sorted(nodes.items()) if "error" in v),
+                         type_="server_error" if status == 503 else "invalid_request_error", code=code)
+        return web.json_response({**error.body(), "dropped_blocks": total, "nodes": nodes}, status=status)
+    return web.json_response({"status": "ok", "dropped_blocks": total, "nodes": nodes})
+
+
+def _reset_options(query: Mapping[str, str], body: object) -> tuple[bool, float]:
+    """(wait, timeout seconds) from the query string or the JSON body; ApiError(400) for anything else."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    unknown = sorted(body.keys() - {"wait", "timeout"})
+    if unknown:
+        raise ApiError(400, f"unrecognized request argument supplied: '{unknown[0]}'", param=unknown[0],
+                       code="unknown_parameter")
+    wait = body.get("wait", _query_bool(query, "wait"))
+    if not isinstance(wait, bool):
+        raise ApiError(400, "'wait' must be true or false", param="wait")
+    timeout: object = body["timeout"] if "timeout" in body else query.get("timeout", DEFAULT_RESET_WAIT_S)
+    if isinstance(timeout, str) and "timeout" not in body:  # the query's text
+        try:
+            timeout = float(timeout)
+        except ValueError:
+            pass
+    if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and math.isfinite(timeout)
+            and 0 < timeout <= MAX_RESET_WAIT_S):
+        raise ApiError(400, f"'timeout' must be a number of seconds in (0, {MAX_RESET_WAIT_S:g}]", param="timeout")
+    return wait, float(timeout)
+
+
+def _query_bool(query: Mapping[str, str], name: str) -> bool | str:
+    value = query.get(name, "false").lower()
+    return {"true": True, "1": True, "false": False, "0": False}.get(value, value)

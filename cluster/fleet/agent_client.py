@@ -2,13 +2,14 @@
 agent is a Ray actor (RayAgentClient) or in this process (LocalAgentClient).
 
 Every client honours AgentClient's contract: `serve` yields TokenDelta items then one ServeResult,
-raises InvalidRequest for a refused plan and AgentUnavailable when the agent is gone.
+raises InvalidRequest for a refused plan and AgentUnavailable when the agent is gone. Clients of
+radixmesh's own agents can also drop their cache (CacheResettable); an external engine's cannot.
 """
 
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import ray
 
@@ -51,6 +52,18 @@ class AgentClient(Protocol):
         ...
 
 
+@runtime_checkable
+class CacheResettable(Protocol):
+    """A client whose agent can drop its prefix cache (the router's POST /reset_prefix_cache)."""
+
+    async def reset_prefix_cache(self) -> dict[str, int]:
+        """Drop every cached block nothing holds, on every tier, and publish the removals before
+        returning; blocks in use or pinned by a peer's pull stay. Returns the blocks dropped per tier.
+        Raises AgentBusy (nothing dropped) while a request runs on the agent, AgentUnavailable when
+        the agent is gone."""
+        ...
+
+
 class AgentDirectory(Protocol):
     """Which agents exist right now (the launcher keeps it current)."""
 
@@ -70,6 +83,8 @@ class ServingAgent(Protocol):
     async def prometheus_text(self) -> str: ...
 
     def scrape_target(self) -> ScrapeTarget | None: ...
+
+    async def reset_prefix_cache(self) -> dict[str, int]: ...
 
 
 class LocalAgentClient:
@@ -98,6 +113,12 @@ class LocalAgentClient:
 
     async def scrape_target(self) -> ScrapeTarget | None:
         return self.agent.scrape_target()
+
+    async def reset_prefix_cache(self) -> dict[str, int]:
+        try:
+            return await self.agent.reset_prefix_cache()
+        except RuntimeError as e:  # not started, or stopped
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
 
 
 class StaticAgentDirectory:
@@ -164,6 +185,17 @@ class RayAgentClient:
         except ray.exceptions.RayError as e:
             raise AgentUnavailable(f"agent {self.node}: {e}") from e
         return target
+
+    async def reset_prefix_cache(self) -> dict[str, int]:
+        try:
+            dropped: dict[str, int] = await self.handle.reset_prefix_cache.options(max_task_retries=-1).remote()
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, AgentBusy):
+                raise AgentBusy(str(e.cause)) from None
+            raise AgentUnavailable(f"agent {self.node} failed: {e.cause!r}") from e
+        except ray.exceptions.RayError as e:
+            raise AgentUnavailable(f"agent {self.node}: {e}") from e
+        return dropped
 
 
 class RayAgentDirectory(StaticAgentDirectory):

@@ -18,6 +18,14 @@ after `metadata_retry_s`; the first answer resumes prefix routing. Both transiti
 Retries: an agent that becomes unavailable before or during the stream is excluded and the request
 is routed again. Every request carries a seed fixed here, so the retry reproduces the same tokens;
 the ones already sent are skipped.
+
+Sessions: a request with a session key goes where the session's last request went while that node
+is a candidate within the load bound (session_affinity); otherwise the policy's choice stands and
+the session follows it.
+
+Reset: `reset_prefix_cache` drops the cached blocks of every agent (each publishes the removals,
+so the index drops them too) and the router's pending holders; it is refused while requests run
+here, or waits for them to end.
 """
 
 import asyncio
@@ -28,21 +36,23 @@ import random
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 
 import grpc
 
-from radixmesh.cluster.fleet.agent_client import AgentDirectory, AgentUnavailable
+from radixmesh.cluster.fleet.agent_client import AgentDirectory, AgentUnavailable, CacheResettable
 from radixmesh.cluster.fleet.reports import why_failed
 from radixmesh.cluster.policy.base import RoutePolicy, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
-from radixmesh.cluster.policy.step import RoutingStep
+from radixmesh.cluster.policy.step import Routed, RoutingStep
 from radixmesh.cluster.router.admission import Admission, Overloaded
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.index_watch import IndexWatcher
 from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.prediction_report import PredictionReporter
 from radixmesh.cluster.router.results import NoNodeAvailable, RoutedPlan, RouterItem, RouterResult
+from radixmesh.cluster.router.session_affinity import SessionAffinity, SessionConfig, within_bound
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.text.chat_template import ChatTemplate, PlainChatTemplate
 from radixmesh.common.text.tokenizer import ByteTokenizer, Tokenizer
@@ -55,6 +65,21 @@ from radixmesh.proto.serve.sampling import draw_seed
 
 logger = logging.getLogger(__name__)
 
+
+class RequestsRunning(Exception):
+    """A prefix-cache reset was refused, nothing dropped: requests are running on this router."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheReset:
+    """What a prefix-cache reset did on each agent."""
+
+    dropped: dict[NodeId, dict[str, int]]
+    """Per node that reset: the cached blocks it dropped, per tier."""
+    busy: dict[NodeId, str]
+    """Per node that refused because requests run on it (another router's): why."""
+    failed: dict[NodeId, str]
+    """Per node that could not be reset (gone, or an engine that cannot drop its cache): why."""
 
 
 class Router:
@@ -70,9 +95,11 @@ class Router:
         chat_template: ChatTemplate | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        sessions: SessionConfig | None = None,
     ) -> None:
         """`metadata` None routes by the fallback policy for good (no prefix knowledge at all).
-        `clock` times TTFT, pending expiry and metadata retries; `rng` draws seeds and tie-breaks."""
+        `clock` times TTFT, pending expiry, metadata retries and session expiry; `rng` draws seeds and
+        tie-breaks; `sessions` bounds the session map (SessionConfig's defaults)."""
         self.config = config
         self.directory = directory
         self.metadata = metadata
@@ -92,6 +119,11 @@ class Router:
         self._step = RoutingStep(self._policy, self._pending, self._inflight, block_tokens=config.block_size,
                                  default_prefill_tokens_per_s=config.default_prefill_tokens_per_s,
                                  least_loaded=config.least_loaded_candidates, fallback=self._fallback)
+        self._sessions = SessionAffinity(sessions or SessionConfig(), clock)
+        self._running = 0
+        """Requests in `generate` now (validated, admitted or waiting for admission)."""
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._down_since: float | None = None if metadata is not None else clock()
         self.metrics.metadata_available = metadata is not None
         self.router_id = f"router-{uuid.uuid4().hex[:12]}"
@@ -127,6 +159,17 @@ class Router:
     def check_invariants(self) -> None:
         self._inflight.check_invariants()
         self._pending.check_invariants()
+        self._sessions.check_invariants()
+        assert self._running >= 0 and self._idle.is_set() == (self._running == 0), f"running={self._running}"
+
+    @property
+    def running(self) -> int:
+        """Requests being served (or waiting for admission) by this router now."""
+        return self._running
+
+    def session_node(self, session: str) -> NodeId | None:
+        """The node `session`'s next request goes to while that node stays within the load bound."""
+        return self._sessions.node(session)
 
     def start(self) -> None:
         """Start watching the index now (the first request does it otherwise); needs a running loop."""
@@ -152,31 +195,28 @@ class Router:
         return hash_blocks(request.prompt_token_ids, self.config.block_size, salt=salt, key=self.config.hash_key)
 
     async def plan(self, request: ServePlan, exclude: frozenset[NodeId] = frozenset(),
-                   node: NodeId | None = None) -> RoutedPlan:
-        """Decide where `request` goes (never to a node of `exclude`; to `node` while it is a candidate)
-        and record the decision as pending (RoutingStep). Raises NoNodeAvailable when no candidate is left."""
+                   node: NodeId | None = None, session: str | None = None) -> RoutedPlan:
+        """Decide where `request` goes (never to a node of `exclude`; to `node` while it is a candidate;
+        else to `session`'s node while it is a candidate within the load bound) and record the
+        decision as pending (RoutingStep). Raises NoNodeAvailable when no candidate is left."""
         hashes = self.block_hashes(request)[: self.config.max_match_blocks]
         tokens = len(request.prompt_token_ids)
         replicated = self._replica_match(hashes)
+        match = await self._match(hashes, request) if replicated is None else None
+        sticky = self._sessions.node(session) if session is not None and node is None else None
         try:
-            if replicated is not None:
-                assert self.watcher is not None
-                replica, directory = self.watcher.replica, self.directory
-                routed = self._step.route(
-                    hashes, tokens, replicated, directory.nodes(), narrow=True, exclude=exclude, pin=node,
-                    usable=lambda n: replica.is_live(n) and directory.get(n) is not None,
-                    describe=self._described)
-            else:
-                match = await self._match(hashes, request)
-                candidates = [n for n in self.directory.nodes() if n not in exclude]
-                if match is not None:
-                    live = {m.node_id for m in match.nodes}
-                    # The directory says who is reachable, the lease who is alive; agents that never
-                    # registered (standalone) are still served rather than refused.
-                    candidates = [n for n in candidates if n in live] or candidates
-                routed = self._step.route(hashes, tokens, match, candidates, pin=node)
+            # With a sticky node the policy's choice is recorded only once it stands.
+            routed = self._route(hashes, tokens, replicated, match, exclude, node, record=sticky is None)
+            if sticky is not None:
+                if sticky != routed.decision.node and within_bound(sticky, routed.view.cluster, tokens,
+                                                                   self.config.policy_config):
+                    routed = self._route(hashes, tokens, replicated, match, exclude, sticky, record=True)
+                else:
+                    self._pending.add(routed.decision.node, hashes)
         except NoNodeAvailable:
             raise NoNodeAvailable(f"no node left to serve request {request.request_id}") from None
+        if session is not None:
+            self._sessions.remember(session, routed.decision.node)
         decision, view = routed.decision, routed.view
         if replicated is not None and self._reporter is not None and self.watcher is not None:
             self._reporter.add(self.watcher.replica.prediction(request.request_id, replicated, decision.node, tokens))
@@ -189,6 +229,26 @@ class Router:
         logger.debug("request %s -> %s (%s): %s", request.request_id, decision.node, routed.policy, decision.reason)
         return RoutedPlan(plan, decision, routed.policy, view.cluster_blocks * self.config.block_size,
                           routed.match is not None, view.cluster, tuple(hashes))
+
+    def _route(self, hashes: list[BlockHash], tokens: int, replicated: MatchResult | None,
+               match: MatchResult | None, exclude: frozenset[NodeId], pin: NodeId | None, *, record: bool
+               ) -> Routed:
+        """The routing step on the replica's answer (`replicated`) or on Match's (`match`, None: no
+        prefix knowledge)."""
+        if replicated is not None:
+            assert self.watcher is not None
+            replica, directory = self.watcher.replica, self.directory
+            return self._step.route(
+                hashes, tokens, replicated, directory.nodes(), narrow=True, exclude=exclude, pin=pin,
+                usable=lambda n: replica.is_live(n) and directory.get(n) is not None,
+                describe=self._described, record=record)
+        candidates = [n for n in self.directory.nodes() if n not in exclude]
+        if match is not None:
+            live = {m.node_id for m in match.nodes}
+            # The directory says who is reachable, the lease who is alive; agents that never
+            # registered (standalone) are still served rather than refused.
+            candidates = [n for n in candidates if n in live] or candidates
+        return self._step.route(hashes, tokens, match, candidates, pin=pin, record=record)
 
     def _described(self, node: NodeId) -> NodeMatch:
         """A least-loaded candidate as the replica knows it: no blocks, its heartbeated load."""
@@ -252,22 +312,27 @@ class Router:
         self.config.limits.check(request.prompt_token_ids, request.sampling.max_tokens)
 
     async def generate(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None = None,
-                       node: NodeId | None = None) -> AsyncGenerator[RouterItem, None]:
+                       node: NodeId | None = None, session: str | None = None
+                       ) -> AsyncGenerator[RouterItem, None]:
         """Yield TokenDelta items (each token once, in order, across retries), then one RouterResult;
         `on_routed` hears the node of each attempt as soon as it is chosen. `request` is a plan without
         a pull (the router plans that); `node`: serve there while it is a candidate (choices 2..n of
-        one prompt follow the first to its cached prefix), else routed as any request.
+        one prompt follow the first to its cached prefix), else routed as any request; `session`: the
+        caller's session key (session affinity, see the module doc).
 
         Raises InvalidRequest (nothing routed, or an agent refused it), Overloaded (admission control
         refused it: nothing routed) or NoNodeAvailable after `max_attempts` nodes failed.
         """
         status = "error"
         arrival = self._clock()
+        self._running += 1
+        self._idle.clear()
         try:
             self.validate(request)
             async with self.admission.slot():
                 self.metrics.queue.observe(self._clock() - arrival)
-                async with contextlib.aclosing(self._serve(self._with_seed(request), on_routed, node)) as items:
+                served = self._serve(self._with_seed(request), on_routed, node, session)
+                async with contextlib.aclosing(served) as items:
                     last: float | None = None
                     async for item in items:
                         now = self._clock()
@@ -293,6 +358,9 @@ class Router:
             raise
         finally:
             self.metrics.record_request(status)
+            self._running -= 1
+            if not self._running:
+                self._idle.set()
 
     async def complete(self, request: ServePlan) -> RouterResult:
         """`generate` run to its end."""
@@ -303,14 +371,55 @@ class Router:
                     return item
         raise AssertionError("generate ended without a result")
 
+    async def reset_prefix_cache(self, *, wait_s: float | None = None) -> CacheReset:
+        """Drop the cached blocks of every agent (CacheResettable: each publishes the removals before
+        it answers, so the index drops them too) and forget this router's pending holders.
+
+        While requests run here it raises RequestsRunning and resets nothing, unless `wait_s` is
+        given: then it waits up to that long for them to end (RequestsRunning past it; requests that
+        arrive meanwhile prolong the wait). Agents reset concurrently; one that refuses (requests of
+        another router run on it) or fails is reported in the result, the others still reset."""
+        if self._running:
+            if wait_s is None:
+                raise RequestsRunning(f"{self._running} request(s) running: retry once they end, or ask to wait")
+            try:
+                await asyncio.wait_for(self._idle.wait(), wait_s)
+            except TimeoutError:
+                raise RequestsRunning(f"{self._running} request(s) still running after {wait_s:g} s") from None
+        nodes = self.directory.nodes()
+        outcomes = await asyncio.gather(*(self._reset_agent(n) for n in nodes))
+        self._pending = PendingIndex(self.config.pending_ttl_s, self._clock)
+        self._step.pending = self._pending
+        reset = CacheReset({n: o for n, o in zip(nodes, outcomes, strict=True) if isinstance(o, dict)},
+                           {n: str(o) for n, o in zip(nodes, outcomes, strict=True) if isinstance(o, AgentBusy)},
+                           {n: o for n, o in zip(nodes, outcomes, strict=True) if isinstance(o, str)})
+        logger.info("prefix cache reset: %d node(s) dropped %d cached block(s); busy %s, failed %s",
+                    len(reset.dropped), sum(sum(d.values()) for d in reset.dropped.values()),
+                    sorted(reset.busy) or "none", sorted(reset.failed) or "none")
+        return reset
+
+    async def _reset_agent(self, node: NodeId) -> dict[str, int] | AgentBusy | str:
+        """One agent's reset: what it dropped, its refusal, or why it could not be reset."""
+        client = self.directory.get(node)
+        if client is None:
+            return "the agent left"
+        if not isinstance(client, CacheResettable):
+            return "its engine cannot drop its cache through radixmesh"
+        try:
+            return await client.reset_prefix_cache()
+        except AgentBusy as e:
+            return e
+        except AgentUnavailable as e:
+            return str(e)
+
     def _with_seed(self, request: ServePlan) -> ServePlan:
         if request.sampling.seed is not None:
             return request
         sampling = dataclasses.replace(request.sampling, seed=draw_seed(self._rng))
         return dataclasses.replace(request, sampling=sampling)
 
-    async def _serve(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None, pin: NodeId | None
-                     ) -> AsyncGenerator[RouterItem, None]:
+    async def _serve(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None, pin: NodeId | None,
+                     session: str | None) -> AsyncGenerator[RouterItem, None]:
         arrival = self._clock()
         first_token_at: float | None = None
         sent: list[int] = []
@@ -318,7 +427,7 @@ class Router:
         busy: set[NodeId] = set()
         for attempt in range(1, self.config.max_attempts + 1):
             try:
-                routed = await self.plan(request, frozenset(exclude), pin)
+                routed = await self.plan(request, frozenset(exclude), pin, session)
             except NoNodeAvailable:
                 if busy:
                     raise Overloaded(f"every node left is busy ({sorted(busy)}): retry later",

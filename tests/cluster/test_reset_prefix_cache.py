@@ -1,0 +1,230 @@
+"""POST /reset_prefix_cache (and SGLang's /flush_cache): every agent drops its cached blocks and the
+index drops them with it, blocks held by a request or a peer's pull stay, the next request hits
+nothing; refused while requests run unless asked to wait; an admin endpoint (issue 30)."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from radixmesh.cluster.api.app import create_app, start_http
+from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.engine.request import Request, RequestId
+from radixmesh.node_agent.memory.pool.config import PoolConfig
+from radixmesh.node_agent.memory.pool.eviction import EVICTION_ORDERS
+from radixmesh.proto.events import BlockRemoved
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.serve.plan import ServePlan, TokenDelta
+from radixmesh.proto.serve.sampling import SamplingParams
+from tests.support.poll import until
+from tests.support.router_cluster import MODEL_NAME, Cluster, local_cluster
+from tests.support.tiny_model import BS, SOURCE
+
+pytestmark = pytest.mark.anyio
+
+PROMPT = "A system prompt long enough to fill a good number of blocks of bytes."
+BODY = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 2}
+KEY = "admin-key"
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Cluster, str]]:
+    async with local_cluster(2, publish=True, policy="round_robin") as cluster:
+        runner, port = await start_http(cluster.router, "127.0.0.1", 0)
+        try:
+            yield cluster, f"http://127.0.0.1:{port}"
+        finally:
+            await runner.cleanup()
+
+
+async def _complete(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.post(f"{url}/v1/completions", json=BODY) as r:
+        assert r.status == 200
+        doc: dict[str, Any] = await r.json()
+    return doc
+
+
+def _cached(doc: dict[str, Any]) -> int:
+    return int(doc["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def _held(cluster: Cluster) -> dict[str, int]:
+    return {a.node: a.engine.memory.gpu.pool.num_cached for a in cluster.agents}
+
+
+async def test_reset_drops_every_cached_block_and_its_index_entries(served: tuple[Cluster, str]) -> None:
+    cluster, url = served
+    async with aiohttp.ClientSession() as http:
+        for _ in range(4):  # round robin: twice on each node, the second time a hit
+            last = await _complete(http, url)
+        assert _cached(last) > 0
+        held = _held(cluster)
+        assert all(held.values())
+        index = cluster.service.index
+        await until(lambda: all(index.node_block_count(NodeId(n)) for n in held), "the index to hold the blocks")
+        async with http.post(f"{url}/reset_prefix_cache") as r:
+            assert r.status == 200
+            doc = await r.json()
+        assert doc == {"status": "ok", "dropped_blocks": sum(held.values()),
+                       "nodes": {n: {"status": "reset", "dropped_blocks": {"gpu": k}} for n, k in held.items()}}
+        # Each agent published its removals before it answered: the index is empty already.
+        assert [index.node_block_count(NodeId(n)) for n in held] == [0, 0]
+        assert _held(cluster) == {"a": 0, "b": 0}
+        for _ in range(2):  # the next request on each node hits nothing
+            assert _cached(await _complete(http, url)) == 0
+    for a in cluster.agents:
+        await a.check_invariants()
+
+
+async def test_flush_cache_is_the_same_reset(served: tuple[Cluster, str]) -> None:
+    cluster, url = served
+    async with aiohttp.ClientSession() as http:
+        await _complete(http, url)
+        held = sum(_held(cluster).values())
+        async with http.post(f"{url}/flush_cache", json={}) as r:
+            assert r.status == 200 and (await r.json())["dropped_blocks"] == held > 0
+        assert sum(_held(cluster).values()) == 0
+
+
+async def test_blocks_pinned_by_a_peer_pull_stay_cached_and_indexed(served: tuple[Cluster, str]) -> None:
+    cluster, url = served
+    async with aiohttp.ClientSession() as http:
+        await _complete(http, url)  # round robin: on a
+        a = cluster.agent("a")
+        gpu = a.engine.memory.gpu
+        chain = [h for h, _ in gpu.cache.snapshot()]
+        pinned = await a.runner.call(gpu.cache.match, chain[:3])  # what a peer's pull pins while it streams
+        assert len(pinned) == 3
+        async with http.post(f"{url}/reset_prefix_cache") as r:
+            assert r.status == 200
+            assert (await r.json())["nodes"]["a"]["dropped_blocks"] == {"gpu": len(chain) - 3}
+        assert [h in gpu.cache for h in chain] == [True] * 3 + [False] * (len(chain) - 3)
+        assert cluster.service.index.node_block_count(NodeId("a")) == 3
+        await a.runner.call(gpu.cache.release, pinned)
+        assert gpu.pool.num_cached == 3  # released, they are ordinary cached blocks again
+        await a.check_invariants()
+
+
+async def test_refused_while_a_request_runs_and_done_after_it_when_asked_to_wait(
+        served: tuple[Cluster, str]) -> None:
+    cluster, url = served
+    async with aiohttp.ClientSession() as http:
+        await _complete(http, url)
+        held = _held(cluster)
+        plan = ServePlan("holder", tuple(range(3, 40)), SamplingParams(max_tokens=300, ignore_eos=True))
+        holder = cluster.router.generate(plan)
+        assert isinstance(await anext(holder), TokenDelta)  # running until it is closed
+        async with http.post(f"{url}/reset_prefix_cache") as r:
+            assert r.status == 409
+            error = (await r.json())["error"]
+        assert error["code"] == "requests_running" and "1 request(s) running" in error["message"]
+        assert _held(cluster) == held  # nothing dropped
+        async with http.post(f"{url}/reset_prefix_cache", json={"wait": True, "timeout": 0.05}) as r:
+            assert r.status == 409 and "still running after 0.05 s" in (await r.json())["error"]["message"]
+        waiting = asyncio.ensure_future(http.post(f"{url}/reset_prefix_cache?wait=true"))
+        async with http.get(f"{url}/health") as r:  # the server got to the reset meanwhile
+            assert r.status == 200
+        assert not waiting.done() and _held(cluster) == held
+        await holder.aclose()
+        async with await waiting as r:
+            assert r.status == 200
+            doc = await r.json()
+        # the holder's own prompt blocks were cached when it ended, before the reset ran
+        assert doc["dropped_blocks"] >= sum(held.values()) and sum(_held(cluster).values()) == 0
+
+
+async def test_an_agent_busy_with_another_routers_request_is_reported(served: tuple[Cluster, str]) -> None:
+    cluster, url = served
+    async with aiohttp.ClientSession() as http:
+        await _complete(http, url)
+        a = cluster.agent("a")
+        plan = ServePlan("elsewhere", tuple(range(3, 40)), SamplingParams(max_tokens=300, ignore_eos=True))
+        other = a.serve(plan)  # a request this router does not know of
+        assert isinstance(await anext(other), TokenDelta)
+        try:
+            async with http.post(f"{url}/reset_prefix_cache") as r:
+                assert r.status == 409
+                doc = await r.json()
+        finally:
+            await other.aclose()
+    assert doc["error"]["code"] == "requests_running"
+    assert doc["nodes"]["a"]["status"] == "busy" and "1 request(s) running" in doc["nodes"]["a"]["error"]
+    assert doc["nodes"]["b"] == {"status": "reset", "dropped_blocks": {"gpu": 0}}
+
+
+@pytest.mark.parametrize("query, body, message", [
+    ("?wait=maybe", None, "'wait' must be true or false"),
+    ("", {"wait": 1}, "'wait' must be true or false"),
+    ("?wait=true&timeout=0", None, "'timeout' must be a number"),
+    ("", {"wait": True, "timeout": "soon"}, "'timeout' must be a number"),
+    ("", {"drop": "all"}, "unrecognized request argument supplied: 'drop'"),
+    ("", [], "the body must be a JSON object"),
+])
+async def test_bad_options_are_refused_and_reset_nothing(served: tuple[Cluster, str], query: str,
+                                                         body: object, message: str) -> None:
+    cluster, url = served
+    async with aiohttp.ClientSession() as http:
+        await _complete(http, url)
+        held = _held(cluster)
+        async with http.post(f"{url}/reset_prefix_cache{query}", json=body) as r:
+            assert r.status == 400 and message in (await r.json())["error"]["message"]
+        async with http.post(f"{url}/reset_prefix_cache", data="wait", headers={"Content-Type": "text/plain"}) as r:
+            assert r.status == 415
+    assert _held(cluster) == held
+
+
+async def _serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def test_the_reset_is_an_admin_endpoint() -> None:
+    async with local_cluster(1) as cluster:
+        apps = {"key": create_app(cluster.router, api_key=KEY, stats_interval_s=None),
+                "closed": create_app(cluster.router, stats_interval_s=None),
+                "loopback": create_app(cluster.router, stats_interval_s=None, keyless_admin=True)}
+        servers = {name: await _serve_app(app) for name, app in apps.items()}
+        try:
+            async with aiohttp.ClientSession() as http:
+                key, closed, loopback = (servers[n][1] for n in ("key", "closed", "loopback"))
+                async with http.post(f"{key}/reset_prefix_cache") as r:
+                    assert r.status == 401
+                async with http.post(f"{key}/reset_prefix_cache", headers={"Authorization": f"Bearer {KEY}"}) as r:
+                    assert r.status == 200
+                async with http.post(f"{closed}/reset_prefix_cache") as r:
+                    assert r.status == 403 and "needs an API key" in (await r.json())["error"]["message"]
+                async with http.post(f"{loopback}/reset_prefix_cache", headers={"Origin": "http://evil.example"}) as r:
+                    assert r.status == 403 and "browser" in (await r.json())["error"]["message"]
+                async with http.post(f"{loopback}/flush_cache") as r:
+                    assert r.status == 200
+        finally:
+            for runner, _ in servers.values():
+                await runner.cleanup()
+
+
+@pytest.mark.parametrize("eviction", sorted(EVICTION_ORDERS))
+def test_engine_reset_drops_both_tiers_and_emits_the_removals(eviction: str) -> None:
+    memory = MemoryConfig(num_gpu_blocks=32, num_host_blocks=32, pool=PoolConfig(eviction=eviction))
+    engine = Engine(SOURCE.load(), EngineConfig(block_size=BS, model_id=SOURCE.identity(), memory=memory))
+    prompts = [tuple(range(3 + i, 3 + i + 6 * BS)) for i in range(3)]
+    engine.generate([Request(RequestId(f"r{i}"), p, SamplingParams(max_tokens=1)) for i, p in enumerate(prompts)])
+    gpu, host = engine.memory.gpu, engine.memory.host.tiers[0]
+    gpu.pool.evict(2)  # two gpu blocks demoted: the host holds some too
+    held = {"gpu": gpu.pool.num_cached, "host": host.pool.num_cached}
+    assert held["gpu"] > 0 and held["host"] == 2
+    cached = {h for t in (gpu, host) for h, _ in t.cache.snapshot()}
+    for t in (gpu, host):
+        t.cache.take_events()
+    assert engine.reset_prefix_cache() == held
+    assert (len(gpu.cache), len(host.cache), gpu.pool.num_cached, host.pool.num_cached) == (0, 0, 0, 0)
+    removed = {h for t in (gpu, host) for e in t.cache.take_events() if isinstance(e, BlockRemoved) for h in e.hashes}
+    assert cached <= removed
+    engine.check_invariants()
+    assert engine.reset_prefix_cache() == {"gpu": 0, "host": 0}

@@ -3,8 +3,15 @@
 It owns the GlobalIndex, Membership and HitAccounting, and writes what must survive a restart to a
 StateStore: node records on every register/heartbeat, counter increments on every heartbeat with
 hits, and the index (with each node's applied sequence number) on `persist`, which the server calls
-periodically and at shutdown. A new service on the same store serves Match at once from that
-snapshot; a node whose events were applied after it sees a sequence gap and resyncs.
+periodically and at shutdown. A persist records only the nodes whose blocks changed since the last
+one (the first records every live node and replaces what the store held), as functions the store
+calls off the event loop to encode them; a store that dies with the service (memory) gets none. A new
+service on a Redis store serves Match at once from what was persisted; a node whose events were
+applied after it sees a sequence gap and resyncs.
+
+A node holds at most its declared `capacity_blocks` (0: undeclared, the snapshot limit) plus
+`capacity_slack_blocks` in the index: a batch or snapshot that would take it past that is refused
+whole (LimitExceeded, RESOURCE_EXHAUSTED on the wire) and counted in `over_capacity_refusals`.
 
 Every method validates its whole input before changing anything: ValueError (LimitExceeded for
 limits) leaves the state as it was. Leases are checked lazily on each call against the injected
@@ -16,15 +23,16 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from radixmesh.cluster.metadata.feed import IndexFeed, Subscription
 from radixmesh.cluster.metadata.hit_accounting import HitAccounting, Prediction
 from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.cluster.metadata.membership import Member, Membership, SeqVerdict
-from radixmesh.cluster.metadata.store import MemoryStore, StateStore
+from radixmesh.cluster.metadata.store import IndexPart, MemoryStore, StateStore
 from radixmesh.common.cache_sharing import DEFAULT_RECALL_BLOCKS
 from radixmesh.proto.block_hash import HASH_BYTES
-from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored
+from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.codec import decode_stored_index, encode_stored_index
 from radixmesh.proto.metadata.hits import RequestHits
@@ -67,6 +75,13 @@ class ServiceLimits:
     max_blocks_per_batch: int = 16384
     """Hashes across all events of one EventBatch."""
     max_snapshot_blocks: int = 1 << 20
+    """Hashes across the chains of one NodeSnapshot; also what a node that declares no capacity
+    (capacity_blocks 0) may hold."""
+    capacity_slack_blocks: int = 512
+    """Blocks a node may hold beyond its declared capacity_blocks: a node that publishes a request's
+    new blocks before the evictions they caused may be that far over between two batches (one long
+    prompt's worth; bench/metadata.py's trace peaks 240 over). An agent evicts before it stores, so
+    it needs none. A margin, not a second budget."""
     max_hits_per_heartbeat: int = MAX_HITS_PER_HEARTBEAT
     max_predictions_per_report: int = 4096
     max_epoch_ahead_s: float = 300.0
@@ -111,6 +126,13 @@ class MetadataService:
         self.hits = HitAccounting(self.config.max_predictions)
         self.feed = IndexFeed(self.config.watch_backlog)
         """Every change below is recorded here, in order, for the routers' index replicas."""
+        self.over_capacity_refusals = 0
+        """Batches and snapshots refused because the node would hold more than its capacity allows."""
+        self._unpersisted: set[NodeId] = set()
+        """Nodes whose index part changed (or that left) since the last persist."""
+        self._replace_stored_index = True
+        """The first persist replaces the store's whole index: parts of nodes that left meanwhile, or
+        that a previous active service wrote late, go with it."""
         self._restore()
 
     def register(self, info: NodeInfo) -> Lease:
@@ -132,6 +154,7 @@ class MetadataService:
         if fresh:
             self.index.drop_node(info.node_id)
             self.index.add_node(info.node_id, info.layout)
+            self._changed(info.node_id)
             self.feed.record(left=(info.node_id,), nodes=(_watched(member),))
             logger.info("node %s registered, epoch %d, layout %s", info.node_id, info.epoch, info.layout)
         self.store.save_node(info.node_id, self.membership.encode(info.node_id))
@@ -177,8 +200,10 @@ class MetadataService:
             logger.info("node %s: batch %d after %d, asking for resync", batch.node_id, batch.seq, member.last_seq)
             return PublishAck(PublishStatus.RESYNC, member.last_seq + 1)
         if verdict is SeqVerdict.APPLY:
+            self._check_capacity(member, batch.events)
             self.index.apply(batch.node_id, batch.events)
             member.last_seq = batch.seq
+            self._changed(batch.node_id)
             self.feed.record(blocks=(NodeBlocks(batch.node_id, batch.events),))
         return PublishAck(PublishStatus.OK, member.last_seq + 1)
 
@@ -191,8 +216,11 @@ class MetadataService:
         self._expire()
         member = self.membership.current(snapshot.node_id, snapshot.epoch)
         if snapshot.seq >= member.last_seq:
+            if blocks > self._block_cap(member):
+                self._check_held(member, len({h for c in snapshot.chains for h in c.hashes}))
             self.index.replace(snapshot.node_id, snapshot.chains)
             member.last_seq = snapshot.seq
+            self._changed(snapshot.node_id)
             self.feed.record(blocks=(NodeBlocks(snapshot.node_id, snapshot.chains, replace=True),))
         return PublishAck(PublishStatus.OK, member.last_seq + 1)
 
@@ -260,12 +288,22 @@ class MetadataService:
         self.persist()
 
     def persist(self) -> None:
-        """Write the index, with each node's applied sequence number, to the state store."""
-        snaps = [
-            NodeSnapshot(m.info.node_id, m.info.epoch, m.last_seq, tuple(self.index.node_chains(m.info.node_id)))
-            for m in self.membership.members()
-        ]
-        self.store.save_index(encode_stored_index(snaps))
+        """Record in the state store the index part (blocks and applied sequence number) of every node
+        changed since the last persist; the store encodes and writes them off the event loop. On the
+        loop this copies the changed nodes' blocks (GlobalIndex.frozen_chains), nothing more; with a
+        store that does not keep the index, it does nothing."""
+        if not self.store.keeps_index:
+            return
+        replace = self._replace_stored_index
+        changed = [m.info.node_id for m in self.membership.members()] if replace else self._unpersisted
+        members = [m for m in map(self.membership.get, changed) if m is not None]
+        chains = self.index.frozen_chains(m.info.node_id for m in members)
+        parts: dict[str, IndexPart | None] = dict.fromkeys(changed)  # None: the node left
+        for m in members:
+            node = m.info.node_id
+            parts[node] = partial(_encode_part, node, m.info.epoch, m.last_seq, chains[node])
+        self.store.update_index(parts, replace)
+        self._unpersisted, self._replace_stored_index = set(), False
 
     def close(self) -> None:
         """Persist and release the store; the object is unusable afterwards."""
@@ -303,6 +341,36 @@ class MetadataService:
             local[n.node_id] = n.any_tier_blocks * block_size
         return Prediction(cluster_blocks * block_size, local)
 
+    def _block_cap(self, member: Member) -> int:
+        """The most blocks `member` may hold in the index."""
+        limits = self.config.limits
+        declared = member.info.capacity_blocks or limits.max_snapshot_blocks
+        return min(declared, limits.max_snapshot_blocks) + limits.capacity_slack_blocks
+
+    def _check_capacity(self, member: Member, events: Sequence[CacheEvent]) -> None:
+        node = member.info.node_id
+        held = self.index.node_block_count(node)
+        stored = sum(len(e.hashes) for e in events if isinstance(e, BlockStored))
+        if held + stored > self._block_cap(member):  # else no order of these events can pass the cap
+            self._check_held(member, self.index.held_after(node, events), held)
+
+    def _check_held(self, member: Member, after: int, before: int = 0) -> None:
+        """LimitExceeded (counted) when `member` would hold `after` blocks, above its cap and more than
+        the `before` it holds now (a node above its cap, e.g. restored so, may still shrink)."""
+        cap = self._block_cap(member)
+        if after > cap and after > before:
+            self.over_capacity_refusals += 1
+            info = member.info
+            logger.warning("node %s: refused to index %d blocks (declared capacity %d)", info.node_id,
+                           after, info.capacity_blocks)
+            raise LimitExceeded(f"node {info.node_id} would hold {after} blocks, more than its declared "
+                                f"capacity_blocks {info.capacity_blocks} allows ({cap} with the slack)")
+
+    def _changed(self, node: NodeId) -> None:
+        """`node`'s index part is to be written by the next persist."""
+        if self.store.keeps_index:
+            self._unpersisted.add(node)
+
     def _member(self, node: NodeId) -> Member:
         m = self.membership.get(node)
         assert m is not None, f"index holds node {node} without a live lease"
@@ -313,6 +381,7 @@ class MetadataService:
         for node in gone:
             self.index.drop_node(node)
             self.store.save_node(node, self.membership.encode(node))
+            self._changed(node)
         if gone:
             self.feed.record(left=tuple(gone))
 
@@ -334,6 +403,11 @@ class MetadataService:
             len(self.membership.members()),
             len(self.index),
         )
+
+
+def _encode_part(node: NodeId, epoch: int, seq: int, chains: Callable[[], list[BlockStored]]) -> bytes:
+    """One node's part of the stored index (runs on the store's writer thread)."""
+    return encode_stored_index([NodeSnapshot(node, epoch, seq, tuple(chains()))])
 
 
 def _watched(m: Member) -> WatchedNode:

@@ -1,8 +1,9 @@
 """StateStore: where the metadata service keeps what must outlive it.
 
 Three kinds of state, each written in the shape the service already has: node records (opaque bytes
-by node id), cumulative counters (integers by scope and field, only ever incremented) and the latest
-index snapshot (one opaque blob). The in-memory store is the default and dies with the process; the
+by node id), cumulative counters (integers by scope and field, only ever incremented) and the index
+(one encoded part per node, so a persist writes only the nodes that changed). The in-memory store is
+the default and dies with the process, so the service persists no index into it (`keeps_index`); the
 Redis store lets a restarted service answer Match and GetStats at once, before nodes resync.
 """
 
@@ -13,8 +14,9 @@ import shutil
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -24,6 +26,10 @@ logger = logging.getLogger(__name__)
 
 CounterDeltas = Mapping[str, Mapping[str, int]]
 """scope ("total", "node:<id>", "tenant:<name>") -> field -> increment."""
+
+IndexPart = bytes | Callable[[], bytes]
+"""One part of the stored index (an encoded StoredIndex), or a function that encodes it: a store
+calls it when it writes, off the event loop, so the function must read nothing the loop changes."""
 
 
 class StateStore(ABC):
@@ -46,13 +52,22 @@ class StateStore(ABC):
     def load_counters(self) -> dict[str, dict[str, int]]:
         """Every counter, by scope then field."""
 
+    keeps_index: bool = True
+    """Whether the index is worth persisting here: False for a store that dies with the service."""
+
     @abstractmethod
+    def update_index(self, parts: Mapping[str, IndexPart | None], replace: bool = False) -> None:
+        """Replace the named parts of the stored index (None deletes one); with `replace`, every part
+        not named is deleted too."""
+
     def save_index(self, blob: bytes) -> None:
-        """Replace the stored index snapshot."""
+        """Replace the whole stored index with one part."""
+        self.update_index({"": blob}, replace=True)
 
     @abstractmethod
     def load_index(self) -> bytes | None:
-        """The last index snapshot, or None when none was saved."""
+        """Every part of the stored index, concatenated (one encoded StoredIndex: protobuf merges the
+        repeated fields of concatenated messages), or None when there is none."""
 
     @abstractmethod
     def describe(self) -> str:
@@ -73,10 +88,12 @@ class StateStore(ABC):
 class MemoryStore(StateStore):
     """State in this process only: a restart forgets everything (said so in logs and stats)."""
 
+    keeps_index = False
+
     def __init__(self) -> None:
         self._nodes: dict[str, bytes] = {}
         self._counters: dict[str, dict[str, int]] = {}
-        self._index: bytes | None = None
+        self._index: dict[str, bytes] = {}
 
     def save_node(self, node: str, record: bytes) -> None:
         self._nodes[node] = record
@@ -93,11 +110,17 @@ class MemoryStore(StateStore):
     def load_counters(self) -> dict[str, dict[str, int]]:
         return {scope: dict(fields) for scope, fields in self._counters.items()}
 
-    def save_index(self, blob: bytes) -> None:
-        self._index = blob
+    def update_index(self, parts: Mapping[str, IndexPart | None], replace: bool = False) -> None:
+        if replace:
+            self._index.clear()
+        for name, part in _encoded(parts).items():
+            if part is None:
+                self._index.pop(name, None)
+            else:
+                self._index[name] = part
 
     def load_index(self) -> bytes | None:
-        return self._index
+        return b"".join(self._index.values()) if self._index else None
 
     def describe(self) -> str:
         return "memory"
@@ -105,7 +128,7 @@ class MemoryStore(StateStore):
 
 class RedisStore(StateStore):
     """State in Redis under `prefix`: a hash of node records, one hash per counter scope, the set of
-    scopes, and one string for the index snapshot.
+    scopes, and a hash of index parts (one per node: a persist writes the nodes that changed only).
 
     Write-behind: the service's calls only record what is to be written (the latest record per node,
     counter increments summed, the latest index), so no RPC ever waits on Redis; `write_behind`, a task
@@ -114,8 +137,9 @@ class RedisStore(StateStore):
     increments go in batches numbered 1, 2, ... per store (the writer); the same script that adds a
     batch records its number under the writer's one key, so a batch retried after a lost reply is not
     counted twice. A batch is retried until confirmed before the next is formed, so the last number is
-    all the dedup needs: one key per writer, not one per flush. What is pending when the process dies
-    is lost: at most one write round.
+    all the dedup needs: one key per writer, not one per flush. Index parts recorded as functions are
+    encoded on a worker thread (`asyncio.to_thread`), not on the loop. What is pending when the
+    process dies is lost: at most one write round.
     """
 
     def __init__(self, url: str, prefix: str = "radixmesh:", socket_timeout_s: float = 2.0,
@@ -135,7 +159,9 @@ class RedisStore(StateStore):
         """The last batch number formed."""
         self._batch: tuple[int, dict[str, dict[str, int]]] | None = None
         """Counter increments being written, under their batch number (kept until Redis confirms)."""
-        self._index: bytes | None = None
+        self._index: dict[str, IndexPart | None] = {}
+        self._index_replace = False
+        """Whether the parts not in `_index` are to be deleted when it is written."""
         self._dirty = asyncio.Event()
         self._down_since: float | None = None
         self.write_failures = 0
@@ -164,18 +190,25 @@ class RedisStore(StateStore):
             out[scope] = {k.decode(): int(v) for k, v in fields.items()}
         return out
 
-    def save_index(self, blob: bytes) -> None:
-        self._index = blob
+    def update_index(self, parts: Mapping[str, IndexPart | None], replace: bool = False) -> None:
+        if replace:
+            self._index, self._index_replace = dict(parts), True
+        else:
+            self._index.update(parts)
         self._dirty.set()
 
     def load_index(self) -> bytes | None:
-        blob: bytes | None = self._redis.get(self._key("index"))  # type: ignore[assignment]
-        return blob
+        parts: dict[bytes, bytes] = self._redis.hgetall(self._key(_INDEX_PARTS))  # type: ignore[assignment]
+        legacy: bytes | None = self._redis.get(self._key(_LEGACY_INDEX))  # type: ignore[assignment]
+        # The one-blob index of older versions first: parts written since supersede its nodes.
+        blobs = ([legacy] if legacy else []) + list(parts.values())
+        return b"".join(blobs) if blobs else None
 
     def pending(self) -> int:
-        """Writes not yet in Redis: node records, counter scopes and the index."""
+        """Writes not yet in Redis: node records, counter scopes and index parts (or a wholesale delete)."""
         batch = len(self._batch[1]) if self._batch is not None else 0
-        return len(self._nodes) + len(self._counters) + batch + (self._index is not None)
+        index = len(self._index) or int(self._index_replace)
+        return len(self._nodes) + len(self._counters) + batch + index
 
     def describe(self) -> str:
         parts = urlsplit(self._url)
@@ -217,7 +250,9 @@ class RedisStore(StateStore):
         """Write everything pending; raises redis.RedisError (what failed stays pending)."""
         self._dirty.clear()
         nodes, self._nodes = self._nodes, {}
-        index, self._index = self._index, None
+        index, self._index = self._index, {}
+        replace, self._index_replace = self._index_replace, False
+        unwritten: Mapping[str, IndexPart | None] = index
         try:
             while (batch := self._next_batch()) is not None:
                 keys, args = self._counter_script_args(*batch)
@@ -225,12 +260,17 @@ class RedisStore(StateStore):
                 self._batch = None
             if nodes:
                 await self._async.hset(self._key("nodes"), mapping=nodes)  # type: ignore[arg-type,misc]
-            if index is not None:
-                await self._async.set(self._key("index"), index)
+            if index or replace:
+                unwritten = encoded = await asyncio.to_thread(_encoded, index)  # encoded once, even if retried
+                pipe = self._async.pipeline(transaction=True)
+                self._queue_index(pipe, encoded, replace)
+                await pipe.execute()
         except BaseException:
-            # Newer values recorded meanwhile win over the ones that failed to be written.
+            # Newer values recorded meanwhile win over the ones that failed to be written; a newer
+            # wholesale replacement wins over everything before it.
             self._nodes = {**nodes, **self._nodes}
-            self._index = self._index if self._index is not None else index
+            if not self._index_replace:
+                self._index, self._index_replace = {**unwritten, **self._index}, replace
             self._dirty.set()
             raise
 
@@ -243,8 +283,10 @@ class RedisStore(StateStore):
                 self._batch = None
             if self._nodes:
                 self._redis.hset(self._key("nodes"), mapping=self._nodes)  # type: ignore[arg-type]
-            if self._index is not None:
-                self._redis.set(self._key("index"), self._index)
+            if self._index or self._index_replace:
+                pipe = self._redis.pipeline(transaction=True)
+                self._queue_index(pipe, _encoded(self._index), self._index_replace)
+                pipe.execute()
         except redis.RedisError as e:
             logger.warning("state store %s: %d pending writes lost at close (%s)", self.describe(),
                            self.pending(), e)
@@ -271,8 +313,31 @@ class RedisStore(StateStore):
                 args += [name, delta]
         return keys, args
 
+    def _queue_index(self, pipe: Any, parts: Mapping[str, bytes | None], replace: bool) -> None:
+        """Queue the index writes on `pipe` (a sync or asyncio pipeline: the same calls queue)."""
+        key = self._key(_INDEX_PARTS)
+        if replace:
+            pipe.delete(key, self._key(_LEGACY_INDEX))
+        written = {name: part for name, part in parts.items() if part is not None}
+        if written:
+            pipe.hset(key, mapping=written)
+        gone = [name for name, part in parts.items() if part is None]
+        if gone and not replace:
+            pipe.hdel(key, *gone)
+
     def _key(self, name: str) -> str:
         return f"{self._prefix}{name}"
+
+
+_INDEX_PARTS = "index-parts"
+_LEGACY_INDEX = "index"
+"""Where versions before per-node parts kept the whole index as one string (read, then deleted by
+the first wholesale replacement)."""
+
+
+def _encoded(parts: Mapping[str, IndexPart | None]) -> dict[str, bytes | None]:
+    """`parts` with every function called (on the caller's thread)."""
+    return {name: part if part is None or isinstance(part, bytes) else part() for name, part in parts.items()}
 
 
 _WRITER_MARKER_TTL_S = 86400

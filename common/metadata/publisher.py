@@ -16,6 +16,10 @@ Backoff: while calls fail, each loop waits twice as long after every failed roun
 retry in step), so a service that refuses or cannot keep up is not hammered; the first success
 restores the normal pace.
 
+Bounded: the hit reports waiting for a heartbeat are at most `max_pending_hits` (the oldest dropped
+first and counted, PendingHits) while the service is unreachable, and a stale publisher still drains
+its node's events and hits (dropping them) each round, so nothing piles up in the node either.
+
 Supervision: an unexpected exception in a round (not the service's answer: a bug, or the node in a
 state it should not be in) is logged with its traceback, counted in `loop_errors` and treated as a
 failed round, so the loop backs off and goes on; it never silently ends the heartbeats of a node
@@ -26,13 +30,16 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Protocol
 
 import grpc
 
 from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.metrics.exposition import metric
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockStored, CacheEvent, Tier
 from radixmesh.proto.metadata.hits import RequestHits
@@ -42,6 +49,52 @@ from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
 
 logger = logging.getLogger(__name__)
 
+
+class PendingHits:
+    """Hit reports of finished requests waiting for a heartbeat, at most `limit`: past it the oldest
+    are dropped (counted in `dropped`), so a node nobody heartbeats for keeps a bounded list."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self._hits: deque[RequestHits] = deque(maxlen=limit)
+        self.dropped = 0
+
+    def add(self, hits: Iterable[RequestHits]) -> None:
+        for h in hits:
+            self.dropped += len(self._hits) == self._hits.maxlen  # the deque drops its oldest
+            self._hits.append(h)
+
+    def first(self, n: int) -> list[RequestHits]:
+        """The oldest `n` (fewer if fewer wait), still pending."""
+        return list(islice(self._hits, n))
+
+    def remove_first(self, n: int) -> None:
+        for _ in range(min(n, len(self._hits))):
+            self._hits.popleft()
+
+    def take(self) -> list[RequestHits]:
+        """Every pending report, oldest first; none pending afterwards."""
+        hits = list(self._hits)
+        self._hits.clear()
+        return hits
+
+    def drop_all(self) -> None:
+        self.dropped += len(self._hits)
+        self._hits.clear()
+
+    def __len__(self) -> int:
+        return len(self._hits)
+
+
+@dataclass(frozen=True, slots=True)
+class HitReportStats:
+    """What a node dropped of its realized-hit reports; every sample labelled `node`."""
+
+    node: str
+    hit_reports_dropped: int = metric(
+        "counter", "Hit reports of finished requests dropped (the oldest first) while no heartbeat took "
+        "them: standalone, a metadata outage or a stale publisher.")
 
 
 class PublishedNode(Protocol):
@@ -81,6 +134,8 @@ class PublisherConfig:
     """Longest wait between rounds while calls keep failing: long enough to spare a struggling
     service (40x fewer publish rounds than the default pace), short enough that a node is back in
     the index within a few seconds of the service (leases last 10 s by default)."""
+    max_pending_hits: int = 4 * MAX_HITS_PER_HEARTBEAT
+    """Hit reports kept while heartbeats fail (the oldest dropped first): four heartbeats' worth."""
 
 
 def chains(pairs: Iterable[tuple[BlockHash, BlockHash | None]], tier: Tier) -> list[BlockStored]:
@@ -115,7 +170,7 @@ class EventPublisher:
         self._seq = 0
         """Last sequence number assigned to a batch (or covered by a snapshot)."""
         self._pending: list[EventBatch] = []
-        self._hits: list[RequestHits] = []
+        self._hits = PendingHits(config.max_pending_hits)
         self._lease: Lease | None = None
         self._resync = False
         self._lock = asyncio.Lock()
@@ -134,6 +189,11 @@ class EventPublisher:
     def lease(self) -> Lease | None:
         return self._lease
 
+    @property
+    def hits_dropped(self) -> int:
+        """Hit reports this publisher dropped: past `max_pending_hits`, or taken once stale."""
+        return self._hits.dropped
+
     async def start(self) -> None:
         """Start the publish and heartbeat loops (registration happens on their first round)."""
         self._tasks = [asyncio.create_task(self._every(self.config.publish_interval_s, self.flush)),
@@ -150,9 +210,9 @@ class EventPublisher:
         """Drain the node's new events and send every unacknowledged batch. A service that cannot be
         reached keeps them pending (retried next round); never raises for the service's faults."""
         async with self._lock:
-            if self.stale:
-                return
             events = await self._node.take_events()
+            if self.stale:
+                return  # nobody will take them: drained all the same, so they do not pile up
             if events:
                 self._seq += 1
                 self._pending.append(EventBatch(self.node_id, self.epoch, self._seq, tuple(events)))
@@ -174,15 +234,16 @@ class EventPublisher:
     async def heartbeat(self) -> None:
         """Renew the lease with the node's load and the hits of requests finished since the last beat."""
         async with self._lock:
+            self._hits.add(self._node.take_hits())
             if self.stale:
+                self._hits.drop_all()  # nobody will send them
                 return
-            self._hits += self._node.take_hits()
             with self._on_rpc_error("heartbeat"):
                 await self._ensure_registered()
                 load = await self._node.load()
-                send = self._hits[:MAX_HITS_PER_HEARTBEAT]
+                send = self._hits.first(MAX_HITS_PER_HEARTBEAT)
                 self._lease = await self._client.heartbeat(self.node_id, self.epoch, load, send)
-                del self._hits[: len(send)]
+                self._hits.remove_first(len(send))
                 if self._lease.recalled:
                     await self._node.recall(self._lease.recalled)
                 # A standby that took over restored the index as last persisted, so it may expect an

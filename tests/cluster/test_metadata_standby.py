@@ -107,26 +107,34 @@ def test_the_key_is_renewed_while_the_server_starts(redis_url: str) -> None:
     """Regression: renewing began only once `start` returned, so a start slower than the ttl (the
     service restores the index from Redis) served without the key, and the standby took it."""
     async def body() -> None:
-        # A ttl long enough that a loaded CI host answers each renewal within its ttl / 3 timeout
-        # (at 0.6 s one slow round trip ended the lease before the first renewal).
         lease = LeaderLease(redis_url, "slow", ttl_s=3.0)
         keys = redis.asyncio.Redis.from_url(redis_url)
         stop = asyncio.Event()
         renewed = asyncio.Event()
+        succeeded = asyncio.Event()
+        renew = lease.renew
+
+        async def counted_renew() -> bool | None:
+            answer = await renew()
+            if answer:
+                succeeded.set()
+            return answer
+
+        lease.renew = counted_renew  # type: ignore[method-assign]
 
         async def slow_start() -> MetadataServer:
-            first = await keys.pttl(lease.key)
-            # The server is built only once the key was renewed: it outlasts a ttl without it.
-            while await keys.pttl(lease.key) <= first:
-                assert await keys.exists(lease.key), "the key expired while the server started"
-                await asyncio.sleep(0.02)
+            # The server is built only once a renewal went through: without renewing during the
+            # start, this start would outlast the ttl. Waiting on the renewal itself, not on the
+            # key's ttl, holds on a loaded host where one round trip may take its whole timeout.
+            await succeeded.wait()
+            assert await keys.get(lease.key) == b"slow", "the key expired while the server started"
             renewed.set()
             server, _ = await start_metadata_server()
             return server
 
         leading = asyncio.create_task(serve_while_leader(lease, slow_start, stop))
         try:
-            await asyncio.wait_for(renewed.wait(), 10.0)
+            await asyncio.wait_for(renewed.wait(), 60.0)
             assert await keys.get(lease.key) == b"slow"
         finally:
             stop.set()

@@ -50,7 +50,7 @@ class AgentStats:
     transfer_memory_path: dict[str, int] = metric(
         "gauge", "1 for the memory path pulled KV blocks take: host, cuda-direct or cuda-staged.", "path")
     agent_eviction_order: dict[str, int] = metric(
-        "gauge", "1 for the order this agent evicts cached blocks in: lru or s3fifo.", "order")
+        "gauge", "1 for the order this agent evicts cached blocks in (lru, s3fifo, adaptive).", "order")
     agent_handoff: int = metric(
         "gauge", "1 when blocks a peer pulled from this agent are the first it evicts (hand-off), else 0.")
 

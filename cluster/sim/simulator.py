@@ -122,7 +122,7 @@ class SimConfig:
     cluster_recall: bool = DEFAULT_RECALL_BLOCKS > 0 and ServiceConfig().recall_blocks > 0
     """Nodes learn which blocks the cluster evicted its last copy of, recently (the index's ghost,
     `GlobalIndex.recalled`, as long as the cluster has blocks), and keep such blocks as re-used when
-    they come back (PoolHooks.recalled; used by ``s3fifo``). On in `up` while both the metadata
+    they come back (PoolHooks.recalled; used by ``s3fifo`` and ``adaptive``). On in `up` while both the metadata
     service's and the agents' ghost have room (ServiceConfig / AgentConfig.recall_blocks)."""
     seed: int = 0
     candidates: int = _UP_ROUTER.least_loaded_candidates if _UP_ROUTER.index_replica else 0

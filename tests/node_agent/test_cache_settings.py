@@ -34,7 +34,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_an_unknown_eviction_order_is_a_usage_error(home: Path, args: list[str]) -> None:
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2
-    assert "Invalid value for '--eviction': 'mru' is not one of 'lru', 's3fifo'" in result.output
+    assert "Invalid value for '--eviction': 'mru' is not one of 'adaptive', 'lru', 's3fifo'" in result.output
     assert not (home / "cluster.json").exists()
 
 
@@ -49,11 +49,11 @@ def test_the_deployment_hands_its_cache_settings_to_every_agent() -> None:
     agent = config.agent_config(NodeId("node-1"), "127.0.0.1:1", "127.0.0.1")
     assert (agent.engine.memory.pool.eviction, agent.handoff) == ("lru", True)
     default = LauncherConfig().agent_config(NodeId("node-0"), "127.0.0.1:1", "127.0.0.1")
-    assert (default.engine.memory.pool.eviction, default.handoff) == ("s3fifo", False)
+    assert (default.engine.memory.pool.eviction, default.handoff) == ("adaptive", False)
 
 
 def test_a_deployment_with_an_unknown_order_is_refused() -> None:
-    with pytest.raises(ValueError, match="eviction must be one of lru, s3fifo, got 'mru'"):
+    with pytest.raises(ValueError, match="eviction must be one of adaptive, lru, s3fifo, got 'mru'"):
         LauncherConfig(eviction="mru")
 
 

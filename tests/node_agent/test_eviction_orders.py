@@ -29,7 +29,7 @@ def store(cache: PrefixCache, keys: list[int]) -> list[int]:
 
 
 def test_unknown_order_is_refused_with_the_valid_names() -> None:
-    with pytest.raises(ValueError, match=r"'lru', 's3fifo'"):
+    with pytest.raises(ValueError, match=r"'adaptive', 'lru', 's3fifo'"):
         PoolConfig(eviction="arc")
     with pytest.raises(ValueError, match="unknown eviction order 'arc'"):
         make_eviction_order("arc", [0], [None])

@@ -120,14 +120,18 @@ class LazyLRU:
             stamp[b] = None
         self.stamped -= gone
 
-    def pop_oldest(self, k: int) -> list[int]:
-        """Remove and return the k least recently released members (fewer when there are fewer)."""
+    def pop_oldest(self, k: int, before: float = float("inf")) -> list[int]:
+        """Remove and return the k least recently released members (fewer when there are fewer),
+        only those released strictly before `before`."""
         stamp = self._stamp
         out: list[int] = []
         while len(out) < k and self._queue:
             gen, group = self._queue.popleft()
             if gen != group.gen:
                 continue
+            if group.when >= before:
+                self._queue.appendleft((gen, group))
+                break
             live = self._live(group)
             cut = k - len(out)
             for b in live[:cut]:
@@ -139,14 +143,29 @@ class LazyLRU:
         self.stamped -= len(out)
         return out
 
+    def head_when(self) -> float:
+        """When the least recently released member was released (inf when there is none). Drops the
+        items ahead of it, which pop_oldest would skip: O(1) amortized."""
+        queue = self._queue
+        while queue:
+            gen, group = queue[0]
+            if gen == group.gen and self._live(group):
+                return group.when
+            queue.popleft()
+        return float("inf")
+
     def oldest(self, n: int) -> list[int]:
         """The n least recently released members (fewer if there are fewer), oldest first; removes none."""
-        out: list[int] = []
+        return [b for _, b in self.oldest_released(n)]
+
+    def oldest_released(self, n: int) -> list[tuple[float, int]]:
+        """`oldest(n)`, each member with its release time."""
+        out: list[tuple[float, int]] = []
         for gen, group in self._queue:
             if len(out) >= n:
                 break
             if gen == group.gen:
-                out.extend(self._live(group))
+                out.extend((group.when, b) for b in self._live(group))
         return out[:n]
 
     def released_before(self, cutoff: float) -> list[int]:

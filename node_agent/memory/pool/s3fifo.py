@@ -1,6 +1,7 @@
 """Scan-resistant eviction order for cached blocks (S3-FIFO / 2Q style): a probationary queue for blocks
-used once, a main queue for blocks used again, and a ghost of recent probation evictions."""
+used once, a main queue for blocks used again, and a ghost of recent evictions."""
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from radixmesh.node_agent.memory.pool.lru import Group, LazyLRU
@@ -23,7 +24,16 @@ class S3FIFO:
 
     Queue shares are counted on stamped blocks (members, and members pinned since: the pool pins
     without telling the order), which keeps the count O(1) and differs only by the running batch.
+
+    Subclasses vary three things, nothing else: how many blocks probation may hold
+    (`_small_share`), which queue gives once probation is within it (`_pop_within_share`), and what
+    a hash coming back from the ghost teaches them (`_ghost_hit`); with `ghosts_main` set, main's
+    evictions enter the ghost too (marked as such), and a hash coming back from there goes to main
+    as well.
     """
+
+    ghosts_main = False
+    """Whether main's evictions are remembered (S3-FIFO remembers probation's only)."""
 
     def __init__(self, ref: list[int], hashes: list[BlockHash | None], small_fraction: float = 0.1) -> None:
         if not 0.0 < small_fraction < 1.0:
@@ -32,10 +42,13 @@ class S3FIFO:
         self.small = LazyLRU(ref)
         self.main = LazyLRU(ref)
         self.small_fraction = small_fraction
-        self._ghost: dict[BlockHash, None] = {}
-        """Hashes evicted from probation, oldest first (a dict keeps insertion order), at most as many
-        as the pool has blocks."""
+        self._ghost: OrderedDict[BlockHash, bool] = OrderedDict()
+        """Hashes evicted recently, oldest first, at most as many as the pool has blocks; True for those
+        evicted from main. An OrderedDict, not a dict: a dict finds its oldest key by skipping the
+        slots of every key deleted before it, which made dropping the oldest O(n) here."""
         self._ghost_cap = len(ref)
+        self.ghosted_main = 0
+        """Hashes in the ghost evicted from main (the rest came from probation)."""
         self._recalled: Recalled | None = None
 
     def __contains__(self, block: int) -> bool:
@@ -54,7 +67,9 @@ class S3FIFO:
                 reused.append(b)
                 small.discard([b])
             elif ghost and hashes[b] in ghost:
-                del ghost[hashes[b]]  # type: ignore[arg-type]  # pushed blocks are hashed
+                from_main = ghost.pop(hashes[b])  # type: ignore[arg-type]  # pushed blocks are hashed
+                self.ghosted_main -= from_main
+                self._ghost_hit(from_main)
                 reused.append(b)
             elif recalled is not None and recalled(hashes[b]):  # type: ignore[arg-type]
                 reused.append(b)
@@ -88,24 +103,50 @@ class S3FIFO:
         self.main.renew(group, now)
 
     def discard(self, blocks: Sequence[int]) -> None:
-        """Remove `blocks` for good (evicted); those leaving probation are remembered in the ghost."""
-        self._remember([b for b in blocks if self.small.is_stamped(b)])
+        """Remove `blocks` for good (evicted); those leaving probation (and main, with `ghosts_main`)
+        are remembered in the ghost."""
+        self._remember([b for b in blocks if self.small.is_stamped(b)], False)
+        if self.ghosts_main:
+            self._remember([b for b in blocks if self.main.is_stamped(b)], True)
         self.small.discard(blocks)
         self.main.discard(blocks)
 
+    def _small_share(self) -> int:
+        """Blocks probation may hold before eviction takes its oldest: `small_fraction` of them all."""
+        return int(self.small_fraction * (self.small.stamped + self.main.stamped))
+
+    def _ghost_hit(self, from_main: bool) -> None:
+        """A block was stored under a hash in the ghost (evicted from main when `from_main`, else
+        from probation), already taken out of it. S3-FIFO only promotes such a block."""
+
     def _small_excess(self) -> int:
         """Blocks probation holds beyond its share (<= 0 when within it)."""
-        return self.small.stamped - int(self.small_fraction * (self.small.stamped + self.main.stamped))
+        return self.small.stamped - self._small_share()
 
     def pop_oldest(self, k: int) -> list[int]:
         """Remove and return k members in eviction order (fewer when there are fewer)."""
-        out = self.small.pop_oldest(min(k, max(0, self._small_excess())))
-        self._remember(out)
-        out += self.main.pop_oldest(k - len(out))
-        if len(out) < k:  # main ran dry (or holds only pinned blocks): probation gives the rest
-            more = self.small.pop_oldest(k - len(out))
-            self._remember(more)
-            out += more
+        out = self._pop_small(min(k, max(0, self._small_excess())))
+        if len(out) < k:
+            out += self._pop_within_share(k - len(out))
+        return out
+
+    def _pop_within_share(self, k: int) -> list[int]:
+        """k members (fewer when there are fewer) once probation is within its share: main's oldest,
+        then, when main ran dry (or holds only pinned blocks), probation's."""
+        out = self._pop_main(k)
+        if len(out) < k:
+            out += self._pop_small(k - len(out))
+        return out
+
+    def _pop_small(self, k: int, before: float = float("inf")) -> list[int]:
+        out = self.small.pop_oldest(k, before)
+        self._remember(out, False)
+        return out
+
+    def _pop_main(self, k: int, before: float = float("inf")) -> list[int]:
+        out = self.main.pop_oldest(k, before)
+        if self.ghosts_main:
+            self._remember(out, True)
         return out
 
     def oldest(self, n: int) -> list[int]:
@@ -122,12 +163,14 @@ class S3FIFO:
     def members(self) -> list[int]:
         return self.small.members() + self.main.members()
 
-    def _remember(self, blocks: list[int]) -> None:
+    def _remember(self, blocks: list[int], from_main: bool) -> None:
         ghost, hashes = self._ghost, self._hashes
         for b in blocks:
-            ghost[hashes[b]] = None  # type: ignore[index]  # evicted blocks still carry their hash here
+            # A hash ghosted twice counts once, as from where it left last.
+            self.ghosted_main += from_main - ghost.pop(hashes[b], False)  # type: ignore[arg-type]  # hashed
+            ghost[hashes[b]] = from_main  # type: ignore[index]  # evicted blocks still carry their hash here
         for _ in range(len(ghost) - self._ghost_cap):
-            del ghost[next(iter(ghost))]
+            self.ghosted_main -= ghost.popitem(last=False)[1]
 
     def check_invariants(self) -> None:
         """Both queues' invariants, no block in both, a bounded ghost."""
@@ -136,3 +179,5 @@ class S3FIFO:
         both = [b for b in range(len(self._hashes)) if self.small.is_stamped(b) and self.main.is_stamped(b)]
         assert not both, f"blocks stamped in both queues: {both[:10]}"
         assert len(self._ghost) <= self._ghost_cap, f"ghost holds {len(self._ghost)} > {self._ghost_cap}"
+        from_main = sum(self._ghost.values())
+        assert from_main == self.ghosted_main, f"ghost: {from_main} hashes from main, counter {self.ghosted_main}"

@@ -20,7 +20,10 @@ machine, measured in one run, GB/s:
   is what the agent's serve does: allocate (an engine job), TransferPlane.receive (the stream, off
   the engine thread), land (an engine job); all three are timed. Also reported: "stream only"
   (receive alone: the owner's pin and unpin jobs are still in it) and the requester's engine-job
-  milliseconds per pull (allocate + land, mostly waiting for the step in progress).
+  milliseconds per pull (allocate + land, mostly waiting for the step in progress);
+- pull_mac (with --mac): the same pull with every chunk MAC'd (TransferConfig.mac: the agent's
+  --transfer-mac), through a second plane of the same requester agent, in the same trials, so its
+  ratios to raw_ucxx and to pull share the machine's state of the moment.
 
 The UCX settings are ucx_env()'s unless the environment sets them (an operator's values win), so
 the configuration before issue 25 is measured with
@@ -36,7 +39,7 @@ rotates from trial to trial, so all four share the machine's state of the moment
 baseline of the same trial. Reported: medians over --trials trials (at least 5), spread (min, max).
 The sizes are capped by --max-bytes (256 MiB by default; skipped sizes are listed).
 Prints a table, then writes bench/results/transfer.json with the machine's description.
-Run: ``python bench/transfer.py [--max-bytes N] [--trials T]``.
+Run: ``python bench/transfer.py [--max-bytes N] [--trials T] [--mac]``.
 """
 
 import argparse
@@ -54,7 +57,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -78,7 +81,8 @@ from tests.support.tiny_model import SOURCE
 from tests.support.transfer_owner import SECRET
 
 SIZES = (64 << 10, 1 << 20, 16 << 20, 256 << 20)
-COLUMNS = ("socket", "mooncake", "raw_ucxx", "pull")
+COLUMNS = ("socket", "mooncake", "raw_ucxx", "pull", "pull_mac")
+PULLS = ("pull", "pull_mac")
 BLOCK_BYTES = 64 << 10
 BUSY_REQUESTS = 2
 """Requests the engine of each agent keeps decoding while pulls run (--busy)."""
@@ -102,9 +106,12 @@ class BusyAgent:
     runner: EngineRunner
     plane: TransferPlane
     busy: list[asyncio.Task[None]]
+    mac_plane: TransferPlane | None = None
+    """The plane of the same agent with --transfer-mac (pulls only: nothing serves from it)."""
 
     @classmethod
-    async def start(cls, node: NodeId, num_blocks: int, busy: int) -> "BusyAgent":
+    async def start(cls, node: NodeId, num_blocks: int, busy: int, mac: bool = False) -> "BusyAgent":
+        """`mac`: also build `mac_plane`."""
         model = await asyncio.to_thread(SOURCE.load)
         probe = EngineConfig(block_size=1, model_id=SOURCE.identity())
         per_token = Engine(model, probe).layout.block_bytes  # tiny: a throwaway engine of 1-token blocks
@@ -117,7 +124,10 @@ class BusyAgent:
                              pull_timeout_s=120.0)
         plane = make_transfer_plane(engine.memory.gpu, engine.layout, config, runner.call)
         await plane.start()
-        return cls(engine, runner, plane, [asyncio.create_task(keep_busy(runner, i)) for i in range(busy)])
+        mac_plane = make_transfer_plane(engine.memory.gpu, engine.layout, replace(config, transfer_mac=True),
+                                        runner.call) if mac else None
+        return cls(engine, runner, plane, [asyncio.create_task(keep_busy(runner, i)) for i in range(busy)],
+                   mac_plane)
 
     def check(self) -> None:
         """Raise what stopped a busy request loop: a bench whose engine went idle measures nothing."""
@@ -131,6 +141,8 @@ class BusyAgent:
             t.cancel()
         await asyncio.gather(*self.busy, return_exceptions=True)
         await self.plane.stop()
+        if self.mac_plane is not None:
+            await self.mac_plane.stop()
         await self.runner.close()
 
 
@@ -313,6 +325,13 @@ class Columns:
         await received
 
     async def pull(self, nbytes: int) -> None:
+        await self._pull(self.agent.plane, nbytes)
+
+    async def pull_mac(self, nbytes: int) -> None:
+        assert self.agent.mac_plane is not None
+        await self._pull(self.agent.mac_plane, nbytes)
+
+    async def _pull(self, plane: TransferPlane, nbytes: int) -> None:
         """Allocate (an engine job), stream (TransferPlane.receive: off the engine thread), land (an
         engine job), as the agent's serve does; the stream alone is timed too (`stream_s`)."""
         hashes = hashes_for(nbytes // BLOCK_BYTES)
@@ -323,7 +342,7 @@ class Columns:
         self.jobs_s += streaming - start
         received = 0
         try:
-            pulled = await self.agent.plane.receive(OWNER, self.owner_address, hashes, blocks)
+            pulled = await plane.receive(OWNER, self.owner_address, hashes, blocks)
             received = len(pulled.block_ids)
         finally:
             landing = time.perf_counter()
@@ -334,7 +353,9 @@ class Columns:
 
     def runs(self) -> dict[str, Callable[[int], Awaitable[None]]]:
         every = {"socket": self.socket, "mooncake": self.mooncake_read, "raw_ucxx": self.raw_ucxx,
-                 "pull": self.pull}
+                 "pull": self.pull, "pull_mac": self.pull_mac}
+        if self.agent.mac_plane is None:
+            self.skipped["pull_mac"] = "run with --mac"
         return {k: v for k, v in every.items() if k not in self.skipped}
 
 
@@ -350,7 +371,7 @@ def spread(values: list[float]) -> dict[str, float]:
             "max": round(max(values), 3)}
 
 
-async def measure(max_bytes: int, trials: int, busy: int) -> dict[str, Any]:
+async def measure(max_bytes: int, trials: int, busy: int, mac: bool) -> dict[str, Any]:
     sizes = [s for s in SIZES if s <= max_bytes]
     top = max(sizes)
     peer_conn, child = CTX.Pipe()
@@ -362,7 +383,7 @@ async def measure(max_bytes: int, trials: int, busy: int) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     socket_port, mooncake = await loop.run_in_executor(None, peer_conn.recv)
     owner_address = await loop.run_in_executor(None, owner_conn.recv)
-    agent = await BusyAgent.start(REQUESTER, top // BLOCK_BYTES + SPARE_BLOCKS, busy)
+    agent = await BusyAgent.start(REQUESTER, top // BLOCK_BYTES + SPARE_BLOCKS, busy, mac)
     cols = Columns(top, peer_conn, owner_address, agent)
     await cols.connect(socket_port, mooncake)
     runs = cols.runs()
@@ -374,24 +395,27 @@ async def measure(max_bytes: int, trials: int, busy: int) -> dict[str, Any]:
         for run in runs.values():  # warm: connections, endpoints, staging, first touch
             await run(size)
         rates: dict[str, list[float]] = {c: [] for c in runs}
-        stream: list[float] = []
+        stream: dict[str, list[float]] = {c: [] for c in PULLS if c in runs}
         jobs_ms: list[float] = []
         names = list(runs)
         for trial in range(trials):
             for c in names[trial % len(names):] + names[: trial % len(names)]:
                 cols.stream_s = cols.jobs_s = 0.0
                 rates[c].append(await rate(size, reps, runs[c]))
+                if c in stream:
+                    stream[c].append(size * reps / cols.stream_s / 1e9)
                 if c == "pull":
-                    stream.append(size * reps / cols.stream_s / 1e9)
                     jobs_ms.append(cols.jobs_s / reps * 1e3)
         row: dict[str, Any] = {"bytes": size, "reps": reps}
         for c in runs:
             row[c] = spread(rates[c])
-        row["pull_stream"] = spread(stream)
+        for c, values in stream.items():
+            row[f"{c}_stream"] = spread(values)
         row["pull_engine_jobs_ms"] = spread(jobs_ms)
-        for base in ("socket", "mooncake", "raw_ucxx"):
-            if base in runs:
-                row[f"pull_vs_{base}"] = spread([p / b for p, b in zip(rates["pull"], rates[base], strict=True)])
+        for c in stream:
+            for base in ("socket", "mooncake", "raw_ucxx", "pull"):
+                if base in runs and base != c:
+                    row[f"{c}_vs_{base}"] = spread([p / b for p, b in zip(rates[c], rates[base], strict=True)])
         out["sizes"][str(size)] = row
         agent.check()
         print(f"{size >> 10:>8d} KiB  " + "  ".join(f"{c} {row[c]['median']:.3f}" for c in runs), flush=True)
@@ -431,7 +455,8 @@ def print_table(result: dict[str, Any]) -> None:
 
     engines = f"engines busy with {result['busy_requests']} requests each" if result["busy_requests"] else "engines idle"
     table = Table(title=f"GB/s, medians of {result['trials']} interleaved trials [min-max]; pull: {engines}")
-    for col in ("size", *COLUMNS, "pull/socket", "pull/mooncake", "pull/raw_ucxx", "stream only", "jobs ms/pull"):
+    for col in ("size", *COLUMNS, "pull/socket", "pull/mooncake", "pull/raw_ucxx", "pull_mac/raw_ucxx",
+                "pull_mac/pull", "stream only", "jobs ms/pull"):
         table.add_column(col, justify="right")
     for size, row in result["sizes"].items():
         n = int(size)
@@ -439,8 +464,9 @@ def print_table(result: dict[str, Any]) -> None:
         cells = [label]
         for c in COLUMNS:
             cells.append(f"{row[c]['median']:.2f} [{row[c]['min']:.2f}-{row[c]['max']:.2f}]" if c in row else "skipped")
-        for base in ("socket", "mooncake", "raw_ucxx"):
-            r = row.get(f"pull_vs_{base}")
+        for ratio in ("pull_vs_socket", "pull_vs_mooncake", "pull_vs_raw_ucxx", "pull_mac_vs_raw_ucxx",
+                      "pull_mac_vs_pull"):
+            r = row.get(ratio)
             cells.append(f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]" if r else "-")
         st = row["pull_stream"]
         cells.append(f"{st['median']:.2f} [{st['min']:.2f}-{st['max']:.2f}]")
@@ -458,6 +484,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5, help="interleaved trials per size (>= 5)")
     parser.add_argument("--busy", type=int, default=BUSY_REQUESTS,
                         help="requests each agent's engine keeps decoding (0: idle engines, not the production path)")
+    parser.add_argument("--mac", action="store_true",
+                        help="also measure pull_mac: the pull with every chunk MAC'd (TransferConfig.mac)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "transfer.json")
     args = parser.parse_args()
     if args.trials < 5:
@@ -468,7 +496,7 @@ def main() -> None:
     desc = machine()
     start = time.perf_counter()
     result = {"machine": desc, "trials": args.trials, "block_bytes": BLOCK_BYTES, "busy_requests": args.busy,
-              **asyncio.run(measure(args.max_bytes, args.trials, args.busy))}
+              "mac": args.mac, **asyncio.run(measure(args.max_bytes, args.trials, args.busy, args.mac))}
     result["seconds"] = round(time.perf_counter() - start, 1)
     print_table(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)

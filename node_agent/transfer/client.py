@@ -12,10 +12,14 @@ the caller recomputes the rest. Blocks that did not arrive intact go back to the
 
 Nothing the owner says sizes anything here: the blocks are allocated before asking, the header
 must announce the chunk size the request asked for and at most the blocks allocated, and every
-chunk must arrive in order with exactly its share of bytes (and its MAC, when asked).
+chunk must arrive in order with exactly its share of bytes (and its MAC, when asked). Request,
+header and chunk MACs are bound to the channel's session and to this request (transfer.binding).
+Checksums and MACs of large chunks are verified on a worker thread (hashlib, zlib and Poly1305
+release the GIL), so the event loop keeps receiving the next chunk meanwhile.
 """
 
 import asyncio
+import hmac
 import itertools
 import logging
 import time
@@ -30,9 +34,15 @@ from radixmesh.kernels import scatter_blocks
 from radixmesh.node_agent.engine.paged_memory import allocate_up_to
 from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.transfer import Serial, run_inline
-from radixmesh.node_agent.transfer.checksum import DEFAULT_CHECKSUM, checksum_by_name, chunk_mac
+from radixmesh.node_agent.transfer.checksum import (
+    DEFAULT_CHECKSUM,
+    OFF_LOOP_BYTES,
+    checksum_by_name,
+    chunk_mac,
+)
 from radixmesh.node_agent.transfer.protocol import (
     MAX_CHUNK_BYTES,
+    ChunkTrailer,
     PullHeader,
     PullRequest,
     Status,
@@ -53,7 +63,8 @@ from radixmesh.proto.kv_layout import KVLayout
 logger = logging.getLogger(__name__)
 
 _PULL_IDS = itertools.count(1)
-"""Process-wide: pull ids name payload messages on the process's one UCX worker, shared by every client."""
+"""Process-wide, so a pull id names one pull in logs and replies; the UCX tags of a pull are secret
+(binding.BoundPull.tag_base), so a predictable id gives nobody a way into a pull."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +222,7 @@ class TransferClient:
                     if (trailer.pull_id, trailer.index, trailer.nbytes, payload.numel()) != (
                             header.pull_id, index, nbytes, nbytes):
                         raise _Refused(PullOutcome.INVALID_ARGUMENT, f"chunk {index}: out of order or not {nbytes} bytes")
-                    if self._checksum.of_tensor(payload) != trailer.checksum or (
-                            self.config.mac and chunk_mac(channel.session.key, header.pull_id, index, payload) != trailer.mac):
+                    if not await self._intact(channel.pull.chunk_key, index, payload, trailer):
                         raise _Refused(PullOutcome.CHECKSUM_MISMATCH, f"chunk {trailer.index} corrupted")
                     index += 1
                     buf = payload.view(self.layout.torch_dtype).view(n, *self.layout.block_shape)
@@ -239,6 +249,19 @@ class TransferClient:
         """Close every channel."""
         for node in list(self._channels):
             await self._drop_channel(node)
+
+    async def _intact(self, chunk_key: bytes, index: int, payload: torch.Tensor, trailer: ChunkTrailer) -> bool:
+        """Whether the chunk matches its trailer's checksum and, when asked, its MAC; off the loop when
+        there is work to do on a large chunk."""
+        work = self.config.mac or self._checksum.name != "none"
+        if work and payload.numel() >= OFF_LOOP_BYTES:
+            return await asyncio.to_thread(self._verify, chunk_key, index, payload, trailer)
+        return self._verify(chunk_key, index, payload, trailer)
+
+    def _verify(self, chunk_key: bytes, index: int, payload: torch.Tensor, trailer: ChunkTrailer) -> bool:
+        if self._checksum.of_tensor(payload) != trailer.checksum:
+            return False
+        return not self.config.mac or hmac.compare_digest(chunk_mac(chunk_key, index, payload), trailer.mac)
 
     def _request(self, hashes: Sequence[BlockHash], max_blocks: int) -> PullRequest:
         return PullRequest(next(_PULL_IDS), self._fingerprint, tuple(hashes), max_blocks,

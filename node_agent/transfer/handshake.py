@@ -13,7 +13,8 @@ travels::
 The requester names the owner it expects (the node the metadata service said holds the blocks), so
 a host that took over that node's address cannot answer the challenge; the owner refuses a HELLO
 that names another node. Both then share a session key, HMAC(session_owner, "session" ‖ T) with
-session_owner = ClusterSecret.key(TRANSFER_SESSION, owner), which keys the optional per-chunk MAC.
+session_owner = ClusterSecret.key(TRANSFER_SESSION, owner), which binds every message of their pulls
+(the requester's UCX worker address included) to this handshake: transfer.binding.
 Neither key is the node's metadata bearer token (another purpose's key), so a token sniffed from a
 heartbeat without TLS neither passes this handshake nor yields a session key.
 
@@ -48,7 +49,7 @@ class HandshakeError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """An authenticated pair: `peer` proved its credential; `key` keys the chunk MACs of its pulls."""
+    """An authenticated pair: `peer` proved its credential; `key` binds its pulls (transfer.binding)."""
 
     peer: NodeId
     key: bytes
@@ -117,6 +118,12 @@ class RequesterHandshake:
         """The Ray transport's hello and proof in one message (no owner nonce: see the module doc)."""
         t = _transcript(self._me, self._owner, self._nonce_r, b"")
         return self.hello() + _mac(_proof_key(self._secret, self._me), b"requester", t)
+
+    def one_shot_session(self) -> Session:
+        """The session of the one-shot transcript, before the owner proved anything: it seals the
+        request that travels with `one_shot()`; check_owner() then authenticates it."""
+        t = _transcript(self._me, self._owner, self._nonce_r, b"")
+        return Session(self._owner, _session_key(self._secret, self._owner, t))
 
     def check_owner(self, proof: bytes) -> Session:
         """The Ray transport: check the owner's proof over the one-shot transcript."""

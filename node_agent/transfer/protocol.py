@@ -9,8 +9,9 @@ A pull, from the requester's side, once the handshake (transfer.handshake) authe
                                                <- ...       (chunks of `chunk_blocks` blocks)
 
 Payload bytes travel on the transport's data path (UCX tagged messages, Ray objects); these small
-messages travel on its control path. Every field has a fixed width, so a decoder can reject a
-malformed or truncated message with `ProtocolError` before acting on it.
+messages travel on its control path, request and header sealed to the session (transfer.binding).
+Every field has a fixed width, so a decoder can reject a malformed or truncated message with
+`ProtocolError` before acting on it.
 """
 
 import asyncio
@@ -63,7 +64,7 @@ class PullRequest:
     """Ask a peer for the longest prefix of `hashes` it holds, at most `max_blocks` of it."""
 
     pull_id: int
-    """Unique among the requester's pulls; names the payload messages (UCX tags)."""
+    """Unique among the requester's pulls: its header and trailers name it."""
     fingerprint: str
     """KVLayout.fingerprint() of the requester; the owner refuses any other layout."""
     hashes: tuple[BlockHash, ...]
@@ -72,8 +73,8 @@ class PullRequest:
     """The requester's staging size; the owner sends chunks of max(1, chunk_bytes // block_bytes) blocks."""
     checksum: str
     mac: bool = False
-    """Ask for a keyed MAC of every chunk (the session key of the handshake): integrity against
-    anyone but the authenticated owner, where `checksum` only catches accidents."""
+    """Ask for a keyed MAC of every chunk (checksum.chunk_mac, keyed by the session and this request):
+    integrity against anyone but the authenticated owner, where `checksum` only catches accidents."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +112,10 @@ def chunk_plan(found: int, chunk_blocks: int) -> list[tuple[int, int]]:
     return [(s, min(chunk_blocks, found - s)) for s in range(0, found, chunk_blocks)]
 
 
-def payload_tag(pull_id: int, index: int) -> int:
-    """64-bit tag of chunk `index`: pull ids own the high 44 bits, chunk indexes the low 20."""
-    return ((pull_id & ((1 << 44) - 1)) << 20) | (index & ((1 << 20) - 1))
+def payload_tag(pull: int, index: int) -> int:
+    """64-bit UCX tag of chunk `index` of the pull whose secret tag base is `pull`
+    (binding.BoundPull.tag_base): the base owns the high 44 bits, chunk indexes the low 20."""
+    return ((pull & ((1 << 44) - 1)) << 20) | (index & ((1 << 20) - 1))
 
 
 # Fixed-width heads; variable parts (token, strings, hashes) follow with their lengths in the head.
@@ -181,12 +183,15 @@ async def write_frame(writer: asyncio.StreamWriter, kind: Kind, body: bytes) -> 
     await writer.drain()
 
 
-async def read_frame(reader: asyncio.StreamReader, expect: Kind, limit: int = MAX_FRAME_BYTES) -> bytes:
+async def read_frame(reader: asyncio.StreamReader, expect: Kind, limit: int = MAX_FRAME_BYTES,
+                     head_timeout_s: float | None = None) -> bytes:
     """Read one frame of kind `expect`; ProtocolError on another kind or a frame over `limit` bytes.
 
-    asyncio.IncompleteReadError (a subclass of EOFError) means the peer closed the connection.
+    asyncio.IncompleteReadError (a subclass of EOFError) means the peer closed the connection;
+    TimeoutError that the frame's 5-byte head did not arrive within `head_timeout_s` (None: no bound).
     """
-    n, kind = _FRAME.unpack(await reader.readexactly(_FRAME.size))
+    async with asyncio.timeout(head_timeout_s):
+        n, kind = _FRAME.unpack(await reader.readexactly(_FRAME.size))
     if n > limit:
         raise ProtocolError(f"frame of {n} bytes exceeds {limit}")
     body = await reader.readexactly(n)

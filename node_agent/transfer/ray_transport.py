@@ -7,8 +7,10 @@ generator (`serve_pull`): the header, then one
 i+1. The owner's pins are held inside the generator and released in its `finally`, which Ray runs
 when the stream ends, fails, or its consumer goes away.
 
-Each call carries the requester's one-shot handshake (transfer.handshake) before the request; the
-owner answers its own proof with the header, so each side knows the other holds its node credential.
+Each call carries the requester's one-shot handshake (transfer.handshake) before the request, sealed
+to the session that handshake makes (transfer.binding: each call is a session of its own); the
+owner answers its own proof with the header, sealed to that request, so each side knows the other
+holds its node credential and answers this very request.
 """
 
 import asyncio
@@ -22,6 +24,7 @@ import ray
 import torch
 
 from radixmesh.node_agent.transfer import Serial, run_inline
+from radixmesh.node_agent.transfer.binding import BindingError, SessionBinding, open_header, seal_header
 from radixmesh.node_agent.transfer.handshake import (
     HandshakeError,
     NodeIdentity,
@@ -64,28 +67,29 @@ def encode_call(auth: bytes, request: bytes) -> bytes:
 
 async def serve_pull(source: TransferSource, message: bytes, identity: NodeIdentity, guard: ReplayGuard,
                      serial: Serial = run_inline) -> AsyncIterator[Any]:
-    """One pull as an actor's streaming generator: (owner proof, encoded header), then (encoded
-    trailer, uint8 payload array) per chunk. A requester that does not prove its credential gets
-    an UNAUTHENTICATED header and no proof, before anything is decoded or pinned. Pinning and
-    unpinning run through `serial` (the node agent passes its engine thread); the pins are released
-    however the stream ends, consumer gone included."""
+    """One pull as an actor's streaming generator: (owner proof, sealed header), then (encoded
+    trailer, uint8 payload array) per chunk. A requester that does not prove its credential, or whose
+    request is not sealed to its session, gets an UNAUTHENTICATED header and no proof, before
+    anything is decoded or pinned. Pinning and unpinning run through `serial` (the node agent passes
+    its engine thread); the pins are released however the stream ends, consumer gone included."""
     try:
         (n,) = _AUTH_LEN.unpack_from(message)
         if n > MAX_HANDSHAKE_FRAME_BYTES or len(message) < _AUTH_LEN.size + n:
             raise HandshakeError("malformed handshake")
         proof, session = OwnerHandshake(identity.secret, identity.node_id).one_shot(
             message[_AUTH_LEN.size : _AUTH_LEN.size + n], guard)
-    except (HandshakeError, struct.error) as e:
-        yield b"", encode_header(PullHeader(0, Status.UNAUTHENTICATED, 0, "", 0, 1, str(e)))
+        body, bound = SessionBinding(session).open_request(message[_AUTH_LEN.size + n :])
+    except (HandshakeError, BindingError, struct.error) as e:
+        yield b"", seal_header(None, encode_header(PullHeader(0, Status.UNAUTHENTICATED, 0, "", 0, 1, str(e))))
         return
     try:
-        req = decode_request(message[_AUTH_LEN.size + n :])
+        req = decode_request(body)
     except ProtocolError as e:
-        yield proof, encode_header(PullHeader(0, Status.INVALID_ARGUMENT, 0, "", 0, 1, str(e)))
+        yield proof, seal_header(bound, encode_header(PullHeader(0, Status.INVALID_ARGUMENT, 0, "", 0, 1, str(e))))
         return
-    pull: OpenPull = await serial(source.open, req, session)
+    pull: OpenPull = await serial(source.open, req, bound.chunk_session)
     try:
-        yield proof, encode_header(pull.header)
+        yield proof, seal_header(bound, encode_header(pull.header))
         if pull.header.status is Status.OK:
             for trailer, payload in pull.chunks():
                 # Yielding copies the payload into the object store before the generator resumes,
@@ -108,19 +112,18 @@ class RayChannel(PeerChannel):
 
     async def request(self, request: PullRequest) -> PullHeader:
         handshake = RequesterHandshake(self._identity.secret, self._identity.node_id, self._owner)
-        call = encode_call(handshake.one_shot(), encode_request(request))
-        self._stream = self._actor.pull.options(num_returns="streaming").remote(call)
+        sealed, self.pull = SessionBinding(handshake.one_shot_session()).seal_request(encode_request(request))
+        self._stream = self._actor.pull.options(num_returns="streaming").remote(encode_call(handshake.one_shot(), sealed))
         try:
             proof, raw = await self._next()
-            header = decode_header(raw)
+            if not proof:  # refused before the owner proved anything: nothing it says is authentic
+                raise PeerUnauthenticated(f"{self._owner} refused our credential or our request")
+            handshake.check_owner(proof)
+            header = decode_header(open_header(self.pull, raw))
+        except (HandshakeError, BindingError) as e:
+            raise PeerUnauthenticated(str(e)) from e
         except (ProtocolError, TypeError, ValueError) as e:
             raise TransportError(f"bad header from transfer actor: {e}") from e
-        if header.status is Status.UNAUTHENTICATED:
-            raise PeerUnauthenticated(f"{self._owner} refused our credential: {header.message}")
-        try:
-            self.session = handshake.check_owner(proof)
-        except HandshakeError as e:
-            raise PeerUnauthenticated(str(e)) from e
         if header.pull_id != request.pull_id and header.status is Status.OK:
             raise TransportError(f"header for pull {header.pull_id}, expected {request.pull_id}")
         return header

@@ -6,18 +6,24 @@ are served concurrently. See ucx_transport for why control and payload travel se
 
 A connection does no work before its requester is authenticated (transfer.handshake): frames stay
 small (MAX_HANDSHAKE_FRAME_BYTES), the whole handshake has `handshake_timeout_s`, and only then is
-a UCX endpoint created from the address the requester sent. At most `max_connections` are open; one
-past that is closed at once, so idle or slow peers cannot exhaust the owner.
+a UCX endpoint created from the address the requester sent (sealed to the session: transfer.binding).
+At most `max_connections` are open. Connections not yet authenticated, which anyone who reaches the
+port can open, live under their own smaller caps (PreAuthLimits): per source address and in all,
+and one that sends nothing is closed after a short first-byte timeout. So silent sockets from one
+host cannot fill the server, and however many hosts open them, authenticated peers keep
+`max_connections - PreAuthLimits.total` slots.
 """
 
 import asyncio
 import logging
-from collections import deque
+from collections import Counter, deque
+from dataclasses import dataclass
 from typing import Any
 
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.transfer import Serial, run_inline, ucx_progress
-from radixmesh.node_agent.transfer.handshake import PROOF_BYTES, HandshakeError, OwnerHandshake, Session
+from radixmesh.node_agent.transfer.binding import BindingError, BoundPull, SessionBinding, seal_header
+from radixmesh.node_agent.transfer.handshake import PROOF_BYTES, HandshakeError, OwnerHandshake
 from radixmesh.node_agent.transfer.protocol import (
     MAX_HANDSHAKE_FRAME_BYTES,
     Kind,
@@ -42,6 +48,24 @@ ABORT_PERIOD_NS = 100_000_000
 peer is dead, with the pins still held)."""
 
 
+@dataclass(frozen=True, slots=True)
+class PreAuthLimits:
+    """Bounds on connections that have not authenticated yet: what anyone who reaches the port costs."""
+
+    first_byte_timeout_s: float = 1.0
+    """An honest requester's HELLO leaves with its connection; a socket that sends no frame head this
+    long is closed (the rest of the handshake still has handshake_timeout_s)."""
+    per_source: int = 16
+    """Unauthenticated connections from one address at once; more are closed on arrival. Agents of
+    one host handshake with an owner one connection each, rarely at the same moment."""
+    total: int = 64
+    """Unauthenticated connections at once, from all addresses; less than max_connections."""
+
+    def __post_init__(self) -> None:
+        if self.first_byte_timeout_s <= 0 or not 1 <= self.per_source <= self.total:
+            raise ValueError(f"first_byte_timeout_s must be positive and 1 <= per_source <= total, got {self}")
+
+
 class TransferServer:
     """Listens on `host:port` (port 0: any free port, see `port` after start()).
 
@@ -52,7 +76,8 @@ class TransferServer:
 
     def __init__(self, source: TransferSource, host: str, port: int = 0, *, secret: ClusterSecret,
                  node_id: NodeId, send_timeout_s: float = 30.0, handshake_timeout_s: float = 5.0,
-                 max_connections: int = 256, loopback: bool = False, serial: Serial = run_inline):
+                 max_connections: int = 256, pre_auth: PreAuthLimits = PreAuthLimits(),
+                 loopback: bool = False, serial: Serial = run_inline):
         if min(send_timeout_s, handshake_timeout_s) <= 0 or max_connections < 1:
             raise ValueError("send_timeout_s and handshake_timeout_s must be positive, max_connections >= 1")
         self.source = source
@@ -60,6 +85,9 @@ class TransferServer:
         self.node_id = node_id
         self._handshake_timeout_s = handshake_timeout_s
         self._max_connections = max_connections
+        self._pre_auth = pre_auth
+        self._pending: Counter[str] = Counter()
+        """Unauthenticated connections by source address."""
         # Pinning and unpinning go through `serial` (the node agent's engine thread: its pool is not
         # thread-safe); gathering stays here, as it only reads pinned blocks nobody may write.
         self._serial = serial
@@ -74,7 +102,10 @@ class TransferServer:
         self.pulls_served = 0
         self.pulls_failed = 0
         self.refused_connections = 0
-        """Connections closed before any work: over the cap, or not authenticated."""
+        """Connections closed before any work: over a cap, silent, not authenticated, or whose
+        request was not bound to their session."""
+        self.silent_connections = 0
+        """Of those, closed for sending nothing within PreAuthLimits.first_byte_timeout_s."""
 
     async def start(self) -> int:
         """Start listening; returns the bound port."""
@@ -102,7 +133,9 @@ class TransferServer:
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if len(self._handlers) >= self._max_connections:
+        source = str(writer.get_extra_info("peername", ("",))[0])
+        if (len(self._handlers) >= self._max_connections or self._pending[source] >= self._pre_auth.per_source
+                or self._pending.total() >= self._pre_auth.total):
             self.refused_connections += 1
             writer.close()
             return
@@ -113,40 +146,24 @@ class TransferServer:
         # watcher per connection: cancelling it would cancel the connection's close future itself.
         hangup = asyncio.ensure_future(writer.wait_closed())
         try:
+            self._pending[source] += 1
             try:
                 async with asyncio.timeout(self._handshake_timeout_s):
-                    session, address = await self._authenticate(reader, writer)
-            except (HandshakeError, TimeoutError, ProtocolError, EOFError) as e:
+                    binding, address = await self._authenticate(reader, writer)
+            except (HandshakeError, BindingError, TimeoutError, ProtocolError, EOFError) as e:
                 self.refused_connections += 1
-                logger.warning("transfer connection refused: %r", e)
+                logger.warning("transfer connection from %s refused: %r", source, e)
                 return
+            finally:
+                self._pending[source] -= 1
+                if not self._pending[source]:
+                    del self._pending[source]
             ep = await self._ucxx.create_endpoint_from_worker_address(
                 self._ucxx.get_ucx_address_from_buffer(address))
             ucx_progress.nudge(self._ucxx)  # ucxx progressed the worker itself: re-arm it
             await write_frame(writer, Kind.HELLO_OK, b"")
-            while True:
-                body = await read_frame(reader, Kind.REQUEST)
-                try:
-                    request = decode_request(body)
-                except ProtocolError as e:
-                    bad = PullHeader(0, Status.INVALID_ARGUMENT, 0, "", 0, 1, str(e))
-                    await write_frame(writer, Kind.HEADER, encode_header(bad))
-                    continue
-                self._active_pulls += 1
-                try:
-                    pull: OpenPull = await self._serial(self.source.open, request, session)
-                    try:
-                        await write_frame(writer, Kind.HEADER, encode_header(pull.header))
-                        if pull.header.status is Status.OK and pull.header.found:
-                            await self._send_watched(pull, ep, writer, hangup)
-                            pull.delivered()
-                        self.pulls_served += 1
-                    finally:
-                        await self._serial(pull.close)
-                finally:
-                    async with self._idle:
-                        self._active_pulls -= 1
-                        self._idle.notify_all()
+            while await self._serve_one(binding, reader, writer, ep, hangup):
+                pass
         except (EOFError, OSError, ProtocolError, TimeoutError, self._ucxx.exceptions.UCXError) as e:
             # EOF is the normal end of a connection; anything else ends it too, pins released above.
             if not isinstance(e, EOFError):
@@ -160,21 +177,63 @@ class TransferServer:
             await asyncio.gather(hangup, return_exceptions=True)
             self._handlers.discard(task)
 
+    async def _serve_one(self, binding: SessionBinding, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter, ep: Any, hangup: "asyncio.Future[None]") -> bool:
+        """Read and serve the connection's next request; False when the connection must end (its
+        request was not bound to the session: someone in the middle altered or replayed it)."""
+        sealed = await read_frame(reader, Kind.REQUEST)
+        try:
+            body, bound = binding.open_request(sealed)
+        except BindingError as e:
+            self.refused_connections += 1
+            logger.warning("transfer request refused, connection closed: %s", e)
+            refusal = PullHeader(0, Status.UNAUTHENTICATED, 0, "", 0, 1, str(e))
+            await write_frame(writer, Kind.HEADER, seal_header(None, encode_header(refusal)))
+            return False
+        try:
+            request = decode_request(body)
+        except ProtocolError as e:
+            bad = PullHeader(0, Status.INVALID_ARGUMENT, 0, "", 0, 1, str(e))
+            await write_frame(writer, Kind.HEADER, seal_header(bound, encode_header(bad)))
+            return True
+        self._active_pulls += 1
+        try:
+            pull: OpenPull = await self._serial(self.source.open, request, bound.chunk_session)
+            try:
+                await write_frame(writer, Kind.HEADER, seal_header(bound, encode_header(pull.header)))
+                if pull.header.status is Status.OK and pull.header.found:
+                    await self._send_watched(pull, bound, ep, writer, hangup)
+                    pull.delivered()
+                self.pulls_served += 1
+            finally:
+                await self._serial(pull.close)
+        finally:
+            async with self._idle:
+                self._active_pulls -= 1
+                self._idle.notify_all()
+        return True
+
     async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-                            ) -> tuple[Session, bytes]:
-        """The handshake; (session, the requester's UCX worker address). HandshakeError when the
-        requester does not prove its credential."""
+                            ) -> tuple[SessionBinding, bytes]:
+        """The handshake; (the session's binding, the requester's UCX worker address). HandshakeError
+        when the requester does not prove its credential, BindingError when its address was altered,
+        TimeoutError when it sends nothing within the first-byte timeout."""
         handshake = OwnerHandshake(self._secret, self.node_id)
-        hello = await read_frame(reader, Kind.HELLO, MAX_HANDSHAKE_FRAME_BYTES)
+        try:
+            hello = await read_frame(reader, Kind.HELLO, MAX_HANDSHAKE_FRAME_BYTES,
+                                     head_timeout_s=self._pre_auth.first_byte_timeout_s)
+        except TimeoutError:
+            self.silent_connections += 1
+            raise
         await write_frame(writer, Kind.CHALLENGE, handshake.challenge(hello))
         auth = await read_frame(reader, Kind.AUTH, MAX_HANDSHAKE_FRAME_BYTES)
-        session = handshake.verify(auth[:PROOF_BYTES])
-        return session, auth[PROOF_BYTES:]
+        binding = SessionBinding(handshake.verify(auth[:PROOF_BYTES]))
+        return binding, binding.open_address(auth[PROOF_BYTES:])
 
-    async def _send_watched(self, pull: OpenPull, ep: Any, writer: asyncio.StreamWriter,
+    async def _send_watched(self, pull: OpenPull, bound: BoundPull, ep: Any, writer: asyncio.StreamWriter,
                             hangup: "asyncio.Future[None]") -> None:
         """Send `pull`, ending it early when the requester hangs up or the send times out."""
-        send = asyncio.ensure_future(self._send(pull, ep, writer))
+        send = asyncio.ensure_future(self._send(pull, bound, ep, writer))
         done, _ = await asyncio.wait({send, hangup}, timeout=self._send_timeout_s,
                                      return_when=asyncio.FIRST_COMPLETED)
         if send in done:
@@ -186,12 +245,15 @@ class TransferServer:
             raise ConnectionResetError("requester hung up mid-pull")
         raise TimeoutError(f"pull {pull.header.pull_id} not sent within {self._send_timeout_s} s")
 
-    async def _send(self, pull: OpenPull, ep: Any, writer: asyncio.StreamWriter) -> None:
-        # At most two sends in flight: the next chunk is gathered and checksummed while one is sent.
+    async def _send(self, pull: OpenPull, bound: BoundPull, ep: Any, writer: asyncio.StreamWriter) -> None:
+        # At most two sends in flight: the next chunk is gathered and checksummed while one is sent,
+        # on a worker thread when that costs (OpenPull.off_loop), so UCX progresses the send meanwhile.
         inflight: deque[asyncio.Future[Any]] = deque()
+        chunks = pull.chunks()
         try:
-            for trailer, payload in pull.chunks():
-                tag = payload_tag(trailer.pull_id, trailer.index)
+            while (chunk := await asyncio.to_thread(next, chunks, None) if pull.off_loop else next(chunks, None)):
+                trailer, payload = chunk
+                tag = payload_tag(bound.tag_base, trailer.index)
                 inflight.append(ucx_progress.post_send(self._ucxx, ep, wire_buffer(payload), tag))
                 await write_frame(writer, Kind.TRAILER, encode_trailer(trailer))
                 if len(inflight) == 2:

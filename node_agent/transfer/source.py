@@ -3,6 +3,7 @@
 Every transport authenticates the requester first (transfer.handshake) and drives it the same way::
 
     with source.open(request, session) as pull:   # validates, then pins the blocks it still holds
+        # session: binding.BoundPull.chunk_session, the handshake's session narrowed to this pull
         send(pull.header)
         for trailer, payload in pull.chunks():
             send(payload, trailer)          # payload stays valid until the pull is closed
@@ -19,7 +20,7 @@ import torch
 
 from radixmesh.kernels import gather_blocks
 from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.transfer.checksum import CHECKSUMS, checksum_by_name, chunk_mac
+from radixmesh.node_agent.transfer.checksum import CHECKSUMS, OFF_LOOP_BYTES, checksum_by_name, chunk_mac
 from radixmesh.node_agent.transfer.handshake import Session
 from radixmesh.node_agent.transfer.protocol import (
     MAX_CHUNK_BYTES,
@@ -44,7 +45,7 @@ class OpenPull:
 
     def __init__(self, source: "TransferSource", header: PullHeader, blocks: list[BlockId], checksum: str,
                  mac_key: bytes | None = None):
-        """`mac_key`: MAC every chunk with it (the session key); None: no MAC."""
+        """`mac_key`: MAC every chunk with it (the pull's key, binding.BoundPull.chunk_key); None: no MAC."""
         self.header = header
         self.blocks = blocks
         self._source = source
@@ -70,8 +71,15 @@ class OpenPull:
             if self._source.stage_to_host:
                 payload = payload.cpu()
             check = self._checksum.of_tensor(payload)
-            mac = NO_MAC if self._mac_key is None else chunk_mac(self._mac_key, self.header.pull_id, index, payload)
+            mac = NO_MAC if self._mac_key is None else chunk_mac(self._mac_key, index, payload)
             yield ChunkTrailer(self.header.pull_id, index, n * self.header.block_bytes, check, mac), payload
+
+    @property
+    def off_loop(self) -> bool:
+        """Whether each chunk costs enough (checksum or MAC of OFF_LOOP_BYTES or more) to be made
+        on a worker thread; its blocks are pinned, so reading them there is safe."""
+        work = self._mac_key is not None or (self._checksum is not None and self._checksum.name != "none")
+        return work and self.header.chunk_blocks * self.header.block_bytes >= OFF_LOOP_BYTES
 
     def delivered(self) -> None:
         """Every chunk was sent: the requester now holds the blocks too (see TransferSource.handoff)."""
@@ -119,7 +127,8 @@ class TransferSource:
 
     def open(self, request: PullRequest, session: Session) -> OpenPull:
         """Validate `request` of the authenticated `session` and pin the longest prefix of its hashes
-        still cached (at most max_blocks)."""
+        still cached (at most max_blocks). `session.key` keys the chunk MACs when the request asks for
+        them: the transports pass the session narrowed to this one pull (BoundPull.chunk_session)."""
         status, message = self._validate(request)
         if status is not Status.OK:
             logger.info("refused pull %d: %s", request.pull_id, message)

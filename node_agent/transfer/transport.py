@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixmesh.node_agent.transfer.handshake import Session
+from radixmesh.node_agent.transfer.binding import BoundPull
 from radixmesh.node_agent.transfer.protocol import ChunkTrailer, PullHeader, PullRequest
 from radixmesh.proto.ids import NodeId
 
@@ -37,15 +37,17 @@ class PeerUnauthenticated(TransportError):
 class PeerChannel(ABC):
     """An open connection to one peer. Pulls on one channel run one at a time (callers serialise).
 
-    `session` is the authenticated pair of the last handshake (its key checks chunk MACs); a
-    channel has one from `connect` (UCX) or from each `request` (Ray).
+    `pull` is the pull that the last `request` opened, bound to the channel's authenticated session
+    (transfer.binding): its key checks the chunk MACs.
     """
 
-    session: Session
+    pull: BoundPull
 
     @abstractmethod
     async def request(self, request: PullRequest) -> PullHeader:
-        """Send `request` and return the owner's header. Raises TransportError."""
+        """Send `request` sealed to the session and return the owner's header, once it proved to answer
+        this very request. Raises TransportError (PeerUnauthenticated when a message of the pull is not
+        bound to the session: altered or injected in flight)."""
 
     @abstractmethod
     def chunks(self, header: PullHeader) -> AsyncIterator[tuple[ChunkTrailer, torch.Tensor]]:

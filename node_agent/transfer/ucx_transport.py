@@ -3,9 +3,11 @@
 Why not ucxx's own listener: its Python API binds every interface (0.0.0.0), and servers must bind
 only the address they are given. So the control connection is a plain asyncio TCP stream on that
 address; both sides authenticate there (transfer.handshake), the requester sends its UCX worker
-address with its proof (AUTH), and the owner opens one UCX endpoint to that worker per connection
-and sends each chunk with tag payload_tag(pull_id, index). The requester receives by tag on its
-worker into staging buffers it owns, never into its pool.
+address, sealed to the session, with its proof (AUTH), and the owner opens one UCX endpoint to that
+worker per connection and sends each chunk with tag payload_tag(tag base, index). The requester
+receives by tag on its worker (any endpoint's message may match), into staging buffers it owns,
+never into its pool; the tag base is secret, a key of the pull (transfer.binding), so only the
+authenticated owner can aim a message at a receive.
 
 ucxx does not report how many bytes a receive got, and a shorter message leaves the rest of the
 buffer as it was (the previous chunk's bytes). So before each receive the last bytes of the
@@ -33,7 +35,8 @@ from typing import Any
 import torch
 
 from radixmesh.node_agent.transfer import ucx_progress
-from radixmesh.node_agent.transfer.handshake import HandshakeError, NodeIdentity, RequesterHandshake, Session
+from radixmesh.node_agent.transfer.binding import BindingError, SessionBinding, open_header
+from radixmesh.node_agent.transfer.handshake import HandshakeError, NodeIdentity, RequesterHandshake
 from radixmesh.node_agent.transfer.memory_path import MemoryPath, host_buffer, memory_path
 from radixmesh.node_agent.transfer.protocol import (
     MAX_HANDSHAKE_FRAME_BYTES,
@@ -110,8 +113,8 @@ class UcxChannel(PeerChannel):
     """TCP control stream to one TransferServer; payload received by tag on this process's worker."""
 
     def __init__(self, ucxx: ModuleType, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 session: Session, staging_device: torch.device, pool_device: torch.device):
-        self.session = session
+                 binding: SessionBinding, staging_device: torch.device, pool_device: torch.device):
+        self._binding = binding
         self._staging_device = staging_device
         self._pool_device = pool_device
         self._ucxx = ucxx
@@ -121,9 +124,13 @@ class UcxChannel(PeerChannel):
         self._broken = False
 
     async def request(self, request: PullRequest) -> PullHeader:
+        sealed, self.pull = self._binding.seal_request(encode_request(request))
         try:
-            await write_frame(self._writer, Kind.REQUEST, encode_request(request))
-            header = decode_header(await read_frame(self._reader, Kind.HEADER))
+            await write_frame(self._writer, Kind.REQUEST, sealed)
+            header = decode_header(open_header(self.pull, await read_frame(self._reader, Kind.HEADER)))
+        except BindingError as e:
+            self._broken = True
+            raise PeerUnauthenticated(f"pull {request.pull_id}: {e}") from e
         except (OSError, EOFError, ProtocolError) as e:
             self._broken = True
             raise TransportError(f"control stream failed: {e!r}") from e
@@ -172,7 +179,7 @@ class UcxChannel(PeerChannel):
         sentinel = secrets.token_bytes(min(SENTINEL_BYTES, region.numel()))
         region[-len(sentinel) :] = torch.frombuffer(bytearray(sentinel), dtype=torch.uint8)
         view = wire_buffer(region)
-        return ucx_progress.post_recv(self._ucxx, view, payload_tag(header.pull_id, index)), sentinel
+        return ucx_progress.post_recv(self._ucxx, view, payload_tag(self.pull.tag_base, index)), sentinel
 
     def _staging_for(self, nbytes: int) -> list[torch.Tensor]:
         if not self._staging or self._staging[0].numel() < nbytes:
@@ -225,8 +232,9 @@ class UcxTransport(Transport):
             await write_frame(writer, Kind.HELLO, handshake.hello())
             challenge = await read_frame(reader, Kind.CHALLENGE, MAX_HANDSHAKE_FRAME_BYTES)
             proof, session = handshake.answer(challenge)
+            binding = SessionBinding(session)
             address: bytes = self._ucxx.get_worker_address().tobytes()
-            await write_frame(writer, Kind.AUTH, proof + address)
+            await write_frame(writer, Kind.AUTH, proof + binding.seal_address(address))
             await read_frame(reader, Kind.HELLO_OK, 0)
         except HandshakeError as e:
             writer.close()
@@ -236,5 +244,5 @@ class UcxTransport(Transport):
             # An owner that does not accept our proof closes the connection before HELLO_OK.
             raise PeerUnauthenticated(f"{peer.node_id} at {peer.host}:{peer.port} refused the handshake: {e!r}"
                                       ) from e
-        return UcxChannel(self._ucxx, reader, writer, session, self._staging_device, self._pool_device)
+        return UcxChannel(self._ucxx, reader, writer, binding, self._staging_device, self._pool_device)
 

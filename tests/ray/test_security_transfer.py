@@ -1,7 +1,9 @@
 """Attacks on the KV transfer plane, each refused with the requester's pool clean and the next honest
 pull bitwise-correct: a requester without the secret, a host impersonating the owner, a malicious
 owner (wrong bytes, a short chunk, reordered or swapped chunks, a huge chunk size) on UCX and on the
-Ray fallback, and connections that never authenticate (timeout, cap, oversized frames)."""
+Ray fallback, a request altered on its way through Ray, and connections that never authenticate
+(timeout, cap, oversized frames). A man in the middle of UCX pulls: test_pull_binding; a flood of
+silent connections: test_transfer_flood."""
 
 import asyncio
 import functools
@@ -16,6 +18,7 @@ from radixmesh.cluster.launch.local_ray import init_loopback_ray
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.memory.pool.block_pool import BlockPool
+from radixmesh.node_agent.transfer.binding import SessionBinding
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
 from radixmesh.node_agent.transfer.handshake import (
     HandshakeError,
@@ -25,7 +28,15 @@ from radixmesh.node_agent.transfer.handshake import (
     RequesterHandshake,
 )
 from radixmesh.node_agent.transfer.plane import transport_by_name
-from radixmesh.node_agent.transfer.protocol import Kind
+from radixmesh.node_agent.transfer.protocol import (
+    MAC_BYTES,
+    Kind,
+    PullRequest,
+    Status,
+    decode_header,
+    encode_request,
+)
+from radixmesh.node_agent.transfer.ray_transport import encode_call
 from radixmesh.node_agent.transfer.transport import Peer
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId
@@ -225,5 +236,23 @@ def test_ray_attacks_are_refused(ray_owner: Any, fault: str | None, mac: bool, o
     assert client.cache.pool.num_in_use == 0
     assert ray.get(ray_owner.state.remote()) == {"pinned": 0, "in_use": 0}
     honest, client = ray_pull(SECRET, 12, mac)
+    assert (honest.outcome, honest.blocks) == (PullOutcome.OK, 12)
+    assert kv_digest(client.kv, honest.block_ids) == ray_digest(12)
+
+
+@pytest.mark.slow
+def test_ray_request_altered_after_sealing_is_refused_before_any_pin(ray_owner: Any) -> None:
+    """A valid one-shot handshake travelling with a request whose hash list changed on the way: the
+    owner answers UNAUTHENTICATED, without its proof, and pins nothing."""
+    handshake = RequesterHandshake(SECRET, REQUESTER, OWNER)
+    request = PullRequest(1, LAYOUT.fingerprint(), tuple(sequence_hashes(4)), 4, LAYOUT.block_bytes, "none")
+    sealed, _ = SessionBinding(handshake.one_shot_session()).seal_request(encode_request(request))
+    altered = bytearray(sealed)
+    altered[-MAC_BYTES - 1] ^= 1  # the last byte of the last hash
+    stream = ray_owner.pull.options(num_returns="streaming").remote(encode_call(handshake.one_shot(), bytes(altered)))
+    proof, raw = ray.get(next(stream))
+    assert proof == b"" and decode_header(raw[:-MAC_BYTES]).status is Status.UNAUTHENTICATED
+    assert ray.get(ray_owner.state.remote()) == {"pinned": 0, "in_use": 0}
+    honest, client = ray_pull(SECRET, 12)
     assert (honest.outcome, honest.blocks) == (PullOutcome.OK, 12)
     assert kv_digest(client.kv, honest.block_ids) == ray_digest(12)

@@ -1,7 +1,8 @@
 """The node agent as a Ray actor: a thin shell over NodeAgent, made by one factory that holds placement
 and restart options.
 
-What survives a restart: only the AgentConfig the actor was created with. Ray re-runs the constructor
+What survives a restart: only the AgentConfig the actor was created with (and where it loads the cluster
+secret on its node: make_agent_actor keeps the secret out of the arguments). Ray re-runs the constructor
 on restart; the next call starts a new NodeAgent with an empty cache and a new, strictly higher epoch
 (time-based), which registers again, so the metadata service drops every block of the old epoch.
 Requests in flight when the actor died fail with RayActorError (the client says AgentUnavailable) and
@@ -9,19 +10,20 @@ are not retried by Ray (max_task_retries=0): the router retries them elsewhere, 
 already streamed.
 
 Idempotent calls: `start`, `stop`, `node_info`, `load`, `prometheus_text`, `scrape_target`,
-`check_invariants`, and `pull` (a peer's pull under transfer="ray": it only reads cached blocks; its
+`check_invariants`, `reset_prefix_cache` (a second reset finds nothing more to drop), and `pull` (a peer's pull under transfer="ray": it only reads cached blocks; its
 pins end with the stream).
 `serve` is not: each call runs the request once (a retry must use a new request id or another node).
 """
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
 
 from radixmesh.common.metrics.scrape import ScrapeTarget
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.transfer.ucx_transport import ucx_env
@@ -65,8 +67,8 @@ class AgentActor:
     """The actor body: every method awaits, none blocks its event loop (engine steps run on the
     agent's own thread)."""
 
-    def __init__(self, config: AgentConfig) -> None:
-        self._config = config
+    def __init__(self, config: AgentConfig, secret: Callable[[], ClusterSecret] | None = None) -> None:
+        self._config = config if secret is None else keyed(config, secret())
         self._agent: NodeAgent | None = None
         self._starting = asyncio.Lock()
 
@@ -113,6 +115,13 @@ class AgentActor:
         assert self._agent is not None
         return self._agent.scrape_target()
 
+    async def reset_prefix_cache(self) -> dict[str, int]:
+        """Drop the cached blocks nothing holds (NodeAgent.reset_prefix_cache); AgentBusy while a
+        request runs here."""
+        await self.start()
+        assert self._agent is not None
+        return await self._agent.reset_prefix_cache()
+
     async def check_invariants(self) -> None:
         await self.start()
         assert self._agent is not None
@@ -130,9 +139,24 @@ def _ray_zone() -> str:
     return str(ray.get_runtime_context().get_node_labels().get("ray.io/availability-zone", ""))
 
 
-def make_agent_actor(config: AgentConfig, placement: AgentPlacement) -> Any:
+def keyed(config: AgentConfig, secret: ClusterSecret) -> AgentConfig:
+    """`config` with `secret` and the block-hash key derived from it."""
+    memory = replace(config.engine.memory, hash_key=secret.hash_key())
+    return replace(config, secret=secret, engine=replace(config.engine, memory=memory))
+
+
+def make_agent_actor(config: AgentConfig, placement: AgentPlacement,
+                     secret: Callable[[], ClusterSecret] | None = None) -> Any:
     """Create `config.node_id`'s agent actor under agent_actor_name(node); returns its handle. The
-    agent starts on the first call (call `start` to wait for it)."""
+    agent starts on the first call (call `start` to wait for it).
+
+    With `secret` (a picklable loader, e.g. launch.secret_file.NodeSecret) the actor loads the cluster
+    secret on its node, at every (re)start, and its arguments carry neither `config.secret` nor the
+    block-hash key: Ray keeps them in its GCS, readable by anyone who reaches Ray. Without, `config`
+    travels whole (tests, benches on one machine)."""
+    if secret is not None:
+        # A fresh secret that opens nothing (and its hash key) stands in until the actor loads the real one.
+        config = keyed(config, ClusterSecret.generate())
     cls = ray.remote(AgentActor)
     return cls.options(
         name=agent_actor_name(config.node_id),
@@ -142,4 +166,4 @@ def make_agent_actor(config: AgentConfig, placement: AgentPlacement) -> Any:
         max_restarts=placement.max_restarts,
         max_task_retries=0,  # serve is not idempotent: the router decides about retries
         runtime_env={"env_vars": dict(placement.env_vars)} if placement.env_vars else None,
-    ).remote(config)
+    ).remote(config, secret)

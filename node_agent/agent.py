@@ -101,7 +101,8 @@ class NodeAgent:
         threads = set_torch_threads()
         model = await asyncio.to_thread(source.load, dtype=placement.dtype, device=placement.device)
         engine_config = replace(self.config.engine, model_id=await asyncio.to_thread(source.identity),
-                                eos_token_ids=source.eos_token_ids())
+                                eos_token_ids=source.eos_token_ids(),
+                                memory=replace(self.config.engine.memory, disk=self.config.disk))
         if self.config.gpu_memory_utilization is not None:
             budget = await asyncio.to_thread(measure_gpu_budget, model, engine_config, placement.device,
                                              self.config.gpu_memory_utilization)
@@ -161,6 +162,9 @@ class NodeAgent:
         self._transfer = NoTransfer()
         if self._runner is not None:
             await self._runner.close()
+            disk = self._runner.engine.memory.disk
+            if disk is not None:  # after the engine thread: no offer comes after the writer's last flush
+                await asyncio.to_thread(disk.close)
             self._runner = None
 
     @property

@@ -1,11 +1,13 @@
 """Settings of one node agent: which model, how its engine batches, where it listens, whom it tells."""
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from radixmesh.common.cache_sharing import DEFAULT_HANDOFF, DEFAULT_RECALL_BLOCKS
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.kv_events.endpoint import check_endpoint
+from radixmesh.node_agent.memory.disk.tier import GB, DiskConfig
 from radixmesh.node_agent.model.source import ModelSource, random_source
 from radixmesh.node_agent.placement import DTYPES
 from radixmesh.proto.ids import NodeId
@@ -83,10 +85,21 @@ class AgentConfig:
     tcp://host:port or ipc://path, with the replay socket beside it (kv_events.endpoint); None: not."""
     kv_events_allow_remote: bool = False
     """Let `kv_events_endpoint` be a non-loopback address: vLLM's event sockets carry no authentication."""
+    disk_cache: str | None = None
+    """Directory of this agent's disk tier (memory.disk), under its host tier: prefix blocks the host
+    evicts are written there and read back on a host miss, and a restarted agent finds them again.
+    One directory per agent. None: no disk tier."""
+    disk_cache_bytes: int = 10 * GB
+    """Bound on the disk tier's files (with `disk_cache`)."""
 
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model.name
+
+    @property
+    def disk(self) -> DiskConfig | None:
+        """The disk tier's settings (None without `disk_cache`)."""
+        return DiskConfig(Path(self.disk_cache), self.disk_cache_bytes) if self.disk_cache else None
 
     def __post_init__(self) -> None:
         check_node_id(self.node_id)
@@ -109,3 +122,8 @@ class AgentConfig:
         for name in ("pull_timeout_s", "heartbeat_interval_s", "publish_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.disk_cache is not None:
+            if not self.engine.memory.num_host_blocks:
+                raise ValueError("a disk tier (disk_cache) needs a host tier (num_host_blocks > 0): "
+                                 "disk reads come back through it")
+            self.disk  # noqa: B018  (DiskConfig refuses a capacity it cannot use)

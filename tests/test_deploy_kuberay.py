@@ -79,9 +79,14 @@ def group(document: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def options(args: list[str]) -> dict[str, str]:
-    """`--name value` pairs of a command line (values taken as given)."""
-    assert len(args) % 2 == 0 and all(a.startswith("--") for a in args[::2]), args
-    return dict(zip(args[::2], args[1::2], strict=True))
+    """The options of a command line: `--name value` pairs (values taken as given) and bare
+    `--flag`s (value "")."""
+    out: dict[str, str] = {}
+    while args:
+        name, *args = args
+        assert name.startswith("--"), name
+        out[name] = args.pop(0) if args and not args[0].startswith("--") else ""
+    return out
 
 
 def up_options(command: str) -> dict[str, str]:
@@ -198,6 +203,11 @@ def test_secrets_come_from_a_kubernetes_secret_never_the_manifest() -> None:
     # Ray's own token auth, which KubeRay accepts from Ray 2.52 on.
     assert document["spec"]["authOptions"] == {"mode": "token"}
     assert tuple(map(int, document["spec"]["rayVersion"].split("."))) >= TOKEN_AUTH_MIN_RAY
+    # Agents load the secret on their own pod (never from Ray's actor arguments): every worker has it.
+    for name in ("gpu", "cpu"):
+        [worker] = group(document, name)["template"]["spec"]["containers"]
+        [secret] = [e for e in worker["env"] if e["name"] == SECRET_ENV]
+        assert "value" not in secret and set(secret["valueFrom"]["secretKeyRef"]) == {"name", "key"}
 
 
 def test_gpu_group_offers_gpus_and_cpu_group_the_agent_resource() -> None:

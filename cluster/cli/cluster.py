@@ -64,6 +64,14 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
 @click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Agents on GPUs size their KV pool from this share of the device, less weights and a "
                    "measured activation peak (as vLLM does); e.g. 0.9, or 0.4 for two agents per GPU.")
+@click.option("--host-blocks", default=0, show_default=True, type=click.IntRange(min=0),
+              help="KV blocks of each agent's host (CPU memory) tier, below the gpu tier: gpu evictions are "
+                   "demoted there and host hits promoted back; 0: no host tier.")
+@click.option("--disk-cache", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory of the agents' disk tier, under the host tier (needs --host-blocks): each agent "
+                   "writes the blocks its host tier evicts to DIR/<node id>, and finds them again after a restart.")
+@click.option("--disk-cache-gb", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Bound on each agent's disk tier, GiB.")
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help=f"Cluster secret (hex, mode 0600) [default: ${SECRET_ENV}, else $RADIXMESH_HOME/secret, "
@@ -94,6 +102,7 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
 @cache_options
 def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool, policy: str, host: str | None,
        port: int, model_spec: str, served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
+       host_blocks: int, disk_cache: Path | None, disk_cache_gb: float,
        lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, tls_cert: Path | None,
        tls_key: Path | None, max_running_per_node: int, max_waiting: int, access_log: bool,
        prometheus_dir: Path | None, no_prometheus: bool, kv_events_endpoint: str | None, kv_events_allow_remote: bool,
@@ -112,8 +121,11 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
                                 policy=policy, host=host, http_port=port,
                                 model=resolve_model(model_spec), model_name=served_model_name, dtype=dtype,
                                 gpu_blocks=gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
+                                host_blocks=host_blocks, disk_cache=disk_cache, disk_cache_gb=disk_cache_gb,
                                 eviction=eviction, handoff=handoff,
-                                lease_ttl_s=lease_ttl, secret=deployment_secret(secret_file), api_key=api_key,
+                                lease_ttl_s=lease_ttl, secret=deployment_secret(secret_file),
+                                secret_file=secret_file.absolute() if secret_file else None,  # read on every node
+                                api_key=api_key,
                                 transfer_mac=transfer_mac, tls=tls,
                                 admission=AdmissionLimits(max_running_per_node=max_running_per_node,
                                                           max_waiting=max_waiting),
@@ -126,7 +138,10 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
     if local_nodes is None:
         _connect(address, config)
     else:
-        launcher.init_local_ray(config)
+        try:
+            launcher.init_local_ray(config)
+        except ValueError as e:  # Ray's token file cannot be used
+            raise click.ClickException(str(e)) from None
     try:
         deployment = asyncio.run(launcher.up(config))
     except (ValueError, launcher.DeploymentExists) as e:

@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from radixmesh.cluster.api.app import start_http
+from radixmesh.cluster.cli.inspect import API_KEY_ENV
 from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.fleet.external_fleet import ExternalFleet
 from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig
@@ -71,7 +72,9 @@ def parse_engine(spec: str, *, model: str, block_size: int, layout: str, hash_ke
               help="Blocks of --block-size each engine's KV cache holds (for the free blocks it reports).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address of the OpenAI API.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
-@click.option("--api-key", default="", help="Required on every API call when set.")
+@click.option("--api-key", envvar=API_KEY_ENV, default="",
+              help=f"Required on every API call when set [default: ${API_KEY_ENV}; none]. The environment keeps "
+                   "it out of the process list.")
 def front(engines: tuple[str, ...], model: str, tokenizer: Path | None, block_size: int, max_context: int,
           capacity_blocks: int, host: str, port: int, api_key: str) -> None:
     """Route requests over existing vLLM/SGLang engines by the prefixes their KV events show."""

@@ -68,17 +68,27 @@ class LauncherConfig:
     gpu_memory_utilization: float | None = None
     """Agents on GPUs size their gpu tier from this share of the device (AgentConfig)."""
     host_blocks: int = 0
+    """KV blocks of each agent's host tier (MemoryConfig.num_host_blocks; `up --host-blocks`); 0: none."""
+    disk_cache: Path | None = None
+    """Each agent keeps a disk tier under its host tier in <disk_cache>/<node id> (AgentConfig.disk_cache),
+    which a deployment started again with the same directory finds again. Needs host_blocks > 0."""
+    disk_cache_gb: float = 10.0
+    """Bound on each agent's disk tier, GiB."""
     prefix_caching: bool = True
     """False: agents neither reuse nor publish prefixes (the demo's "caching off" baseline)."""
     eviction: str = DEFAULT_EVICTION
-    """Which cached block every agent evicts first (PoolConfig.eviction): "lru" or "s3fifo"."""
+    """Which cached block every agent evicts first (PoolConfig.eviction; EVICTION_ORDERS names them)."""
     handoff: bool = DEFAULT_HANDOFF
     """Agents evict first the blocks a peer pulled from them (AgentConfig.handoff)."""
     transfer: str = "ucx"
     """KV transfer plane of the agents: one of agent_config.TRANSFER_PLANES ("ucx", "ray", "auto", "none")."""
     secret: ClusterSecret = field(default_factory=ClusterSecret.generate)
     """The deployment's cluster secret (`up` reads or makes it, see launch.secret_file): the metadata
-    service, every node's credential and the block-hash key derive from it."""
+    service, every node's credential and the block-hash key derive from it. Actors never get it:
+    each loads it on its own node (launch.secret_file.NodeSecret)."""
+    secret_file: Path | None = None
+    """Where every node holds `secret` (`up --secret-file`); None: RADIXMESH_SECRET in the environment
+    of Ray's workers, else $RADIXMESH_HOME/secret."""
     api_key: str = ""
     """Bearer key the OpenAI API requires ("": none)."""
     transfer_mac: bool = False
@@ -135,6 +145,10 @@ class LauncherConfig:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.block_size < 1 or self.gpu_blocks < 1 or self.host_blocks < 0:
             raise ValueError("need block_size >= 1, gpu_blocks >= 1 and host_blocks >= 0")
+        if self.disk_cache is not None:  # refused here, not when the first agent starts
+            if not (math.isfinite(self.disk_cache_gb) and self.disk_cache_gb > 0):
+                raise ValueError(f"disk_cache_gb must be a finite number > 0, got {self.disk_cache_gb}")
+            self.agent_config(NodeId("node-0"), "", "")
         if self.kv_events_endpoint is not None:  # refused here, not when the first agent starts
             node = NodeId("node-0")
             AgentConfig(node, kv_events_endpoint=self.kv_events_endpoint_of(node),
@@ -168,6 +182,8 @@ class LauncherConfig:
                            publish_interval_s=self.publish_interval_s,
                            metrics_port=0 if self.prometheus_dir is not None else None,
                            kv_events_endpoint=self.kv_events_endpoint_of(node),
+                           disk_cache=str(self.disk_cache / node) if self.disk_cache is not None else None,
+                           disk_cache_bytes=int(self.disk_cache_gb * 2**30),
                            kv_events_allow_remote=self.kv_events_allow_remote)
 
     def router_config(self, layout: str, block_bytes: int) -> RouterConfig:

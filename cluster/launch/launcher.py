@@ -18,6 +18,7 @@ idempotent.
 """
 
 import logging
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,8 +32,10 @@ from radixmesh.cluster.launch.metadata_actor import (
     failover_target,
     make_metadata_actor,
 )
+from radixmesh.cluster.launch.ray_auth import require_ray_token
 from radixmesh.cluster.launch.reconcile import AGENT_RESOURCE, node_slots
 from radixmesh.cluster.launch.router_actor import ROUTER_ACTOR, make_router_actor
+from radixmesh.cluster.launch.secret_file import SECRET_ENV, NodeSecret
 from radixmesh.node_agent import node_resource
 from radixmesh.proto.ids import NodeId, agent_actor_name
 
@@ -66,7 +69,13 @@ def local_cpus(config: LauncherConfig) -> int:
 
 def init_local_ray(config: LauncherConfig) -> None:
     """Start Ray in this process for `config.local_nodes` simulated nodes (node IP 127.0.0.1, no
-    dashboard); `ray.shutdown()` ends it with the deployment."""
+    dashboard, token authentication on: ray_auth.py); `ray.shutdown()` ends it with the deployment.
+    ValueError when Ray's token file is readable by other users.
+
+    Its actors find `config.secret` in the environment they inherit from this Ray (RADIXMESH_SECRET,
+    see secret_file.NodeSecret), never in their arguments: a deployment on this Ray runs with it."""
+    require_ray_token()
+    os.environ[SECRET_ENV] = config.secret.to_hex()
     init_loopback_ray(namespace=NAMESPACE, num_cpus=local_cpus(config), resources=local_resources(config),
                       log_to_driver=False, configure_logging=False, logging_config=logging_config(config))
 
@@ -115,11 +124,12 @@ async def up(config: LauncherConfig) -> Deployment:
     here = this_node_address()
     try:
         standby = config.metadata_standby
+        secret = NodeSecret.of(config.secret, config.secret_file)  # never the secret itself (secret_file.py)
         metadata = make_metadata_actor(config.host, config.metadata_port, config.state, config.lease_ttl_s,
-                                       config.secret, here, config.tls, leader_lease=standby)
+                                       secret, here, config.tls, leader_lease=standby)
         addresses = [await metadata.start.remote()]
         if standby:  # after the active holds the leader key, so this one waits for it
-            second = make_metadata_actor(config.host, 0, config.state, config.lease_ttl_s, config.secret, here,
+            second = make_metadata_actor(config.host, 0, config.state, config.lease_ttl_s, secret, here,
                                          config.tls, name=METADATA_STANDBY_ACTOR, leader_lease=True)
             addresses.append(await second.start.remote(wait=False))
         address = failover_target(addresses)

@@ -20,6 +20,7 @@ from typing import Any
 import ray
 
 from radixmesh.cluster.launch.config import NAMESPACE
+from radixmesh.cluster.launch.secret_file import NodeSecret
 from radixmesh.cluster.metadata.leader import LeaderLease, serve_while_leader
 from radixmesh.cluster.metadata.server import (
     MetadataServer,
@@ -42,10 +43,10 @@ class MetadataActor:
     """Hosts one MetadataServer at a time on host:port (port 0 picks one at the first start, or at
     once with `leader_lease`: clients list a standby's address before it serves)."""
 
-    def __init__(self, host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret,
+    def __init__(self, host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret | NodeSecret,
                  tls: TlsFiles | None, leader_lease: bool = False, leader_ttl_s: float = 1.0) -> None:
         self._host = host
-        self._secret = secret
+        self._secret = secret if isinstance(secret, ClusterSecret) else secret()
         self._tls = tls
         self._port = port if port or not leader_lease else _free_port(host)
         self._state = state
@@ -142,12 +143,14 @@ def failover_target(addresses: list[str]) -> str:
     return addresses[0] if len(addresses) == 1 else f"ipv4:{','.join(addresses)}"
 
 
-def make_metadata_actor(host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret,
+def make_metadata_actor(host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret | NodeSecret,
                         node_ip: str, tls: TlsFiles | None = None, *, name: str = METADATA_ACTOR,
                         leader_lease: bool = False, leader_ttl_s: float = 1.0) -> Any:
     """Create the detached metadata actor `name` on the Ray node `node_ip` (the one whose address
     `host` is); call `start` on the handle. `leader_ttl_s` is the leader key's ttl (with
-    `leader_lease`): how long a standby waits after the active died without releasing it."""
+    `leader_lease`): how long a standby waits after the active died without releasing it. The
+    launcher passes a NodeSecret (the actor loads the secret on its node); a ClusterSecret travels
+    in the actor's arguments, for tests."""
     return ray.remote(MetadataActor).options(
         name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0,
         resources={f"node:{node_ip}": 0.001},

@@ -28,6 +28,7 @@ import ray
 from radixmesh.cluster.fleet.agent_client import AgentClient, RayAgentClient, StaticAgentDirectory
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.interface import interface_of
+from radixmesh.cluster.launch.secret_file import NodeSecret
 from radixmesh.node_agent import AgentPlacement, make_agent_actor, ucx_env
 from radixmesh.proto.ids import NodeId, agent_actor_name
 from radixmesh.proto.metadata.nodes import NodeInfo
@@ -215,7 +216,7 @@ class RayAgents:
         if self._config.local_nodes is None:
             slot = await pinned_to_interface(slot)
         config = self._config.agent_config(slot.node, self._metadata_address, slot.host)
-        handle = make_agent_actor(config, slot.placement)
+        handle = make_agent_actor(config, slot.placement, NodeSecret.of(self._config.secret, self._config.secret_file))
         self._handles[slot.node] = handle
         client = RayAgentClient(slot.node, handle)
         return StartedAgent(client, await client.start())

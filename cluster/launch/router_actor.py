@@ -12,6 +12,7 @@ router's one application (cluster/api/app.py), `POST /radixmesh/route` included.
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -21,11 +22,13 @@ from radixmesh.cluster.api.app import server_tls_pem, start_http
 from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.reconcile import AgentReconciler, RayAgents
+from radixmesh.cluster.launch.secret_file import NodeSecret
 from radixmesh.cluster.observability.file_sd import TARGETS_FILE, FileSdConfig
 from radixmesh.cluster.router.router import Router
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metrics.scrape import metrics_token
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.nodes import NodeInfo
 
@@ -57,7 +60,8 @@ class RouterActor:
     """Starts the agents the cluster has slots for, then runs a Router over them behind HTTP while
     the agents follow the cluster."""
 
-    def __init__(self, config: LauncherConfig, metadata_address: str) -> None:
+    def __init__(self, config: LauncherConfig, metadata_address: str, secret: NodeSecret) -> None:
+        config = replace(config, secret=secret())
         self._config = config
         self._metadata_address = metadata_address
         agents = RayAgents(config, metadata_address)
@@ -110,8 +114,10 @@ class RouterActor:
 
 def make_router_actor(config: LauncherConfig, metadata_address: str, node_ip: str) -> Any:
     """Create the detached router actor (named ROUTER_ACTOR) on the Ray node `node_ip` (the one whose
-    address `config.host` is); call `start` on the handle."""
+    address `config.host` is); call `start` on the handle. The actor loads the cluster secret on its
+    node: its arguments carry a fresh secret that opens nothing in its place."""
+    secret = NodeSecret.of(config.secret, config.secret_file)
     return ray.remote(RouterActor).options(
         name=ROUTER_ACTOR, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0,
         resources={f"node:{node_ip}": 0.001},
-    ).remote(config, metadata_address)
+    ).remote(replace(config, secret=ClusterSecret.generate()), metadata_address, secret)

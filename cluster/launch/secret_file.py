@@ -3,10 +3,17 @@ $RADIXMESH_HOME/secret, which `radixmesh up` creates (mode 0600) when none of th
 
 The file holds the secret as hex on one line. A file that other users can read is refused: the
 secret speaks for every node of the cluster.
+
+Actors never receive the secret: Ray keeps an actor's constructor arguments in its GCS, where
+anyone who reaches Ray (or its dashboard) reads them. They get a NodeSecret, which says where the
+secret is on the node they run on (the same file, or RADIXMESH_SECRET in the environment Ray's
+workers inherit from `ray start`), and a fingerprint that proves they found the one `up` runs with.
 """
 
+import hashlib
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from radixmesh.cluster.launch.cluster_record import record_path
@@ -19,16 +26,34 @@ def default_secret_path() -> Path:
     return record_path().parent / "secret"
 
 
-def read_secret(path: Path) -> ClusterSecret:
-    """The secret in `path`; ValueError when it is missing, readable by others, or not a secret."""
+def read_private(path: Path) -> str:
+    """The text of `path`; ValueError when it is missing or readable by other users."""
     try:
         mode = path.stat().st_mode
         text = path.read_text()
     except OSError as e:
-        raise ValueError(f"cannot read the cluster secret {path}: {e.strerror}") from None
+        raise ValueError(f"cannot read {path}: {e.strerror}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ValueError(f"{path} is accessible to other users (mode {stat.S_IMODE(mode):o}); "
                          f"`chmod 600 {path}`")
+    return text
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to a new file `path`, mode 0600 from its creation (its folder 0700 if made);
+    FileExistsError if it exists."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+
+
+def read_secret(path: Path) -> ClusterSecret:
+    """The secret in `path`; ValueError when it is missing, readable by others, or not a secret."""
+    try:
+        text = read_private(path)
+    except ValueError as e:
+        raise ValueError(f"the cluster secret: {e}") from None
     try:
         return ClusterSecret.from_hex(text)
     except ValueError as e:
@@ -38,10 +63,7 @@ def read_secret(path: Path) -> ClusterSecret:
 def create_secret(path: Path) -> ClusterSecret:
     """A new secret written to `path` (created 0600, never overwriting); FileExistsError if it exists."""
     secret = ClusterSecret.generate()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secret.to_hex() + "\n")
+    write_private(path, secret.to_hex())
     return secret
 
 
@@ -68,3 +90,38 @@ def deployment_secret(secret_file: Path | None) -> ClusterSecret:
     if path.exists():
         return read_secret(path)
     return create_secret(path)
+
+
+def node_secret(secret_file: Path | None) -> ClusterSecret:
+    """The secret as `up` found it (flag, RADIXMESH_SECRET, default file), looked up on this node and
+    never made here; ValueError when there is none."""
+    given = given_secret(secret_file)
+    return given if given is not None else read_secret(default_secret_path())
+
+
+def fingerprint(secret: ClusterSecret) -> str:
+    """A short one-way name of `secret` (hash of a derived key): tells two secrets apart, opens nothing."""
+    return hashlib.sha256(b"radixmesh-secret-fingerprint\x00" + secret.hash_key()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSecret:
+    """What an actor is given in place of the cluster secret: where to find it on its own node, and
+    the fingerprint of the one the deployment runs with. Calling it loads and checks the secret."""
+
+    secret_file: Path | None
+    """`up --secret-file` (the same path on every node); None: RADIXMESH_SECRET, else
+    $RADIXMESH_HOME/secret of the user Ray runs as."""
+    fingerprint: str
+
+    @classmethod
+    def of(cls, secret: ClusterSecret, secret_file: Path | None) -> "NodeSecret":
+        return cls(secret_file, fingerprint(secret))
+
+    def __call__(self) -> ClusterSecret:
+        """The secret on this node; ValueError when it is missing, unsafe, or not the deployment's."""
+        secret = node_secret(self.secret_file)
+        if fingerprint(secret) != self.fingerprint:
+            raise ValueError(f"the cluster secret on this node ({self.secret_file or default_secret_path()} or "
+                             f"${SECRET_ENV}) is not the one `radixmesh up` runs with: give every node the same")
+        return secret

@@ -338,4 +338,6 @@ class Engine:
         """Memory metrics of every tier and zone plus the engine's, in one Prometheus exposition,
         every sample labelled with `labels` too."""
         snaps: list[object] = [memory_stats(t.pool, t.cache) for t in self.memory.tiers]
+        if self.memory.disk is not None:
+            snaps.append(self.memory.disk.stats())
         return render_prometheus([*snaps, *self.memory.zone_snapshots(), self.stats()], labels)

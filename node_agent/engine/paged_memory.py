@@ -18,6 +18,8 @@ from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
 from radixmesh.node_agent.engine.request import PendingPrefix
 from radixmesh.node_agent.engine.scheduler import SequenceState
 from radixmesh.node_agent.memory.cache.block_table import BlockTable, SequenceManager
+from radixmesh.node_agent.memory.disk.record import DiskIdentity
+from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier
 from radixmesh.node_agent.memory.physical import StepPeakMeter, device_memory, process_resident_bytes
 from radixmesh.node_agent.memory.pool.block_pool import BlockPool
 from radixmesh.node_agent.memory.pool.config import PoolConfig, PoolHooks
@@ -50,11 +52,15 @@ class MemoryConfig:
     pool: PoolConfig = field(default_factory=PoolConfig)
     zones: ZoneSetup = field(default_factory=ZoneSetup)
     """How the gpu pool is split between running KV and the prefix cache (memory/zones/governor.py)."""
+    disk: DiskConfig | None = None
+    """The disk tier under the host tier (memory.disk); needs a host tier. None: none."""
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 1 or self.num_host_blocks < 0:
             raise ValueError(f"need num_gpu_blocks >= 1 and num_host_blocks >= 0, got "
                              f"{self.num_gpu_blocks}, {self.num_host_blocks}")
+        if self.disk is not None and not self.num_host_blocks:
+            raise ValueError("a disk tier needs a host tier (num_host_blocks > 0): disk reads land there")
 
 
 def allocate_up_to(pool: BlockPool, n: int) -> list[BlockId]:
@@ -88,7 +94,9 @@ class PagedMemory:
         self.counters = counters
         self.policy = policy
         self._clock = clock
-        host = (HostTier(layout, config.num_host_blocks, config.pool, counters, policy, clock)
+        self.disk: DiskTier | None = (DiskTier(config.disk, DiskIdentity.of(layout, config.hash_key))
+                                      if config.disk is not None else None)
+        host = (HostTier(layout, config.num_host_blocks, config.pool, counters, policy, clock, disk=self.disk)
                 if config.num_host_blocks else None)
         demote = None
         if host is not None and config.demote_evicted:

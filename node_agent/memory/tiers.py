@@ -3,6 +3,10 @@ pool's block ids index; the one way blocks are copied between tiers; and the mov
 makes possible: promoting host hits to the gpu, swapping a preempted sequence's blocks out and back
 in, and demoting evicted gpu prefix blocks.
 
+Under the host tier there may be a disk tier (memory.disk): prefix blocks the host evicts are handed
+to it (it writes them off the engine thread), and a prefix the host misses is looked up there and
+read back through the host into the gpu, so disk hits ride the host's promotion path.
+
 `NoHostTier` is the host tier of a node configured without one (num_host_blocks = 0): nothing to
 promote, a swap is refused (the scheduler then recomputes), nothing is demoted, no tier to report.
 
@@ -19,6 +23,7 @@ import torch
 
 from radixmesh import kernels
 from radixmesh.node_agent.memory.cache.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
+from radixmesh.node_agent.memory.disk.tier import DiskTier, NoDiskTier
 from radixmesh.node_agent.memory.pool.block_pool import BlockPool
 from radixmesh.node_agent.memory.pool.config import PoolConfig, PoolHooks
 from radixmesh.node_agent.memory.pool.counters import OutOfBlocks
@@ -85,8 +90,12 @@ class HostTier(TierMemory):
     failed move took is given back before it returns."""
 
     def __init__(self, layout: KVLayout, num_blocks: int, config: PoolConfig, counters: TierMoves,
-                 policy: SwapObserver, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(layout, num_blocks, Tier.HOST, "cpu", config, clock)
+                 policy: SwapObserver, clock: Callable[[], float] = time.monotonic, *,
+                 disk: DiskTier | NoDiskTier | None = None) -> None:
+        """`disk`: the tier under this one (None: none), which this tier's evicted prefix blocks go to."""
+        self.disk = disk or NoDiskTier()
+        super().__init__(layout, num_blocks, Tier.HOST, "cpu", config, clock,
+                         on_evict=self._spill if disk is not None else None)
         self._block_bytes = layout.block_bytes
         self._counters = counters
         self._policy = policy
@@ -95,8 +104,9 @@ class HostTier(TierMemory):
 
     def promote(self, gpu: TierMemory, hashes: list[BlockHash], start: int) -> list[BlockId]:
         """Copy this tier's cached run of hashes[start:] into fresh gpu blocks (inserted into the gpu
-        cache and held once by the caller); [] when the host misses or the gpu has no room."""
-        host_ids = self.cache.match(hashes[start:])
+        cache and held once by the caller); when the host misses, the disk tier's run is read into
+        the host first (and stays cached there). [] when both miss or the gpu has no room."""
+        host_ids = self.cache.match(hashes[start:]) or self._load_from_disk(hashes, start)
         if not host_ids:
             return []
         try:
@@ -160,6 +170,30 @@ class HostTier(TierMemory):
         _insert_chain(self.cache, chain)
         self.cache.release(host_ids)
         self._counters.demoted_blocks += len(todo)
+
+    def _load_from_disk(self, hashes: list[BlockHash], start: int) -> list[BlockId]:
+        """Read the disk tier's run of hashes[start:] into fresh host blocks (cached, and held once
+        by the caller like a match); [] when the disk misses. Takes only the room the host has."""
+        room = self.pool.num_free + self.pool.num_cached
+        payloads = self.disk.get_run(hashes[start: start + room])
+        if not payloads:
+            return []
+        host_ids = self.pool.allocate(len(payloads))
+        for block_id, payload in zip(host_ids, payloads, strict=True):
+            self.kv[block_id].view(-1).view(torch.uint8).copy_(torch.frombuffer(payload, dtype=torch.uint8))
+        self.cache.insert(hashes[start: start + len(host_ids)], host_ids, hashes[start - 1] if start else None)
+        return host_ids
+
+    def _spill(self, evicted: Sequence[EvictedBlock]) -> None:
+        """Hand the prefix blocks this tier evicts to the disk tier: their bytes are copied now, while
+        the blocks still hold them, and written later by the disk's writer thread."""
+        todo = [e for e in evicted if e.hash not in self.disk]
+        if not todo:
+            return
+        buffer = kernels.gather_blocks(self.kv, [e.block_id for e in todo])
+        raw = buffer.view(len(todo), -1).view(torch.uint8).numpy()
+        for e, row in zip(todo, raw, strict=True):
+            self.disk.offer(e.hash, row.tobytes())
 
 
 def _insert_chain(cache: PrefixCache, chain: list[tuple[EvictedBlock, BlockId]]) -> None:

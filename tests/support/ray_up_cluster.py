@@ -14,6 +14,7 @@ uploads it but is never acted on, and a plain `ray up` restarts the whole cluste
 import contextlib
 import json
 import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from radixmesh.cluster.launch.secret_file import create_secret, write_private
 from tests.support.netns_hosts import Host, HostNetwork
 from tests.support.ssh_hosts import Keys, make_image, make_keys, start_sshd
 
@@ -42,6 +44,10 @@ class RayUpCluster:
         # Ray's SSH commands start with `source ~/.bashrc`; this home's is empty.
         (self.home / ".bashrc").write_text("# radixmesh multi-host test home\n")
         self.keys: Keys = make_keys(workdir / "keys")
+        # What an operator makes before the first `ray up` (the YAML ships both to every host): Ray's
+        # token and the cluster secret, in the home that `ray up` runs with (the hosts' too).
+        write_private(self.home / ".ray" / "auth_token", secrets.token_hex(32))
+        create_secret(self.home / ".radixmesh" / "secret")
         self.network = HostNetwork(prefix)
         self.ray_tmp = workdir / "ray-client-tmp"  # `ray up`'s own lock and local-provider state
         self.ray_tmp.mkdir()
@@ -89,7 +95,8 @@ class RayUpCluster:
         """`ray up` from the checkout (its file_mounts sync "."); raises with the output on failure."""
         argv = [str(Path(sys.executable).parent / "ray"), "up", "-y",
                 "--no-config-cache", str(self.cluster_yaml())]
-        env = {**os.environ, "RAY_TMPDIR": str(self.ray_tmp), "RAY_USAGE_STATS_ENABLED": "0"}
+        # HOME: the YAML's `~/...` file mounts are read from this cluster's home, not the tester's.
+        env = {**os.environ, "HOME": str(self.home), "RAY_TMPDIR": str(self.ray_tmp), "RAY_USAGE_STATS_ENABLED": "0"}
         done = subprocess.run(argv, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
         (self.workdir / "ray-up.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
@@ -104,12 +111,14 @@ class RayUpCluster:
         with its rsync filters), run setup_commands, then worker_start_ray_commands with
         RAY_HEAD_IP set, each in a login shell as Ray's command runner does."""
         config = yaml.safe_load(self.cluster_yaml().read_text())
-        [(target, source)] = config["file_mounts"].items()
-        rsync = ["rsync", "-a", "--delete", "-e", " ".join(self.ssh(host)[:-1]),
-                 *(f"--filter=dir-merge,- {f}" for f in config.get("rsync_filter", [])),
-                 *(f"--exclude={x}" for x in config.get("rsync_exclude", [])),
-                 f"{(REPO / source).resolve()}/", f"root@{host.address}:{target}/"]
-        subprocess.run(rsync, check=True, capture_output=True, timeout=timeout_s)
+        for target, source in config["file_mounts"].items():
+            local = self.home / source[2:] if source.startswith("~/") else (REPO / source).resolve()
+            slash = "/" if local.is_dir() else ""
+            rsync = ["rsync", "-a", "--delete", "-e", " ".join(self.ssh(host)[:-1]),
+                     *(f"--filter=dir-merge,- {f}" for f in config.get("rsync_filter", [])),
+                     *(f"--exclude={x}" for x in config.get("rsync_exclude", [])),
+                     f"{local}{slash}", f"root@{host.address}:{target}{slash}"]
+            subprocess.run(rsync, check=True, capture_output=True, timeout=timeout_s)
         for command in [*config["setup_commands"], *config["worker_start_ray_commands"]]:
             script = f"export RAY_HEAD_IP={self.head.address}; {command}"
             done = subprocess.run([*self.ssh(host), "bash", "--login", "-c", shlex.quote(script)], check=False,
@@ -119,7 +128,8 @@ class RayUpCluster:
 
     def agent_actors(self) -> set[str]:
         """Names of the agent actors alive in the Ray cluster, asked on the head (a Ray driver there)."""
-        code = ("import json, ray; ray.init(address='auto', logging_level='ERROR'); "
+        code = ("import json, os, ray; os.environ['RAY_AUTH_MODE'] = 'token'; "
+                "ray.init(address='auto', logging_level='ERROR'); "
                 "print(json.dumps([a['name'] for a in ray.util.list_named_actors(all_namespaces=True)]))")
         done = subprocess.run([*self.ssh(self.head), "bash", "--login", "-c", shlex.quote(f"python3 -c {shlex.quote(code)}")],
                               check=True, capture_output=True, text=True, timeout=120)
@@ -138,18 +148,22 @@ class RayUpCluster:
                 parts.append(f"--- {path}\n{text[-3000:]}")
         return "\n".join(parts)
 
+    def _authorized(self, path: str, body: bytes | None = None) -> urllib.request.Request:
+        """A request with the API key the YAML's head made (~/.radixmesh/api_key)."""
+        key = (self.home / ".radixmesh" / "api_key").read_text().strip()
+        headers = {"Authorization": f"Bearer {key}", **({"Content-Type": "application/json"} if body else {})}
+        return urllib.request.Request(f"{self.router_url}{path}", body, headers)
+
     def get(self, path: str, timeout_s: float = 10) -> Any:
-        with urllib.request.urlopen(f"{self.router_url}{path}", timeout=timeout_s) as r:
+        with urllib.request.urlopen(self._authorized(path), timeout=timeout_s) as r:
             return json.load(r)
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 120) -> Any:
-        request = urllib.request.Request(f"{self.router_url}{path}", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=timeout_s) as r:
+        with urllib.request.urlopen(self._authorized(path, json.dumps(body).encode()), timeout=timeout_s) as r:
             return json.load(r)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"{self.router_url}/metrics", timeout=10) as r:
+        with urllib.request.urlopen(self._authorized("/metrics"), timeout=10) as r:
             text: str = r.read().decode()
             return text
 

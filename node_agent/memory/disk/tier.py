@@ -1,0 +1,172 @@
+"""The disk tier as the host tier uses it: `offer` hands a block over and returns at once, a writer
+thread batches what was offered into large sequential appends, `get` answers from what is still
+queued or from disk. `NoDiskTier` is the disk tier of a node without one.
+
+The writer thread is the only one that appends (SegmentStore's contract); the engine thread only
+copies a block's bytes out (it must: the host block is reused as soon as it is evicted) and reads.
+When the disk falls behind, offers past `queue_blocks` are dropped and counted, never waited for:
+a demotion is an optimisation, a stalled engine is not.
+"""
+
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from radixmesh.node_agent.memory.disk.metrics import DiskStats
+from radixmesh.node_agent.memory.disk.record import DiskIdentity, Dropped
+from radixmesh.node_agent.memory.disk.segments import SegmentStore
+from radixmesh.proto.block_hash import BlockHash
+
+log = logging.getLogger(__name__)
+
+GB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class DiskConfig:
+    """Where one agent keeps its disk tier and how much of it."""
+
+    path: Path
+    """Directory of the segment files (one per agent: two agents must not share it)."""
+    capacity_bytes: int
+    """Bound on the segment files' size; the oldest segment goes first past it."""
+    segment_bytes: int = 64 << 20
+    """Size of one segment file: the unit of eviction, and the most one append writes at once."""
+    queue_blocks: int = 4096
+    """Blocks offered but not yet written, at most; offers past it are dropped."""
+
+    def __post_init__(self) -> None:
+        if self.segment_bytes <= 0 or self.queue_blocks < 1:
+            raise ValueError(f"need segment_bytes > 0 and queue_blocks >= 1, got {self.segment_bytes}, "
+                             f"{self.queue_blocks}")
+        if self.capacity_bytes < 2 * self.segment_bytes:  # one segment being written, one or more to evict
+            raise ValueError(f"disk capacity must hold 2 segments of {self.segment_bytes} bytes, "
+                             f"got {self.capacity_bytes} bytes")
+
+
+class DiskTier:
+    """A node's disk tier: thread-safe; `close` stops the writer after the queued blocks are written."""
+
+    def __init__(self, config: DiskConfig, identity: DiskIdentity) -> None:
+        self.store = SegmentStore(config.path, identity, config.capacity_bytes, config.segment_bytes)
+        self._queue: queue.Queue[tuple[BlockHash, bytes] | None] = queue.Queue(config.queue_blocks)
+        self._pending: dict[BlockHash, bytes] = {}
+        self._lock = threading.Lock()
+        self._batch_blocks = max(1, self.store.records_per_segment // 4)
+        self.offers_dropped = 0
+        self.write_errors = 0
+        self._writer = threading.Thread(target=self._write_loop, name="radixmesh-disk-writer", daemon=True)
+        self._writer.start()
+
+    def __contains__(self, block_hash: BlockHash) -> bool:
+        return block_hash in self._pending or block_hash in self.store
+
+    def offer(self, block_hash: BlockHash, payload: bytes) -> None:
+        """Write `payload` as `block_hash` soon (unless held already, or the queue is full)."""
+        with self._lock:
+            if block_hash in self._pending or block_hash in self.store:
+                return
+            try:
+                self._queue.put_nowait((block_hash, payload))
+            except queue.Full:
+                self.offers_dropped += 1
+                return
+            self._pending[block_hash] = payload
+
+    def get_run(self, hashes: Sequence[BlockHash]) -> list[memoryview]:
+        """The KV bytes of the longest prefix of `hashes` held here (still queued, or on disk and
+        verified), in order."""
+        payloads: list[memoryview] = []
+        on_disk: list[BlockHash] = []
+        for block_hash in hashes:
+            with self._lock:
+                queued = self._pending.get(block_hash)
+            if queued is None:
+                on_disk.append(block_hash)
+                continue
+            if on_disk:  # the disk's share so far must be whole before a queued block follows it
+                got = self.store.get_run(on_disk)
+                payloads += got
+                if len(got) < len(on_disk):
+                    return payloads
+                on_disk = []
+            payloads.append(memoryview(bytearray(queued)))
+        return payloads + self.store.get_run(on_disk) if on_disk else payloads
+
+    def flush(self) -> None:
+        """Return once every block offered so far is written (or its write failed)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._writer.join()
+        self.store.close()
+
+    def stats(self) -> DiskStats:
+        store = self.store
+        c = store.counters
+        return DiskStats(
+            tier="disk",
+            disk_bytes=store.disk_bytes,
+            disk_capacity_bytes=store.max_segments * store.segment_bytes,
+            disk_blocks=len(store),
+            disk_reads=c.reads,
+            disk_read_bytes=c.read_bytes,
+            disk_read_seconds=c.read_seconds,
+            disk_writes=c.writes,
+            disk_write_bytes=c.write_bytes,
+            disk_write_seconds=c.write_seconds,
+            disk_evictions=c.evicted,
+            disk_dropped_blocks={r.value: c.dropped[r] for r in Dropped},
+            disk_offers_dropped=self.offers_dropped,
+            disk_write_errors=self.write_errors,
+        )
+
+    def _write_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                self._queue.task_done()
+                return
+            batch = [first]
+            # Whatever else is queued joins this write, up to a quarter segment: large sequential writes.
+            while len(batch) < self._batch_blocks:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:  # close(): this batch is the last
+                    stopping = True
+                    self._queue.task_done()
+                    break
+                batch.append(item)
+            try:
+                self.store.append(batch)
+            except OSError as e:  # a full or failing disk loses these blocks, never the agent
+                self.write_errors += len(batch)
+                log.warning("disk tier: writing %d blocks to %s failed: %s", len(batch), self.store.path, e)
+            with self._lock:
+                for block_hash, _ in batch:
+                    self._pending.pop(block_hash, None)
+            for _ in batch:
+                self._queue.task_done()
+
+
+class NoDiskTier:
+    """No disk tier: nothing is kept, nothing is found."""
+
+    def __contains__(self, block_hash: BlockHash) -> bool:
+        return False
+
+    def offer(self, block_hash: BlockHash, payload: bytes) -> None:
+        pass
+
+    def get_run(self, hashes: Sequence[BlockHash]) -> list[memoryview]:
+        return []
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,261 @@
+"""The disk tier (node_agent/memory/disk): round trips, a hypothesis model of the segment store
+against a dict-and-list oracle, capacity, identity, and crash safety: seeded bit flips and
+truncations of the segment files, and a writer process killed with SIGKILL mid-write, many times.
+After each, a reopened store serves only blocks that verify and counts the ones it dropped."""
+
+import errno
+import random
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixmesh.common.metrics.exposition import render_prometheus
+from radixmesh.node_agent.memory.disk import segments
+from radixmesh.node_agent.memory.disk.record import HEADER_BYTES, DiskIdentity, Dropped
+from radixmesh.node_agent.memory.disk.segments import SegmentStore
+from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.kv_layout import KVLayout
+
+LAYOUT = KVLayout("tiny-test", num_layers=1, num_kv_heads=1, head_dim=2, dtype="float32", block_size=4)
+IDENTITY = DiskIdentity.of(LAYOUT, b"cluster-key")
+BLOCK = LAYOUT.block_bytes  # 64 bytes of KV, 128 with the header
+RECORD = IDENTITY.record_bytes
+PER_SEGMENT = 4
+BIG = KVLayout("tiny-test", num_layers=4, num_kv_heads=2, head_dim=64, dtype="float32", block_size=16)
+"""64 KiB blocks, for the kill test's large writes."""
+
+
+def h(i: int) -> BlockHash:
+    return BlockHash(i.to_bytes(16, "little"))
+
+
+def kv(i: int, size: int = BLOCK) -> bytes:
+    """The block of h(i): its bytes are a function of i, so a wrong block is told from a right one."""
+    return (i.to_bytes(8, "little") * (size // 8 + 1))[:size]
+
+
+def store(path: Path, segments: int = 4, identity: DiskIdentity = IDENTITY) -> SegmentStore:
+    return SegmentStore(path, identity, capacity_bytes=segments * PER_SEGMENT * RECORD,
+                        segment_bytes=PER_SEGMENT * RECORD)
+
+
+def served(s: SegmentStore) -> dict[BlockHash, memoryview]:
+    """Everything `s` serves; asserts each block is the one written under its hash."""
+    got = {b: s.get(b) for b in s.hashes()}
+    for b, payload in got.items():
+        assert payload == kv(int.from_bytes(b, "little"), s.identity.block_bytes), b
+    return {b: p for b, p in got.items() if p is not None}
+
+
+def test_round_trip_through_the_writer_and_a_reopen(tmp_path: Path) -> None:
+    tier = DiskTier(DiskConfig(tmp_path, capacity_bytes=4 * PER_SEGMENT * RECORD,
+                               segment_bytes=PER_SEGMENT * RECORD), IDENTITY)
+    for i in range(6):
+        tier.offer(h(i), kv(i))
+    assert tier.get_run([h(2), h(3)]) == [kv(2), kv(3)]  # queued or written, they are served
+    tier.flush()
+    assert tier.get_run([h(i) for i in range(7)]) == [kv(i) for i in range(6)]  # up to the first miss
+    assert tier.get_run([h(6), h(0)]) == []
+    stats = tier.stats()
+    assert (stats.disk_writes, stats.disk_write_bytes, stats.disk_blocks, stats.disk_bytes) == (6, 6 * BLOCK, 6, 6 * RECORD)
+    tier.close()
+    reopened = store(tmp_path)
+    assert reopened.hashes() == [h(i) for i in range(6)]
+    assert reopened.get(h(5)) == kv(5) and sum(reopened.counters.dropped.values()) == 0
+    # Appends after a reopen go to a fresh segment: the old one's tail may be torn.
+    reopened.append([(h(6), kv(6))])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["00000001.seg", "00000002.seg", "00000003.seg"]
+
+
+def test_capacity_evicts_the_oldest_segment(tmp_path: Path) -> None:
+    s = store(tmp_path, segments=2)
+    s.append([(h(i), kv(i)) for i in range(9)])  # 3 segments' worth into room for 2
+    assert s.hashes() == [h(i) for i in range(4, 9)]
+    assert s.counters.evicted == 4 and s.get(h(0)) is None and s.disk_bytes == 5 * RECORD
+    s.check_invariants()
+
+
+def test_a_segment_size_that_leaves_under_two_segments_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="holds fewer than 2 segments"):
+        SegmentStore(tmp_path, IDENTITY, capacity_bytes=RECORD * 7, segment_bytes=RECORD * 4)
+    assert not list(tmp_path.iterdir())
+
+
+def test_another_model_or_cluster_key_is_never_served(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    s.append([(h(i), kv(i)) for i in range(3)])
+    s.close()
+    other = store(tmp_path, identity=DiskIdentity.of(LAYOUT, b"another-cluster"))
+    assert len(other) == 0 and other.counters.dropped == {Dropped.FOREIGN: 3}
+    assert not list(tmp_path.iterdir())  # a segment with nothing servable is deleted
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.lists(st.integers(0, 20), min_size=1, max_size=7), st.just("reopen")), max_size=12))
+def test_the_store_matches_a_fifo_segment_oracle(tmp_path_factory: pytest.TempPathFactory,
+                                                 ops: list[list[int] | str]) -> None:
+    path = tmp_path_factory.mktemp("disk")
+    s = store(path, segments=3)
+    segments: list[list[int]] = []  # the oracle: segments oldest first, each the blocks it holds
+    active = False  # whether appends continue the newest segment (never after a reopen)
+    for op in ops:
+        if op == "reopen":
+            s.close()
+            s = store(path, segments=3)
+            active = False
+            continue
+        assert isinstance(op, list)
+        # What the store holds when the append starts is skipped, even if this append evicts it.
+        for i in [i for i in dict.fromkeys(op) if not any(i in seg for seg in segments)]:
+            if not active or len(segments[-1]) == PER_SEGMENT:
+                while len(segments) >= 3:
+                    segments.pop(0)
+                segments.append([])
+                active = True
+            segments[-1].append(i)
+        s.append([(h(i), kv(i)) for i in op])
+        s.check_invariants()
+        held = [i for seg in segments for i in seg]
+        assert s.hashes() == [h(i) for i in held]
+        assert served(s) == {h(i): kv(i) for i in held}
+        assert s.get_run([h(i) for i in held]) == [kv(i) for i in held]
+        assert all(s.get(h(i)) is None for i in range(21) if i not in held)
+    s.close()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_flipped_bits_and_a_torn_tail_are_dropped_and_counted(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    s = store(tmp_path, segments=8)
+    s.append([(h(i), kv(i)) for i in range(14)])  # segments 1..3 full, 4 holds two
+    s.close()
+    files = sorted(tmp_path.iterdir())
+    damaged = rng.sample(range(12), 3)  # records of the full segments, anywhere in them (header or KV)
+    for r in damaged:
+        f = files[r // PER_SEGMENT]
+        data = bytearray(f.read_bytes())
+        at = (r % PER_SEGMENT) * RECORD + rng.randrange(RECORD)
+        data[at] ^= 1 << rng.randrange(8)
+        f.write_bytes(data)
+    last = files[-1]
+    cut = rng.randrange(RECORD + 1, 2 * RECORD)  # the second record of the last segment is torn
+    last.write_bytes(last.read_bytes()[:cut])
+    reopened = store(tmp_path, segments=8)
+    assert set(served(reopened)) == {h(i) for i in range(13) if i not in damaged}
+    assert reopened.counters.dropped[Dropped.TORN] == 1
+    assert reopened.counters.dropped[Dropped.CORRUPT] + reopened.counters.dropped[Dropped.FOREIGN] == 3
+
+
+def test_a_record_damaged_after_the_scan_is_dropped_at_read(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    s.append([(h(i), kv(i)) for i in range(2)])
+    f = next(tmp_path.iterdir())
+    data = bytearray(f.read_bytes())
+    data[RECORD + HEADER_BYTES + 5] ^= 0x10  # block 1's KV
+    f.write_bytes(data)
+    assert s.get_run([h(0), h(1), h(2)]) == [kv(0)]  # read in one pread, cut at the bad record
+    assert h(1) not in s and s.counters.dropped == {Dropped.CORRUPT: 1}
+    assert s.counters.reads == 1 and s.get(h(1)) is None
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from radixmesh.node_agent.memory.disk.record import DiskIdentity
+    from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier
+
+    IDENTITY = DiskIdentity(**FIELDS)
+    RECORD = IDENTITY.record_bytes
+    SIZE = IDENTITY.block_bytes
+    h = lambda i: i.to_bytes(16, "little")
+    kv = lambda i: (i.to_bytes(8, "little") * (SIZE // 8 + 1))[:SIZE]
+    start = int(sys.argv[2])
+    tier = DiskTier(DiskConfig(Path(sys.argv[1]), capacity_bytes=1 << 30, segment_bytes=128 * RECORD), IDENTITY)
+    i = start
+    while True:
+        for _ in range(64):  # 4 MiB: the kill often lands inside a write
+            tier.offer(h(i), kv(i))
+            i += 1
+        tier.flush()
+        print(i, flush=True)  # every block below i is written
+""")
+
+
+def test_a_writer_killed_mid_write_never_serves_a_bad_block(tmp_path: Path) -> None:
+    """SIGKILL at seeded instants of a writer that never stops writing; each restart reopens the
+    directory (and goes on writing after what it holds), so later kills land among older segments."""
+    rng = random.Random(29)
+    identity = DiskIdentity.of(BIG, b"cluster-key")
+    segment_bytes = 128 * identity.record_bytes
+    acknowledged = 0
+    torn_files: set[str] = set()
+    root = Path(__file__).resolve().parents[2]
+    kills = 0
+    while len(torn_files) < 3 and kills < 40:  # until three kills tore a write (timing decides which do)
+        kills += 1
+        torn = {f.name for f in tmp_path.iterdir() if f.stat().st_size % identity.record_bytes}
+        with_store = SegmentStore(tmp_path, identity, 1 << 30, segment_bytes)
+        assert set(served(with_store)) >= {h(i) for i in range(acknowledged)}
+        assert with_store.counters.dropped == ({Dropped.TORN: len(torn)} if torn else {})
+        torn_files |= torn
+        with_store.close()
+        script = f"FIELDS = {asdict(identity)!r}\n{_WRITER}"
+        child = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(acknowledged)],
+                                 stdout=subprocess.PIPE, text=True, cwd=root)
+        assert child.stdout is not None
+        for _ in range(rng.randrange(1, 4)):
+            acknowledged = int(child.stdout.readline())
+        # Not a wait for anything: a seeded instant to kill at, within the next 4 MiB write or two.
+        time.sleep(rng.uniform(0, 0.004))
+        child.kill()
+        child.wait()
+    final = SegmentStore(tmp_path, identity, 1 << 30, segment_bytes)
+    assert set(served(final)) >= {h(i) for i in range(acknowledged)}
+    # Torn tails are the only damage a kill can do; each is counted once per reopen that finds it.
+    assert set(final.counters.dropped) <= {Dropped.TORN}
+    assert torn_files, f"none of {kills} kills landed inside a write: the test did not test it"
+
+
+def test_the_disk_tier_renders_its_metrics(tmp_path: Path) -> None:
+    tier = DiskTier(DiskConfig(tmp_path, capacity_bytes=4 * PER_SEGMENT * RECORD,
+                               segment_bytes=PER_SEGMENT * RECORD), IDENTITY)
+    tier.offer(h(1), kv(1))
+    tier.flush()
+    assert tier.get_run([h(1), h(2)]) == [kv(1)]
+    text = render_prometheus([tier.stats()])
+    for sample in ('radixmesh_disk_blocks{tier="disk"} 1.0', 'radixmesh_disk_reads_total{tier="disk"} 1.0',
+                   f'radixmesh_disk_write_bytes_total{{tier="disk"}} {float(BLOCK)}',
+                   f'radixmesh_disk_capacity_bytes{{tier="disk"}} {float(4 * PER_SEGMENT * RECORD)}',
+                   'radixmesh_disk_dropped_blocks_total{reason="torn",tier="disk"} 0.0'):
+        assert sample in text, sample
+    tier.close()
+
+
+def test_a_failed_write_loses_only_its_own_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = store(tmp_path)
+    s.append([(h(0), kv(0))])
+    real = segments._write_all
+
+    def disk_full(fd: int, buffer: bytearray) -> None:
+        real(fd, buffer[: RECORD + 10])  # the first record whole, the second torn
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(segments, "_write_all", disk_full)
+    with pytest.raises(OSError):
+        s.append([(h(1), kv(1)), (h(2), kv(2))])
+    monkeypatch.setattr(segments, "_write_all", real)
+    s.append([(h(3), kv(3))])
+    assert served(s) == {h(0): kv(0), h(3): kv(3)}
+    s.close()
+    reopened = store(tmp_path)
+    # What reached the disk whole is a valid block, found again; the torn record is not.
+    assert served(reopened) == {h(0): kv(0), h(1): kv(1), h(3): kv(3)}
+    assert reopened.counters.dropped == {Dropped.TORN: 1}

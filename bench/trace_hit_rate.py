@@ -37,10 +37,11 @@ from radixmesh.cluster.sim.trace import read_trace
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = [
-    "round_robin", "least_loaded", "prefix_affinity", "cost", "cost_no_pull", "cost+cluster_evict",
+    "default", "round_robin", "least_loaded", "prefix_affinity", "cost", "cost_no_pull", "cost+cluster_evict",
     "cost+handoff", "cost+s3fifo", "cost+s3fifo+cluster_ghost", "cost+s3fifo+cluster_ghost+handoff",
 ]
-"""Routing policies, then `+` eviction changes on every node: `cluster_evict`, replicated chain ends
+"""`default`: exactly what `radixmesh up` runs (SimConfig's defaults; its JSON row says "default": true).
+Routing policies, then `+` eviction changes on every node: `cluster_evict`, replicated chain ends
 first among each eviction's next blocks (SimConfig.cluster_eviction); `s3fifo`, the scan-resistant
 order (PoolConfig.eviction); `cluster_ghost`, blocks whose last cluster copy was evicted recently
 come back as re-used (SimConfig.cluster_recall: the index's ghost, which agents get with their lease); `handoff`, a pull's source demotes the blocks it
@@ -50,7 +51,9 @@ ISSUE_GOAL = 1.0  # issue 16: cluster-aware eviction >= 1.0 x global LRU at <= 1
 
 
 def sim_config(policy: str, nodes: int, capacity: int, seed: int) -> SimConfig:
-    """`route+modifier+...` as one simulated cluster."""
+    """`route+modifier+...` as one simulated cluster; `default` is `up`'s configuration."""
+    if policy == "default":
+        return SimConfig(nodes=nodes, capacity_blocks=capacity, seed=seed)
     route, *mods = policy.split("+")
     assert set(mods) <= MODIFIERS, mods
     return SimConfig(
@@ -89,6 +92,7 @@ def main() -> None:
                     row["global_s3fifo"] = r.global_same_eviction
                 d = r.as_dict()
                 row[policy] = {
+                    "default": policy == "default",
                     "hit_rate": r.hit_rate,
                     "max_load_over_mean": r.max_load_over_mean,
                     "max_tokens_over_mean": r.max_tokens_over_mean,

@@ -4,6 +4,15 @@
         --engine name=vllm-0,url=http://10.0.0.5:8000,events=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558 \
         --engine name=vllm-1,url=http://10.0.0.6:8000,events=tcp://10.0.0.6:5557 --port 8000
 
+An engine's events may instead be given as the JSON its `vllm serve --kv-events-config` took, as the
+spec's last field (it takes the rest of the spec, commas included):
+
+    --engine 'name=vllm-0,url=http://10.0.0.5:8000,kv-events-config={"enable_kv_cache_events": true,
+              "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'
+
+A bind-all host there (`*`, 0.0.0.0, ::) is where the engine listens: the front connects to the
+host of the engine's URL (10.0.0.5) on that port.
+
 One process: a metadata service on 127.0.0.1 (memory state, a fresh secret), every engine's KV
 events ingested into it (ExternalFleet), and the OpenAI API of a Router that routes with
 `cost_no_pull`. It prints the API's URL, then serves until Ctrl-C or SIGTERM.
@@ -11,8 +20,10 @@ events ingested into it (ExternalFleet), and the OpenAI API of a Router that rou
 
 import asyncio
 import contextlib
+import json
 import signal
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -40,28 +51,91 @@ from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.limits import PromptLimits
 
 _SPEC_KEYS = {"name", "url", "events", "replay", "topic"}
+_KV_EVENTS_CONFIG = "kv-events-config="
+_SPEC_FORM = "name=...,url=...,events=...[,replay=...][,topic=...] or name=...,url=...,kv-events-config=JSON"
 
 
 def parse_engine(spec: str, *, model: str, block_size: int, layout: str, hash_key: bytes,
                  capacity_blocks: int) -> ExternalEngineConfig:
-    """`name=N,url=U,events=E[,replay=R][,topic=T]` as an engine's config; ValueError naming the problem."""
+    """`name=N,url=U,events=E[,replay=R][,topic=T]` or `name=N,url=U,kv-events-config=JSON` as an
+    engine's config; ValueError naming the problem."""
+    # The JSON holds commas, so its field comes last and takes the rest of the spec.
+    head, sep, kv_events_config = spec.partition("," + _KV_EVENTS_CONFIG)
     fields: dict[str, str] = {}
-    for part in spec.split(","):
-        key, sep, value = part.partition("=")
-        if not sep or key not in _SPEC_KEYS or key in fields or not value:
-            raise ValueError(f"{part!r} in {spec!r}: expected name=...,url=...,events=...[,replay=...][,topic=...]")
+    for part in head.split(","):
+        key, eq, value = part.partition("=")
+        if not eq or key not in _SPEC_KEYS or key in fields or not value:
+            raise ValueError(f"{part!r} in {spec!r}: expected {_SPEC_FORM}")
         fields[key] = value
-    missing = sorted({"name", "url", "events"} - set(fields))
+    required = {"name", "url"} if sep else {"name", "url", "events"}
+    missing = sorted(required - set(fields))
     if missing:
         raise ValueError(f"engine {spec!r} lacks {', '.join(missing)}")
-    events = SubscriberConfig(fields["events"], fields.get("replay"), fields.get("topic", ""))
+    if sep:
+        if fields.keys() & {"events", "replay", "topic"}:
+            raise ValueError(f"engine {spec!r}: give events=... or kv-events-config=..., not both")
+        events = subscriber_from_kv_events_config(kv_events_config, fields["url"])
+    else:
+        events = SubscriberConfig(fields["events"], fields.get("replay"), fields.get("topic", ""))
     return ExternalEngineConfig(NodeId(fields["name"]), fields["url"], events, layout, model, block_size=block_size,
                                 capacity_blocks=capacity_blocks, hash_key=hash_key)
 
 
+_VLLM_FIELDS = {"enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm",
+                "max_queue_size", "topic"}
+"""vLLM's KVEventsConfig (vllm/config/kv_events.py); buffer_steps, hwm and max_queue_size tune the
+engine's side only."""
+_BIND_ALL = {"*", "0.0.0.0", "::", "[::]"}
+
+
+def subscriber_from_kv_events_config(text: str, engine_url: str) -> SubscriberConfig:
+    """Where to follow the events of an engine started with `--kv-events-config text` and serving at
+    `engine_url`; ValueError naming the problem."""
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"kv-events-config is not JSON ({e}): {text!r}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"kv-events-config must be a JSON object, got {text!r}")  # noqa: TRY004 (a usage error)
+    unknown = sorted(doc.keys() - _VLLM_FIELDS)
+    if unknown:
+        raise ValueError(f"kv-events-config: unknown field(s) {', '.join(unknown)}; vLLM's are "
+                         f"{', '.join(sorted(_VLLM_FIELDS))}")
+    if doc.get("enable_kv_cache_events") is not True:
+        raise ValueError("kv-events-config: enable_kv_cache_events is not true, so the engine publishes no KV events")
+    publisher = doc.get("publisher", "zmq")  # vLLM's default once events are enabled
+    if publisher != "zmq":
+        raise ValueError(f"kv-events-config: publisher {publisher!r} publishes nothing to follow; only 'zmq' does")
+    endpoint, replay, topic = doc.get("endpoint"), doc.get("replay_endpoint"), doc.get("topic", "")
+    if not isinstance(endpoint, str) or not endpoint:
+        raise ValueError("kv-events-config lacks endpoint (vLLM's default is tcp://*:5557: give it explicitly)")
+    if not (replay is None or isinstance(replay, str) and replay) or not isinstance(topic, str):
+        raise ValueError("kv-events-config: replay_endpoint must be a ZMQ address or null, topic a string")
+    host = urlsplit(engine_url).hostname
+    if not host:
+        raise ValueError(f"engine url {engine_url!r} names no host to reach its KV events on")
+    return SubscriberConfig(_connect_address(endpoint, host), replay and _connect_address(replay, host), topic)
+
+
+def _connect_address(endpoint: str, engine_host: str) -> str:
+    """The address to connect to for the one the engine binds: its URL's host for a bind-all host."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme == "ipc":  # a path on the engine's machine: reachable when the front runs there too
+        return endpoint
+    address, colon, port = rest.rpartition(":")
+    if scheme != "tcp" or not colon or not address or not port.isdigit():
+        raise ValueError(f"kv-events-config: endpoint {endpoint!r} must be tcp://host:port (or ipc://path)")
+    if address in _BIND_ALL:
+        address = f"[{engine_host}]" if ":" in engine_host else engine_host
+    return f"tcp://{address}:{port}"
+
+
 @click.command("front")
 @click.option("--engine", "engines", multiple=True, required=True, metavar="SPEC",
-              help="name=N,url=http://host:port,events=tcp://host:5557[,replay=tcp://host:5558][,topic=T]; repeat it.")
+              help="name=N,url=http://host:port,events=tcp://host:5557[,replay=tcp://host:5558][,topic=T], or "
+                   "name=N,url=http://host:port,kv-events-config=JSON with the JSON the engine's `vllm serve "
+                   "--kv-events-config` took (last: it takes the rest of the spec; a bind-all endpoint host such "
+                   "as tcp://*:5557 is reached at the URL's host); repeat it.")
 @click.option("--model", required=True, help="The model name the engines serve (and /v1/models shows).")
 @click.option("--tokenizer", type=click.Path(exists=True, path_type=Path), default=None,
               help="The engines' tokenizer (an HF directory or a .gguf file), for text prompts and chat.")

@@ -12,6 +12,11 @@ a plan that names a pull anyway is served by computing and says `pull_failed`).
 
 Errors follow AgentClient's contract: HTTP 4xx -> InvalidRequest with the engine's message; an
 unreachable engine, a 5xx, a broken stream or a reply without token ids -> AgentUnavailable.
+
+The prefix-cache reset (CacheResettable) goes to the engine's own endpoint: vLLM's
+`POST /reset_prefix_cache` (served with VLLM_SERVER_DEV_MODE=1), else SGLang's `POST /flush_cache`.
+Neither says how many blocks it dropped, so the reset reports no tier counts (an empty dict); the
+index drops the engine's blocks when its AllBlocksCleared event arrives, shortly after the reply.
 """
 
 import json
@@ -27,12 +32,16 @@ from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig, LazySess
 from radixmesh.common.metrics.scrape import ScrapeTarget
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import RequestHits
-from radixmesh.proto.serve.limits import InvalidRequest
+from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest
 from radixmesh.proto.serve.plan import ServeItem, ServePlan, ServeResult, ServeStats, TokenDelta
 from radixmesh.proto.serve.sampling import FinishReason
 from radixmesh.proto.serve.tokens import TokenSources
 
 logger = logging.getLogger(__name__)
+
+RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")
+"""vLLM's reset, then SGLang's: the client is not told the engine's kind, and each engine answers 404
+to the other's path."""
 
 
 class EngineAgentClient:
@@ -132,6 +141,29 @@ class EngineAgentClient:
         if self._extra_metrics is None:
             return text
         return text + ("" if text.endswith("\n") or not text else "\n") + self._extra_metrics()
+
+    async def reset_prefix_cache(self) -> dict[str, int]:
+        """Ask the engine to drop its prefix cache (RESET_PATHS, the first it serves). Returns {}: the
+        engine does not say how many blocks it dropped, so no tier count is reported (a -1 would
+        corrupt the router's total). Raises AgentBusy when it refuses (HTTP 400 or 409: SGLang
+        refuses while requests wait or run; vLLM's API server answers 200 without checking),
+        AgentUnavailable when it is unreachable, fails, or serves neither path."""
+        for path in RESET_PATHS:
+            try:
+                async with self._session.get().post(f"{self.config.base_url}{path}", timeout=self._timeout) as r:
+                    status, text = r.status, await r.text()
+            except (aiohttp.ClientError, TimeoutError) as e:
+                raise AgentUnavailable(f"engine {self.node} reset: {type(e).__name__}: {e}") from e
+            if 200 <= status < 300:
+                logger.info("engine %s reset its prefix cache (%s)", self.node, path)
+                return {}
+            if status in (400, 409):  # SGLang's body reads "Cache flushed." even then: leave it out
+                raise AgentBusy(f"engine {self.node} refused the reset (HTTP {status}; SGLang refuses while "
+                                "requests wait or run)")
+            if status not in (404, 405):
+                raise AgentUnavailable(f"engine {self.node} reset: HTTP {status}: {_error_message(text)}")
+        raise AgentUnavailable(f"engine {self.node} serves no cache reset ({' or '.join(RESET_PATHS)}; vLLM "
+                               "serves its own with VLLM_SERVER_DEV_MODE=1)")
 
     async def scrape_target(self) -> ScrapeTarget | None:
         """None: the engine's own /metrics is the operator's existing vLLM scrape; its ingestion

@@ -1,6 +1,7 @@
 """A stand-in for a vLLM server, run as its own process by tests/cluster/test_external_engine.py.
 
-    python tests/support/fake_vllm_engine.py --block-size 4 --num-blocks 64 [--replay] [--encoding map|array]
+    python tests/support/fake_vllm_engine.py --block-size 4 --num-blocks 64 [--replay] [--encoding map|array] \
+        [--reset vllm|sglang|none]
 
 It prints one JSON line, {"http_port", "pub_port", "replay_port"}, once it serves. What it serves:
 - `POST /v1/completions` (prompt as token ids, streaming or not, `cache_salt`, `seed`,
@@ -14,7 +15,10 @@ It prints one JSON line, {"http_port", "pub_port", "replay_port"}, once it serve
   answering replay requests as ZmqEventPublisher._service_replay does. The PUB socket is an XPUB so
   the test can see that a subscriber arrived (`GET /control/subscribers`) instead of sleeping.
 - `GET /metrics`: vllm:num_requests_waiting, vllm:num_requests_running, vllm:kv_cache_usage_perc,
-  vllm:cache_config_info; `POST /reset_prefix_cache` (vLLM's endpoint: AllBlocksCleared);
+  vllm:cache_config_info; the cache reset of `--reset`: `vllm` (the default) serves vLLM's
+  `POST /reset_prefix_cache`, `sglang` SGLang's `POST /flush_cache` (refused with HTTP 400 while the
+  waiting gauge is above 0, as SGLang refuses while requests wait or run), `none` neither (vLLM
+  without VLLM_SERVER_DEV_MODE); a reset empties the cache and publishes AllBlocksCleared;
   `POST /control/lose_next_batch` (the next batch gets its seq but never reaches the PUB socket);
   `POST /control/waiting` {"n"} sets the waiting gauge.
 """
@@ -186,7 +190,17 @@ class FakeEngine:
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         self.cache.clear()
         self.publish([self.cleared()])
-        return web.Response(text="ok")
+        return web.Response(status=200)
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        # SGLang's reply, word for word, whether it flushed (200) or refused (400)
+        text = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+                "requests, the operation will not be performed.)\n")
+        if self.waiting:
+            return web.Response(text=text, status=400)
+        self.cache.clear()
+        self.publish([self.cleared()])
+        return web.Response(text=text)
 
     async def lose_next_batch(self, request: web.Request) -> web.Response:
         self.lose_next = True
@@ -206,12 +220,16 @@ async def main() -> None:
     parser.add_argument("--num-blocks", type=int, default=64)
     parser.add_argument("--encoding", choices=["map", "array"], default="map")
     parser.add_argument("--replay", action="store_true")
+    parser.add_argument("--reset", choices=["vllm", "sglang", "none"], default="vllm")
     args = parser.parse_args()
     engine = FakeEngine(args.block_size, args.num_blocks, args.encoding, args.replay)
     app = web.Application()
     app.router.add_post("/v1/completions", engine.completions)
     app.router.add_get("/metrics", engine.metrics)
-    app.router.add_post("/reset_prefix_cache", engine.reset_prefix_cache)
+    if args.reset == "vllm":
+        app.router.add_post("/reset_prefix_cache", engine.reset_prefix_cache)
+    elif args.reset == "sglang":
+        app.router.add_post("/flush_cache", engine.flush_cache)
     app.router.add_post("/control/lose_next_batch", engine.lose_next_batch)
     app.router.add_post("/control/waiting", engine.set_waiting)
     app.router.add_get("/control/subscribers", engine.subscriber_count)

@@ -128,11 +128,14 @@ class RayUpCluster:
 
     def agent_actors(self) -> set[str]:
         """Names of the agent actors alive in the Ray cluster, asked on the head (a Ray driver there)."""
-        code = ("import json, os, ray; os.environ['RAY_AUTH_MODE'] = 'token'; "
-                "ray.init(address='auto', logging_level='ERROR'); "
+        code = ("import json, ray; ray.init(address='auto', logging_level='ERROR'); "
                 "print(json.dumps([a['name'] for a in ray.util.list_named_actors(all_namespaces=True)]))")
-        done = subprocess.run([*self.ssh(self.head), "bash", "--login", "-c", shlex.quote(f"python3 -c {shlex.quote(code)}")],
-                              check=True, capture_output=True, text=True, timeout=120)
+        # Ray reads RAY_AUTH_MODE when it is imported: set in the driver's environment, not in its code.
+        command = f"RAY_AUTH_MODE=token python3 -c {shlex.quote(code)}"
+        done = subprocess.run([*self.ssh(self.head), "bash", "--login", "-c", shlex.quote(command)],
+                              check=False, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"listing the actors on the head failed ({done.returncode}):\n{done.stderr[-3000:]}")
         return {n for n in json.loads(done.stdout.strip().splitlines()[-1]) if n.startswith("radixmesh-agent-")}
 
     def logs(self) -> str:

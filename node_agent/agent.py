@@ -45,7 +45,7 @@ from radixmesh.node_agent.placement import place_model, set_torch_threads
 from radixmesh.node_agent.transfer.endpoint import parse_address
 from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
-from radixmesh.proto.events import BlockStored, CacheEvent
+from radixmesh.proto.events import BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
 from radixmesh.proto.metadata.hits import RequestHits
@@ -55,6 +55,11 @@ from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest, usable_prefi
 from radixmesh.proto.serve.plan import ServeItem, ServePlan, ServeResult, ServeStats, TokenDelta
 
 logger = logging.getLogger(__name__)
+
+
+MAX_ANNOUNCED_DISK_BLOCKS = 1 << 19
+"""Disk blocks a node announces at most, the newest: the metadata service refuses a snapshot past its
+max_snapshot_blocks (1 << 20 by default) whole, and the gpu and host tiers need their share."""
 
 
 def new_epoch() -> int:
@@ -335,9 +340,12 @@ class NodeAgent:
         return self.epoch
 
     def node_info(self) -> NodeInfo:
-        """What RegisterNode declares for this incarnation. Its capacity counts both tiers' blocks: the
-        index holds what either tier caches, and refuses a node holding more than it declared."""
-        capacity = sum(t.pool.num_blocks for t in self.engine.memory.tiers)
+        """What RegisterNode declares for this incarnation. Its capacity counts every tier's blocks (the
+        disk's up to what it announces): the index holds what any tier caches, and refuses a node
+        holding more than it declared."""
+        disk = self.engine.memory.disk
+        capacity = (sum(t.pool.num_blocks for t in self.engine.memory.tiers)
+                    + (min(disk.capacity_blocks, MAX_ANNOUNCED_DISK_BLOCKS) if disk is not None else 0))
         return NodeInfo(self.node, self.epoch, self.layout.fingerprint(), self.layout.block_size,
                         self.layout.block_bytes, self.transfer_address, capacity)
 
@@ -346,12 +354,23 @@ class NodeAgent:
         return await self.runner.call(self._drain_events)
 
     async def snapshot(self) -> tuple[BlockStored, ...]:
-        """Every cached block of both tiers as chains; pending events are drained in the same engine
-        step, so the snapshot covers exactly what they said."""
-        def both() -> tuple[BlockStored, ...]:
+        """Every cached block of the gpu and host tiers as chains, and the disk tier's (its newest
+        MAX_ANNOUNCED_DISK_BLOCKS); pending events are drained in the same engine step, so the
+        snapshot covers exactly what they said.
+
+        The snapshot that follows each registration is how a restarted node's disk blocks (re-indexed
+        when the tier opened) reach the index under its new epoch, so the cluster routes to them
+        again. Between snapshots the disk's own changes are not published: blocks it takes are
+        announced at the next one, blocks it evicts stay indexed until then (a request routed for
+        them recomputes them: slower, never wrong)."""
+        def every_tier() -> tuple[BlockStored, ...]:
             self._drain_events()
-            return tuple(c for t in self.engine.memory.tiers for c in chains(t.cache.snapshot(), t.cache.tier))
-        return await self.runner.call(both)
+            stored = [c for t in self.engine.memory.tiers for c in chains(t.cache.snapshot(), t.cache.tier)]
+            disk = self.engine.memory.disk
+            if disk is not None:
+                stored += chains(disk.chains(MAX_ANNOUNCED_DISK_BLOCKS), Tier.DISK)
+            return tuple(stored)
+        return await self.runner.call(every_tier)
 
     def _drain_events(self) -> list[CacheEvent]:
         """The one drain of both tiers' events (gpu first): the vLLM-format publisher sees each too."""

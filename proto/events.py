@@ -11,6 +11,7 @@ class Tier(StrEnum):
 
     GPU = "gpu"
     HOST = "host"
+    DISK = "disk"
 
 
 @dataclass(frozen=True, slots=True)

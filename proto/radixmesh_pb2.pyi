@@ -12,9 +12,11 @@ class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_UNSPECIFIED: _ClassVar[Tier]
     TIER_GPU: _ClassVar[Tier]
     TIER_HOST: _ClassVar[Tier]
+    TIER_DISK: _ClassVar[Tier]
 TIER_UNSPECIFIED: Tier
 TIER_GPU: Tier
 TIER_HOST: Tier
+TIER_DISK: Tier
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "epoch", "layout_fingerprint", "block_size", "transfer_address", "capacity_blocks", "block_bytes")
@@ -83,20 +85,22 @@ class NodeLoad(_message.Message):
     def __init__(self, queued_requests: _Optional[int] = ..., running_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., pull_gbps: _Optional[_Mapping[str, float]] = ..., pull_latency_s: _Optional[_Mapping[str, float]] = ..., compute_group: _Optional[str] = ...) -> None: ...
 
 class RequestHits(_message.Message):
-    __slots__ = ("request_id", "tenant", "prompt_tokens", "local_gpu_tokens", "local_host_tokens", "remote_tokens")
+    __slots__ = ("request_id", "tenant", "prompt_tokens", "local_gpu_tokens", "local_host_tokens", "remote_tokens", "local_disk_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_GPU_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_HOST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REMOTE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_DISK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     prompt_tokens: int
     local_gpu_tokens: int
     local_host_tokens: int
     remote_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., local_gpu_tokens: _Optional[int] = ..., local_host_tokens: _Optional[int] = ..., remote_tokens: _Optional[int] = ...) -> None: ...
+    local_disk_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., local_gpu_tokens: _Optional[int] = ..., local_host_tokens: _Optional[int] = ..., remote_tokens: _Optional[int] = ..., local_disk_tokens: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "epoch", "load", "hits")
@@ -237,7 +241,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HitCounters(_message.Message):
-    __slots__ = ("requests", "prompt_tokens", "local_gpu_tokens", "local_host_tokens", "remote_tokens", "miss_tokens", "cluster_cached_tokens", "regret_tokens", "predicted_local_tokens", "realized_local_tokens", "hit_rate", "index_precision")
+    __slots__ = ("requests", "prompt_tokens", "local_gpu_tokens", "local_host_tokens", "remote_tokens", "miss_tokens", "cluster_cached_tokens", "regret_tokens", "predicted_local_tokens", "realized_local_tokens", "hit_rate", "index_precision", "local_disk_tokens")
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_GPU_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +254,7 @@ class HitCounters(_message.Message):
     REALIZED_LOCAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     INDEX_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_DISK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     requests: int
     prompt_tokens: int
     local_gpu_tokens: int
@@ -262,7 +267,8 @@ class HitCounters(_message.Message):
     realized_local_tokens: int
     hit_rate: float
     index_precision: float
-    def __init__(self, requests: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., local_gpu_tokens: _Optional[int] = ..., local_host_tokens: _Optional[int] = ..., remote_tokens: _Optional[int] = ..., miss_tokens: _Optional[int] = ..., cluster_cached_tokens: _Optional[int] = ..., regret_tokens: _Optional[int] = ..., predicted_local_tokens: _Optional[int] = ..., realized_local_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., index_precision: _Optional[float] = ...) -> None: ...
+    local_disk_tokens: int
+    def __init__(self, requests: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., local_gpu_tokens: _Optional[int] = ..., local_host_tokens: _Optional[int] = ..., remote_tokens: _Optional[int] = ..., miss_tokens: _Optional[int] = ..., cluster_cached_tokens: _Optional[int] = ..., regret_tokens: _Optional[int] = ..., predicted_local_tokens: _Optional[int] = ..., realized_local_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., index_precision: _Optional[float] = ..., local_disk_tokens: _Optional[int] = ...) -> None: ...
 
 class ClusterStats(_message.Message):
     __slots__ = ("total", "per_node", "per_tenant", "live_nodes", "indexed_blocks", "state_store")

@@ -66,7 +66,7 @@ def format_report(doc: dict[str, Any]) -> str:
         + (f", {r.pull_blocks} pulled from {r.pull_from}" if r.pull_from else "")
         + f", estimated TTFT {r.est_ttft_s * 1e3:.1f} ms",
         (f"prompt     {tokens.prompt} tokens: local gpu {tokens.local_gpu}, local host {tokens.local_host}, "
-         f"remote {tokens.remote}, computed {tokens.computed}"),
+         f"local disk {tokens.local_disk}, remote {tokens.remote}, computed {tokens.computed}"),
         f"pull       {s.pull_bytes} bytes in {s.pull_seconds * 1e3:.1f} ms" + (" (failed, recomputed)"
                                                                               if s.pull_failed else ""),
         f"timing     TTFT {r.ttft_s * 1e3:.1f} ms at the router, {r.attempts} attempt(s)",

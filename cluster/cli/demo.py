@@ -36,7 +36,8 @@ def comparison_table(on: DemoRun, off: DemoRun) -> Table:
     table.add_row("requests", str(on.requests), str(off.requests))
     table.add_row("prompt tokens", str(on.prompt_tokens), str(off.prompt_tokens))
     table.add_row("global hit rate", f"{on.hit_rate:.1%}", f"{off.hit_rate:.1%}")
-    for source, name in (("local_gpu", "  local gpu"), ("local_host", "  local host"), ("remote", "  remote (pulled)"),
+    for source, name in (("local_gpu", "  local gpu"), ("local_host", "  local host"),
+                         ("local_disk", "  local disk"), ("remote", "  remote (pulled)"),
                          ("computed", "  miss (prefilled)")):
         table.add_row(name, share(on, source), share(off, source))
     for q in (50, 99):

@@ -101,18 +101,20 @@ def render_stats(doc: dict[str, Any]) -> Group:
     by = r["hit_rate_by_source"]
     total = Table(title=f"radixmesh: policy {r['active_policy']}" + (" (DEGRADED: metadata unreachable)"
                                                                       if r["degraded"] else ""))
-    for col in ("requests", "prompt tokens", "hit rate", "local gpu", "local host", "remote", "miss",
+    for col in ("requests", "prompt tokens", "hit rate", "local gpu", "local host", "local disk", "remote", "miss",
                 "regret tokens", "index precision", "retries"):
         total.add_column(col, justify="right")
     total.add_row(str(r["requests"]), str(r["prompt_tokens"]), f"{r['hit_rate']:.1%}", f"{by['local_gpu']:.1%}",
-                  f"{by['local_host']:.1%}", f"{by['remote']:.1%}", f"{by['computed']:.1%}", str(r["regret_tokens"]),
+                  f"{by['local_host']:.1%}", f"{by['local_disk']:.1%}", f"{by['remote']:.1%}",
+                  f"{by['computed']:.1%}", str(r["regret_tokens"]),
                   f"{r['index_precision']:.2f}", str(r["retries"]))
     nodes = Table(title="nodes")
     for col in ("node", "in flight", "routed", "failed", "requests", "hit rate", "local", "remote", "miss"):
         nodes.add_column(col, justify="right")
     for name, n in sorted(r["nodes"].items()):
         nodes.add_row(name, str(n["inflight"]), str(n["routed"]), str(n["failed_attempts"]), str(n["requests"]),
-                      f"{n['hit_rate']:.1%}", str(n["local_gpu"] + n["local_host"]), str(n["remote"]), str(n["computed"]))
+                      f"{n['hit_rate']:.1%}", str(n["local_gpu"] + n["local_host"] + n["local_disk"]),
+                      str(n["remote"]), str(n["computed"]))
     meta = doc.get("metadata")
     footer = Table.grid()
     footer.add_row("metadata service: " + (f"{meta['live_nodes']} live node(s), {meta['indexed_blocks']} indexed "

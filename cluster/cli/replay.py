@@ -23,7 +23,7 @@ def format_report(r: ReplayReport) -> str:
     return "\n".join([
         f"{r.requests} requests, {r.prompt_tokens} prompt tokens in {r.wall_s:.1f} s",
         (f"hit rate        {r.hit_rate:.3f}  (local gpu {hs['local_gpu']}, local host {hs['local_host']}, "
-        f"remote {hs['remote']}, miss {hs['computed']} tokens)"),
+        f"local disk {hs['local_disk']}, remote {hs['remote']}, miss {hs['computed']} tokens)"),
         (f"block hit rate  {r.block_hit_rate:.3f}  infinite-cache bound {r.infinite_bound:.3f}  "
         f"achieved/bound {d['achieved_over_bound']:.3f}"),
         f"TTFT p50 {r.ttft_p50_s * 1e3:.1f} ms  p99 {r.ttft_p99_s * 1e3:.1f} ms  (of {r.requests - r.refused} served)",

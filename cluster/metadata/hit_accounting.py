@@ -60,6 +60,7 @@ class HitAccounting:
             "prompt_tokens": t.prompt,
             "local_gpu_tokens": t.local_gpu,
             "local_host_tokens": t.local_host,
+            "local_disk_tokens": t.local_disk,
             "remote_tokens": t.remote,
             "miss_tokens": t.computed,
         }
@@ -67,7 +68,7 @@ class HitAccounting:
         if prediction is not None:
             cached = min(prediction.cluster_tokens, t.prompt)
             predicted_local = min(prediction.local_tokens.get(node, 0), t.prompt)
-            local = t.local_gpu + t.local_host
+            local = t.local
             delta["cluster_cached_tokens"] = cached
             delta["regret_tokens"] = max(0, cached - t.hits)
             delta["predicted_local_tokens"] = predicted_local

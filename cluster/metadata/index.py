@@ -34,8 +34,11 @@ from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import NodeId
 
-TIER_SHIFT: dict[Tier, int] = {Tier.GPU: 0, Tier.HOST: 1}
-"""Offset of a tier's bit inside a node slot's two bits."""
+TIER_SHIFT: dict[Tier, int] = {Tier.GPU: 0, Tier.HOST: 1, Tier.DISK: 1}
+"""Offset of a tier's bit inside a node slot's two bits. A disk copy shares the host bit: both are
+read back through the node's host tier, so the router counts (and prices) a disk holder as a host
+holder for now. A shared bit errs only towards "not held": the host evicting a block that is also on
+disk clears it (a missed route, never a wrong one); a third bit per slot would keep them apart."""
 
 Chain = tuple[Sequence[BlockHash], BlockHash | None]
 

@@ -44,7 +44,7 @@ class StatsLogger:
         m = self._router.metrics
         t = m.total.tokens
         ttft = m.ttft.snapshot()
-        return _Totals(self._clock(), m.total.requests, m.total.prompt_tokens, t.local_gpu + t.local_host, t.remote,
+        return _Totals(self._clock(), m.total.requests, m.total.prompt_tokens, t.local, t.remote,
                        ttft.count, ttft.sum, m.status_counts.get("refused", 0), m.retries)
 
     def line(self) -> str | None:

@@ -1,7 +1,8 @@
 """Estimated time to first token of a request on one node, the quantity the `cost` policy minimises.
 
     TTFT = queue (waiting prefill + pulls in progress + decode passes of running requests)
-           + host swap-in of the local prefix's host part
+           + host swap-in of the local prefix's host part (a disk copy counts as host in the
+             index, so it is priced at the host's rate for now, not at the disk's read bandwidth)
            + pull of the blocks a peer has computed beyond the local prefix (only when cheaper than recomputing them)
            + prefill of the rest
            + the time nodes sharing this node's cores take from it (processor sharing)

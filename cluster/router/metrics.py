@@ -39,7 +39,7 @@ class TokenTable:
     """Of those, the tokens the node really served from its own tiers."""
 
     def add(self, stats: ServeStats, regret: int, predicted_local: int) -> None:
-        local = stats.tokens.local_gpu + stats.tokens.local_host
+        local = stats.tokens.local
         self.requests += 1
         self.tokens += stats.tokens
         self.regret_tokens += regret

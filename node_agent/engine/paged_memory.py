@@ -1,6 +1,6 @@
 """The node's KV memory: the gpu tier, the optional host tier, and every block move between them.
 
-`PagedMemory` is the engine's `BlockSpace`: prefix hits (gpu, then host with promotion), adopted
+`PagedMemory` is the engine's `BlockSpace`: prefix hits (gpu, then host or disk with promotion), adopted
 external blocks, growth, swap out / in, insertion of computed blocks into the prefix cache, and
 demotion of evicted gpu prefix blocks to the host tier (memory.tiers makes the host's moves).
 Block tables are block_table.SequenceManager's. It stays the engine's (memory/ holds the tiers it
@@ -61,6 +61,16 @@ class MemoryConfig:
                              f"{self.num_gpu_blocks}, {self.num_host_blocks}")
         if self.disk is not None and not self.num_host_blocks:
             raise ValueError("a disk tier needs a host tier (num_host_blocks > 0): disk reads land there")
+
+
+@dataclass(slots=True)
+class PrefixHit:
+    """The pinned gpu blocks of a sequence's matched prefix, and how many of them were promoted
+    from the host tier and from the disk tier (the rest were already in the gpu)."""
+
+    block_ids: list[BlockId]
+    host_blocks: int = 0
+    disk_blocks: int = 0
 
 
 def allocate_up_to(pool: BlockPool, n: int) -> list[BlockId]:
@@ -192,7 +202,8 @@ class PagedMemory:
             return self._swap_in(seq, budget)
         assert seq.num_computed == 0 and not seq.block_ids, seq
         table = seq.table
-        self.sequences.attach_prefix(table, self._match_prefix(seq))
+        hit = self._match_prefix(seq)
+        self.sequences.attach_prefix(table, hit.block_ids)
         computed = table.num_cached_blocks * self.block_size
         n = min(len(seq.tokens) - computed, budget)
         try:
@@ -201,7 +212,7 @@ class PagedMemory:
             self.sequences.drop_blocks(table)
             return 0
         seq.num_computed = computed
-        self._count_hits(seq, table.num_cached_blocks)
+        self._count_hits(seq, hit, table.num_cached_blocks)
         return n
 
     def grow(self, seq: SequenceState, num_tokens: int) -> bool:
@@ -246,35 +257,39 @@ class PagedMemory:
             tier.cache.check_invariants()
 
     # --- moves -------------------------------------------------------------------------------
-    def _match_prefix(self, seq: SequenceState) -> list[BlockId]:
-        """Pinned gpu blocks of the longest reusable prefix: gpu hits, then host hits promoted to
-        the gpu, alternating while either advances. The last prompt token is always left to compute,
-        because its logits are what the first sampled token needs."""
+    def _match_prefix(self, seq: SequenceState) -> PrefixHit:
+        """Pinned gpu blocks of the longest reusable prefix: gpu hits, then host (or, through the
+        host, disk) hits promoted to the gpu, alternating while either advances. The last prompt
+        token is always left to compute, because its logits are what the first sampled token needs."""
+        hit = PrefixHit([])
         if not self.config.enable_prefix_caching:
-            return []
+            return hit
         limit = usable_prefix_blocks(len(seq.tokens), self.block_size)
         hashes = self.sequences.block_hashes(seq.table, limit)
-        blocks: list[BlockId] = []
-        seq.host_hit_blocks = 0
-        while len(blocks) < limit:
-            got = self.gpu.cache.match(hashes[len(blocks):])
+        while len(hit.block_ids) < limit:
+            got = self.gpu.cache.match(hashes[len(hit.block_ids):])
             if not got:
-                got = self.host.promote(self.gpu, hashes, len(blocks))
-                seq.host_hit_blocks += len(got)
+                promoted = self.host.promote(self.gpu, hashes, len(hit.block_ids))
+                got = promoted.block_ids
+                hit.disk_blocks += promoted.from_disk
+                hit.host_blocks += len(got) - promoted.from_disk
             if not got:
                 break
-            blocks += got
-        return blocks
+            hit.block_ids += got
+        return hit
 
-    def _count_hits(self, seq: SequenceState, num_blocks: int) -> None:
+    def _count_hits(self, seq: SequenceState, hit: PrefixHit, num_blocks: int) -> None:
+        """The request's prompt tokens by source, set once (at its first admission): of its
+        `num_blocks` cached blocks, those promoted from host or disk, those pulled or adopted
+        (external), and the rest found in the gpu tier."""
         if seq.stats.sources is not None:
             return
         bs = self.block_size
-        host = seq.host_hit_blocks
         external = sum(1 for h in seq.table.hashes[:num_blocks] if h in seq.external_hashes)
+        local_gpu = num_blocks - hit.host_blocks - hit.disk_blocks - external
         seq.stats.sources = TokenSources.of_prompt(
-            seq.stats.prompt_tokens, local_gpu=(num_blocks - host - external) * bs, local_host=host * bs,
-            remote=external * bs)
+            seq.stats.prompt_tokens, local_gpu=local_gpu * bs, local_host=hit.host_blocks * bs,
+            local_disk=hit.disk_blocks * bs, remote=external * bs)
 
     def _swap_out(self, seq: SequenceState, written: list[BlockId]) -> list[BlockId] | None:
         """Host copies of `written` (hashed full blocks also become host-cached), or None when the

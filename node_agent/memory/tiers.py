@@ -17,7 +17,7 @@ preemption policy satisfy, so memory needs nothing of the engine.
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -51,6 +51,14 @@ def copy_blocks(src: TierMemory, src_ids: Sequence[BlockId], dst: TierMemory, ds
     kernels.scatter_blocks(buffer.to(dst.kv.device), dst.kv, dst_ids)
 
 
+class Promoted(NamedTuple):
+    """Gpu blocks a promotion filled (held once by the caller), and how many of them the host had
+    first read from its disk tier (the request's local_disk hits; the rest are local_host)."""
+
+    block_ids: list[BlockId]
+    from_disk: int = 0
+
+
 class TierMoves(Protocol):
     """Where the host tier counts its moves (the engine's EngineCounters)."""
 
@@ -71,8 +79,8 @@ class NoHostTier:
 
     tiers: tuple[TierMemory, ...] = ()
 
-    def promote(self, gpu: TierMemory, hashes: list[BlockHash], start: int) -> list[BlockId]:
-        return []
+    def promote(self, gpu: TierMemory, hashes: list[BlockHash], start: int) -> Promoted:
+        return Promoted([])
 
     def swap_out(self, gpu: TierMemory, written: list[BlockId], full_hashes: list[BlockHash]
                  ) -> list[BlockId] | None:
@@ -102,23 +110,28 @@ class HostTier(TierMemory):
         self._clock = clock
         self.tiers: tuple[TierMemory, ...] = (self,)
 
-    def promote(self, gpu: TierMemory, hashes: list[BlockHash], start: int) -> list[BlockId]:
+    def promote(self, gpu: TierMemory, hashes: list[BlockHash], start: int) -> Promoted:
         """Copy this tier's cached run of hashes[start:] into fresh gpu blocks (inserted into the gpu
         cache and held once by the caller); when the host misses, the disk tier's run is read into
-        the host first (and stays cached there). [] when both miss or the gpu has no room."""
-        host_ids = self.cache.match(hashes[start:]) or self._load_from_disk(hashes, start)
+        the host first (and stays cached there), and the result says so. No blocks when both miss
+        or the gpu has no room."""
+        host_ids = self.cache.match(hashes[start:])
+        from_disk = 0
         if not host_ids:
-            return []
+            host_ids = self._load_from_disk(hashes, start)
+            from_disk = len(host_ids)
+        if not host_ids:
+            return Promoted([])
         try:
             gpu_ids = gpu.pool.allocate(len(host_ids))
         except OutOfBlocks:
             self.cache.release(host_ids)
-            return []
+            return Promoted([])
         copy_blocks(self, host_ids, gpu, gpu_ids)
         gpu.cache.insert(hashes[start: start + len(gpu_ids)], gpu_ids, hashes[start - 1] if start else None)
         self.cache.release(host_ids)
         self._counters.promoted_blocks += len(gpu_ids)
-        return gpu_ids
+        return Promoted(gpu_ids, from_disk)
 
     def swap_out(self, gpu: TierMemory, written: list[BlockId], full_hashes: list[BlockHash]
                  ) -> list[BlockId] | None:
@@ -193,7 +206,7 @@ class HostTier(TierMemory):
         buffer = kernels.gather_blocks(self.kv, [e.block_id for e in todo])
         raw = buffer.view(len(todo), -1).view(torch.uint8).numpy()
         for e, row in zip(todo, raw, strict=True):
-            self.disk.offer(e.hash, row.tobytes())
+            self.disk.offer(e.hash, row.tobytes(), parent=e.parent)
 
 
 def _insert_chain(cache: PrefixCache, chain: list[tuple[EvictedBlock, BlockId]]) -> None:

@@ -31,7 +31,7 @@ from radixmesh.proto.metadata.messages import (
 from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
 from radixmesh.proto.serve.tokens import TokenSources
 
-_TIER_TO_PB = {Tier.GPU: pb.TIER_GPU, Tier.HOST: pb.TIER_HOST}
+_TIER_TO_PB = {Tier.GPU: pb.TIER_GPU, Tier.HOST: pb.TIER_HOST, Tier.DISK: pb.TIER_DISK}
 # keyed by int: a message may carry any wire value (TIER_UNSPECIFIED, or one a newer peer added)
 _TIER_FROM_PB: dict[int, Tier] = {v: k for k, v in _TIER_TO_PB.items()}
 _STATUS_TO_PB = {PublishStatus.OK: pb.PublishAck.OK, PublishStatus.RESYNC: pb.PublishAck.RESYNC}
@@ -40,7 +40,7 @@ _STATUS_FROM_PB = {v: k for k, v in _STATUS_TO_PB.items()}
 
 def tier_from_pb(tier: int) -> Tier:
     if tier not in _TIER_FROM_PB:
-        raise ValueError(f"tier must be TIER_GPU or TIER_HOST, got {tier}")
+        raise ValueError(f"tier must be TIER_GPU, TIER_HOST or TIER_DISK, got {tier}")
     return _TIER_FROM_PB[tier]
 
 
@@ -115,13 +115,15 @@ def load_from_pb(m: pb.NodeLoad) -> NodeLoad:
 def hits_to_pb(h: RequestHits) -> pb.RequestHits:
     t = h.tokens
     return pb.RequestHits(request_id=h.request_id, tenant=h.tenant, prompt_tokens=t.prompt,
-                          local_gpu_tokens=t.local_gpu, local_host_tokens=t.local_host, remote_tokens=t.remote)
+                          local_gpu_tokens=t.local_gpu, local_host_tokens=t.local_host,
+                          local_disk_tokens=t.local_disk, remote_tokens=t.remote)
 
 
 def hits_from_pb(m: pb.RequestHits) -> RequestHits:
     """ValueError when the hits exceed the prompt."""
     tokens = TokenSources.of_prompt(m.prompt_tokens, local_gpu=m.local_gpu_tokens,
-                                    local_host=m.local_host_tokens, remote=m.remote_tokens)
+                                    local_host=m.local_host_tokens, local_disk=m.local_disk_tokens,
+                                    remote=m.remote_tokens)
     return RequestHits(m.request_id, m.tenant, tokens)
 
 

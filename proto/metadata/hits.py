@@ -33,6 +33,7 @@ class HitCounters:
     prompt_tokens: int = 0
     local_gpu_tokens: int = 0
     local_host_tokens: int = 0
+    local_disk_tokens: int = 0
     remote_tokens: int = 0
     miss_tokens: int = 0
     cluster_cached_tokens: int = 0
@@ -42,8 +43,8 @@ class HitCounters:
 
     @property
     def hit_rate(self) -> float:
-        """Token-weighted: (gpu + host + remote) / prompt; 0 before any request."""
-        hits = self.local_gpu_tokens + self.local_host_tokens + self.remote_tokens
+        """Token-weighted: (gpu + host + disk + remote) / prompt; 0 before any request."""
+        hits = self.local_gpu_tokens + self.local_host_tokens + self.local_disk_tokens + self.remote_tokens
         return hits / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property

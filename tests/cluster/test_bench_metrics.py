@@ -36,14 +36,15 @@ def test_a_request_meets_the_slo_only_when_completed_within_both_bounds() -> Non
 def test_summary_counts_add_up_and_match_a_hand_count() -> None:
     results = [ok(0, 0.5, 0.9, gaps=(0.1, 0.1, 0.1, 0.1)), ok(1, 3.0, 3.4, gaps=(0.1, 0.1, 0.1, 0.1)),
                RequestResult(2, Outcome.REFUSED)]
-    delta = {"requests": 2, "prompt_tokens": 1000, "local_gpu": 500, "local_host": 0, "remote": 100, "computed": 400}
+    delta = {"requests": 2, "prompt_tokens": 1000, "local_gpu": 450, "local_host": 0, "local_disk": 50, "remote": 100,
+             "computed": 400}
     s = summarise(results, offered=4, slo=SLO, window_s=2.0, stats_delta=delta)
     assert s["requests"] == {"offered": 4, "ok": 2, "refused": 1, "failed": 0, "unfinished": 1}
     assert s["goodput_rps"] == 0.5 and s["slo_attainment"] == 0.25
     assert s["ttft_s"] == {"p50": 0.5, "p90": 3.0, "p99": 3.0}
     assert s["output_tokens_per_s"] == 10 / 2.0
     assert s["hit_rate"] == pytest.approx(0.6)
-    assert s["hit_rate_by_source"] == {"local_gpu": 0.5, "local_host": 0.0, "remote": 0.1}
+    assert s["hit_rate_by_source"] == {"local_gpu": 0.45, "local_host": 0.0, "local_disk": 0.05, "remote": 0.1}
     assert s["prompt_tokens_computed"] == 400
 
 

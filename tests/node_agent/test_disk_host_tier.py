@@ -53,11 +53,14 @@ def test_host_evictions_go_to_disk_and_come_back_through_the_host(tmp_path: Path
     cache_on_host(host, OTHER, 10.0)  # evicts CHAIN from the host, tail first
     disk.flush()
     assert host.cache.longest_prefix(CHAIN) == 0 and all(h in disk for h in CHAIN)
-    got = host.promote(gpu, CHAIN, 0)
-    assert len(got) == 3 and torch.equal(gpu.kv[got], want)
+    got, from_disk = host.promote(gpu, CHAIN, 0)
+    assert len(got) == 3 and from_disk == 3 and torch.equal(gpu.kv[got], want)
     assert gpu.cache.longest_prefix(CHAIN) == 3 and host.cache.longest_prefix(CHAIN) == 3
     assert disk.stats().disk_reads == 3
     gpu.cache.release(got)
+    again, from_disk = host.promote(gpu, CHAIN, 0)  # now a host hit: nothing read from disk
+    assert len(again) == 3 and from_disk == 0 and disk.stats().disk_reads == 3
+    gpu.cache.release(again)
     host.cache.check_invariants()
     gpu.cache.check_invariants()
     disk.close()
@@ -69,8 +72,8 @@ def test_the_host_reads_only_what_it_has_room_for(tmp_path: Path) -> None:
     cache_on_host(host, OTHER, 10.0)
     disk.flush()
     pinned = host.cache.match(OTHER[:2])  # 1 host block left that the disk run may use
-    got = host.promote(gpu, CHAIN, 0)
-    assert len(got) == 1 and disk.stats().disk_reads == 1
+    got, from_disk = host.promote(gpu, CHAIN, 0)
+    assert len(got) == 1 and from_disk == 1 and disk.stats().disk_reads == 1
     gpu.cache.release(got)
     host.cache.release(pinned)
     disk.close()
@@ -83,7 +86,7 @@ def test_a_restarted_node_finds_its_blocks_on_disk(tmp_path: Path) -> None:
     disk.close()  # writes what is queued
     gpu, host, disk = tiers(tmp_path)  # a new process's tiers over the same directory
     assert host.cache.longest_prefix(CHAIN) == 0
-    got = host.promote(gpu, CHAIN, 0)
+    got, _ = host.promote(gpu, CHAIN, 0)
     assert torch.equal(gpu.kv[got], want)
     gpu.cache.release(got)
     disk.close()
@@ -113,7 +116,11 @@ def test_an_engine_serves_a_prefix_its_host_evicted_from_disk_with_the_same_toke
         eng.memory.disk.flush()  # the writer thread has written what the host evicted so far
     assert [g.output_token_ids for g in got] == [w.output_token_ids for w in want]
     sources = got[-1].stats.sources
-    assert sources is not None and sources.local_host > 0  # the first prompt came back through the host
+    # The first prompt's blocks were pushed out of gpu and host: they came back from disk.
+    assert sources is not None and sources.local_disk > 0 and sources.local_host == 0
+    assert sources.local_disk == eng.memory.disk.stats().disk_reads * bs
+    assert eng.stats().engine_cached_tokens["local_disk"] == sum(g.stats.sources.local_disk for g in got
+                                                                 if g.stats.sources is not None)
     assert eng.memory.disk.stats().disk_reads > 0
     assert "radixmesh_disk_reads_total" in eng.prometheus_text()
     eng.memory.disk.close()

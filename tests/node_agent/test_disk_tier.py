@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from radixmesh.common.metrics.exposition import render_prometheus
 from radixmesh.node_agent.memory.disk import segments
-from radixmesh.node_agent.memory.disk.record import HEADER_BYTES, DiskIdentity, Dropped
+from radixmesh.node_agent.memory.disk.record import HEADER_BYTES, DiskBlock, DiskIdentity, Dropped
 from radixmesh.node_agent.memory.disk.segments import SegmentStore
 from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier
 from radixmesh.proto.block_hash import BlockHash
@@ -26,7 +26,7 @@ from radixmesh.proto.kv_layout import KVLayout
 
 LAYOUT = KVLayout("tiny-test", num_layers=1, num_kv_heads=1, head_dim=2, dtype="float32", block_size=4)
 IDENTITY = DiskIdentity.of(LAYOUT, b"cluster-key")
-BLOCK = LAYOUT.block_bytes  # 64 bytes of KV, 128 with the header
+BLOCK = LAYOUT.block_bytes  # 64 bytes of KV, 144 with the header
 RECORD = IDENTITY.record_bytes
 PER_SEGMENT = 4
 BIG = KVLayout("tiny-test", num_layers=4, num_kv_heads=2, head_dim=64, dtype="float32", block_size=16)
@@ -40,6 +40,11 @@ def h(i: int) -> BlockHash:
 def kv(i: int, size: int = BLOCK) -> bytes:
     """The block of h(i): its bytes are a function of i, so a wrong block is told from a right one."""
     return (i.to_bytes(8, "little") * (size // 8 + 1))[:size]
+
+
+def blk(i: int) -> DiskBlock:
+    """Block i of one chain: h(i) under h(i - 1)."""
+    return DiskBlock(h(i), kv(i), h(i - 1) if i else None)
 
 
 def store(path: Path, segments: int = 4, identity: DiskIdentity = IDENTITY) -> SegmentStore:
@@ -59,7 +64,7 @@ def test_round_trip_through_the_writer_and_a_reopen(tmp_path: Path) -> None:
     tier = DiskTier(DiskConfig(tmp_path, capacity_bytes=4 * PER_SEGMENT * RECORD,
                                segment_bytes=PER_SEGMENT * RECORD), IDENTITY)
     for i in range(6):
-        tier.offer(h(i), kv(i))
+        tier.offer(h(i), kv(i), parent=h(i - 1) if i else None)
     assert tier.get_run([h(2), h(3)]) == [kv(2), kv(3)]  # queued or written, they are served
     tier.flush()
     assert tier.get_run([h(i) for i in range(7)]) == [kv(i) for i in range(6)]  # up to the first miss
@@ -69,15 +74,16 @@ def test_round_trip_through_the_writer_and_a_reopen(tmp_path: Path) -> None:
     tier.close()
     reopened = store(tmp_path)
     assert reopened.hashes() == [h(i) for i in range(6)]
+    assert reopened.blocks() == [(h(i), h(i - 1) if i else None) for i in range(6)]  # parents survive
     assert reopened.get(h(5)) == kv(5) and sum(reopened.counters.dropped.values()) == 0
     # Appends after a reopen go to a fresh segment: the old one's tail may be torn.
-    reopened.append([(h(6), kv(6))])
+    reopened.append([blk(6)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["00000001.seg", "00000002.seg", "00000003.seg"]
 
 
 def test_capacity_evicts_the_oldest_segment(tmp_path: Path) -> None:
     s = store(tmp_path, segments=2)
-    s.append([(h(i), kv(i)) for i in range(9)])  # 3 segments' worth into room for 2
+    s.append([blk(i) for i in range(9)])  # 3 segments' worth into room for 2
     assert s.hashes() == [h(i) for i in range(4, 9)]
     assert s.counters.evicted == 4 and s.get(h(0)) is None and s.disk_bytes == 5 * RECORD
     s.check_invariants()
@@ -91,7 +97,7 @@ def test_a_segment_size_that_leaves_under_two_segments_is_refused(tmp_path: Path
 
 def test_another_model_or_cluster_key_is_never_served(tmp_path: Path) -> None:
     s = store(tmp_path)
-    s.append([(h(i), kv(i)) for i in range(3)])
+    s.append([blk(i) for i in range(3)])
     s.close()
     other = store(tmp_path, identity=DiskIdentity.of(LAYOUT, b"another-cluster"))
     assert len(other) == 0 and other.counters.dropped == {Dropped.FOREIGN: 3}
@@ -121,7 +127,7 @@ def test_the_store_matches_a_fifo_segment_oracle(tmp_path_factory: pytest.TempPa
                 segments.append([])
                 active = True
             segments[-1].append(i)
-        s.append([(h(i), kv(i)) for i in op])
+        s.append([blk(i) for i in op])
         s.check_invariants()
         held = [i for seg in segments for i in seg]
         assert s.hashes() == [h(i) for i in held]
@@ -135,7 +141,7 @@ def test_the_store_matches_a_fifo_segment_oracle(tmp_path_factory: pytest.TempPa
 def test_flipped_bits_and_a_torn_tail_are_dropped_and_counted(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
     s = store(tmp_path, segments=8)
-    s.append([(h(i), kv(i)) for i in range(14)])  # segments 1..3 full, 4 holds two
+    s.append([blk(i) for i in range(14)])  # segments 1..3 full, 4 holds two
     s.close()
     files = sorted(tmp_path.iterdir())
     damaged = rng.sample(range(12), 3)  # records of the full segments, anywhere in them (header or KV)
@@ -156,7 +162,7 @@ def test_flipped_bits_and_a_torn_tail_are_dropped_and_counted(tmp_path: Path, se
 
 def test_a_record_damaged_after_the_scan_is_dropped_at_read(tmp_path: Path) -> None:
     s = store(tmp_path)
-    s.append([(h(i), kv(i)) for i in range(2)])
+    s.append([blk(i) for i in range(2)])
     f = next(tmp_path.iterdir())
     data = bytearray(f.read_bytes())
     data[RECORD + HEADER_BYTES + 5] ^= 0x10  # block 1's KV
@@ -182,7 +188,7 @@ _WRITER = textwrap.dedent("""
     i = start
     while True:
         for _ in range(64):  # 4 MiB: the kill often lands inside a write
-            tier.offer(h(i), kv(i))
+            tier.offer(h(i), kv(i), parent=None)
             i += 1
         tier.flush()
         print(i, flush=True)  # every block below i is written
@@ -227,7 +233,7 @@ def test_a_writer_killed_mid_write_never_serves_a_bad_block(tmp_path: Path) -> N
 def test_the_disk_tier_renders_its_metrics(tmp_path: Path) -> None:
     tier = DiskTier(DiskConfig(tmp_path, capacity_bytes=4 * PER_SEGMENT * RECORD,
                                segment_bytes=PER_SEGMENT * RECORD), IDENTITY)
-    tier.offer(h(1), kv(1))
+    tier.offer(h(1), kv(1), parent=None)
     tier.flush()
     assert tier.get_run([h(1), h(2)]) == [kv(1)]
     text = render_prometheus([tier.stats()])
@@ -241,7 +247,7 @@ def test_the_disk_tier_renders_its_metrics(tmp_path: Path) -> None:
 
 def test_a_failed_write_loses_only_its_own_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = store(tmp_path)
-    s.append([(h(0), kv(0))])
+    s.append([blk(0)])
     real = segments._write_all
 
     def disk_full(fd: int, buffer: bytearray) -> None:
@@ -250,12 +256,44 @@ def test_a_failed_write_loses_only_its_own_blocks(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setattr(segments, "_write_all", disk_full)
     with pytest.raises(OSError):
-        s.append([(h(1), kv(1)), (h(2), kv(2))])
+        s.append([blk(1), blk(2)])
     monkeypatch.setattr(segments, "_write_all", real)
-    s.append([(h(3), kv(3))])
+    s.append([blk(3)])
     assert served(s) == {h(0): kv(0), h(3): kv(3)}
     s.close()
     reopened = store(tmp_path)
     # What reached the disk whole is a valid block, found again; the torn record is not.
     assert served(reopened) == {h(0): kv(0), h(1): kv(1), h(3): kv(3)}
     assert reopened.counters.dropped == {Dropped.TORN: 1}
+
+
+def test_records_of_the_older_format_are_dropped_as_corrupt(tmp_path: Path) -> None:
+    """Version 1 records had no parent: a reopened tier drops them, never serves them."""
+    s = store(tmp_path)
+    s.append([blk(0), blk(1)])
+    s.close()
+    seg = tmp_path / "00000001.seg"
+    data = bytearray(seg.read_bytes())
+    data[4:6] = (1).to_bytes(2, "little")  # record 0 claims version 1
+    seg.write_bytes(bytes(data))
+    reopened = store(tmp_path)
+    assert reopened.hashes() == [h(1)] and reopened.counters.dropped[Dropped.CORRUPT] == 1
+    reopened.check_invariants()
+
+
+def test_chains_run_head_to_tail_whatever_the_order_on_disk(tmp_path: Path) -> None:
+    """The host demotes a chain tail first; what a restarted node announces runs parents first, and
+    a limit keeps the newest blocks (a block whose parent was left out heads its own chain)."""
+    tier = DiskTier(DiskConfig(tmp_path, capacity_bytes=4 * PER_SEGMENT * RECORD,
+                               segment_bytes=PER_SEGMENT * RECORD), IDENTITY)
+    # Chain 0-1-2-3 written tail first, then a second root 10 with child 11.
+    for b in [blk(3), blk(2), blk(1), blk(0), DiskBlock(h(10), kv(10), None), DiskBlock(h(11), kv(11), h(10))]:
+        tier.offer(b.block_hash, b.payload, parent=b.parent)
+    tier.flush()
+    assert tier.chains(100) == [(h(0), None), (h(1), h(0)), (h(2), h(1)), (h(3), h(2)), (h(10), None),
+                                (h(11), h(10))]
+    assert tier.chains(3) == [(h(0), None), (h(10), None), (h(11), h(10))]
+    assert tier.chains(4) == [(h(0), None), (h(1), h(0)), (h(10), None), (h(11), h(10))]
+    assert tier.chains(1) == [(h(11), h(10))]  # its parent left out: it still names it
+    assert tier.chains(0) == []
+    tier.close()

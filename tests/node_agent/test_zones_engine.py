@@ -18,6 +18,7 @@ from radixmesh.node_agent.memory.zones.budget import ZONES, ZoneName
 from radixmesh.node_agent.memory.zones.governor import ZoneSetup
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.proto.serve.sampling import SamplingParams
+from tests.node_agent.test_gaie_metrics import COLON_LINTS
 from tests.support.tiny_model import tiny_model
 
 
@@ -69,7 +70,8 @@ def test_exposition_follows_conventions_and_promtool(model: LlamaForCausalLM) ->
         return  # the conventions above are checked either way
     run = subprocess.run([exe, "check", "metrics"], input=text, check=False, capture_output=True, text=True,
                          timeout=60)
-    assert run.returncode == 0 and not (run.stdout + run.stderr).strip(), run.stdout + run.stderr
+    # Only the colon of the vLLM names GAIE's endpoint pickers read; every radixmesh_ family is clean.
+    assert set((run.stdout + run.stderr).splitlines()) <= COLON_LINTS, run.stdout + run.stderr
 
 
 METER_PROBE = """

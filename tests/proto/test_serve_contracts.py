@@ -10,11 +10,16 @@ from radixmesh.proto.serve.tokens import HIT_SOURCES, SOURCES, TokenSources
 
 
 def test_token_sources_sum_to_the_prompt() -> None:
-    t = TokenSources.of_prompt(40, local_gpu=16, local_host=8, remote=4)
-    assert (t.computed, t.prompt, t.hits) == (12, 40, 28)
-    assert t.items() == [("local_gpu", 16), ("local_host", 8), ("remote", 4), ("computed", 12)]
-    assert t + t == TokenSources(32, 16, 8, 24)
-    assert SOURCES == ("local_gpu", "local_host", "remote", "computed") and HIT_SOURCES == SOURCES[:3]
+    t = TokenSources.of_prompt(40, local_gpu=16, local_host=8, local_disk=2, remote=4)
+    assert (t.computed, t.prompt, t.hits, t.local) == (10, 40, 30, 26)
+    assert t.items() == [("local_gpu", 16), ("local_host", 8), ("local_disk", 2), ("remote", 4), ("computed", 10)]
+    assert t + t == TokenSources(32, 16, 8, 20, local_disk=4)
+    assert SOURCES == ("local_gpu", "local_host", "local_disk", "remote", "computed") and HIT_SOURCES == SOURCES[:4]
+
+
+def test_positional_token_sources_keep_their_meaning() -> None:
+    """local_disk is keyword-only: (gpu, host, remote, computed) positionally, as before it existed."""
+    assert TokenSources(1, 2, 3, 4) == TokenSources(local_gpu=1, local_host=2, remote=3, computed=4)
 
 
 def test_token_sources_refuse_hits_beyond_the_prompt_and_negative_counts() -> None:
@@ -22,6 +27,8 @@ def test_token_sources_refuse_hits_beyond_the_prompt_and_negative_counts() -> No
         TokenSources.of_prompt(10, local_gpu=8, remote=4)
     with pytest.raises(ValueError, match="non-negative"):
         TokenSources(local_gpu=-1)
+    with pytest.raises(ValueError, match="non-negative"):
+        TokenSources(local_disk=-1)
 
 
 @pytest.mark.parametrize(("prompt", "max_tokens", "match"), [

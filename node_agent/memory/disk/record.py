@@ -2,17 +2,22 @@
 
     offset  size  field
          0     4  magic b"RMKV"
-         4     2  format version
-         6     2  (zero)
+         4     2  format version (2)
+         6     2  flags: bit 0 set when the block has a parent
          8     4  block size (tokens)
         12     4  payload length (bytes)
         16     8  model digest          \
         24     8  KV layout fingerprint  } DiskIdentity: who may read the block
         32     8  hash key id           /
         40    16  block hash
-        56     4  (zero)
-        60     4  CRC-32 of bytes [0, 60) and of the payload
-        64     -  payload
+        56    16  parent hash (zero at a root): a restarted node announces its disk blocks to the
+                  metadata index as chains, and the index needs every block's parent
+        72     4  (zero)
+        76     4  CRC-32 of bytes [0, 76) and of the payload
+        80     -  payload
+
+Version 1 records (64-byte header, no parent) are not read: they count as corrupt, and a disk tier
+written by an older agent starts cold.
 
 A record is served only if every field matches what the reader expects and the CRC verifies: a
 torn write, a flipped bit, another model's or another cluster's block all fail here. CRC-32, not
@@ -26,14 +31,16 @@ import struct
 import zlib
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from radixmesh.proto.block_hash import HASH_BYTES, BlockHash
 
 MAGIC = b"RMKV"
-VERSION = 1
-HEADER_BYTES = 64
-_HEAD = struct.Struct(f"<4sHxxII8s8s8s{HASH_BYTES}sxxxx")
+VERSION = 2
+HEADER_BYTES = 80
+_HEAD = struct.Struct(f"<4sHHII8s8s8s{HASH_BYTES}s{HASH_BYTES}sxxxx")
+_HAS_PARENT = 1
+_NO_PARENT = bytes(HASH_BYTES)
 _CRC = struct.Struct("<I")
 assert _HEAD.size + _CRC.size == HEADER_BYTES
 
@@ -93,26 +100,46 @@ class DiskIdentity:
         return HEADER_BYTES + self.block_bytes
 
 
-def encode(identity: DiskIdentity, block_hash: BlockHash, payload: bytes, out: bytearray) -> None:
-    """Append the record of (`block_hash`, `payload`) to `out`."""
-    if len(payload) != identity.block_bytes or len(block_hash) != HASH_BYTES:
-        raise ValueError(f"a record holds a {HASH_BYTES}-byte hash and {identity.block_bytes} bytes of KV, "
-                         f"got {len(block_hash)} and {len(payload)}")
-    head = _HEAD.pack(MAGIC, VERSION, identity.block_size, len(payload), identity.model_digest,
-                      identity.layout_fingerprint, identity.hash_key_id, block_hash)
+class DiskBlock(NamedTuple):
+    """One block as the disk tier takes it: its hash, its KV bytes, and the hash before it in its
+    chain (None at a root)."""
+
+    block_hash: BlockHash
+    payload: bytes
+    parent: BlockHash | None
+
+
+class Decoded(NamedTuple):
+    """A record that verified: its hash, its parent, and a view of its KV bytes."""
+
+    block_hash: BlockHash
+    parent: BlockHash | None
+    payload: memoryview
+
+
+def encode(identity: DiskIdentity, block: DiskBlock, out: bytearray) -> None:
+    """Append the record of `block` to `out`."""
+    block_hash, payload, parent = block
+    if (len(payload) != identity.block_bytes or len(block_hash) != HASH_BYTES
+            or (parent is not None and len(parent) != HASH_BYTES)):
+        raise ValueError(f"a record holds {HASH_BYTES}-byte hashes and {identity.block_bytes} bytes of KV, "
+                         f"got {len(block_hash)}, {None if parent is None else len(parent)} and {len(payload)}")
+    head = _HEAD.pack(MAGIC, VERSION, 0 if parent is None else _HAS_PARENT, identity.block_size, len(payload),
+                      identity.model_digest, identity.layout_fingerprint, identity.hash_key_id, block_hash,
+                      _NO_PARENT if parent is None else parent)
     out += head
     out += _CRC.pack(zlib.crc32(payload, zlib.crc32(head)))
     out += payload
 
 
-def decode(identity: DiskIdentity, record: bytes | memoryview) -> tuple[BlockHash, memoryview] | Dropped:
-    """(block hash, payload view) of a whole record that verifies against `identity`, else why not."""
+def decode(identity: DiskIdentity, record: bytes | memoryview) -> Decoded | Dropped:
+    """The hash, parent and payload view of a whole record that verifies against `identity`, else why not."""
     view = memoryview(record)
     if len(view) < identity.record_bytes:
         return Dropped.TORN
     head = view[: _HEAD.size]
-    magic, version, block_size, length, model, layout, key, block_hash = _HEAD.unpack(head)
-    if magic != MAGIC or version != VERSION:
+    magic, version, flags, block_size, length, model, layout, key, block_hash, parent = _HEAD.unpack(head)
+    if magic != MAGIC or version != VERSION or flags & ~_HAS_PARENT:
         return Dropped.CORRUPT
     if (block_size, length, model, layout, key) != (identity.block_size, identity.block_bytes,
                                                    identity.model_digest, identity.layout_fingerprint,
@@ -124,7 +151,7 @@ def decode(identity: DiskIdentity, record: bytes | memoryview) -> tuple[BlockHas
     payload = view[HEADER_BYTES: identity.record_bytes]
     if not _crc_ok(view, head, payload):
         return Dropped.CORRUPT
-    return BlockHash(bytes(block_hash)), payload
+    return Decoded(BlockHash(bytes(block_hash)), BlockHash(bytes(parent)) if flags & _HAS_PARENT else None, payload)
 
 
 def _crc_ok(view: memoryview, head: memoryview, payload: memoryview) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from radixmesh.node_agent.memory.disk.record import DiskIdentity, Dropped, decode, encode
+from radixmesh.node_agent.memory.disk.record import DiskBlock, DiskIdentity, Dropped, decode, encode
 from radixmesh.proto.block_hash import BlockHash
 
 SUFFIX = ".seg"
@@ -72,6 +72,8 @@ class SegmentStore:
         self.counters = DiskCounters()
         self._lock = threading.Lock()
         self._index: dict[BlockHash, Slot] = {}
+        self._parents: dict[BlockHash, BlockHash | None] = {}
+        """The parent each indexed block's record names (same keys as _index)."""
         self._segments: dict[int, list[BlockHash | None]] = {}
         """Every segment on disk, oldest first (dicts keep insertion order), and the hash in each of
         its slots (None: a record that failed verification)."""
@@ -119,11 +121,11 @@ class SegmentStore:
                 view = view[: os.preadv(self._readers[slots[i].segment], [view], slots[i].position * size)]
                 for k in range(i, j):
                     got = decode(self.identity, view[(k - i) * size: (k - i + 1) * size])
-                    if isinstance(got, Dropped) or got[0] != hashes[k]:
+                    if isinstance(got, Dropped) or got.block_hash != hashes[k]:
                         self.counters.dropped[got if isinstance(got, Dropped) else Dropped.FOREIGN] += 1
-                        del self._index[hashes[k]]
+                        del self._index[hashes[k]], self._parents[hashes[k]]
                         break
-                    payloads.append(memoryview(bytearray(got[1])))
+                    payloads.append(memoryview(bytearray(got.payload)))
                 if len(payloads) < j:
                     break
             self.counters.reads += len(payloads)
@@ -146,19 +148,19 @@ class SegmentStore:
         return reads
 
     # --- writes ------------------------------------------------------------------------------
-    def append(self, blocks: Sequence[tuple[BlockHash, bytes]]) -> None:
+    def append(self, blocks: Sequence[DiskBlock]) -> None:
         """Write `blocks` (hashes already held are skipped), evicting the oldest segments past the
         capacity; each segment's share is one write. Only one thread may append."""
-        todo: dict[BlockHash, bytes] = {h: p for h, p in blocks if h not in self._index}
-        pending = list(todo.items())
+        todo: dict[BlockHash, DiskBlock] = {b.block_hash: b for b in blocks if b.block_hash not in self._index}
+        pending = list(todo.values())
         while pending:
             with self._lock:
                 segment, start, fd = self._writable()
             n = min(len(pending), self.records_per_segment - start)
             chunk, pending = pending[:n], pending[n:]
             buffer = bytearray()
-            for block_hash, payload in chunk:
-                encode(self.identity, block_hash, payload, buffer)
+            for block in chunk:
+                encode(self.identity, block, buffer)
             t0 = time.perf_counter()
             try:
                 _write_all(fd, buffer)
@@ -170,7 +172,7 @@ class SegmentStore:
                 raise
             elapsed = time.perf_counter() - t0
             with self._lock:
-                self._publish(segment, start, [h for h, _ in chunk])
+                self._publish(segment, start, chunk)
                 self.counters.writes += n
                 self.counters.write_bytes += n * self.identity.block_bytes
                 self.counters.write_seconds += elapsed
@@ -184,8 +186,12 @@ class SegmentStore:
 
     def hashes(self) -> list[BlockHash]:
         """Every block held, oldest segment first."""
+        return [h for h, _ in self.blocks()]
+
+    def blocks(self) -> list[tuple[BlockHash, BlockHash | None]]:
+        """(hash, parent) of every block held, oldest segment first."""
         with self._lock:
-            return [h for segment, held in self._segments.items() for i, h in enumerate(held)
+            return [(h, self._parents[h]) for segment, held in self._segments.items() for i, h in enumerate(held)
                     if h is not None and self._index.get(h) == Slot(segment, i)]
 
     def check_invariants(self) -> None:
@@ -193,6 +199,7 @@ class SegmentStore:
             assert len(self._segments) <= self.max_segments, (len(self._segments), self.max_segments)
             for block_hash, slot in self._index.items():
                 assert self._segments[slot.segment][slot.position] == block_hash, (block_hash, slot)
+            assert self._parents.keys() == self._index.keys(), (len(self._parents), len(self._index))
 
     # --- internals (lock held) ---------------------------------------------------------------
     def _writable(self) -> tuple[int, int, int]:
@@ -208,20 +215,21 @@ class SegmentStore:
         segment, start = self._active
         return segment, start, self._readers[segment]
 
-    def _publish(self, segment: int, start: int, hashes: list[BlockHash]) -> None:
+    def _publish(self, segment: int, start: int, blocks: list[DiskBlock]) -> None:
         # Only appends recycle segments, and they come from one thread: this one is still here.
         held = self._segments[segment]
         assert len(held) == start, (len(held), start)
-        for i, block_hash in enumerate(hashes):
-            held.append(block_hash)
-            self._index[block_hash] = Slot(segment, start + i)
-        self._active = (segment, start + len(hashes))
+        for i, block in enumerate(blocks):
+            held.append(block.block_hash)
+            self._index[block.block_hash] = Slot(segment, start + i)
+            self._parents[block.block_hash] = block.parent
+        self._active = (segment, start + len(blocks))
 
     def _evict_oldest(self) -> None:
         segment = next(iter(self._segments))
         for block_hash in self._segments.pop(segment):
             if block_hash is not None and self._index.get(block_hash, (None,))[0] == segment:
-                del self._index[block_hash]
+                del self._index[block_hash], self._parents[block_hash]
                 self.counters.evicted += 1
         os.close(self._readers.pop(segment))
         self._file(segment).unlink(missing_ok=True)
@@ -254,8 +262,9 @@ class SegmentStore:
                         self.counters.dropped[got] += 1
                         held.append(None)
                         continue
-                    held.append(got[0])
-                    self._index[got[0]] = Slot(segment, first + i)
+                    held.append(got.block_hash)
+                    self._index[got.block_hash] = Slot(segment, first + i)
+                    self._parents[got.block_hash] = got.parent
             if not any(h is not None and self._index.get(h, (None,))[0] == segment for h in held):
                 os.close(fd)
                 self._file(segment).unlink()

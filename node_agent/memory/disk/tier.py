@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from radixmesh.node_agent.memory.disk.metrics import DiskStats
-from radixmesh.node_agent.memory.disk.record import DiskIdentity, Dropped
+from radixmesh.node_agent.memory.disk.record import DiskBlock, DiskIdentity, Dropped
 from radixmesh.node_agent.memory.disk.segments import SegmentStore
 from radixmesh.proto.block_hash import BlockHash
 
@@ -52,7 +52,7 @@ class DiskTier:
 
     def __init__(self, config: DiskConfig, identity: DiskIdentity) -> None:
         self.store = SegmentStore(config.path, identity, config.capacity_bytes, config.segment_bytes)
-        self._queue: queue.Queue[tuple[BlockHash, bytes] | None] = queue.Queue(config.queue_blocks)
+        self._queue: queue.Queue[DiskBlock | None] = queue.Queue(config.queue_blocks)
         self._pending: dict[BlockHash, bytes] = {}
         self._lock = threading.Lock()
         self._batch_blocks = max(1, self.store.records_per_segment // 4)
@@ -64,13 +64,14 @@ class DiskTier:
     def __contains__(self, block_hash: BlockHash) -> bool:
         return block_hash in self._pending or block_hash in self.store
 
-    def offer(self, block_hash: BlockHash, payload: bytes) -> None:
-        """Write `payload` as `block_hash` soon (unless held already, or the queue is full)."""
+    def offer(self, block_hash: BlockHash, payload: bytes, *, parent: BlockHash | None) -> None:
+        """Write `payload` as `block_hash` (whose chain's previous block is `parent`) soon, unless
+        held already or the queue is full."""
         with self._lock:
             if block_hash in self._pending or block_hash in self.store:
                 return
             try:
-                self._queue.put_nowait((block_hash, payload))
+                self._queue.put_nowait(DiskBlock(block_hash, payload, parent))
             except queue.Full:
                 self.offers_dropped += 1
                 return
@@ -95,6 +96,30 @@ class DiskTier:
                 on_disk = []
             payloads.append(memoryview(bytearray(queued)))
         return payloads + self.store.get_run(on_disk) if on_disk else payloads
+
+    @property
+    def capacity_blocks(self) -> int:
+        """Blocks the tier holds when full."""
+        return self.store.max_segments * self.store.records_per_segment
+
+    def chains(self, limit: int) -> list[tuple[BlockHash, BlockHash | None]]:
+        """(hash, parent) of up to `limit` blocks on disk, the newest segments' first, ordered so that
+        each chain runs head to tail (a parent held here comes before its children): what a
+        restarted node announces. The host demotes a chain tail first, so the disk's own order is
+        mostly reversed."""
+        held = self.store.blocks()[-limit:] if limit > 0 else []
+        parents = dict(held)
+        children: dict[BlockHash | None, list[BlockHash]] = {}
+        for h, p in held:
+            # A block whose parent is not held starts a chain of its own here.
+            children.setdefault(p if p in parents else None, []).append(h)
+        out: list[tuple[BlockHash, BlockHash | None]] = []
+        stack = list(reversed(children.get(None, [])))
+        while stack:
+            h = stack.pop()
+            out.append((h, parents[h]))
+            stack += reversed(children.get(h, []))
+        return out
 
     def flush(self) -> None:
         """Return once every block offered so far is written (or its write failed)."""
@@ -150,8 +175,8 @@ class DiskTier:
                 self.write_errors += len(batch)
                 log.warning("disk tier: writing %d blocks to %s failed: %s", len(batch), self.store.path, e)
             with self._lock:
-                for block_hash, _ in batch:
-                    self._pending.pop(block_hash, None)
+                for block in batch:
+                    self._pending.pop(block.block_hash, None)
             for _ in batch:
                 self._queue.task_done()
 
@@ -162,7 +187,7 @@ class NoDiskTier:
     def __contains__(self, block_hash: BlockHash) -> bool:
         return False
 
-    def offer(self, block_hash: BlockHash, payload: bytes) -> None:
+    def offer(self, block_hash: BlockHash, payload: bytes, *, parent: BlockHash | None) -> None:
         pass
 
     def get_run(self, hashes: Sequence[BlockHash]) -> list[memoryview]:

@@ -1,0 +1,86 @@
+"""Warm restart: an agent restarted over the same disk directory announces the blocks it finds there
+to the metadata service under its new epoch, and serves them as local_disk hits, bit for bit."""
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from radixmesh.cluster.metadata.server import MetadataServer
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.node_agent.agent import NodeAgent
+from radixmesh.node_agent.config import AgentConfig
+from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.messages import MatchQuery, NodeMatch
+from tests.support.agents import SECRET, collect, plan, prompt, reference
+from tests.support.servers import start_metadata_server
+from tests.support.tiny_model import BS, SOURCE
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+QUIET = 3600.0  # the publisher's loops run one round at start (register, snapshot), then stay quiet
+FULL = 5
+"""Full blocks of each prompt (plus a 2-token tail)."""
+
+
+@pytest.fixture
+async def metadata() -> AsyncIterator[tuple[MetadataServer, MetadataClient, str]]:
+    server, port = await start_metadata_server()
+    address = f"127.0.0.1:{port}"
+    client = MetadataClient(address, timeout_s=5.0)
+    yield server, client, address
+    await client.close()
+    await server.stop(0)
+
+
+async def started(address: str, disk: Path) -> NodeAgent:
+    """Agent "a" with gpu 8 / host 8 blocks (a prompt and its decode take 7) and a disk tier."""
+    engine = EngineConfig(block_size=BS, memory=MemoryConfig(num_gpu_blocks=8, num_host_blocks=8))
+    agent = NodeAgent(AgentConfig(NodeId("a"), model=SOURCE, engine=engine, transfer="none", secret=SECRET,
+                                  metadata_address=address, heartbeat_interval_s=QUIET, publish_interval_s=QUIET,
+                                  disk_cache=str(disk), disk_cache_bytes=1 << 28))
+    await agent.start()
+    return agent
+
+
+async def indexed(client: MetadataClient, agent: NodeAgent, tokens: tuple[int, ...]) -> NodeMatch | None:
+    [result] = await client.match([MatchQuery(agent.layout.fingerprint(), tuple(hash_blocks(tokens, BS)))])
+    return next((n for n in result.nodes if n.node_id == agent.node), None)
+
+
+async def test_a_restarted_agent_announces_its_disk_and_serves_from_it(
+        metadata: tuple[MetadataServer, MetadataClient, str], tmp_path: Path) -> None:
+    server, client, address = metadata
+    prompts = [prompt(40 + i, FULL * BS + 2) for i in range(6)]
+    first = await started(address, tmp_path)
+    try:
+        for i, p in enumerate(prompts):  # the later prompts push the first out of gpu and host, to disk
+            await collect(first.serve(plan(f"w{i}", p)))
+        assert first.engine.memory.disk is not None
+        first.engine.memory.disk.flush()
+        assert first.engine.memory.disk.stats().disk_blocks >= FULL
+    finally:
+        await first.stop()  # gpu and host are gone with the process; the disk stays
+
+    second = await started(address, tmp_path)
+    try:
+        assert second.epoch > first.epoch
+        assert second.publisher is not None
+        await second.publisher.flush()
+        # The registration's snapshot announced the disk's blocks: the index counts a disk copy
+        # on the node's host bit (priced like host), nothing on its gpu.
+        held = await indexed(client, second, prompts[0])
+        assert held is not None and (held.gpu_blocks, held.host_blocks, held.any_tier_blocks) == (0, FULL, FULL)
+        member = server.service.membership.get(NodeId("a"))
+        assert member is not None and member.info.epoch == second.epoch
+        disk = second.engine.memory.disk
+        assert disk is not None and server.service.index.node_block_count(NodeId("a")) == disk.stats().disk_blocks
+
+        deltas, result = await collect(second.serve(plan("again", prompts[0])))
+        tokens = result.stats.tokens
+        assert (tokens.local_gpu, tokens.local_host, tokens.local_disk) == (0, 0, FULL * BS)
+        assert tuple(t for d in deltas for t in d.token_ids) == result.output_token_ids == reference(prompts[0])
+    finally:
+        await second.stop()

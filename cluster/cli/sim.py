@@ -1,4 +1,4 @@
-"""`radixmesh sim TRACE --nodes N --capacity BLOCKS [--policy P --eviction E ...] [--json]`: replay a
+"""`radixmesh sim TRACE --nodes N --capacity BLOCKS [--policy P --eviction E --host-blocks H ...] [--json]`: replay a
 trace in the simulator. Every cluster option defaults to what `radixmesh up` runs (SimConfig's
 defaults), and the report names the configuration that ran."""
 
@@ -30,6 +30,9 @@ def format_config(c: SimConfig) -> str:
                f"seed {c.seed}")
     hardware = (f"  hardware      prefill {c.prefill_tokens_per_s:g} tokens/s a node, "
                 f"pull {c.pull_bytes_per_s / 1e9:g} GB/s + {c.pull_latency_s * 1e3:g} ms")
+    if c.host_blocks or c.disk_blocks:
+        hardware += (f", host tier {c.host_blocks} blocks at {c.host_bytes_per_s / 1e9:g} GB/s, "
+                     f"disk tier {c.disk_blocks} blocks at {c.disk_bytes_per_s / 1e9:g} GB/s a node")
     return f"{cache}\n{routing}\n{hardware}"
 
 
@@ -45,7 +48,7 @@ def format_report(r: SimReport) -> str:
                 f"{r.requests} requests, {r.blocks} blocks"
             ),
             format_config(r.config),
-            f"hit rate        {r.hit_rate:.3f}  (local {hs['local']}, remote {hs['remote']}, miss {hs['miss']})",
+            f"hit rate        {r.hit_rate:.3f}  (" + ", ".join(f"{k} {v}" for k, v in hs.items()) + ")",
             "misses by cause " + ", ".join(f"{k} {v}" for k, v in r.misses_by_cause.items()),
             f"infinite bound  {r.infinite_bound:.3f}  achieved/bound {d['achieved_over_bound']:.3f}",
             f"global LRU      {r.global_lru:.3f}  achieved/global LRU {d['achieved_over_global_lru']:.3f}",
@@ -97,6 +100,14 @@ def format_report(r: SimReport) -> str:
     help="score the prefix holders plus this many least-loaded nodes (0: every node)",
 )
 @click.option(
+    "--host-blocks", type=click.IntRange(min=0), default=_UP.host_blocks, show_default=True,
+    help="each node's host tier, in trace blocks: what its gpu evicts, read back (0: none)",
+)
+@click.option(
+    "--disk-blocks", type=click.IntRange(min=0), default=_UP.disk_blocks, show_default=True,
+    help="each node's disk tier under the host tier, in trace blocks (0: none)",
+)
+@click.option(
     "--speedup", type=float, default=1.0, show_default=True, help="divide trace arrival times by this"
 )
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="replay only the first K requests")
@@ -118,6 +129,8 @@ def sim(
     cluster_eviction: bool,
     eviction_window: int,
     candidates: int,
+    host_blocks: int,
+    disk_blocks: int,
     speedup: float,
     limit: int | None,
     prefill_rate: float,
@@ -139,6 +152,8 @@ def sim(
             cluster_eviction=cluster_eviction,
             eviction_window=eviction_window,
             candidates=candidates,
+            host_blocks=host_blocks,
+            disk_blocks=disk_blocks,
         )
         requests = prepare(read_trace(trace, speedup=speedup, limit=limit))
     except ValueError as e:

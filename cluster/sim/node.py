@@ -4,18 +4,21 @@ The node prefills one request at a time in arrival order, so a queued sibling st
 request ahead of it has inserted its blocks and finds them cached, as on a real engine.
 Cache timeline of one job::
 
-    start: match (pin) the local prefix, allocate blocks for the rest (evicting in the pool's order)
+    start: match (pin) the local prefix, take what follows it from the host/disk tiers, allocate
+           blocks for the rest (evicting in the pool's order, the evicted going to the tiers)
     prefill: a peer's pull gets the blocks prefilled so far (`done_prefix`)
     done:  insert the new blocks under their hashes, release everything (cached, evictable)
 """
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from radixmesh.cluster.policy.base import RouteDecision
 from radixmesh.node_agent import (
     BlockPool,
     CopiesElsewhere,
+    EvictedBlock,
     EvictionHook,
     PoolConfig,
     PoolHooks,
@@ -41,7 +44,72 @@ class SimJob:
     local_ids: list[BlockId] = field(default_factory=list)
     new_ids: list[BlockId] = field(default_factory=list)
     local_blocks: int = 0
+    tier_hits: dict[str, int] = field(default_factory=dict)
+    """Blocks after the gpu prefix read back from each tier (`SecondChance.SOURCES`)."""
     pull_blocks: int = 0
+
+    @property
+    def tier_blocks(self) -> int:
+        return sum(self.tier_hits.values())
+
+
+class SecondChance:
+    """A node's host and disk tiers as the simulator models them: LRU victim caches under the gpu.
+    A block the gpu evicts goes to the host tier, one the host evicts to disk, one the disk evicts is
+    gone; a hit moves the block back up to the gpu (it leaves its tier). With no capacity it holds
+    nothing and costs nothing (the gpu-only node `up` runs by default)."""
+
+    SOURCES = ("local_host", "local_disk")
+    """Hit sources, in tier order."""
+
+    def __init__(self, host_blocks: int, disk_blocks: int) -> None:
+        self.levels: list[tuple[str, OrderedDict[BlockHash, None], int]] = [
+            (source, OrderedDict(), cap) for source, cap in zip(self.SOURCES, (host_blocks, disk_blocks)) if cap > 0]
+        """(source, blocks oldest first, capacity) of each tier with room, top first."""
+
+    def __bool__(self) -> bool:
+        return bool(self.levels)
+
+    def admit(self, evicted: Sequence[EvictedBlock]) -> None:
+        """The gpu evicted these blocks (in its eviction order): they go to the top tier, pushing
+        its least recently used down."""
+        for e in evicted:
+            self._discard(e.hash)
+            self._put(0, e.hash)
+
+    def take(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
+        """Remove the longest prefix of `hashes` the tiers hold (matches are prefixes) and count its
+        blocks by source."""
+        hits: dict[str, int] = {}
+        for h in hashes:
+            source = self._discard(h)
+            if source is None:
+                break
+            hits[source] = hits.get(source, 0) + 1
+        return hits
+
+    def _put(self, level: int, h: BlockHash) -> None:
+        while level < len(self.levels):
+            _, blocks, cap = self.levels[level]
+            blocks[h] = None
+            if len(blocks) <= cap:
+                return
+            h, _ = blocks.popitem(last=False)
+            level += 1
+
+    def _discard(self, h: BlockHash) -> str | None:
+        for source, blocks, _ in self.levels:
+            if h in blocks:
+                del blocks[h]
+                return source
+        return None
+
+    def check_invariants(self) -> None:
+        seen = 0
+        for source, blocks, cap in self.levels:
+            assert len(blocks) <= cap, f"{source} holds {len(blocks)} > {cap} blocks"
+            seen += len(blocks)
+        assert len({h for _, blocks, _ in self.levels for h in blocks}) == seen, "a block in two tiers"
 
 
 class SimNode:
@@ -50,8 +118,9 @@ class SimNode:
     def __init__(self, node: NodeId, capacity_blocks: int, prefill_tokens_per_s: float,
                  copies: CopiesElsewhere | None = None, eviction_window: int = 0,
                  eviction: str = "lru", on_evict: EvictionHook | None = None,
-                 recalled: Recalled | None = None) -> None:
+                 recalled: Recalled | None = None, tiers: SecondChance | None = None) -> None:
         self.node = node
+        self.tiers = tiers or SecondChance(0, 0)
         self.cache: PrefixCache
         chain_ends = None
         if copies is not None:
@@ -61,7 +130,7 @@ class SimNode:
         hooks = PoolHooks(copies_elsewhere=chain_ends, eviction_window=eviction_window if copies is not None else 0,
                           recalled=recalled)
         pool = BlockPool(capacity_blocks, config=PoolConfig(eviction=eviction), hooks=hooks)
-        self.cache = PrefixCache(pool, on_evict=on_evict)
+        self.cache = PrefixCache(pool, on_evict=self._demote(on_evict) if self.tiers else on_evict)
         self.rate = prefill_tokens_per_s
         self.waiting: deque[SimJob] = deque()
         self.current: SimJob | None = None
@@ -71,6 +140,13 @@ class SimNode:
         self.waiting_tokens = 0
         self.routed = 0
         self.routed_tokens = 0
+
+    def _demote(self, on_evict: EvictionHook | None) -> EvictionHook:
+        def evicted(blocks: Sequence[EvictedBlock]) -> None:
+            self.tiers.admit(blocks)
+            if on_evict is not None:
+                on_evict(blocks)
+        return evicted
 
     @property
     def inflight(self) -> int:
@@ -96,19 +172,23 @@ class SimNode:
         self.current = job
         job.local_ids = self.cache.match(job.hashes)
         job.local_blocks = len(job.local_ids)
+        pool = self.cache.pool
+        # A prompt longer than what the pool can spare caches only its first blocks; a tier hit
+        # past them could not be loaded into the gpu, so the tiers are asked only for those.
+        room = pool.num_free + pool.num_cached
+        # Taken before allocating: the allocation's evictions go to the tiers and must not push
+        # out the blocks this job reads back.
+        job.tier_hits = self.tiers.take(job.hashes[job.local_blocks : job.local_blocks + room])
         planned_end = job.decision.local_blocks + job.decision.pull_blocks
         # The peer may have evicted since routing (pull less: recompute the rest), and our own
         # prefix may have grown (pull only what we still lack).
-        job.pull_blocks = max(0, min(peer_prefix, planned_end) - job.local_blocks)
-        pool = self.cache.pool
-        # A prompt longer than what the pool can spare caches only its first blocks.
-        room = pool.num_free + pool.num_cached
+        job.pull_blocks = max(0, min(peer_prefix, planned_end) - job.local_blocks - job.tier_blocks)
         job.new_ids = pool.allocate(min(len(job.hashes) - job.local_blocks, room))
         return job
 
     def done_prefix(self, now: float, block_tokens: int) -> tuple[BlockHash, ...]:
         """The current job's leading blocks a peer could pull at `now`: its local prefix, what it
-        pulled, and the blocks prefilled so far (the engine commits each chunk's full blocks to its
+        read from its tiers and pulled, and the blocks prefilled so far (the engine commits each chunk's full blocks to its
         prefix cache as the chunk ends, so a pull during a prefill gets the finished part)."""
         job = self.current
         if job is None:
@@ -116,7 +196,8 @@ class SimNode:
         ready = job.local_blocks
         if now >= self.compute_from:
             done = int((now - self.compute_from) * self.rate) // block_tokens
-            ready = min(job.local_blocks + job.pull_blocks + done, job.local_blocks + len(job.new_ids))
+            loaded = job.local_blocks + job.tier_blocks + job.pull_blocks
+            ready = min(loaded + done, job.local_blocks + len(job.new_ids))
         return job.hashes[:ready]
 
     def finish(self) -> SimJob:
@@ -136,6 +217,7 @@ class SimNode:
 
     def check_invariants(self) -> None:
         self.cache.check_invariants()
+        self.tiers.check_invariants()
         pinned = 0 if self.current is None else len(self.current.local_ids) + len(self.current.new_ids)
         assert self.cache.pool.num_in_use == pinned, (
             f"{self.cache.pool.num_in_use} in use, job holds {pinned}"

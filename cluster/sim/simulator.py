@@ -4,10 +4,13 @@ routing policies, driven by a trace on simulated time.
 Per arrival: ask the index (fed by every node cache's events) for each node's prefix, then run the
 router's own routing step (policy.step.RoutingStep: pending holders, candidates, views, the policy's
 decision, recorded as pending), and queue the job on the chosen node. Nodes prefill FIFO, one job
-at a time; a job takes pull time (fixed cost + bytes / bandwidth, when the decision pulls: the fixed
-cost even when the peer had nothing to send) plus prefill time (tokens / rate).
+at a time; a job takes read time from its host/disk tiers (bytes / the tier's bandwidth), then pull
+time (fixed cost + bytes / bandwidth, when the decision pulls: the fixed cost even when the peer had
+nothing to send), then prefill time (tokens / rate).
 TTFT = prefill end - arrival (decode is not modelled: it does not delay TTFT here).
-Hit rate is block-weighted over trace blocks: local, pulled from a peer (remote), or computed (miss).
+Hit rate is block-weighted over trace blocks: local, pulled from a peer (remote), read back from the
+node's host or disk tier (local_host, local_disk; counted only when the nodes have tiers), or
+computed (miss).
 
 `SimConfig(nodes=n, capacity_blocks=c)` is what `radixmesh up` runs (see SimConfig for what differs).
 """
@@ -31,7 +34,7 @@ from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.sim.eviction_ages import EvictionAges, EvictionSummary, pooled_lru
 from radixmesh.cluster.sim.holders import HolderCount
 from radixmesh.cluster.sim.miss_causes import MissCauses
-from radixmesh.cluster.sim.node import SimJob, SimNode
+from radixmesh.cluster.sim.node import SecondChance, SimJob, SimNode
 from radixmesh.cluster.sim.oracle import global_cache, infinite_bound
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceRequest
 from radixmesh.common.cache_sharing import DEFAULT_HANDOFF, DEFAULT_RECALL_BLOCKS
@@ -79,7 +82,11 @@ class SimConfig:
     - hardware: prefill rate, KV bytes and pull bandwidth/latency are this model's (an 8B model on a
       datacenter link), priced as if measured; `up`'s router prices PolicyConfig's defaults until
       its agents report measured ones. A trace block is 512 tokens, an agent's 16 by default.
-    - tiers: a node is one gpu-tier cache, as `up`'s agents are by default (host_blocks 0).
+    - tiers: a node is one gpu-tier cache, as `up`'s agents are by default (host_blocks 0), unless
+      host_blocks / disk_blocks give it LRU victim tiers (`node.SecondChance`): blocks the gpu
+      evicts, read back at the tier's bandwidth. The index and the routers see only the gpu tier
+      (`up`'s index also knows host and disk holders and prices them), and a read is not overlapped
+      with the pull or the prefill. The oracles (global LRU) keep the gpu-only capacity.
     """
 
     nodes: int
@@ -137,6 +144,14 @@ class SimConfig:
     shared_pending: bool = False
     """Routers share one PendingIndex (as if speculative inserts went through the metadata stream
     with no lag): measures what not sharing them costs."""
+    host_blocks: int = 0
+    """Each node's host tier, in trace blocks (0: none, as `up` runs by default)."""
+    disk_blocks: int = 0
+    """Each node's disk tier, in trace blocks, under the host tier (0: none, as `up` runs by default)."""
+    host_bytes_per_s: float = 25e9
+    """Host-to-gpu read bandwidth (PCIe Gen5 x16, roughly)."""
+    disk_bytes_per_s: float = 5e9
+    """Disk-to-gpu read bandwidth through the host (one NVMe SSD, roughly)."""
     check_every: int = 0
     """Run every node's and the index's check_invariants() every this many arrivals (0: never)."""
 
@@ -156,6 +171,11 @@ class SimConfig:
         if self.candidates < 0 or self.eviction_window < 0:
             raise ValueError(f"candidates and eviction_window must be >= 0, got {self.candidates}, "
                              f"{self.eviction_window}")
+        if self.host_blocks < 0 or self.disk_blocks < 0:
+            raise ValueError(f"host_blocks and disk_blocks must be >= 0, got {self.host_blocks}, {self.disk_blocks}")
+        if not all(math.isfinite(b) and b > 0 for b in (self.host_bytes_per_s, self.disk_bytes_per_s)):
+            raise ValueError(f"host_bytes_per_s and disk_bytes_per_s must be finite numbers > 0, got "
+                             f"{self.host_bytes_per_s}, {self.disk_bytes_per_s}")
         if not (math.isfinite(self.pending_ttl_s) and self.pending_ttl_s > 0):
             raise ValueError(f"pending_ttl_s must be a finite number > 0, got {self.pending_ttl_s}")
         self.policy_config  # noqa: B018  (building it validates the load settings)
@@ -298,10 +318,14 @@ class Simulator:
             nid = NodeId(f"n{i:03d}")
             recalled = partial(self.index.recalled, _LAYOUT) if config.cluster_recall else None
             self.nodes[nid] = SimNode(nid, config.capacity_blocks, config.prefill_tokens_per_s, copies,
-                                      config.eviction_window, config.eviction, self._evicted, recalled)
+                                      config.eviction_window, config.eviction, self._evicted, recalled,
+                                      SecondChance(config.host_blocks, config.disk_blocks))
             self.index.add_node(nid, _LAYOUT)
         self._node_ids = list(self.nodes)
         self.hits = {"local": 0, "remote": 0, "miss": 0}
+        if config.host_blocks or config.disk_blocks:
+            self.hits |= dict.fromkeys(SecondChance.SOURCES, 0)
+        self._read_bytes_per_s = dict(zip(SecondChance.SOURCES, (config.host_bytes_per_s, config.disk_bytes_per_s)))
         self.misses = MissCauses(self.holders.holders)
         self.ttfts: list[float] = []
         self._ages = EvictionAges()
@@ -378,22 +402,26 @@ class Simulator:
             peer = max(len(pinned), _common_prefix(want, computing))
         job = node.start_next(peer)
         self._apply_events(node)  # evictions made room for the new blocks
-        computed = len(job.hashes) - job.local_blocks - job.pull_blocks
+        reused = job.local_blocks + job.tier_blocks + job.pull_blocks
+        computed = len(job.hashes) - reused
         self.hits["local"] += job.local_blocks
         self.hits["remote"] += job.pull_blocks
         self.hits["miss"] += computed
-        self.misses.started(job.hashes[len(job.hashes) - computed :])
-        tokens = job.prompt_tokens - (job.local_blocks + job.pull_blocks) * TRACE_BLOCK_TOKENS
+        for tier, n in job.tier_hits.items():
+            self.hits[tier] += n
+        self.misses.started(job.hashes[reused:])
+        tokens = job.prompt_tokens - reused * TRACE_BLOCK_TOKENS
         pull_s = self.cost.pull_time(job.pull_blocks, self.config.pull_bytes_per_s)
         if plan.pull_from is not None and not job.pull_blocks:
             pull_s = self.config.pull_latency_s  # a pull that got nothing still paid its round trip
-        node.compute_from = self.now + pull_s
+        read_s = sum(n * self.config.block_bytes / self._read_bytes_per_s[s] for s, n in job.tier_hits.items())
+        node.compute_from = self.now + read_s + pull_s
         node.busy_until = node.compute_from + tokens / node.rate
         self._push(node.busy_until, _DONE, node.node)
 
     def _finish(self, node: SimNode) -> None:
         job = node.finish()
-        self.misses.finished(job.hashes[job.local_blocks + job.pull_blocks :])
+        self.misses.finished(job.hashes[job.local_blocks + job.tier_blocks + job.pull_blocks :])
         self._apply_events(node)
         self.ttfts.append(self.now - job.arrival_s)
         if node.waiting:
@@ -436,7 +464,7 @@ class Simulator:
             hits_by_source=dict(self.hits),
             misses_by_cause=dict(self.misses.counts),
             evictions=self._ages.summary() | pooled,
-            hit_rate=(self.hits["local"] + self.hits["remote"]) / blocks if blocks else 0.0,
+            hit_rate=(blocks - self.hits["miss"]) / blocks if blocks else 0.0,
             infinite_bound=infinite_bound(prompts),
             global_lru=global_lru,
             global_same_eviction=(global_cache(prompts, capacity, self.config.eviction)

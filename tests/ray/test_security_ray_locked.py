@@ -25,6 +25,8 @@ from radixmesh.common.secret import ClusterSecret, KeyPurpose
 from radixmesh.node_agent.actor import AgentActor, AgentPlacement, make_agent_actor
 from radixmesh.proto.ids import NodeId
 
+pytestmark = pytest.mark.ray
+
 NODE = NodeId("node-0")
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 from radixmesh.cluster.launch.config import NAMESPACE
-from radixmesh.cluster.launch.secret_file import NodeSecret
+from radixmesh.cluster.launch.secret_file import NodeSecret, NodeTls
 from radixmesh.cluster.metadata.leader import LeaderLease, serve_while_leader
 from radixmesh.cluster.metadata.server import (
     MetadataServer,
@@ -44,10 +44,10 @@ class MetadataActor:
     once with `leader_lease`: clients list a standby's address before it serves)."""
 
     def __init__(self, host: str, port: int, state: str, lease_ttl_s: float, secret: ClusterSecret | NodeSecret,
-                 tls: TlsFiles | None, leader_lease: bool = False, leader_ttl_s: float = 1.0) -> None:
+                 tls: NodeTls | None, leader_lease: bool = False, leader_ttl_s: float = 1.0) -> None:
         self._host = host
         self._secret = secret if isinstance(secret, ClusterSecret) else secret()
-        self._tls = tls
+        self._tls = tls() if tls else None
         self._port = port if port or not leader_lease else _free_port(host)
         self._state = state
         self._config = ServiceConfig(lease_ttl_s=lease_ttl_s)
@@ -150,8 +150,10 @@ def make_metadata_actor(host: str, port: int, state: str, lease_ttl_s: float, se
     `host` is); call `start` on the handle. `leader_ttl_s` is the leader key's ttl (with
     `leader_lease`): how long a standby waits after the active died without releasing it. The
     launcher passes a NodeSecret (the actor loads the secret on its node); a ClusterSecret travels
-    in the actor's arguments, for tests."""
+    in the actor's arguments, for tests. `tls`'s private key never does: it is written 0600 under
+    $RADIXMESH_HOME here, on `node_ip` (the driver's node), and the actor loads it (NodeTls)."""
     return ray.remote(MetadataActor).options(
         name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0,
         resources={f"node:{node_ip}": 0.001},
-    ).remote(host, port, state, lease_ttl_s, secret, tls, leader_lease, leader_ttl_s)
+    ).remote(host, port, state, lease_ttl_s, secret, NodeTls.staged(tls) if tls else None, leader_lease,
+             leader_ttl_s)

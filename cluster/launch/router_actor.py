@@ -22,7 +22,7 @@ from radixmesh.cluster.api.app import server_tls_pem, start_http
 from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.reconcile import AgentReconciler, RayAgents
-from radixmesh.cluster.launch.secret_file import NodeSecret
+from radixmesh.cluster.launch.secret_file import NodeKey, NodeSecret, NodeTls, api_key_path
 from radixmesh.cluster.observability.file_sd import TARGETS_FILE, FileSdConfig
 from radixmesh.cluster.router.router import Router
 from radixmesh.common.metadata.auth import CallerCredentials
@@ -60,8 +60,9 @@ class RouterActor:
     """Starts the agents the cluster has slots for, then runs a Router over them behind HTTP while
     the agents follow the cluster."""
 
-    def __init__(self, config: LauncherConfig, metadata_address: str, secret: NodeSecret) -> None:
-        config = replace(config, secret=secret())
+    def __init__(self, config: LauncherConfig, metadata_address: str, secret: NodeSecret, api_key: NodeKey | None,
+                 tls: NodeTls | None) -> None:
+        config = replace(config, secret=secret(), api_key=api_key() if api_key else "", tls=tls() if tls else None)
         self._config = config
         self._metadata_address = metadata_address
         agents = RayAgents(config, metadata_address)
@@ -114,10 +115,15 @@ class RouterActor:
 
 def make_router_actor(config: LauncherConfig, metadata_address: str, node_ip: str) -> Any:
     """Create the detached router actor (named ROUTER_ACTOR) on the Ray node `node_ip` (the one whose
-    address `config.host` is); call `start` on the handle. The actor loads the cluster secret on its
-    node: its arguments carry a fresh secret that opens nothing in its place."""
+    address `config.host` is: this node, the driver's); call `start` on the handle. The actor loads
+    the cluster secret, the API key and the TLS private key on its node: its arguments carry a fresh
+    secret that opens nothing in the secret's place, and neither key (they are written 0600 under
+    $RADIXMESH_HOME here, see secret_file.NodeKey)."""
     secret = NodeSecret.of(config.secret, config.secret_file)
+    api_key = NodeKey.staged(api_key_path(), config.api_key, "the API key") if config.api_key else None
+    tls = NodeTls.staged(config.tls) if config.tls else None
     return ray.remote(RouterActor).options(
         name=ROUTER_ACTOR, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0,
         resources={f"node:{node_ip}": 0.001},
-    ).remote(replace(config, secret=ClusterSecret.generate()), metadata_address, secret)
+    ).remote(replace(config, secret=ClusterSecret.generate(), api_key="", tls=None), metadata_address, secret,
+             api_key, tls)

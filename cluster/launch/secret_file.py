@@ -8,6 +8,8 @@ Actors never receive the secret: Ray keeps an actor's constructor arguments in i
 anyone who reaches Ray (or its dashboard) reads them. They get a NodeSecret, which says where the
 secret is on the node they run on (the same file, or RADIXMESH_SECRET in the environment Ray's
 workers inherit from `ray start`), and a fingerprint that proves they found the one `up` runs with.
+The router's API key and the TLS private key go the same way: `up` writes each to a 0600 file under
+$RADIXMESH_HOME on the head (where those actors run) and the actors get a NodeKey, the file's path.
 """
 
 import hashlib
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from radixmesh.cluster.launch.cluster_record import record_path
+from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.common.secret import ClusterSecret
 
 SECRET_ENV = "RADIXMESH_SECRET"
@@ -125,3 +128,70 @@ class NodeSecret:
             raise ValueError(f"the cluster secret on this node ({self.secret_file or default_secret_path()} or "
                              f"${SECRET_ENV}) is not the one `radixmesh up` runs with: give every node the same")
         return secret
+
+
+def stage_private(path: Path, text: str) -> None:
+    """`path` holds `text`, mode 0600: left as it is when it already does (the API key file the deploy
+    YAMLs make), else replaced at once (a reader never sees a partial or shared file)."""
+    try:
+        if read_private(path) == text + "\n":
+            return
+    except ValueError:
+        pass  # missing, shared or unreadable: replaced below
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.unlink(missing_ok=True)
+    write_private(staging, text)
+    os.replace(staging, path)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeKey:
+    """What an actor is given in place of a private key (the HTTP API key, the TLS private key): the
+    0600 file that holds it on the node the actor runs on. Calling it loads the key."""
+
+    path: Path
+    what: str
+    """What the key is, for the error an actor refuses to start with."""
+
+    @classmethod
+    def staged(cls, path: Path, key: str, what: str) -> "NodeKey":
+        """The loader of `key`, written (0600) to `path` on this node first: the actor must run here."""
+        stage_private(path.absolute(), key)
+        return cls(path.absolute(), what)
+
+    def __call__(self) -> str:
+        """The key; ValueError when its file is missing, readable by others, or empty."""
+        try:
+            key = read_private(self.path).removesuffix("\n")
+        except ValueError as e:
+            raise ValueError(f"{self.what}: {e}") from None
+        if not key:
+            raise ValueError(f"{self.what}: {self.path} is empty")
+        return key
+
+
+def api_key_path() -> Path:
+    """Where `up` keeps the API key for the router: the file the deploy YAMLs make its key in."""
+    return record_path().parent / "api_key"
+
+
+def tls_key_path() -> Path:
+    """Where `up` keeps the TLS private key for the router and the metadata service."""
+    return record_path().parent / "tls_key"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTls:
+    """TLS files for an actor: the certificate chain (public) by value, the private key as a NodeKey.
+    Calling it loads the key."""
+
+    cert_chain: bytes
+    private_key: NodeKey
+
+    @classmethod
+    def staged(cls, tls: TlsFiles) -> "NodeTls":
+        """The loader of `tls`, its key written (0600) to tls_key_path() on this node first."""
+        return cls(tls.cert_chain, NodeKey.staged(tls_key_path(), tls.private_key.decode(), "the TLS private key"))
+
+    def __call__(self) -> TlsFiles:
+        return TlsFiles(self.cert_chain, self.private_key().encode())

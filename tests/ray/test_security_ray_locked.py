@@ -1,9 +1,12 @@
 """Ray locked (issue 28, finding 3): no actor's arguments carry the cluster secret or a key derived
-from it (Ray keeps them in its GCS, readable by anyone who reaches Ray); each actor loads the secret
-on its own node from a 0600 file, and refuses one that is not the deployment's. The Ray that
-`up --local` starts answers only callers with its token, kept in a 0600 file."""
+from it, the router's API key or the TLS private key (Ray keeps them in its GCS, readable by anyone
+who reaches Ray); each actor loads them on its own node from 0600 files, and refuses a secret that is
+not the deployment's or a key file others can read. The Ray that `up --local` starts answers only
+callers with its token, kept in a 0600 file."""
 
+import asyncio
 import os
+import ssl
 import stat
 import subprocess
 import sys
@@ -11,23 +14,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import ray
 from ray import cloudpickle
 
+from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.launch.metadata_actor import MetadataActor, make_metadata_actor
 from radixmesh.cluster.launch.ray_auth import AUTH_MODE_ENV, TOKEN_PATH_ENV, ray_token_path
 from radixmesh.cluster.launch.router_actor import RouterActor, make_router_actor
-from radixmesh.cluster.launch.secret_file import SECRET_ENV, NodeSecret, create_secret, default_secret_path
+from radixmesh.cluster.launch.secret_file import (
+    SECRET_ENV,
+    NodeKey,
+    NodeSecret,
+    api_key_path,
+    create_secret,
+    default_secret_path,
+    tls_key_path,
+)
+from radixmesh.cluster.metadata.server import TlsFiles
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.secret import ClusterSecret, KeyPurpose
 from radixmesh.node_agent.actor import AgentActor, AgentPlacement, make_agent_actor
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.nodes import NodeInfo
 
 pytestmark = pytest.mark.ray
 
 NODE = NodeId("node-0")
+API_KEY = "sk-deployment-api-key-4f1c"
 
 
 @dataclass
@@ -72,9 +90,20 @@ def _secret_forms(secret: ClusterSecret) -> list[bytes]:
     return [form for key in keys for form in (key, key.hex().encode())]
 
 
-def _actors_of_a_deployment(secret: ClusterSecret) -> LauncherConfig:
-    config = LauncherConfig(local_nodes=1, secret=secret)
-    make_metadata_actor("127.0.0.1", 0, "memory", 10.0, NodeSecret.of(secret, None), "127.0.0.1")
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    """A self-signed certificate for 127.0.0.1 and its key (PEM), as `up --tls-cert --tls-key` reads them."""
+    d = tmp_path_factory.mktemp("tls")
+    key, cert = d / "key.pem", d / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return TlsFiles(cert.read_bytes(), key.read_bytes())
+
+
+def _actors_of_a_deployment(secret: ClusterSecret, tls: TlsFiles | None = None) -> LauncherConfig:
+    config = LauncherConfig(local_nodes=1, secret=secret, api_key=API_KEY, tls=tls)
+    make_metadata_actor("127.0.0.1", 0, "memory", 10.0, NodeSecret.of(secret, None), "127.0.0.1", tls)
     make_router_actor(config, "127.0.0.1:1", "127.0.0.1")
     make_agent_actor(config.agent_config(NODE, "127.0.0.1:1", "127.0.0.1"), AgentPlacement.simulated(NODE),
                      NodeSecret.of(secret, None))
@@ -88,6 +117,78 @@ def test_no_actor_argument_carries_the_secret_or_a_key_derived_from_it(secret: C
     for cls, blob in shipped.shipped:
         for form in _secret_forms(secret):
             assert form not in blob, f"{cls.__name__}'s arguments carry the secret or a key of it"
+
+
+def test_no_actor_argument_carries_the_api_key_or_the_tls_private_key(secret: ClusterSecret, tls: TlsFiles,
+                                                                     shipped: _FakeRemote) -> None:
+    _actors_of_a_deployment(secret, tls)
+    body = b"".join(tls.private_key.split(b"\n")[1:-2])  # the base64 lines, without the PEM armour
+    for cls, blob in shipped.shipped:
+        for form in (API_KEY.encode(), tls.private_key, body[:64], body[-64:]):
+            assert form not in blob, f"{cls.__name__}'s arguments carry the API key or the TLS private key"
+    assert stat.S_IMODE(api_key_path().stat().st_mode) == stat.S_IMODE(tls_key_path().stat().st_mode) == 0o600
+
+
+def test_the_router_serves_with_the_api_key_and_the_metadata_service_with_the_tls_key_they_load(
+        secret: ClusterSecret, tls: TlsFiles, shipped: _FakeRemote) -> None:
+    _actors_of_a_deployment(secret, tls)
+    args = {cls: cloudpickle.loads(blob) for cls, blob in shipped.shipped}
+    asyncio.run(_metadata_serves_over_tls(MetadataActor(*args[MetadataActor]), secret, tls))
+    asyncio.run(_router_serves_with_the_key(RouterActor(*args[RouterActor])))
+
+
+async def _metadata_serves_over_tls(actor: MetadataActor, secret: ClusterSecret, tls: TlsFiles) -> None:
+    address = await actor.start()
+    try:
+        async with MetadataClient(address, credentials=CallerCredentials.cluster(secret),
+                                  root_certificates=tls.cert_chain, timeout_s=10.0) as client:
+            assert (await client.stats()).live_nodes == 0
+    finally:
+        await actor.stop()
+
+
+class _OneAgent:
+    """Stands in for the router's AgentReconciler: one agent of the tiny model is in, none is started."""
+
+    def __init__(self) -> None:
+        self.infos = {NODE: NodeInfo(NODE, 1, "layout", 16, 4096, "127.0.0.1:1", 8)}
+        self.directory = StaticAgentDirectory([])
+
+    async def until_any(self, _interval_s: float) -> None:
+        pass
+
+    def follow(self, _interval_s: float) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+async def _router_serves_with_the_key(actor: RouterActor) -> None:
+    actor._reconciler = _OneAgent()  # type: ignore[assignment]
+    url = await actor.start()
+    assert url.startswith("https://")
+    trusting = ssl.create_default_context(cadata=actor._config.tls.cert_chain.decode())  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=trusting)) as http:
+            async with http.get(f"{url}/v1/models") as r:
+                assert r.status == 401
+            async with http.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+                assert r.status == 200, await r.text()
+    finally:
+        await actor.stop()
+
+
+def test_an_actor_refuses_a_missing_or_shared_key_file(tmp_path: Path) -> None:
+    path = tmp_path / "api_key"
+    loader = NodeKey.staged(path, API_KEY, "the API key")
+    assert loader() == API_KEY
+    path.chmod(0o640)
+    with pytest.raises(ValueError, match="the API key: .* accessible to other users"):
+        loader()
+    path.unlink()
+    with pytest.raises(ValueError, match="the API key: cannot read"):
+        loader()
 
 
 def test_each_actor_loads_the_secret_on_its_node(secret: ClusterSecret, shipped: _FakeRemote) -> None:

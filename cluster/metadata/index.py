@@ -387,7 +387,9 @@ def _chains(parents: dict[BlockHash, BlockHash | None], masks: Mapping[BlockHash
     held = list(map(masks.__getitem__, parents))
     for tier, offset in TIER_SHIFT.items():
         bit = 1 << (shift + offset)
-        on_tier = {h for h, mask in zip(parents, held) if mask & bit}
+        # A dict, not a set: chains come out in the node's storing order, not in bytes-hash order
+        # (PYTHONHASHSEED), so snapshots and what replicas rebuild from them are reproducible.
+        on_tier = {h: None for h, mask in zip(parents, held) if mask & bit}
         kids: dict[BlockHash, list[BlockHash]] = {}
         roots = []
         for h in on_tier:
@@ -409,7 +411,8 @@ def _chains(parents: dict[BlockHash, BlockHash | None], masks: Mapping[BlockHash
                 below = kids.get(below[0])
             out.append(BlockStored(tuple(chain), parents[root], tier))
         # Only a parent cycle (impossible with real chained hashes) leaves blocks unseen.
-        out.extend(BlockStored((h,), parents[h], tier) for h in on_tier - seen)
+        if len(seen) < len(on_tier):
+            out.extend(BlockStored((h,), parents[h], tier) for h in on_tier if h not in seen)
     return out
 
 

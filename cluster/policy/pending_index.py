@@ -28,8 +28,11 @@ class PendingIndex:
         self.ttl_s = ttl_s
         self._clock = clock
         self._holders: dict[BlockHash, dict[NodeId, float]] = {}
-        self._computed: dict[BlockHash, set[NodeId]] = {}
-        """The records (hash, node) whose node has computed the block; a subset of _holders."""
+        self._computed: dict[BlockHash, dict[NodeId, None]] = {}
+        """The records (hash, node) whose node has computed the block; a subset of _holders. Dicts, not
+        sets, here and in `match`: a set of node ids iterates in string-hash order (PYTHONHASHSEED),
+        and `match`'s order becomes the candidates' order, which round robin and random tie-breaks
+        read."""
         # Expiry heap; stale items (renewed or already gone) are skipped when popped.
         self._heap: list[tuple[float, BlockHash, NodeId]] = []
 
@@ -48,7 +51,7 @@ class PendingIndex:
         for them become pullable until they expire."""
         for h in hashes:
             if node in self._holders.get(h, ()):
-                self._computed.setdefault(h, set()).add(node)
+                self._computed.setdefault(h, {})[node] = None
 
     def match(self, hashes: Sequence[BlockHash], *, computed: bool = False) -> dict[NodeId, int]:
         """Per node, the contiguous prefix of `hashes` it is pending for (nodes with 0 are left out);
@@ -60,7 +63,7 @@ class PendingIndex:
 
         if not hashes:
             return {}
-        alive = set(holders(hashes[0]))
+        alive = dict.fromkeys(holders(hashes[0]))
         out: dict[NodeId, int] = {}
         depth = 1
         for h in hashes[1:]:
@@ -69,7 +72,7 @@ class PendingIndex:
             present = holders(h)
             for n in [n for n in alive if n not in present]:
                 out[n] = depth
-                alive.discard(n)
+                del alive[n]
             depth += 1
         out.update(dict.fromkeys(alive, depth))
         return out
@@ -88,7 +91,7 @@ class PendingIndex:
                 del self._holders[h]
             done = self._computed.get(h)
             if done is not None:
-                done.discard(node)
+                done.pop(node, None)
                 if not done:
                     del self._computed[h]
         return dropped
@@ -102,4 +105,4 @@ class PendingIndex:
                 assert (h, n, e) in in_heap, f"record ({h.hex()}, {n}, {e}) has no heap item"
         assert len(self._heap) >= len(self), f"heap {len(self._heap)} < records {len(self)}"
         for h, done in self._computed.items():
-            assert done and done <= set(self._holders.get(h, ())), f"computed {h.hex()} without its record"
+            assert done and done.keys() <= self._holders.get(h, {}).keys(), f"computed {h.hex()} without its record"

@@ -99,6 +99,10 @@ class StartedAgent:
     info: NodeInfo
 
 
+AGENT_STOP_TIMEOUT_S = 30.0
+"""How long `down` waits for an agent to stop before killing it: time for its disk tier to write its
+queue (4,096 blocks at most, see DiskConfig.queue_blocks)."""
+
 StartAgent = Callable[[AgentSlot], Awaitable[StartedAgent]]
 StopAgent = Callable[[NodeId], Awaitable[None]]
 
@@ -181,6 +185,14 @@ class AgentReconciler:
             except Exception:  # a failed round (GCS briefly unreachable) must not end following
                 logger.exception("reconcile round failed")
 
+    async def stop_all(self) -> None:
+        """Stop every agent this reconciler runs (after `close`: none starts again)."""
+        nodes = self.directory.nodes()
+        for node in nodes:
+            self.directory.remove(node)
+            self.infos.pop(node, None)
+        await asyncio.gather(*(self._stop(n) for n in nodes))
+
     async def close(self) -> None:
         for task in self._starting.values():
             task.cancel()
@@ -222,10 +234,19 @@ class RayAgents:
         return StartedAgent(client, await client.start())
 
     async def stop(self, node: NodeId) -> None:
-        """Kill `node`'s actor for good (no restart); nothing when there is none."""
+        """Stop `node`'s agent, then kill its actor for good (no restart); nothing when there is none.
+
+        The agent is asked to stop first (at most AGENT_STOP_TIMEOUT_S): its disk tier's writer then
+        writes what is still queued, which a kill would lose, and a restart over the same disk would
+        start colder. An agent on a node that is gone fails the call at once and is killed."""
         handle = self._handles.pop(node, None)
         if handle is None:
             with contextlib.suppress(ValueError):
                 handle = ray.get_actor(agent_actor_name(node), namespace=NAMESPACE)
-        if handle is not None:
-            ray.kill(handle, no_restart=True)
+        if handle is None:
+            return
+        try:
+            await asyncio.wait_for(handle.stop.remote(), AGENT_STOP_TIMEOUT_S)
+        except (TimeoutError, ray.exceptions.RayError) as e:
+            logger.warning("agent %s did not stop cleanly (killed): %r", node, e)
+        ray.kill(handle, no_restart=True)

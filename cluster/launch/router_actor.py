@@ -106,11 +106,13 @@ class RouterActor:
         return self._router.directory.nodes() if self._router is not None else []
 
     async def stop(self) -> None:
-        """Stop following the cluster and HTTP; the agents go with this actor."""
+        """Stop following the cluster, HTTP, then every agent (each stops before it is killed: its disk
+        tier keeps what it had queued)."""
         await self._reconciler.close()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        await self._reconciler.stop_all()
 
 
 def make_router_actor(config: LauncherConfig, metadata_address: str, node_ip: str) -> Any:

@@ -115,6 +115,19 @@ async def test_nodes_that_join_get_an_agent_and_nodes_that_leave_lose_it() -> No
 
 
 @pytest.mark.anyio
+async def test_stop_all_stops_every_running_agent_and_starts_none_after_close() -> None:
+    cluster = FakeCluster()
+    r = cluster.reconciler()
+    cluster.offer("a", "b")
+    await settled(r)
+    await r.close()
+    await r.stop_all()
+    assert sorted(cluster.stopped) == ["a", "b"] and r.directory.nodes() == [] and not r.infos
+    await r.stop_all()  # nothing left to stop
+    assert sorted(cluster.stopped) == ["a", "b"]
+
+
+@pytest.mark.anyio
 async def test_an_agent_that_fails_to_start_is_retried_next_round() -> None:
     cluster = FakeCluster()
     r = cluster.reconciler()

@@ -34,17 +34,20 @@ from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import NodeId
 
-TIER_SHIFT: dict[Tier, int] = {Tier.GPU: 0, Tier.HOST: 1, Tier.DISK: 1}
-"""Offset of a tier's bit inside a node slot's two bits. A disk copy shares the host bit: both are
-read back through the node's host tier, so the router counts (and prices) a disk holder as a host
-holder for now. A shared bit errs only towards "not held": the host evicting a block that is also on
-disk clears it (a missed route, never a wrong one); a third bit per slot would keep them apart."""
+SLOT_BITS = 3
+"""Bits per node slot in a block's holder mask: one per tier."""
+TIER_SHIFT: dict[Tier, int] = {Tier.GPU: 0, Tier.HOST: 1, Tier.DISK: 2}
+"""Offset of a tier's bit inside a node slot's bits. Disk has its own: a block both on host and on disk
+stays held when either tier drops it, and the router prices a disk read apart from a host copy."""
+_SLOT_MASK = (1 << SLOT_BITS) - 1
 
 Chain = tuple[Sequence[BlockHash], BlockHash | None]
 
 
 class PrefixLengths(NamedTuple):
-    """Blocks 0..n-1 of a query held by one node: all on gpu, all on host, each on either."""
+    """Blocks 0..n-1 of a query held by one node: all on gpu; each on gpu or host (served without the
+    disk); each on some tier (gpu, host or disk). Blocks host..any_tier-1 begin with one only the disk
+    holds: the router prices that tail at the node's disk read rate."""
 
     gpu: int
     host: int
@@ -66,7 +69,7 @@ class _Partition:
     slots: list[NodeId | None] = field(default_factory=list)
     """Node of each slot; None for a slot freed by `drop_node`, reused by the next node."""
     gpu_bits: int = 0
-    """Bit 2s set for every slot s ever used: folds a mask to one 'either tier' bit per node."""
+    """Bit SLOT_BITS x s set for every slot s ever used: folds a mask to one 'some tier' bit per node."""
     lost: RecallWindow = field(default_factory=lambda: RecallWindow(0))
     """Blocks the layout's last holder evicted recently."""
 
@@ -74,7 +77,7 @@ class _Partition:
         slot = next((s for s, n in enumerate(self.slots) if n is None), len(self.slots))
         if slot == len(self.slots):
             self.slots.append(node)
-            self.gpu_bits |= 1 << (2 * slot)
+            self.gpu_bits |= 1 << (SLOT_BITS * slot)
         else:
             self.slots[slot] = node
         return slot
@@ -91,11 +94,11 @@ class _Holder:
     """Every block the node holds on some tier, with the parent the node declared for it."""
 
     @property
-    def both_bits(self) -> int:
-        return 3 << (2 * self.slot)
+    def all_bits(self) -> int:
+        return _SLOT_MASK << (SLOT_BITS * self.slot)
 
     def bit(self, tier: Tier) -> int:
-        return 1 << (2 * self.slot + TIER_SHIFT[tier])
+        return 1 << (SLOT_BITS * self.slot + TIER_SHIFT[tier])
 
 
 class GlobalIndex:
@@ -217,32 +220,26 @@ class GlobalIndex:
         found = cast(list[int], list(takewhile(bool, map(masks.get, hashes))))
         depth = len(found)
         gpu_bits = part.gpu_bits
-        # Where a node's prefix on a tier (bit 2s / 2s+1) or on either tier (bit 2s) ends early.
-        # Along a chain the holders rarely change: most queries see one mask (counted in C) and
-        # skip this; otherwise the walk goes run by run of equal masks, not block by block.
-        tier_end: dict[int, int] = {}
-        any_end: dict[int, int] = {}
+        firsts = (first & gpu_bits, _fold_fast(first, gpu_bits), _fold(first, gpu_bits))
+        # Where a node's prefix on gpu, on gpu or host, on some tier ends early, keyed by its slot's
+        # gpu bit. Along a chain the holders rarely change: most queries see one mask (counted in C)
+        # and skip this; otherwise the walk goes run by run of equal masks, not block by block.
+        ends: tuple[dict[int, int], ...] = ({}, {}, {})
         if found.count(first) != depth:
-            alive_tier, alive_any = first, (first | first >> 1) & gpu_bits
+            alive = list(firsts)
             pos = 0
             for mask, run in groupby(found):
-                lost = alive_tier & ~mask
-                if lost:
-                    tier_end.update(dict.fromkeys(_bits(lost), pos))
-                    alive_tier ^= lost
-                lost = alive_any & ~((mask | mask >> 1) & gpu_bits)
-                if lost:
-                    any_end.update(dict.fromkeys(_bits(lost), pos))
-                    alive_any ^= lost
+                for i, held in enumerate((mask & gpu_bits, _fold_fast(mask, gpu_bits), _fold(mask, gpu_bits))):
+                    lost = alive[i] & ~held
+                    if lost:
+                        ends[i].update(dict.fromkeys(_bits(lost), pos))
+                        alive[i] ^= lost
                 pos += len(list(run))
         slots = part.slots
         prefixes = {}
-        for b in _bits((first | first >> 1) & gpu_bits):
-            prefixes[slots[b >> 1]] = PrefixLengths(
-                tier_end.get(b, depth) if first >> b & 1 else 0,
-                tier_end.get(b + 1, depth) if first >> b & 2 else 0,
-                any_end.get(b, depth),
-            )
+        for b in _bits(firsts[2]):
+            prefixes[slots[b // SLOT_BITS]] = PrefixLengths(
+                *(ends[i].get(b, depth) if firsts[i] >> b & 1 else 0 for i in range(3)))
         return IndexMatch(depth, prefixes)  # type: ignore[arg-type]
 
     def recalled(self, layout: str, block_hash: BlockHash) -> bool:
@@ -281,7 +278,7 @@ class GlobalIndex:
             masks = shared.get(holder.layout)
             if masks is None:
                 masks = dict(zip(parents, map(holder.part.masks.__getitem__, parents)))
-            out[node] = partial(_chains, parents, masks, 2 * holder.slot)
+            out[node] = partial(_chains, parents, masks, SLOT_BITS * holder.slot)
         return out
 
     def held_after(self, node: NodeId, events: Sequence[CacheEvent]) -> int:
@@ -290,9 +287,9 @@ class GlobalIndex:
         held = len(holder.parents)
         if not any(isinstance(e, BlockRemoved | AllCleared) for e in events):
             return held + len(_stored(events).difference(holder.parents))
-        masks, shift = holder.part.masks, 2 * holder.slot
+        masks, shift = holder.part.masks, SLOT_BITS * holder.slot
         tiers: dict[BlockHash, int] = {}
-        """The node's two tier bits of every block the events touched, as of the event being read."""
+        """The node's tier bits of every block the events touched, as of the event being read."""
         cleared = False
         for e in events:
             if isinstance(e, AllCleared):
@@ -301,7 +298,7 @@ class GlobalIndex:
                 continue
             bit = 1 << TIER_SHIFT[e.tier]
             for h in e.hashes:
-                old = tiers[h] if h in tiers else 0 if cleared else masks.get(h, 0) >> shift & 3
+                old = tiers[h] if h in tiers else 0 if cleared else masks.get(h, 0) >> shift & _SLOT_MASK
                 new = old | bit if isinstance(e, BlockStored) else old & ~bit
                 tiers[h] = new
                 held += (new != 0) - (old != 0)
@@ -311,13 +308,13 @@ class GlobalIndex:
         """Raise AssertionError with the numbers if the structure is inconsistent."""
         counted: dict[NodeId, int] = dict.fromkeys(self._holders, 0)
         for layout, part in self._parts.items():
-            assert part.gpu_bits == sum(1 << (2 * s) for s in range(len(part.slots))), f"{layout}: gpu_bits"
+            assert part.gpu_bits == sum(1 << (SLOT_BITS * s) for s in range(len(part.slots))), f"{layout}: gpu_bits"
             for s, n in enumerate(part.slots):
                 m = self._holders.get(n) if n is not None else None
                 assert n is None or (m is not None and m.slot == s and m.part is part), f"slot {s}: {n}"
             for h, mask in part.masks.items():
                 assert mask > 0, f"entry {h.hex()} in {layout} has holder mask {mask}"
-                for slot in (b >> 1 for b in _bits((mask | mask >> 1) & part.gpu_bits)):
+                for slot in (b // SLOT_BITS for b in _bits(_fold(mask, part.gpu_bits))):
                     n = part.slots[slot] if slot < len(part.slots) else None
                     assert n is not None, f"{h.hex()} held by free slot {slot} in {layout}"
                     assert h in self._holders[n].parents, f"{h.hex()} missing from {n}'s block set"
@@ -346,7 +343,7 @@ class GlobalIndex:
 
     @staticmethod
     def _remove(holder: _Holder, hashes: Iterable[BlockHash], tier: Tier) -> None:
-        part, bit, both = holder.part, holder.bit(tier), holder.both_bits
+        part, bit, every = holder.part, holder.bit(tier), holder.all_bits
         masks, held = part.masks, holder.parents
         for h in hashes:
             mask = masks.get(h, 0)
@@ -358,12 +355,12 @@ class GlobalIndex:
             else:
                 del masks[h]
                 part.lost.lose((h,))
-            if not mask & both:
+            if not mask & every:
                 del held[h]
 
     @staticmethod
     def _clear(holder: _Holder) -> None:
-        part, keep = holder.part, ~holder.both_bits
+        part, keep = holder.part, ~holder.all_bits
         masks = part.masks
         for h in holder.parents:
             mask = masks[h] & keep
@@ -382,7 +379,7 @@ def _stored(events: Sequence[CacheEvent]) -> set[BlockHash]:
 def _chains(parents: dict[BlockHash, BlockHash | None], masks: Mapping[BlockHash, int], shift: int
             ) -> list[BlockStored]:
     """A node's blocks as stored chains per tier, from its parent links and the holder masks of (at
-    least) its blocks, the node's two tier bits at `shift`."""
+    least) its blocks, the node's tier bits at `shift`."""
     out: list[BlockStored] = []
     held = list(map(masks.__getitem__, parents))
     for tier, offset in TIER_SHIFT.items():
@@ -414,6 +411,18 @@ def _chains(parents: dict[BlockHash, BlockHash | None], masks: Mapping[BlockHash
         if len(seen) < len(on_tier):
             out.extend(BlockStored((h,), parents[h], tier) for h in on_tier if h not in seen)
     return out
+
+
+def _fold_fast(mask: int, gpu_bits: int) -> int:
+    """`mask` with each node's gpu and host bits folded onto its gpu bit: set where the node holds the
+    block without its disk."""
+    return (mask | mask >> 1) & gpu_bits
+
+
+def _fold(mask: int, gpu_bits: int) -> int:
+    """`mask` with each node's slot folded onto its gpu bit: set where the node holds the block on
+    some tier."""
+    return (mask | mask >> 1 | mask >> 2) & gpu_bits
 
 
 def _bits(mask: int) -> Iterable[int]:

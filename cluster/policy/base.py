@@ -81,6 +81,10 @@ class PolicyConfig:
     """KV bytes of one block (pull cost)."""
     host_bytes_per_s: float = 25e9
     """Host-to-gpu copy rate for the host-tier part of a local prefix."""
+    disk_bytes_per_s: float = 1e9
+    """Disk-tier read rate (verified, into the host tier) for a node that has not measured its own
+    (NodeLoad.disk_read_gbps): bench/tiers.py read 0.5-1.4 GB/s from this box's virtio disk with the
+    page cache dropped; an NVMe SSD reads several times faster, and the agents' figures replace it."""
     pull_latency_s: float = 0.003
     """Fixed cost of one pull (request round trip, the puller's two engine jobs, the owner's pin and
     unpin), paid once per request that pulls, for a pair of nodes whose puller has not measured one
@@ -108,8 +112,10 @@ class PolicyConfig:
             raise ValueError(f"load_half_life_s must be a finite number > 0, got {self.load_half_life_s}")
         if self.block_bytes < 0:
             raise ValueError(f"block_bytes must be >= 0, got {self.block_bytes}")
-        if not self.host_bytes_per_s > 0 or not self.pull_bytes_per_s > 0 or not self.pull_latency_s >= 0:
-            raise ValueError("host_bytes_per_s and pull_bytes_per_s must be > 0, pull_latency_s >= 0")
+        if (not self.host_bytes_per_s > 0 or not self.disk_bytes_per_s > 0 or not self.pull_bytes_per_s > 0
+                or not self.pull_latency_s >= 0):
+            raise ValueError("host_bytes_per_s, disk_bytes_per_s and pull_bytes_per_s must be > 0, "
+                             "pull_latency_s >= 0")
         if self.step_tokens < 1 or not (math.isfinite(self.decode_pass_tokens) and self.decode_pass_tokens >= 0):
             raise ValueError("step_tokens must be >= 1 and decode_pass_tokens a finite number >= 0")
 

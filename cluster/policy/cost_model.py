@@ -1,8 +1,8 @@
 """Estimated time to first token of a request on one node, the quantity the `cost` policy minimises.
 
     TTFT = queue (waiting prefill + pulls in progress + decode passes of running requests)
-           + host swap-in of the local prefix's host part (a disk copy counts as host in the
-             index, so it is priced at the host's rate for now, not at the disk's read bandwidth)
+           + host swap-in of the local prefix's host part, and the read of its disk part (the tail past
+             the gpu and host runs, at the node's measured disk read rate)
            + pull of the blocks a peer has computed beyond the local prefix (only when cheaper than recomputing them)
            + prefill of the rest
            + the time nodes sharing this node's cores take from it (processor sharing)
@@ -89,10 +89,13 @@ class CostModel:
         """TTFT of `request` on `view`'s node, pulling from `holder` when that pays; `shared`: the
         work (seconds, `queue_time`) of the other nodes of its compute group."""
         rate = view.prefill_tokens_per_s
+        c = self.config
         local = min(view.local_blocks, request.num_blocks)
-        swap_s = (
-            (local - min(view.gpu_blocks, local)) * self.config.block_bytes / self.config.host_bytes_per_s
-        )
+        beyond_gpu = local - min(view.gpu_blocks, local)
+        # The disk part is the local prefix's tail: a request shorter than the prefix reads less of it.
+        disk = min(max(0, view.disk_blocks - (view.local_blocks - local)), beyond_gpu)
+        swap_s = c.block_bytes * ((beyond_gpu - disk) / c.host_bytes_per_s
+                                  + disk / (view.disk_bytes_per_s or c.disk_bytes_per_s))
         pull_blocks, pull_s = 0, 0.0
         if holder is not None and holder.blocks > local:
             k = min(holder.blocks, request.num_blocks) - local

@@ -27,7 +27,7 @@ class NodeView:
     local_blocks: int = 0
     """Blocks 0..local_blocks-1 are on this node on some tier (>= gpu_blocks), or pending there: routed
     to it and not yet computed, which the node's own queue computes before a later request runs. The
-    part beyond gpu_blocks is swapped in from host memory."""
+    part beyond gpu_blocks is swapped in from host memory, its last `disk_blocks` read from disk."""
     queued_tokens: int = 0
     """Prompt tokens waiting for (or in) prefill on this node."""
     inflight: int = 0
@@ -47,12 +47,20 @@ class NodeView:
     """Estimated seconds of pulls planned to this node and not yet done (they precede those prefills)."""
     compute_group: str = ""
     """Nodes of one non-empty group share cores (NodeLoad.compute_group)."""
+    disk_blocks: int = 0
+    """The tail of the local prefix past its gpu and host runs: read from the node's disk tier."""
+    disk_bytes_per_s: float = 0.0
+    """The node's measured disk read rate (0: not measured, the configured default applies)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.gpu_blocks <= self.local_blocks:
             raise ValueError(
                 f"need 0 <= gpu_blocks <= local_blocks, got {self.gpu_blocks}, {self.local_blocks}"
             )
+        if not 0 <= self.disk_blocks <= self.local_blocks - self.gpu_blocks:
+            raise ValueError(f"need 0 <= disk_blocks <= local_blocks - gpu_blocks, got {self.disk_blocks}")
+        if not (math.isfinite(self.disk_bytes_per_s) and self.disk_bytes_per_s >= 0):
+            raise ValueError(f"disk_bytes_per_s must be a finite number >= 0, got {self.disk_bytes_per_s}")
         if not 0 <= self.held_blocks <= self.local_blocks:
             raise ValueError(f"need 0 <= held_blocks <= local_blocks, got {self.held_blocks}, {self.local_blocks}")
         if self.queued_tokens < 0 or self.inflight < 0 or self.running_decodes < 0:
@@ -151,11 +159,15 @@ def build_view(
         gpu = max(m.gpu_blocks if m else 0, extra)
         rate = m.load.prefill_tokens_per_s if m and m.load.prefill_tokens_per_s > 0 else default_prefill_tokens_per_s
         held = max(m.any_tier_blocks if m else 0, (computed or {}).get(node, 0))
+        # Past its gpu-or-host run the node's prefix continues on disk (index.PrefixLengths).
+        disk = max(0, m.any_tier_blocks - max(gpu, m.host_blocks)) if m else 0
         views.append(
             NodeView(
                 node,
                 gpu_blocks=gpu,
                 local_blocks=max(held, gpu),
+                disk_blocks=disk,
+                disk_bytes_per_s=m.load.disk_read_gbps * 1e9 if m else 0.0,
                 queued_tokens=table.queued_tokens(node),
                 inflight=table.inflight(node),
                 recent_tokens=table.recent_tokens(node),

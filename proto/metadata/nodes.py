@@ -71,11 +71,13 @@ class NodeLoad:
     compute_group: str = ""
     """Agents that report the same non-empty group share their cores (or accelerator); "" shares
     with nobody."""
+    disk_read_gbps: float = 0.0
+    """Measured read rate of the node's disk tier, GB/s, verification included (0: none measured)."""
 
     def __post_init__(self) -> None:
         # NaN compares false with everything: `not 0 <= x` (not `x < 0`) is what refuses it.
         figures = (self.queued_requests, self.running_tokens, self.free_blocks, self.prefill_tokens_per_s,
-                   *self.pull_gbps.values(), *self.pull_latency_s.values())
+                   self.disk_read_gbps, *self.pull_gbps.values(), *self.pull_latency_s.values())
         if not all(math.isfinite(v) and 0 <= v <= MAX_LOAD_COUNT for v in figures):
             raise ValueError(f"load figures must be finite numbers in [0, 2^53], got {figures[:8]}")
         for what, peers in (("bandwidth", self.pull_gbps), ("fixed cost", self.pull_latency_s)):

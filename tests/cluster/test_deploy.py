@@ -1,28 +1,44 @@
 """deploy/: both `ray up` configs validate against the autoscaler schema shipped inside the ray
 package, and every metric the Grafana dashboard queries exists in a live /metrics scrape of a
-running router (real agents, real metadata service, one pull between agents)."""
+running router (real agents, real metadata service, one pull between agents); the disk tier's
+panels and alerts, in the scrape of a router over an agent with a disk tier that served a disk hit."""
 
 import json
+import random
 import re
 import shutil
 import subprocess
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 from radixmesh.cluster.api.app import start_http
+from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.observability.file_sd import TARGETS_FILE, TOKEN_FILE
-from tests.support.router_cluster import MODEL_NAME, local_cluster
+from radixmesh.cluster.policy.base import PolicyConfig
+from radixmesh.cluster.router.router import Router
+from radixmesh.node_agent.agent import NodeAgent
+from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.memory.disk.metrics import DiskStats
+from tests.support.agents import plan, prompt
+from tests.support.router_cluster import MODEL_NAME, ManualClock, agent_config, local_cluster, router_config
+from tests.support.tiny_model import BS
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MODEL_MATCHER = 'model_name=~"$model_name"'
 """The dashboard's model variable, in every query."""
-REQUIRED_PANELS = ("hit rate", "by source", "ttft", "gb/s", "utilization", "fragmentation", "ghost", "oom")
+REQUIRED_PANELS = ("hit rate", "by source", "ttft", "gb/s", "utilization", "fragmentation", "ghost", "oom",
+                   "hit rate by tier", "disk tier")
+DISK_METRIC = "radixmesh_disk_"
+"""The agents' disk tier metrics (DiskStats): absent from a scrape of agents without a disk tier."""
 
 
 @pytest.mark.parametrize("name", ["cluster.yaml", "local-cluster.yaml"])
@@ -154,6 +170,52 @@ def test_every_dashboard_query_selects_the_chosen_model_and_is_valid_promql(tmp_
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+def disk_names(exprs: list[str]) -> set[str]:
+    return {m for e in exprs for m in re.findall(rf"{DISK_METRIC}[a-z_]+", e)}
+
+
+def alert_exprs() -> dict[str, list[str]]:
+    """Alert name -> its expression (as a one-query panel)."""
+    doc = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
+    return {r["alert"]: [r["expr"]] for g in doc["groups"] for r in g["rules"]}
+
+
+def test_dashboard_shows_every_disk_tier_metric() -> None:
+    exported = set()
+    for name, f in DiskStats.__dataclass_fields__.items():
+        spec = f.metadata.get("metric")
+        if spec is not None:
+            exported.add(spec.family(name) + ("_total" if spec.kind == "counter" else ""))
+    shown = disk_names([e for es in dashboard_exprs().values() for e in es])
+    assert shown <= exported, f"the dashboard queries {sorted(shown - exported)}, which DiskStats does not export"
+    # The block count is disk_bytes counted in blocks: the used / capacity panel shows bytes.
+    assert exported - shown == {"radixmesh_disk_blocks"}
+
+
+def test_hit_rate_by_tier_panel_is_each_hit_sources_share_of_all_tokens() -> None:
+    [[expr]] = [e for t, e in dashboard_exprs().items() if "hit rate by tier" in t.lower()]
+    model = re.escape(MODEL_MATCHER)
+    # Hit sources only (local_gpu, local_host, local_disk, remote): the shares add up to the global hit rate.
+    tokens = r"radixmesh_prompt_tokens_total"
+    assert re.fullmatch(rf'sum by \(source\) \(rate\({tokens}\{{{model},source!="computed"\}}\[(\w+)\]\)\) '
+                        rf"/ ignoring \(source\) group_left sum\(rate\({tokens}\{{{model}\}}\[\1\]\)\)", expr), expr
+
+
+def assert_queries_find_samples(samples: list[Sample], queries: dict[str, list[str]]) -> None:
+    """Every metric name in `queries` (title -> its expressions) has samples, and every label value
+    they compare with (e.g. source="computed", not a retired "miss") is in them."""
+    scraped = {s.name for s in samples}
+    values: dict[str, set[str]] = {}
+    for s in samples:
+        for label, value in s.labels.items():
+            values.setdefault(label, set()).add(value)
+    for title, exprs in queries.items():
+        missing = {m for e in exprs for m in re.findall(r"radixmesh_[a-z_]+", e)} - scraped
+        assert not missing, f"{title!r} queries {sorted(missing)}, absent from /metrics"
+        for label, value in (m for e in exprs for m in re.findall(r'(\w+)\s*!?=\s*"([^"]*)"', e)):
+            assert value in values.get(label, set()), f"{title!r}: no {label}={value!r} in /metrics"
+
+
 @pytest.mark.anyio
 @pytest.mark.integration
 async def test_every_dashboard_metric_exists_in_a_live_scrape() -> None:
@@ -172,15 +234,45 @@ async def test_every_dashboard_metric_exists_in_a_live_scrape() -> None:
         finally:
             await runner.cleanup()
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
-    scraped = {s.name for s in samples}
-    for title, names in dashboard_metrics().items():
-        missing = names - scraped
-        assert not missing, f"panel {title!r} queries {sorted(missing)}, absent from /metrics"
-    # Label values the queries compare with exist too (e.g. source="computed", not a retired "miss").
-    values: dict[str, set[str]] = {}
-    for s in samples:
-        for label, value in s.labels.items():
-            values.setdefault(label, set()).add(value)
-    for title, exprs in dashboard_exprs().items():
-        for label, value in (m for e in exprs for m in re.findall(r'(\w+)\s*!?=\s*"([^"]*)"', e)):
-            assert value in values.get(label, set()), f"panel {title!r}: no {label}={value!r} in /metrics"
+    # These agents have no disk tier: test_disk_panels_and_alerts_find_an_agents_disk_tier checks those panels.
+    assert_queries_find_samples(samples, {t: es for t, es in dashboard_exprs().items() if not disk_names(es)})
+
+
+@pytest.mark.anyio
+@pytest.mark.integration
+async def test_disk_panels_and_alerts_find_an_agents_disk_tier(tmp_path: Path) -> None:
+    engine = EngineConfig(block_size=BS, memory=MemoryConfig(num_gpu_blocks=8, num_host_blocks=8))
+    agent = NodeAgent(replace(agent_config("a"), engine=engine, disk_cache=str(tmp_path), disk_cache_bytes=1 << 28))
+    await agent.start()
+    config = router_config(agent.layout.fingerprint(), policy_config=PolicyConfig(block_bytes=agent.layout.block_bytes))
+    router = Router(config, StaticAgentDirectory([LocalAgentClient(agent)]), None, clock=ManualClock(),
+                    rng=random.Random(0))
+    runner, port = await start_http(router, "127.0.0.1", 0)
+    try:
+        prompts = [prompt(60 + i, 5 * BS + 2) for i in range(6)]
+        for i, p in enumerate(prompts):  # the later prompts push the first out of gpu and host, to disk
+            await router.complete(plan(f"w{i}", p))
+        assert agent.engine.memory.disk is not None
+        agent.engine.memory.disk.flush()
+        again = await router.complete(plan("again", prompts[0]))
+        assert again.result.stats.tokens.local_disk > 0
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
+            text = await r.text()
+    finally:
+        await runner.cleanup()
+        await router.close()
+        await agent.stop()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    disk_panels = {t: es for t, es in dashboard_exprs().items() if disk_names(es) or "by tier" in t.lower()}
+    disk_alerts = {a: es for a, es in alert_exprs().items() if disk_names(es)}
+    assert len(disk_panels) >= 4 and len(disk_alerts) == 3
+    assert_queries_find_samples(samples, {**disk_panels, **disk_alerts})
+    # The panels select by model_name and group by node: the agent's disk samples carry both.
+    queried = set().union(*(disk_names(es) for es in [*disk_panels.values(), *disk_alerts.values()]))
+    for s in (s for s in samples if s.name in queried):
+        assert s.labels.get("node") == "a" and s.labels.get("model_name") and s.labels.get("tier") == "disk", s
+    # What the bandwidth and hit-rate-by-tier panels divide is there, not 0 / 0.
+    value = {(s.name, s.labels.get("source")): s.value for s in samples}
+    for name in ("read_bytes", "read_seconds", "write_bytes", "write_seconds"):
+        assert value[(f"{DISK_METRIC}{name}_total", None)] > 0, name
+    assert value[("radixmesh_prompt_tokens_total", "local_disk")] > 0

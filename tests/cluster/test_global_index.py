@@ -14,7 +14,7 @@ from tests.support.hashes import h as _h
 
 LAYOUT = "layout-a"
 NODES = [NodeId(f"n{i}") for i in range(4)]
-TIERS = [Tier.GPU, Tier.HOST]
+TIERS = [Tier.GPU, Tier.HOST, Tier.DISK]
 
 
 # A fixed forest of 24 blocks: 0 and 12 are roots, every other block hangs under an earlier one.
@@ -47,8 +47,8 @@ def oracle_match(held: set[tuple[NodeId, Tier, BlockHash]], query: list[BlockHas
     prefixes = {}
     for n in NODES:
         gpu = run(lambda h, n=n: (n, Tier.GPU, h) in held)
-        host = run(lambda h, n=n: (n, Tier.HOST, h) in held)
-        any_tier = run(lambda h, n=n: (n, Tier.GPU, h) in held or (n, Tier.HOST, h) in held)
+        host = run(lambda h, n=n: (n, Tier.GPU, h) in held or (n, Tier.HOST, h) in held)
+        any_tier = run(lambda h, n=n: any((n, t, h) in held for t in TIERS))
         if any_tier:
             prefixes[n] = PrefixLengths(gpu, host, any_tier)
     return cluster, prefixes
@@ -151,7 +151,9 @@ def test_match_counts_each_tier_and_either_tier() -> None:
     index.insert(a, [h[1]], h[0], Tier.HOST)
     got = index.match(LAYOUT, h)
     # blocks: 0 gpu, 1 host, 2 gpu, 3 nowhere
-    assert got == (3, {a: PrefixLengths(gpu=1, host=0, any_tier=3)})
+    assert got == (3, {a: PrefixLengths(gpu=1, host=3, any_tier=3)})
+    index.insert(a, [h[3]], h[2], Tier.DISK)
+    assert index.match(LAYOUT, h) == (4, {a: PrefixLengths(gpu=1, host=3, any_tier=4)})
 
 
 def test_layouts_are_partitions() -> None:
@@ -192,11 +194,11 @@ def test_dropped_nodes_slot_is_reused_without_its_blocks() -> None:
     assert index.node_block_count(c) == 0
     assert index.match(LAYOUT, HASH[:3]) == (1, {b: PrefixLengths(0, 1, 1)})
     index.insert(c, HASH[:2], None, Tier.GPU)
-    assert index.match(LAYOUT, HASH[:3]) == (2, {b: PrefixLengths(0, 1, 1), c: PrefixLengths(2, 0, 2)})
+    assert index.match(LAYOUT, HASH[:3]) == (2, {b: PrefixLengths(0, 1, 1), c: PrefixLengths(2, 2, 2)})
 
 
 def test_many_nodes_each_get_their_own_prefix() -> None:
-    # 70 nodes: holder masks are 140-bit integers, wider than any machine word.
+    # 70 nodes: holder masks are 210-bit integers, wider than any machine word.
     index = GlobalIndex()
     chain = [_h(1000 + i) for i in range(12)]
     nodes = [NodeId(f"w{i}") for i in range(70)]
@@ -210,7 +212,7 @@ def test_many_nodes_each_get_their_own_prefix() -> None:
     for i, n in enumerate(nodes):
         if i % 3:
             k = i % 12 + 1
-            want[n] = PrefixLengths(k if i % 2 else 0, 0 if i % 2 else k, k)
+            want[n] = PrefixLengths(k if i % 2 else 0, k, k)
     assert index.match(LAYOUT, chain) == (12, want)
 
 

@@ -99,7 +99,7 @@ def test_register_publish_match() -> None:
             assert res.cluster_blocks == 6
             by_node = {n.node_id: n for n in res.nodes}
             a = by_node[A]
-            assert (a.gpu_blocks, a.host_blocks, a.any_tier_blocks) == (2, 0, 2)
+            assert (a.gpu_blocks, a.host_blocks, a.any_tier_blocks) == (2, 2, 2)  # host: on gpu or host
             assert (a.transfer_address, a.load) == ("ucx://node-a", load)
             assert (by_node[B].gpu_blocks, by_node[B].host_blocks) == (0, 3)
             assert [n.node_id for n in res.nodes] == [B, A]  # longest prefix first

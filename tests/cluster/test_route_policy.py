@@ -52,6 +52,21 @@ def test_cost_model_without_pull_when_the_link_is_slow() -> None:
     assert est.total_s == pytest.approx(2.3)
 
 
+def test_cost_model_reads_the_disk_tail_at_the_node_s_disk_rate() -> None:
+    # 4 local blocks: 1 on gpu, 1 from host (1 s), 2 from disk at the node's measured 500 B/s (4 s).
+    measured = dataclasses.replace(view(A, 4, gpu=1), disk_blocks=2, disk_bytes_per_s=500.0)
+    assert CostModel(CFG).estimate(REQ, measured, None).swap_s == pytest.approx(5.0)
+    # Not measured: the configured default (250 B/s: 8 s).
+    default = dataclasses.replace(measured, disk_bytes_per_s=0.0)
+    assert CostModel(dataclasses.replace(CFG, disk_bytes_per_s=250.0)).estimate(REQ, default, None).swap_s == (
+        pytest.approx(9.0))
+    # A request of 3 blocks stops inside the disk tail: 1 host block, 1 disk block.
+    short = RouteRequest(prompt_tokens=30, num_blocks=3, block_tokens=10)
+    assert CostModel(CFG).estimate(short, measured, None).swap_s == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="disk_blocks"):
+        dataclasses.replace(measured, disk_blocks=4)
+
+
 def test_cost_model_pulls_when_cheaper() -> None:
     est = CostModel(CFG).estimate(REQ, view(A, 2, gpu=1, queued=100), Holder(B, 4, 1e6))
     assert est.pull_blocks == 2

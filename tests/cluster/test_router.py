@@ -109,7 +109,7 @@ def test_inflight_table_refuses_negative_tokens_and_changes_nothing() -> None:
 
 def test_view_merges_index_pending_and_own_load() -> None:
     load = NodeLoad(prefill_tokens_per_s=500.0, pull_gbps={"a": 2.0, "c": 0.0})
-    match = MatchResult(5, (NodeMatch(A, "127.0.0.1:1", 3, 1, 5, NodeLoad()),
+    match = MatchResult(5, (NodeMatch(A, "127.0.0.1:1", 3, 5, 5, NodeLoad()),
                             NodeMatch(B, "127.0.0.1:2", 0, 0, 0, load)))
     table = InflightTable()
     table.start(B, 40)
@@ -123,6 +123,16 @@ def test_view_merges_index_pending_and_own_load() -> None:
     assert view.addresses == {A: "127.0.0.1:1", B: "127.0.0.1:2"} and view.cluster_blocks == 5
     with pytest.raises(ValueError, match="no candidate"):
         build_view([], match, {}, table, 100.0)
+
+
+def test_the_view_reads_a_prefix_tail_past_gpu_and_host_from_disk_at_the_node_s_rate() -> None:
+    load = NodeLoad(prefill_tokens_per_s=100.0, disk_read_gbps=0.5)
+    # gpu run 2, host run 3, some tier 7: blocks 3..6 are read from disk.
+    match = MatchResult(7, (NodeMatch(A, "127.0.0.1:1", 2, 3, 7, load), NodeMatch(B, "127.0.0.1:2", 4, 0, 4, load)))
+    view = build_view([A, B], match, {}, InflightTable(), 100.0)
+    a, b = view.cluster.nodes
+    assert (a.gpu_blocks, a.local_blocks, a.disk_blocks, a.disk_bytes_per_s) == (2, 7, 4, 5e8)
+    assert (b.gpu_blocks, b.local_blocks, b.disk_blocks) == (4, 4, 0)
 
 
 # --- routing and serving -------------------------------------------------------------------------

@@ -6,7 +6,9 @@ memory, gpu-only next to a host tier of 4x the gpu's blocks and a host tier of 4
 
 Tight memory is workload_hit_rate's: each node's gpu holds 10% of the workload's unique blocks over 8
 (at least the longest prompt). Every other setting is `radixmesh up`'s (SimConfig's defaults); tiers
-are the simulator's victim tiers (node.SecondChance) read at SimConfig's host and disk bandwidths.
+are the simulator's victim tiers (node.SecondChance) read at SimConfig's host and disk bandwidths,
+and the index learns them from tier cache events, so the routers see and price each node's host and
+disk prefix.
 Prints a table and writes bench/results/sim_tiers.json.
 """
 

@@ -38,7 +38,8 @@ class NodeView:
     recent_tokens: float = 0.0
     """Prompt tokens routed to this node, exponentially decayed (`RecentWork`); bounds load over time."""
     held_blocks: int = 0
-    """Blocks 0..held_blocks-1 are computed on this node (the index says so): what a peer can pull.
+    """Blocks 0..held_blocks-1 are computed and in this node's gpu tier (the index says so): what a peer
+    can pull (its transfer source serves the gpu cache; host and disk copies it reads for itself).
     Pending blocks are not: a pull from a node still computing them gets nothing, and the puller
     recomputes them after paying for the pull."""
     running_decodes: int = 0
@@ -158,14 +159,15 @@ def build_view(
         extra = pending.get(node, 0)
         gpu = max(m.gpu_blocks if m else 0, extra)
         rate = m.load.prefill_tokens_per_s if m and m.load.prefill_tokens_per_s > 0 else default_prefill_tokens_per_s
-        held = max(m.any_tier_blocks if m else 0, (computed or {}).get(node, 0))
+        # A peer's transfer source serves its gpu cache only: host and disk copies are the node's own.
+        held = max(m.gpu_blocks if m else 0, (computed or {}).get(node, 0))
         # Past its gpu-or-host run the node's prefix continues on disk (index.PrefixLengths).
         disk = max(0, m.any_tier_blocks - max(gpu, m.host_blocks)) if m else 0
         views.append(
             NodeView(
                 node,
                 gpu_blocks=gpu,
-                local_blocks=max(held, gpu),
+                local_blocks=max(held, gpu, m.any_tier_blocks if m else 0),
                 disk_blocks=disk,
                 disk_bytes_per_s=m.load.disk_read_gbps * 1e9 if m else 0.0,
                 queued_tokens=table.queued_tokens(node),

@@ -1,8 +1,9 @@
 """Why each computed block was not a hit: the simulator's `SimReport.misses_by_cause`.
 
-``first``: no earlier request had the block (global LRU pays it too); ``held``: another node held
-it when the job started but it was not pulled; ``computing``: another node was computing it then;
-``evicted``: every copy was gone.
+``first``: no earlier request had the block (global LRU pays it too); ``held``: another node's gpu
+held it when the job started but it was not pulled; ``computing``: another node was computing it
+then; ``evicted``: every gpu copy was gone. Copies count on gpus only (`HolderCount`): those are what
+a pull can read; a copy left in some node's host or disk tier is ``evicted`` here.
 """
 
 from collections import Counter

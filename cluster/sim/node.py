@@ -11,8 +11,9 @@ Cache timeline of one job::
 """
 
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from radixmesh.cluster.policy.base import RouteDecision
 from radixmesh.node_agent import (
@@ -26,7 +27,7 @@ from radixmesh.node_agent import (
     Recalled,
 )
 from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.events import CacheEvent
+from radixmesh.proto.events import BlockRemoved, BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import BlockId, NodeId
 
 
@@ -57,15 +58,22 @@ class SecondChance:
     """A node's host and disk tiers as the simulator models them: LRU victim caches under the gpu.
     A block the gpu evicts goes to the host tier, one the host evicts to disk, one the disk evicts is
     gone; a hit moves the block back up to the gpu (it leaves its tier). With no capacity it holds
-    nothing and costs nothing (the gpu-only node `up` runs by default)."""
+    nothing and costs nothing (the gpu-only node `up` runs by default).
+
+    Every move is a cache event on its tier (BlockStored / BlockRemoved with Tier.HOST or Tier.DISK),
+    drained by `take_events` in the order the moves happened, so the index learns the tiers as `up`'s
+    learns an agent's host tier."""
 
     SOURCES = ("local_host", "local_disk")
     """Hit sources, in tier order."""
+    TIER_OF: ClassVar[Mapping[str, Tier]] = {"local_host": Tier.HOST, "local_disk": Tier.DISK}
+    """The tier a source's cache events name."""
 
     def __init__(self, host_blocks: int, disk_blocks: int) -> None:
-        self.levels: list[tuple[str, OrderedDict[BlockHash, None], int]] = [
+        self.levels: list[tuple[str, OrderedDict[BlockHash, BlockHash | None], int]] = [
             (source, OrderedDict(), cap) for source, cap in zip(self.SOURCES, (host_blocks, disk_blocks)) if cap > 0]
-        """(source, blocks oldest first, capacity) of each tier with room, top first."""
+        """(source, block -> its parent oldest first, capacity) of each tier with room, top first."""
+        self._events: list[CacheEvent] = []
 
     def __bool__(self) -> bool:
         return bool(self.levels)
@@ -75,7 +83,7 @@ class SecondChance:
         its least recently used down."""
         for e in evicted:
             self._discard(e.hash)
-            self._put(0, e.hash)
+            self._put(0, e.hash, e.parent)
 
     def take(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
         """Remove the longest prefix of `hashes` the tiers hold (matches are prefixes) and count its
@@ -88,21 +96,35 @@ class SecondChance:
             hits[source] = hits.get(source, 0) + 1
         return hits
 
-    def _put(self, level: int, h: BlockHash) -> None:
+    def take_events(self) -> list[CacheEvent]:
+        """Drain the tier events since the last call, in order."""
+        events, self._events = self._events, []
+        return events
+
+    def _put(self, level: int, h: BlockHash, parent: BlockHash | None) -> None:
         while level < len(self.levels):
-            _, blocks, cap = self.levels[level]
-            blocks[h] = None
+            source, blocks, cap = self.levels[level]
+            blocks[h] = parent
+            self._events.append(BlockStored((h,), parent, self.TIER_OF[source]))
             if len(blocks) <= cap:
                 return
-            h, _ = blocks.popitem(last=False)
+            # Removed here before it is stored below: right also for an index whose disk copies
+            # share the host's bit (cleared, then set again).
+            h, parent = blocks.popitem(last=False)
+            self._events.append(BlockRemoved((h,), self.TIER_OF[source]))
             level += 1
 
     def _discard(self, h: BlockHash) -> str | None:
         for source, blocks, _ in self.levels:
             if h in blocks:
                 del blocks[h]
+                self._events.append(BlockRemoved((h,), self.TIER_OF[source]))
                 return source
         return None
+
+    def hashes(self) -> list[BlockHash]:
+        """Every block the tiers hold, top tier first."""
+        return [h for _, blocks, _ in self.levels for h in blocks]
 
     def check_invariants(self) -> None:
         seen = 0
@@ -213,7 +235,14 @@ class SimNode:
         return job
 
     def take_events(self) -> list[CacheEvent]:
-        return self.cache.take_events()
+        """The tiers' events, then the gpu's. Tiers first: a block the gpu evicts is on the host
+        before it leaves the gpu, so the index never sees the node drop it (no last-copy loss in
+        the cluster's ghost); a block's own tier events stay in order, and tiers have separate bits."""
+        return self.tiers.take_events() + self.cache.take_events()
+
+    def held_blocks(self) -> int:
+        """Blocks this node holds on some tier (a block on gpu and in a tier counts once)."""
+        return len(self.cache) + sum(h not in self.cache for h in self.tiers.hashes())
 
     def check_invariants(self) -> None:
         self.cache.check_invariants()

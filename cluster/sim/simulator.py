@@ -1,12 +1,12 @@
 """Compute-free cluster simulator: the production GlobalIndex, PrefixCache/BlockPool eviction and
 routing policies, driven by a trace on simulated time.
 
-Per arrival: ask the index (fed by every node cache's events) for each node's prefix, then run the
-router's own routing step (policy.step.RoutingStep: pending holders, candidates, views, the policy's
-decision, recorded as pending), and queue the job on the chosen node. Nodes prefill FIFO, one job
-at a time; a job takes read time from its host/disk tiers (bytes / the tier's bandwidth), then pull
-time (fixed cost + bytes / bandwidth, when the decision pulls: the fixed cost even when the peer had
-nothing to send), then prefill time (tokens / rate).
+Per arrival: ask the index (fed by every node's cache events, its tiers' too) for each node's prefix,
+then run the router's own routing step (policy.step.RoutingStep: pending holders, candidates, views,
+the policy's decision, recorded as pending), and queue the job on the chosen node. Nodes prefill FIFO,
+one job at a time; a job takes read time from its host/disk tiers (bytes / the tier's bandwidth), then
+pull time (fixed cost + bytes / bandwidth, when the decision pulls: the fixed cost even when the peer
+had nothing to send), then prefill time (tokens / rate).
 TTFT = prefill end - arrival (decode is not modelled: it does not delay TTFT here).
 Hit rate is block-weighted over trace blocks: local, pulled from a peer (remote), read back from the
 node's host or disk tier (local_host, local_disk; counted only when the nodes have tiers), or
@@ -84,9 +84,14 @@ class SimConfig:
       its agents report measured ones. A trace block is 512 tokens, an agent's 16 by default.
     - tiers: a node is one gpu-tier cache, as `up`'s agents are by default (host_blocks 0), unless
       host_blocks / disk_blocks give it LRU victim tiers (`node.SecondChance`): blocks the gpu
-      evicts, read back at the tier's bandwidth. The index and the routers see only the gpu tier
-      (`up`'s index also knows host and disk holders and prices them), and a read is not overlapped
-      with the pull or the prefill. The oracles (global LRU) keep the gpu-only capacity.
+      evicts, read back at the tier's bandwidth. A hit moves a block out of its tier (`up`'s host
+      keeps a copy), and a read is not overlapped with the pull or the prefill. The index learns
+      every tier move as a cache event on Tier.HOST / Tier.DISK, so the routers see a node's host
+      and disk prefix as `up`'s do (NodeMatch.host_blocks, any_tier_blocks); `up`'s agents publish
+      their disk tier only in snapshots, the simulator's every change at once. Pulls read a peer's
+      gpu only, as `up`'s transfer source does: a pull planned on a peer's tier copies (the views
+      count them as held) gets the gpu part and the rest is recomputed. The oracles (global LRU)
+      keep the gpu-only capacity.
     """
 
     nodes: int
@@ -149,9 +154,10 @@ class SimConfig:
     disk_blocks: int = 0
     """Each node's disk tier, in trace blocks, under the host tier (0: none, as `up` runs by default)."""
     host_bytes_per_s: float = 25e9
-    """Host-to-gpu read bandwidth (PCIe Gen5 x16, roughly)."""
+    """Host-to-gpu read bandwidth (PCIe Gen5 x16, roughly); the simulated routers price host reads
+    with it as if the nodes had measured it."""
     disk_bytes_per_s: float = 5e9
-    """Disk-to-gpu read bandwidth through the host (one NVMe SSD, roughly)."""
+    """Disk-to-gpu read bandwidth through the host (one NVMe SSD, roughly); priced likewise."""
     check_every: int = 0
     """Run every node's and the index's check_invariants() every this many arrivals (0: never)."""
 
@@ -186,12 +192,15 @@ class SimConfig:
 
     @property
     def policy_config(self) -> PolicyConfig:
-        """The simulated routers' policy settings: load as configured, pulls priced as they run."""
+        """The simulated routers' policy settings: load as configured, pulls and tier reads priced as
+        they run."""
         return PolicyConfig(
             load_eps=self.load_eps,
             load_floor_s=self.load_floor_s,
             load_half_life_s=self.load_half_life_s,
             block_bytes=self.block_bytes,
+            host_bytes_per_s=self.host_bytes_per_s,
+            disk_bytes_per_s=self.disk_bytes_per_s,
             pull_latency_s=self.pull_latency_s,
             pull_bytes_per_s=self.pull_bytes_per_s,
         )
@@ -436,9 +445,12 @@ class Simulator:
         self.holders.apply(events)
 
     def check_invariants(self) -> None:
-        """Every node's cache and queue, the index, and the pending index."""
-        for node in self.nodes.values():
+        """Every node's cache and queue, the index (holding each node's blocks, every tier's), and
+        the pending index."""
+        for nid, node in self.nodes.items():
             node.check_invariants()
+            indexed = self.index.node_block_count(nid)
+            assert indexed == node.held_blocks(), f"{nid}: index holds {indexed} blocks, node {node.held_blocks()}"
         self.index.check_invariants()
         for router in self._routers:
             router.pending.check_invariants()

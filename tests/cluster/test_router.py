@@ -115,7 +115,7 @@ def test_view_merges_index_pending_and_own_load() -> None:
     table.start(B, 40)
     view = build_view([A, B, C], match, {C: 2, A: 1}, table, 100.0)
     assert view.cluster.nodes == (
-        NodeView(A, gpu_blocks=3, local_blocks=5, prefill_tokens_per_s=100.0, held_blocks=5),
+        NodeView(A, gpu_blocks=3, local_blocks=5, prefill_tokens_per_s=100.0, held_blocks=3),  # 3..4 on host
         NodeView(B, queued_tokens=40, inflight=1, prefill_tokens_per_s=500.0),
         NodeView(C, gpu_blocks=2, local_blocks=2, prefill_tokens_per_s=100.0),  # pending: not held
     )
@@ -132,6 +132,7 @@ def test_the_view_reads_a_prefix_tail_past_gpu_and_host_from_disk_at_the_node_s_
     view = build_view([A, B], match, {}, InflightTable(), 100.0)
     a, b = view.cluster.nodes
     assert (a.gpu_blocks, a.local_blocks, a.disk_blocks, a.disk_bytes_per_s) == (2, 7, 4, 5e8)
+    assert a.held_blocks == 2  # a peer pulls from the gpu tier only
     assert (b.gpu_blocks, b.local_blocks, b.disk_blocks) == (4, 4, 0)
 
 

@@ -1,5 +1,6 @@
-"""The simulator's host and disk tiers (node.SecondChance): the tiers against a list oracle, hits
-and read time on hand-computed traces, and gpu-only runs exactly as before the tiers existed.
+"""The simulator's host and disk tiers (node.SecondChance): the tiers and their cache events against a
+list oracle, hits and read time on hand-computed traces, the index following every tier move and the
+prefix-aware policies routing to a tier holder, and gpu-only runs exactly as before the tiers existed.
 
 Timing as in test_sim: 512-token blocks at 512 tokens/s prefill in 1 s; 1 KV byte a token makes a
 block 512 bytes, so a host tier at 5120 B/s reads it in 0.1 s and a disk tier at 512 B/s in 1 s.
@@ -20,7 +21,8 @@ from radixmesh.cluster.sim.simulator import SimConfig, SimReport, SimRequest, Si
 from radixmesh.cluster.sim.trace import TraceRequest, read_trace
 from radixmesh.node_agent import EvictedBlock
 from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.ids import BlockId
+from radixmesh.proto.events import BlockRemoved, BlockStored, CacheEvent, Tier
+from radixmesh.proto.ids import BlockId, NodeId
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 
@@ -74,13 +76,29 @@ class TierOracle:
         return hits
 
 
+def replay(held: dict[Tier, set[BlockHash]], events: Sequence[CacheEvent]) -> None:
+    """Apply tier events strictly: a block is stored only where it is not held, removed only where it is."""
+    for e in events:
+        assert isinstance(e, BlockStored | BlockRemoved) and e.tier != Tier.GPU, e
+        on_tier = held.setdefault(e.tier, set())
+        for x in e.hashes:
+            if isinstance(e, BlockStored):
+                assert x not in on_tier, f"{x.hex()} stored twice on {e.tier}"
+                on_tier.add(x)
+            else:
+                assert x in on_tier, f"{x.hex()} removed from {e.tier}, where it is not"
+                on_tier.remove(x)
+
+
 ops = st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 9), max_size=6)), max_size=40)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 4), st.integers(0, 4), ops)
 def test_second_chance_matches_the_list_oracle(host: int, disk: int, steps: list[tuple[bool, list[int]]]) -> None:
+    # Its events, replayed, hold what its tiers hold: what the index learns of them.
     tiers, oracle = SecondChance(host, disk), TierOracle(host, disk)
+    held: dict[Tier, set[BlockHash]] = {}
     assert bool(tiers) == bool(host or disk)
     for admit, ids in steps:
         hashes = [h(i) for i in ids]
@@ -91,6 +109,57 @@ def test_second_chance_matches_the_list_oracle(host: int, disk: int, steps: list
             assert tiers.take(hashes) == oracle.take(hashes)
         tiers.check_invariants()
         assert [(s, list(b)) for s, b, _ in tiers.levels] == [(s, b) for s, b, _ in oracle.levels]
+        replay(held, tiers.take_events())
+        assert {t: b for t, b in held.items() if b} == {
+            SecondChance.TIER_OF[s]: set(b) for s, b, _ in oracle.levels if b}
+
+
+def indexed(s: Simulator, node: str = "n000") -> tuple[set[BlockHash], set[BlockHash]]:
+    """The blocks the simulator's index says `node` holds: on its gpu, and in its host or disk tier."""
+    chains = s.index.node_chains(NodeId(node))
+    gpu = {x for c in chains if c.tier == Tier.GPU for x in c.hashes}
+    return gpu, {x for c in chains if c.tier != Tier.GPU for x in c.hashes}
+
+
+def test_the_index_follows_blocks_down_the_tiers_and_forgets_what_the_disk_drops() -> None:
+    # One block each in host and disk under a 2-block gpu: [2, 3] pushes [0, 1] to host and disk,
+    # [4, 5] pushes [2, 3] after them, and the disk drops [0, 1].
+    rows = [(0, [0, 1]), (10, [2, 3]), (20, [4, 5])]
+    hashes = [r.hashes for r in trace(rows)]
+    two = Simulator(config(capacity=2, host=1, disk=1))
+    two.run(trace(rows[:2]))
+    assert indexed(two) == (set(hashes[1]), set(hashes[0]))
+    three = Simulator(config(capacity=2, host=1, disk=1))
+    three.run(trace(rows))
+    assert indexed(three) == (set(hashes[2]), set(hashes[1]))
+    assert three.index.node_block_count(NodeId("n000")) == 4
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 11), min_size=1, max_size=5), min_size=1, max_size=25),
+       st.sampled_from(["prefix_affinity", "cost"]), st.integers(0, 4), st.integers(0, 6))
+def test_the_index_holds_what_each_node_holds_on_every_tier(prompts: list[list[int]], policy: str,
+                                                            host: int, disk: int) -> None:
+    # check_every=1 also compares the counts after every arrival (Simulator.check_invariants).
+    s = Simulator(dataclasses.replace(config(3, host, disk, nodes=2), policy=policy))
+    s.run(trace([(1.5 * i, p) for i, p in enumerate(prompts)]))
+    for nid, node in s.nodes.items():
+        assert indexed(s, nid) == ({x for x, _ in node.cache.snapshot()}, set(node.tiers.hashes()))
+
+
+# Node A computes [0, 1] while B takes a long prompt; [2, 3] goes to A (B is busy) and pushes [0, 1]
+# into A's tier; [2, 3, 4] follows its prefix to A, which is still busy with it (0.9 s left) when
+# [0, 1] comes back. Only A's tier holds [0, 1]: a read of 0.2 s there beats 2 s of prefill on idle B.
+TIER_HOLDER = [(0, [0, 1]), (0, list(range(50, 60))), (3, [2, 3]), (19.9, [2, 3, 4]), (20, [0, 1])]
+
+
+@pytest.mark.parametrize("policy", ["prefix_affinity", "cost_no_pull"])
+@pytest.mark.parametrize(("host", "disk", "source"), [(2, 0, "local_host"), (0, 2, "local_disk")])
+def test_a_prefix_only_one_tier_holds_is_routed_to_its_node(policy: str, host: int, disk: int, source: str) -> None:
+    c = dataclasses.replace(config(2, host, disk, nodes=2), policy=policy, disk_bytes_per_s=5120.0)
+    r, ttfts = run(TIER_HOLDER, c)
+    assert r.hits_by_source == {"local": 2, "remote": 0, "miss": 15, "local_host": 0, "local_disk": 0, source: 2}
+    assert ttfts[-1] == pytest.approx(1.1)
 
 
 def test_a_prefix_evicted_from_the_gpu_is_read_back_from_the_host() -> None:

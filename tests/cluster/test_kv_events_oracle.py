@@ -15,6 +15,7 @@ from radixmesh.cluster.fleet.ingest.vllm_events import (
     EngineBlockRemoved,
     EngineBlockStored,
     EngineEvent,
+    EngineHash,
 )
 from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
@@ -41,26 +42,27 @@ class FakeVllmCache:
         return True
 
     def store(self, parent: bytes | None, tokens: list[int]) -> list[EngineEvent]:
-        """A request with prefix `parent` + `tokens` finishes its prefill: blocks already cached are
-        hits, each run of new ones is one BlockStored under the block before it."""
+        """A request with prefix `parent` + `tokens` finishes its prefill: one BlockStored of every
+        block after its cache hit, under the last block hit.
+
+        As in vLLM: its prefix match (`find_longest_cache_hit`) stops at the first uncached block,
+        and every block after that one is computed and stored, even one still cached (vLLM does not
+        de-duplicate cached blocks). So no block after a miss is a hit left out of the event: the
+        request would hold a block no event names, which nothing can recall after a lost batch.
+        A duplicate is one block here: evicting it evicts every copy."""
         path = self.held[parent][1] if parent is not None else ()
-        events: list[EngineEvent] = []
         run: list[bytes] = []
         run_parent, prev = parent, parent
         for i in range(0, len(tokens), BS):
             path = (*path, *tokens[i : i + BS])
             h = hashlib.sha256(repr((prev, path[-BS:])).encode()).digest()
-            if h in self.held:
-                if run:
-                    events.append(self._stored(run, run_parent))
-                run, run_parent = [], h
+            if not run and h in self.held:
+                run_parent = h
             else:
                 self.held[h] = (prev, path)
                 run.append(h)
             prev = h
-        if run:
-            events.append(self._stored(run, run_parent))
-        return events
+        return [self._stored(run, run_parent)] if run else []
 
     def _stored(self, run: list[bytes], parent: bytes | None) -> EngineEvent:
         depth = len(self.held[parent][1]) if parent is not None else 0
@@ -110,7 +112,7 @@ def test_index_follows_the_engine_exactly_or_conservatively_after_a_loss(data: s
             index.apply(NODE, blocks.forget_holdings())
             continue
         # Recall after a loss needs the translations of the request's prefix (never dropped here).
-        known, seen = max_unheld == 1 << 20, set()
+        known, seen = max_unheld == 1 << 20, set[EngineHash]()
         for e in events:
             if isinstance(e, EngineBlockStored):
                 p = e.parent_block_hash
@@ -127,3 +129,27 @@ def test_index_follows_the_engine_exactly_or_conservatively_after_a_loss(data: s
             assert held == truth
         if action == "store" and known:  # even after a loss: the request holds its prefix, so it is indexed
             assert set(hash_blocks(request, BS)) <= held
+
+
+def test_the_fake_engine_stores_every_block_after_the_first_miss() -> None:
+    engine = FakeVllmCache()
+    engine.store(None, [0, 0, 2, 1, 0, 0, 0, 2])
+    a, c, d, e = engine.held
+    del engine.held[c], engine.held[d]  # E stays: vLLM evicts a block whatever its children
+    assert engine.store(a, [2, 1, 0, 0, 0, 2]) == [
+        EngineBlockStored((c, d, e), a, (2, 1, 0, 0, 0, 2), BS, medium="GPU")]
+
+
+def test_a_request_stored_again_after_lost_evictions_is_indexed_whole() -> None:
+    """The shrunk history that once failed the recall check: A C D E stored, a lost batch evicting
+    C and D, the request again (its hit stops at C, so C D E are stored again under A)."""
+    tokens = (0, 0, 2, 1, 0, 0, 0, 2)
+    blocks = EngineBlockMap(BS)
+    index = GlobalIndex()
+    index.add_node(NODE, "layout")
+    index.apply(NODE, blocks.apply([EngineBlockStored((b"A", b"C", b"D", b"E"), None, tokens, BS, medium="GPU")]))
+    index.apply(NODE, blocks.forget_holdings())
+    index.apply(NODE, blocks.apply([EngineBlockStored((b"C", b"D", b"E"), b"A", tokens[BS:], BS, medium="GPU")]))
+    assert index_blocks(index) == set(hash_blocks(tokens, BS))
+    blocks.check_invariants()
+    index.check_invariants()

@@ -20,8 +20,10 @@ Rules (each a why, not a guess):
 - medium "GPU" (vLLM's MEDIUM_GPU) is the gpu tier, "CPU" (its offloading connector) the host tier;
   anything else is not a tier the index knows and is skipped.
 - A gpu BlockStored under a parent re-asserts the parent's chain on the gpu: the request that filled
-  the block holds its whole prefix at that moment. That is how holdings come back after a
-  sequence gap made us forget them (`forget_holdings`), without trusting anything stale.
+  the block holds its whole prefix at that moment, and the event names all its blocks after the
+  prefix (vLLM's prefix match stops at the first miss, and every block after it is stored again,
+  even one still cached). That is how holdings come back after a sequence gap made us forget them
+  (`forget_holdings`), without trusting anything stale.
 - Translations outlive holdings (a removed block's children may still arrive, or come back), up to
   `max_unheld` forgotten blocks, oldest dropped first.
 

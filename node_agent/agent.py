@@ -389,15 +389,17 @@ class NodeAgent:
 
     async def load(self) -> NodeLoad:
         """Queue, running tokens, free blocks, and the prices the router's cost model reads: measured
-        prefill rate, per-peer pull bandwidth and fixed cost, and the compute group (who shares our cores)."""
+        prefill rate, per-peer pull bandwidth and fixed cost, the disk tier's read rate, and the compute
+        group (who shares our cores)."""
         def snapshot() -> tuple[int, int, int]:
             sched, pool = self.engine.scheduler, self.engine.memory.gpu.pool
             return (len(sched.waiting), sum(len(s.tokens) for s in sched.running), pool.num_free + pool.num_cached)
         queued, running, free = await self.runner.call(snapshot)
         gbps = self._transfer.peer_gbps()
         fixed = {str(peer): s.ewma_latency_s for peer, s in self._transfer.peer_stats().items() if s.ewma_latency_s > 0}
+        disk = self.engine.memory.disk
         return NodeLoad(queued, running, free, self.runner.prefill_tokens_per_s, gbps, fixed,
-                        compute_group(self.engine.device))
+                        compute_group(self.engine.device), disk.read_bytes_per_s() / 1e9 if disk is not None else 0.0)
 
     async def prometheus_text(self) -> str:
         """Memory of both tiers, the engine, the transfer plane and the agent's own counters."""

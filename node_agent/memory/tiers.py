@@ -186,15 +186,20 @@ class HostTier(TierMemory):
 
     def _load_from_disk(self, hashes: list[BlockHash], start: int) -> list[BlockId]:
         """Read the disk tier's run of hashes[start:] into fresh host blocks (cached, and held once
-        by the caller like a match); [] when the disk misses. Takes only the room the host has."""
+        by the caller like a match); [] when the disk misses. Takes only the room the host has. The
+        disk reads straight into the blocks; those past a record that fails to verify go back free."""
         room = self.pool.num_free + self.pool.num_cached
-        payloads = self.disk.get_run(hashes[start: start + room])
-        if not payloads:
+        run = hashes[start: start + self.disk.run_length(hashes[start: start + room])]
+        if not run:
             return []
-        host_ids = self.pool.allocate(len(payloads))
-        for block_id, payload in zip(host_ids, payloads, strict=True):
-            self.kv[block_id].view(-1).view(torch.uint8).copy_(torch.frombuffer(payload, dtype=torch.uint8))
-        self.cache.insert(hashes[start: start + len(host_ids)], host_ids, hashes[start - 1] if start else None)
+        host_ids = self.pool.allocate(len(run))
+        served = self.disk.get_run_into(run, [self.kv[b].view(-1).view(torch.uint8).numpy().data for b in host_ids])
+        if served < len(host_ids):
+            self.pool.free(host_ids[served:])
+            host_ids = host_ids[:served]
+        if not host_ids:
+            return []
+        self.cache.insert(run[:served], host_ids, hashes[start - 1] if start else None)
         return host_ids
 
     def _spill(self, evicted: Sequence[EvictedBlock]) -> None:

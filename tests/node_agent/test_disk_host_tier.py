@@ -12,7 +12,7 @@ from radixmesh.node_agent.engine.metrics import EngineCounters
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.preemption import FixedPreemption, PreemptMode
 from radixmesh.node_agent.engine.request import Request, RequestId
-from radixmesh.node_agent.memory.disk.record import DiskIdentity
+from radixmesh.node_agent.memory.disk.record import HEADER_BYTES, DiskIdentity
 from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier
 from radixmesh.node_agent.memory.pool.config import PoolConfig
 from radixmesh.node_agent.memory.tiers import HostTier, TierMemory
@@ -76,6 +76,28 @@ def test_the_host_reads_only_what_it_has_room_for(tmp_path: Path) -> None:
     assert len(got) == 1 and from_disk == 1 and disk.stats().disk_reads == 1
     gpu.cache.release(got)
     host.cache.release(pinned)
+    disk.close()
+
+
+def test_a_record_that_fails_on_disk_ends_the_read_and_its_host_blocks_go_back_free(tmp_path: Path) -> None:
+    """The disk reads straight into host blocks: a corrupt record in the middle of the run leaves the
+    blocks before it cached and served, and the blocks allocated for it and after it free."""
+    gpu, host, disk = tiers(tmp_path)
+    want = cache_on_host(host, CHAIN, 1.0)
+    cache_on_host(host, OTHER, 10.0)
+    disk.flush()
+    [segment] = tmp_path.iterdir()
+    position = disk.store.hashes().index(CHAIN[1])
+    data = bytearray(segment.read_bytes())
+    data[position * disk.store.identity.record_bytes + HEADER_BYTES + 3] ^= 0x40  # CHAIN[1]'s KV
+    segment.write_bytes(bytes(data))
+    got, from_disk = host.promote(gpu, CHAIN, 0)
+    assert len(got) == 1 and from_disk == 1 and torch.equal(gpu.kv[got], want[:1])
+    stats = disk.stats()
+    assert stats.disk_reads == 1 and stats.disk_dropped_blocks["corrupt"] == 1 and CHAIN[1] not in disk
+    assert host.cache.longest_prefix(CHAIN) == 1 and host.pool.num_free == 2
+    gpu.cache.release(got)
+    host.cache.check_invariants()
     disk.close()
 
 

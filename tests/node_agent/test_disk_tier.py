@@ -1,7 +1,8 @@
 """The disk tier (node_agent/memory/disk): round trips, a hypothesis model of the segment store
 against a dict-and-list oracle, capacity, identity, and crash safety: seeded bit flips and
 truncations of the segment files, and a writer process killed with SIGKILL mid-write, many times.
-After each, a reopened store serves only blocks that verify and counts the ones it dropped."""
+After each, a reopened store serves only blocks that verify and counts the ones it dropped; a run
+read into the caller's buffers stops at the first record damaged since the open, like an oracle."""
 
 import errno
 import random
@@ -11,6 +12,7 @@ import textwrap
 import time
 from dataclasses import asdict
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -170,6 +172,84 @@ def test_a_record_damaged_after_the_scan_is_dropped_at_read(tmp_path: Path) -> N
     assert s.get_run([h(0), h(1), h(2)]) == [kv(0)]  # read in one pread, cut at the bad record
     assert h(1) not in s and s.counters.dropped == {Dropped.CORRUPT: 1}
     assert s.counters.reads == 1 and s.get(h(1)) is None
+
+
+def test_a_run_is_read_straight_into_the_callers_buffers(tmp_path: Path) -> None:
+    with patch.object(segments, "READ_BYTES", 2 * RECORD):
+        s = store(tmp_path, segments=8)
+    s.append([blk(i) for i in range(10)])  # three segments: reads of 2 records, split where segments end
+    into = [memoryview(bytearray(BLOCK)) for _ in range(7)]
+    assert s.get_run_into([h(i) for i in range(9)], into) == 7  # as many as there are buffers
+    assert [bytes(b) for b in into] == [kv(i) for i in range(7)]
+    assert s.counters.reads == 7 and s.counters.read_bytes == 7 * BLOCK
+    assert s.get_run_into([h(5), h(42), h(6)], into) == 1 and into[0] == kv(5)
+    assert s.run_length([h(5), h(6), h(42), h(7)]) == 2 and s.run_length([]) == 0
+
+
+@pytest.mark.parametrize("bad", [b"", bytes(BLOCK), bytearray(BLOCK - 1), bytearray(BLOCK + 1)], ids=repr)
+def test_a_destination_that_cannot_take_a_block_is_refused_and_nothing_read(tmp_path: Path, bad: bytes) -> None:
+    s = store(tmp_path)
+    s.append([blk(0), blk(1)])
+    first = bytearray(BLOCK)
+    with pytest.raises(ValueError, match="writable, contiguous buffer"):
+        s.get_run_into([h(0), h(1)], [memoryview(first), memoryview(bad)])
+    assert first == bytearray(BLOCK) and s.counters.reads == 0 and len(s) == 2
+
+
+_KINDS = ("flip", "swap", "cut")
+
+
+@settings(max_examples=100, deadline=None)
+@given(records=st.integers(1, 12), damage=st.dictionaries(st.integers(0, 11), st.sampled_from(_KINDS), max_size=3),
+       reverse=st.booleans(), read_records=st.integers(1, 5), ahead=st.integers(0, 3), asked=st.integers(0, 14),
+       buffers=st.integers(0, 14))
+def test_a_run_read_stops_at_the_first_damaged_record_like_the_oracle(
+        tmp_path_factory: pytest.TempPathFactory, records: int, damage: dict[int, str], reverse: bool,
+        read_records: int, ahead: int, asked: int, buffers: int) -> None:
+    """Blocks 0..records-1 of a chain, written head first or tail first (as the host demotes), their
+    records damaged after the store opened (a flipped bit, another block's record in the slot, a
+    file cut inside a record), read in runs of any read size and lookahead: the run serves exactly
+    the blocks before the first damaged one, each byte for byte, drops and counts that one (and no
+    other), and leaves the rest indexed."""
+    path = tmp_path_factory.mktemp("disk")
+    with patch.object(segments, "READ_BYTES", read_records * RECORD):
+        s = store(path, segments=8)
+    order = list(range(records))[::-1] if reverse else list(range(records))  # order[slot] = block
+    s.append([blk(i) for i in order])
+    files = sorted(path.iterdir())
+    data = [bytearray(f.read_bytes()) for f in files]
+    original = [bytes(d) for d in data]
+    bad: dict[int, Dropped] = {}  # block -> why a read drops it
+    cuts: dict[int, int] = {}
+    for b, kind in damage.items():
+        if b >= records or (kind == "swap" and records == 1):
+            continue
+        seg, at = divmod(order.index(b), PER_SEGMENT)
+        if kind == "flip":
+            data[seg][at * RECORD + (b * 7919) % RECORD] ^= 1 << (b % 8)
+            bad[b] = Dropped.CORRUPT
+        elif kind == "swap":  # a whole, valid record of another block
+            qs, qa = divmod(order.index(b + 1 if b + 1 < records else b - 1), PER_SEGMENT)
+            data[seg][at * RECORD: (at + 1) * RECORD] = original[qs][qa * RECORD: (qa + 1) * RECORD]
+            bad[b] = Dropped.FOREIGN
+        else:
+            cuts[seg] = min(cuts.get(seg, at), at)
+    for seg, at in cuts.items():
+        del data[seg][at * RECORD + RECORD // 2:]
+        bad |= dict.fromkeys(order[seg * PER_SEGMENT + at: (seg + 1) * PER_SEGMENT], Dropped.TORN)
+    for f, d in zip(files, data, strict=True):
+        f.write_bytes(d)
+    into = [memoryview(bytearray(BLOCK)) for _ in range(buffers)]
+    reach = min(asked, buffers, records)
+    stop = min([r for r in bad if r < reach], default=None)
+    with patch.object(segments, "READS_AHEAD", ahead):
+        got = s.get_run_into([h(i) for i in range(asked)], into)
+    assert got == (reach if stop is None else stop)
+    assert [bytes(b) for b in into[:got]] == [kv(i) for i in range(got)]
+    assert s.counters.dropped == ({} if stop is None else {bad[stop]: 1})
+    assert set(s.hashes()) == {h(i) for i in range(records) if i != stop}
+    s.check_invariants()
+    s.close()
 
 
 _WRITER = textwrap.dedent("""

@@ -137,23 +137,27 @@ def decode(identity: DiskIdentity, record: bytes | memoryview) -> Decoded | Drop
     view = memoryview(record)
     if len(view) < identity.record_bytes:
         return Dropped.TORN
-    head = view[: _HEAD.size]
-    magic, version, flags, block_size, length, model, layout, key, block_hash, parent = _HEAD.unpack(head)
+    return verify(identity, view[:HEADER_BYTES], view[HEADER_BYTES: identity.record_bytes])
+
+
+def verify(identity: DiskIdentity, head: memoryview, payload: memoryview) -> Decoded | Dropped:
+    """`decode` of a record read into two buffers: its HEADER_BYTES of header and its
+    identity.block_bytes of payload (a read that scatters each payload straight to where it is used)."""
+    magic, version, flags, block_size, length, model, layout, key, block_hash, parent = _HEAD.unpack(head[: _HEAD.size])
     if magic != MAGIC or version != VERSION or flags & ~_HAS_PARENT:
         return Dropped.CORRUPT
     if (block_size, length, model, layout, key) != (identity.block_size, identity.block_bytes,
                                                    identity.model_digest, identity.layout_fingerprint,
                                                    identity.hash_key_id):
         # A flipped bit in these fields also lands here; the CRC decides which it was.
-        payload = view[HEADER_BYTES: HEADER_BYTES + min(length, identity.block_bytes)]
-        intact = len(payload) == length and _crc_ok(view, head, payload)
+        written = payload[: min(length, identity.block_bytes)]
+        intact = len(written) == length and _crc_ok(head, written)
         return Dropped.FOREIGN if intact else Dropped.CORRUPT
-    payload = view[HEADER_BYTES: identity.record_bytes]
-    if not _crc_ok(view, head, payload):
+    if not _crc_ok(head, payload):
         return Dropped.CORRUPT
     return Decoded(BlockHash(bytes(block_hash)), BlockHash(bytes(parent)) if flags & _HAS_PARENT else None, payload)
 
 
-def _crc_ok(view: memoryview, head: memoryview, payload: memoryview) -> bool:
-    (stored,) = _CRC.unpack(view[_HEAD.size: HEADER_BYTES])
-    return bool(zlib.crc32(payload, zlib.crc32(head)) == stored)
+def _crc_ok(head: memoryview, payload: memoryview) -> bool:
+    (stored,) = _CRC.unpack(head[_HEAD.size: HEADER_BYTES])
+    return bool(zlib.crc32(payload, zlib.crc32(head[: _HEAD.size])) == stored)

@@ -11,6 +11,7 @@ a demotion is an optimisation, a stalled engine is not.
 import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from radixmesh.proto.block_hash import BlockHash
 log = logging.getLogger(__name__)
 
 GB = 1 << 30
+MEASURED_BYTES = 16 << 20
+"""Bytes read before a read rate is trusted: below it, a few small reads measure syscall overhead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +54,11 @@ class DiskTier:
     """A node's disk tier: thread-safe; `close` stops the writer after the queued blocks are written."""
 
     def __init__(self, config: DiskConfig, identity: DiskIdentity) -> None:
+        t0 = time.perf_counter()
         self.store = SegmentStore(config.path, identity, config.capacity_bytes, config.segment_bytes)
+        scanned, elapsed = self.store.disk_bytes, time.perf_counter() - t0
+        self._scan_bytes_per_s = scanned / elapsed if scanned >= MEASURED_BYTES else 0.0
+        """The re-index's read rate (every record read and verified): a restarted node's first price."""
         self._queue: queue.Queue[DiskBlock | None] = queue.Queue(config.queue_blocks)
         self._pending: dict[BlockHash, bytes] = {}
         self._lock = threading.Lock()
@@ -79,23 +86,44 @@ class DiskTier:
 
     def get_run(self, hashes: Sequence[BlockHash]) -> list[memoryview]:
         """The KV bytes of the longest prefix of `hashes` held here (still queued, or on disk and
-        verified), in order."""
-        payloads: list[memoryview] = []
-        on_disk: list[BlockHash] = []
-        for block_hash in hashes:
+        verified), in order, each in a fresh buffer (`get_run_into` fills buffers of the caller's)."""
+        into = [memoryview(bytearray(self.store.identity.block_bytes)) for _ in range(self.run_length(hashes))]
+        return into[: self.get_run_into(hashes, into)]
+
+    def run_length(self, hashes: Sequence[BlockHash]) -> int:
+        """How many of `hashes`, from the first, are held here: the most `get_run_into` serves."""
+        n = 0
+        while n < len(hashes) and hashes[n] in self:
+            n += 1
+        return n
+
+    def get_run_into(self, hashes: Sequence[BlockHash], into: Sequence[memoryview]) -> int:
+        """Put the KV bytes of the longest prefix of `hashes` held here (still queued, or on disk and
+        verified), at most len(into) blocks, into into[0], into[1], ...; returns how many. The
+        contract of SegmentStore.get_run_into: a destination past that count may hold any bytes."""
+        views = self.store.destinations(into)
+        hashes = hashes[: len(views)]
+        first = 0  # hashes[first:k] are the disk's share since the last queued block
+        for k, block_hash in enumerate(hashes):
             with self._lock:
                 queued = self._pending.get(block_hash)
             if queued is None:
-                on_disk.append(block_hash)
                 continue
-            if on_disk:  # the disk's share so far must be whole before a queued block follows it
-                got = self.store.get_run(on_disk)
-                payloads += got
-                if len(got) < len(on_disk):
-                    return payloads
-                on_disk = []
-            payloads.append(memoryview(bytearray(queued)))
-        return payloads + self.store.get_run(on_disk) if on_disk else payloads
+            if first < k:  # the disk's share so far must be whole before a queued block follows it
+                got = self.store.get_run_into(hashes[first:k], views[first:k])
+                if got < k - first:
+                    return first + got
+            views[k][:] = queued
+            first = k + 1
+        return first + self.store.get_run_into(hashes[first:], views[first:]) if first < len(hashes) else first
+
+    def read_bytes_per_s(self) -> float:
+        """Measured read rate, verification included: of the tier's reads so far once they add up to
+        MEASURED_BYTES, else of the re-index at start-up, else 0 (not measured)."""
+        c = self.store.counters
+        if c.read_bytes >= MEASURED_BYTES and c.read_seconds > 0:
+            return c.read_bytes / c.read_seconds
+        return self._scan_bytes_per_s
 
     @property
     def capacity_blocks(self) -> int:
@@ -192,6 +220,12 @@ class NoDiskTier:
 
     def get_run(self, hashes: Sequence[BlockHash]) -> list[memoryview]:
         return []
+
+    def run_length(self, hashes: Sequence[BlockHash]) -> int:
+        return 0
+
+    def get_run_into(self, hashes: Sequence[BlockHash], into: Sequence[memoryview]) -> int:
+        return 0
 
     def close(self) -> None:
         pass

@@ -163,6 +163,9 @@ class _OneAgent:
     async def close(self) -> None:
         pass
 
+    async def stop_all(self) -> None:
+        pass
+
 
 async def _router_serves_with_the_key(actor: RouterActor) -> None:
     actor._reconciler = _OneAgent()  # type: ignore[assignment]

@@ -108,8 +108,7 @@ class SecondChance:
             self._events.append(BlockStored((h,), parent, self.TIER_OF[source]))
             if len(blocks) <= cap:
                 return
-            # Removed here before it is stored below: right also for an index whose disk copies
-            # share the host's bit (cleared, then set again).
+            # Removed here, then stored below: the order the move happens in.
             h, parent = blocks.popitem(last=False)
             self._events.append(BlockRemoved((h,), self.TIER_OF[source]))
             level += 1

@@ -89,9 +89,8 @@ class SimConfig:
       every tier move as a cache event on Tier.HOST / Tier.DISK, so the routers see a node's host
       and disk prefix as `up`'s do (NodeMatch.host_blocks, any_tier_blocks); `up`'s agents publish
       their disk tier only in snapshots, the simulator's every change at once. Pulls read a peer's
-      gpu only, as `up`'s transfer source does: a pull planned on a peer's tier copies (the views
-      count them as held) gets the gpu part and the rest is recomputed. The oracles (global LRU)
-      keep the gpu-only capacity.
+      gpu only, as `up`'s transfer source does, and the views count only a peer's gpu prefix as
+      pullable. The oracles (global LRU) keep the gpu-only capacity.
     """
 
     nodes: int

@@ -218,9 +218,6 @@ class NoDiskTier:
     def offer(self, block_hash: BlockHash, payload: bytes, *, parent: BlockHash | None) -> None:
         pass
 
-    def get_run(self, hashes: Sequence[BlockHash]) -> list[memoryview]:
-        return []
-
     def run_length(self, hashes: Sequence[BlockHash]) -> int:
         return 0
 

@@ -10,6 +10,10 @@ does not import torch and Ray with the engine.
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from radixmesh.import_name import step_aside
+
+step_aside(__name__)  # importable only as radixmesh.node_agent (radixmesh/import_name.py)
+
 if TYPE_CHECKING:
     from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor, node_resource
     from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig

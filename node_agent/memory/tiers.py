@@ -21,7 +21,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from radixmesh import kernels
+from radixmesh.kernels import ops as kernels
 from radixmesh.node_agent.memory.cache.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
 from radixmesh.node_agent.memory.disk.tier import DiskTier, NoDiskTier
 from radixmesh.node_agent.memory.pool.block_pool import BlockPool

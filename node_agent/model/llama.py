@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from radixmesh import kernels
+from radixmesh.kernels import ops as kernels
 from radixmesh.node_agent.model.config import Llama3RopeScaling, LlamaConfig
 
 

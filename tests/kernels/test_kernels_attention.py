@@ -20,8 +20,8 @@ if not torch.cuda.is_available():
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixmesh.kernels import paged_decode_attention, paged_prefill_attention, plan_decode
 from radixmesh.kernels.decode_attention_triton import paged_decode_attention_triton
+from radixmesh.kernels.ops import paged_decode_attention, paged_prefill_attention, plan_decode
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KV_HEADS, HEAD_DIM, LAYERS, LAYER = 2, 16, 2, 1

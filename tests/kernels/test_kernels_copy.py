@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixmesh.kernels import gather_blocks, scatter_blocks, write_kv
+from radixmesh.kernels.ops import gather_blocks, scatter_blocks, write_kv
 from radixmesh.proto.kv_layout import KVLayout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,7 +5,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from radixmesh.kernels import (
+from radixmesh.kernels.ops import (
     gather_blocks,
     paged_decode_attention,
     paged_prefill_attention,

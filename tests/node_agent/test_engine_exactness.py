@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from radixmesh import kernels
+from radixmesh.kernels import ops as kernels
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.preemption import PreemptMode

@@ -1,7 +1,7 @@
 """Block-size study: hit rate, fragmentation and metadata bytes per block at block sizes 8/16/32/64 on
 the shared Mooncake traces, against the default (16) measured in the same run.
 
-    python bench/block_size.py [--limit K]
+    python bench/block_size.py [--limit K] [--out DIR] [--smoke]
 
 - Hit rate: token-weighted prompt hit rate of one LRU prefix cache (the real PrefixCache/BlockPool)
   holding the memory of 8 and of 64 nodes x 500 trace blocks (512 tokens each), requests in arrival
@@ -37,6 +37,9 @@ BASE = 16
 NODES = (8, 64)
 NODE_TRACE_BLOCKS = 500
 GAIN_BAR = 1.05
+META_BLOCKS = 20_000
+SMOKE_LIMIT = 100  # requests per trace in a smoke run
+SMOKE_META_BLOCKS = 2_000
 
 
 def block_hashes(r: TraceRequest, bs: int) -> list[BlockHash]:
@@ -76,7 +79,7 @@ def waste(reqs: list[TraceRequest], bs: int) -> float:
     return (slots - sum(used)) / slots
 
 
-def metadata_bytes_per_block(n: int = 20_000) -> tuple[float, float]:
+def metadata_bytes_per_block(n: int = META_BLOCKS) -> tuple[float, float]:
     """(pool + prefix cache, GlobalIndex) Python bytes per cached block, by tracemalloc."""
     hashes = [BlockHash(i.to_bytes(16, "little")) for i in range(n)]
     tracemalloc.start()
@@ -101,9 +104,14 @@ def metadata_bytes_per_block(n: int = 20_000) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--limit", type=int, default=None, help="first K requests of each trace")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for block_size.json")
+    ap.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE_LIMIT} requests per trace")
     args = ap.parse_args()
+    if args.smoke:  # smaller defaults; sizes given on the command line still win
+        ap.set_defaults(limit=SMOKE_LIMIT)
+        args = ap.parse_args()
     t0 = time.perf_counter()
-    node_b, index_b = metadata_bytes_per_block()
+    node_b, index_b = metadata_bytes_per_block(SMOKE_META_BLOCKS if args.smoke else META_BLOCKS)
     out: dict[str, object] = {"sizes": list(SIZES), "base": BASE, "node_bytes_per_block": node_b,
                               "index_bytes_per_block": index_b, "traces": {}}
     best_gain = 0.0
@@ -132,8 +140,10 @@ def main() -> None:
     out["best_gain_over_base"] = best_gain
     out["adaptive_pays"] = adaptive
     out["wall_s"] = round(time.perf_counter() - t0, 1)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "block_size.json").write_text(json.dumps(out, indent=1) + "\n")
+    if args.smoke:
+        out["smoke"] = True
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "block_size.json").write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out))
 
 

@@ -7,7 +7,7 @@ baseline a client without `n` would send). There is no metadata service here, so
 the separate requests by load (least_loaded) while `n` keeps its choices on one node: the figures
 show what pinning saves where load balancing would otherwise scatter one prompt's copies. Reports
 prompt tokens computed and wall time per round, checks that both give the same texts, prints ONE
-JSON line, also written to bench/results/choices.json.
+JSON line, also written to DIR/choices.json (--out DIR, default bench/results).
 """
 
 import argparse
@@ -33,8 +33,9 @@ from radixmesh.node_agent.model.config import DEFAULT_CONFIG
 from radixmesh.node_agent.model.source import resolve_model
 from radixmesh.proto.ids import NodeId
 
-RESULT = Path(__file__).parent / "results" / "choices.json"
+RESULTS = Path(__file__).parent / "results"
 MODEL = "bench"
+SMOKE = {"n": 2, "prompt": 64, "max_tokens": 2, "rounds": 1, "blocks": 128}
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
@@ -109,11 +110,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--blocks", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on shared cores)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for choices.json")
+    parser.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE}")
     args = parser.parse_args()
+    if args.smoke:  # smaller defaults; sizes given on the command line still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result = asyncio.run(run(args))
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    if args.smoke:
+        result["smoke"] = True
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "choices.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
 
 

@@ -15,7 +15,8 @@ step shapes, interleaved per trial: "mixed" (this engine: one forward per step),
 engine's kernels, the plan split into a prefill forward and a decode forward, as before; exists only
 here), and with `--before PATH` that checkout's engine as it is (run in a subprocess with PYTHONPATH
 on it). Generated tokens per wall second and per CPU second; greedy outputs must agree token for
-token. Prints tables, then ONE JSON line, also written to bench/results/engine_step.json.
+token. Prints tables, then ONE JSON line, also written to DIR/engine_step.json (--out DIR, default
+bench/results). `--smoke` runs both parts at tiny sizes, the engine on the tiny model.
 
     python bench/engine_step.py --before /tmp/before
 """
@@ -38,7 +39,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from radixmesh import kernels
+from radixmesh.kernels import ops as kernels
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig, StepOutput
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
@@ -46,8 +47,10 @@ from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.source import SMOLLM2, resolve_model
 from radixmesh.proto.serve.sampling import SamplingParams
 
-RESULT = Path(__file__).parent / "results" / "engine_step.json"
+RESULTS = Path(__file__).parent / "results"
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
+SMOKE = {"model": "tiny", "batches": [1, 2], "attention_batches": [1, 2], "context": 64, "prompt": 32,
+         "max_tokens": 4, "trials": 1, "repeats": 5}
 
 
 def paired_ms(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
@@ -165,7 +168,7 @@ def serve(model: LlamaForCausalLM, model_id: str, two_forwards: bool, batch: int
 def serve_before(before: Path, batch: int, args: argparse.Namespace) -> Served:
     """The `before` checkout's Engine as it is, in a subprocess importing radixmesh from there."""
     cmd = [sys.executable, __file__, "--engine-json", "--batches", str(batch), "--prompt", str(args.prompt),
-           "--max-tokens", str(args.max_tokens), "--threads", str(args.threads)]
+           "--max-tokens", str(args.max_tokens), "--threads", str(args.threads), "--model", args.model]
     done = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(before)}, capture_output=True, text=True,
                           check=True)
     return Served(*json.loads(done.stdout.splitlines()[-1]))
@@ -182,11 +185,17 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=200, help="timed calls per attention figure")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on shared cores)")
     p.add_argument("--before", type=Path, default=None, help="a checkout to measure as the baseline")
+    p.add_argument("--model", default=SMOLLM2, help="model SPEC of the engine part (see radixmesh up --help)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for engine_step.json")
+    p.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE}")
     p.add_argument("--engine-json", action="store_true", help=argparse.SUPPRESS)  # the --before subprocess
     a = p.parse_args()
+    if a.smoke:  # smaller defaults; sizes given on the command line still win
+        p.set_defaults(**SMOKE)
+        a = p.parse_args()
     torch.set_num_threads(a.threads)
     batches = a.batches or [1, 8, 32]
-    source = resolve_model(SMOLLM2)
+    source = resolve_model(a.model)
     model = source.load()
     if a.engine_json:
         print(json.dumps(serve(model, source.identity(), False, batches[0], a)))
@@ -211,23 +220,25 @@ def main() -> None:
     def med(values: list[float]) -> float:
         return round(statistics.median(values), 4)
 
-    result = {
+    result: dict[str, Any] = {
         "bench": "engine_step",
         "threads": a.threads,
         "trials": a.trials,
         "attention": {"shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block_size": BLOCK,
                                 "context": a.context, "layers": LAYERS, "dtype": "float32"},
                       "per_layer_ms": {b: {k: med([t[k] for t in ts]) for k in ts[0]} for b, ts in attn.items()}},
-        "engine": {"model": SMOLLM2, "prompt": a.prompt, "max_tokens": a.max_tokens, "requests": "2 x batch",
+        "engine": {"model": a.model, "prompt": a.prompt, "max_tokens": a.max_tokens, "requests": "2 x batch",
                    "tokens_per_s": {v: {b: med([s.wall_rate for s in ss]) for b, ss in by_b.items()}
                                     for v, by_b in runs.items()},
                    "tokens_per_cpu_s": {v: {b: med([s.cpu_rate for s in ss]) for b, ss in by_b.items()}
                                         for v, by_b in runs.items()},
                    "outputs_identical": True},
     }
+    if a.smoke:
+        result["smoke"] = True
     print_tables(result)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "engine_step.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
 
 

@@ -4,7 +4,8 @@ Same run, same model (--model SPEC: "tiny" by default, or e.g. smollm2-135m-inst
 each is the shared prefix plus
 its own 32-token suffix, served one at a time (so TTFT is prefill, not queueing). The cached engine
 is warmed by one request carrying the prefix; the baseline engine has caching disabled. Prints the
-figures, then ONE JSON line, also written to bench/results/engine_ttft[_<model>].json.
+figures, then ONE JSON line, also written to DIR/engine_ttft[_<model>].json (--out DIR, default
+bench/results).
 """
 
 import argparse
@@ -24,7 +25,8 @@ from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.source import resolve_model
 from radixmesh.proto.serve.sampling import SamplingParams
 
-RESULT = Path(__file__).parent / "results" / "engine_ttft.json"
+RESULTS = Path(__file__).parent / "results"
+SMOKE = {"requests": 2, "prefix": 64, "suffix": 16}
 
 
 def serve_one_by_one(model: LlamaForCausalLM, model_id: str, caching: bool, requests: list[Request],
@@ -44,7 +46,12 @@ def main() -> None:
     parser.add_argument("--suffix", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on shared cores)")
     parser.add_argument("--model", default=DEFAULT_CONFIG, help="model SPEC (see radixmesh up --help)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON result")
+    parser.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE}")
     args = parser.parse_args()
+    if args.smoke:  # smaller defaults; sizes given on the command line still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     source = resolve_model(args.model)
@@ -70,14 +77,16 @@ def main() -> None:
           f"prompt={args.prefix}+{args.suffix} tokens")
     print(f"median TTFT cached prefix: {ttft_cached * 1e3:.1f} ms   caching off: {ttft_uncached * 1e3:.1f} ms")
     print(f"prefill throughput (caching off): {prefill_rate:.0f} tokens/s   outputs identical: yes")
-    result = {
+    result: dict[str, object] = {
         "ttft_cached_s": round(ttft_cached, 6),
         "ttft_uncached_s": round(ttft_uncached, 6),
         "ratio_cached_vs_uncached": round(ttft_cached / ttft_uncached, 4),
         "prefill_tokens_per_s": round(prefill_rate, 1),
         "model": args.model,
     }
-    result_file = RESULT if args.model == DEFAULT_CONFIG else RESULT.with_name(f"engine_ttft_{source.name}.json")
+    if args.smoke:
+        result["smoke"] = True
+    result_file = args.out / ("engine_ttft.json" if args.model == DEFAULT_CONFIG else f"engine_ttft_{source.name}.json")
     result_file.parent.mkdir(parents=True, exist_ok=True)
     result_file.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))

@@ -1,10 +1,11 @@
 """The shape of the house in numbers: modules per folder, the largest module, modules under 30 lines,
 and the test files' layout, for a checkout at ROOT (default: this one).
 
-    python bench/house.py [ROOT]
+    python bench/house.py [ROOT] [--out DIR] [--smoke]
 
 Issue 24's before/after table comes from running it on two checkouts. Prints a table and, as the last
-line, one JSON object (also written to bench/results/house.json when ROOT is this checkout).
+line, one JSON object (also written to DIR/house.json, default bench/results, when ROOT is this checkout).
+A smoke run is the same survey (it takes milliseconds), its JSON marked as a smoke run.
 """
 
 import argparse
@@ -13,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
+RESULTS = HERE / "bench" / "results"
 PACKAGES = ("proto", "kernels", "common", "node_agent", "cluster")
 SMALL = 30
 
@@ -42,8 +44,13 @@ def survey(root: Path) -> dict[str, object]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", nargs="?", type=Path, default=HERE)
-    root = ap.parse_args().root.resolve()
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for house.json")
+    ap.add_argument("--smoke", action="store_true", help="mark the JSON as a smoke run")
+    args = ap.parse_args()
+    root = args.root.resolve()
     s = survey(root)
+    if args.smoke:
+        s["smoke"] = True
     print(f"{'folder':40} modules")
     for folder, n in s["modules_per_folder"].items():  # type: ignore[attr-defined]
         print(f"{folder:40} {n}")
@@ -52,8 +59,8 @@ def main() -> None:
     print(f"under {SMALL} lines: {len(small)}: {', '.join(small)}")  # type: ignore[arg-type]
     print("test modules per folder:", s["test_modules_per_folder"])
     if root == HERE:
-        out = HERE / "bench" / "results" / "house.json"
-        out.write_text(json.dumps(s, indent=1) + "\n")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "house.json").write_text(json.dumps(s, indent=1) + "\n")
     print(json.dumps(s))
 
 

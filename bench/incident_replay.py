@@ -28,9 +28,11 @@ sampled after every event) and prefix hit rate (prompt blocks found cached / pro
     two-phase GC on the simulated clock).
 
 Last line: one JSON object ``{"naive": {...}, "radixmesh": {...}}``, also written to
-bench/results/incident_replay.json. Run: ``python bench/incident_replay.py``.
+DIR/incident_replay.json (default bench/results). Run: ``python bench/incident_replay.py [--out DIR] [--smoke]``.
+A smoke run is the same replay (it takes about two seconds), its JSON marked as a smoke run.
 """
 
+import argparse
 import bisect
 import heapq
 import json
@@ -308,6 +310,10 @@ def main() -> dict[str, dict[str, object]]:
 
 
 if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="folder for incident_replay.json")
+    ap.add_argument("--smoke", action="store_true", help="mark the JSON as a smoke run")
+    args = ap.parse_args()
     stream = request_stream()
     blocks = peak_demand(stream)
     print(f"stream: {len(stream)} requests, {len({r.prefix for r in stream})} prefixes, pool {blocks} blocks")
@@ -318,7 +324,9 @@ if __name__ == "__main__":
     hit_ratio = float(r["prefix_hit_rate"]) / max(float(n["prefix_hit_rate"]), 1e-9)  # type: ignore[arg-type]
     print(f"ratio prefix_hit_rate radixmesh/naive: {hit_ratio:.2f}")
     print(f"requests served radixmesh/naive: {r['requests_served']}/{n['requests_served']}")
-    out = Path(__file__).parent / "results" / "incident_replay.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result) + "\n")
-    print(json.dumps(result))
+    doc: dict[str, object] = dict(result)
+    if args.smoke:
+        doc["smoke"] = True
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "incident_replay.json").write_text(json.dumps(doc) + "\n")
+    print(json.dumps(doc))

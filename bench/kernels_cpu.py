@@ -3,9 +3,9 @@
 The paged side reads K/V from a two-layer pool through random, non-contiguous block tables (as the CPU
 engine does); the baseline is `torch.nn.functional.scaled_dot_product_attention` over the same values
 laid out contiguously, measured in the same run. Both outputs are compared before timing. Prints the
-figures, then one JSON line, also written to bench/results/kernels_cpu.json.
+figures, then one JSON line, also written to DIR/kernels_cpu.json (default bench/results).
 
-    python bench/kernels_cpu.py [--batch 8 --context 1024 ...]
+    python bench/kernels_cpu.py [--batch 8 --context 1024 ...] [--out DIR] [--smoke]
 """
 
 import argparse
@@ -23,7 +23,8 @@ from torch.nn.attention.bias import causal_lower_right
 from radixmesh.kernels.decode_attention import decode_gather, paged_decode_attention_torch
 from radixmesh.kernels.prefill_attention import paged_prefill_attention_torch
 
-RESULT = Path(__file__).parent / "results" / "kernels_cpu.json"
+RESULTS = Path(__file__).parent / "results"
+SMOKE = {"batch": 2, "context": 64, "new_tokens": 16, "repeats": 3}
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -49,7 +50,12 @@ def main() -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for kernels_cpu.json")
+    p.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE}")
     a = p.parse_args()
+    if a.smoke:  # smaller defaults; sizes given on the command line still win
+        p.set_defaults(**SMOKE)
+        a = p.parse_args()
 
     gen = torch.Generator().manual_seed(a.seed)
     batch, heads, kvh, d, bs = a.batch, a.heads, a.kv_heads, a.head_dim, a.block_size
@@ -102,7 +108,7 @@ def main() -> None:
     t_paged_prefill = median_seconds(paged_prefill, max(3, a.repeats // 3))
     t_dense_prefill = median_seconds(dense_prefill, max(3, a.repeats // 3))
 
-    result = {
+    result: dict[str, object] = {
         "bench": "kernels_cpu",
         "shape": {"batch": batch, "heads": heads, "kv_heads": kvh, "head_dim": d, "context": ctx,
                   "new_tokens": new, "block_size": bs, "dtype": "float32"},
@@ -118,8 +124,10 @@ def main() -> None:
           f"dense SDPA {result['dense_sdpa_decode_ms']} ms, ratio {result['ratio_paged_vs_dense']}")
     print(f"prefill B={batch} prefix={ctx} new={new}: paged torch reference {result['paged_prefill_ms']} ms, "
           f"dense SDPA {result['dense_sdpa_prefill_ms']} ms, ratio {result['ratio_prefill_paged_vs_dense']}")
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    if a.smoke:
+        result["smoke"] = True
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "kernels_cpu.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
 
 

@@ -9,8 +9,8 @@
 
 Both processes (server and this one) run with the server's GC setting, `tune_gc_for_serving`.
 
-Usage: python bench/metadata.py [--trace PATH] [--seconds S]
-Prints the figures, then one JSON object as the last line (also bench/results/metadata.json).
+Usage: python bench/metadata.py [--trace PATH] [--limit K] [--seconds S] [--out DIR] [--smoke]
+Prints the figures, then one JSON object as the last line (also DIR/metadata.json, default bench/results).
 """
 
 import argparse
@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO_METHOD = "/radixmesh.bench.Echo/Match"
+SMOKE = {"limit": 200, "seconds": 0.3}
 
 # ---- (b) over gRPC -------------------------------------------------------------------------------
 
@@ -234,13 +235,19 @@ async def bench_grpc(ops: list[Op], seconds: float, clients: int = 8) -> dict[st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=ROOT / "tests" / "data" / "traces" / "synthetic_trace.jsonl")
+    parser.add_argument("--limit", type=int, default=None, help="first K requests of the trace")
     parser.add_argument("--seconds", type=float, default=3.0, help="per gRPC measurement")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="folder for metadata.json")
+    parser.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE}")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve()
         return
-    ops = op_stream(load_trace(args.trace))
+    if args.smoke:  # smaller defaults; sizes given on the command line still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+    ops = op_stream(load_trace(args.trace)[: args.limit])
     # The server process tunes its GC in serve_until_signalled. This process runs the index
     # in-process (a) and generates the gRPC load (b), so it takes the same setting through the
     # same function: (a) then runs as the index runs in the server, and (b)'s latencies are not
@@ -265,9 +272,10 @@ def main() -> None:
         f"echo {result['echo_qps']:.0f} qps, ratio {result['ratio_match_vs_echo']:.2f}, at half saturation "
         f"p50 {result['match_p50_ms']:.2f} ms p99 {result['match_p99_ms']:.2f} ms"
     )
-    out = ROOT / "bench" / "results" / "metadata.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.smoke:
+        result["smoke"] = True
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "metadata.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
 
 

@@ -70,7 +70,7 @@ class NaiveIndex:
     """The baseline: one dict of holder sets per tier, no structure, no per-node bookkeeping."""
 
     def __init__(self) -> None:
-        self.tiers: dict[Tier, dict[BlockHash, set[NodeId]]] = {Tier.GPU: {}, Tier.HOST: {}}
+        self.tiers: dict[Tier, dict[BlockHash, set[NodeId]]] = {Tier.GPU: {}, Tier.HOST: {}, Tier.DISK: {}}
 
     def insert(self, node: NodeId, hashes: Sequence[BlockHash], tier: Tier) -> None:
         d = self.tiers[tier]
@@ -86,26 +86,29 @@ class NaiveIndex:
                 if not s:
                     del d[h]
 
-    def match(self, hashes: Sequence[BlockHash]) -> tuple[int, dict[NodeId, PrefixLengths]]:
-        gpu, host = self.tiers[Tier.GPU], self.tiers[Tier.HOST]
+    def match(self, hashes: Sequence[BlockHash]) -> Found:
+        """Each node's run of `hashes` as PrefixLengths counts it: on gpu; on gpu or host; on some tier."""
+        gpu, host, disk = self.tiers[Tier.GPU], self.tiers[Tier.HOST], self.tiers[Tier.DISK]
         empty: set[NodeId] = set()
         lengths: dict[NodeId, list[int]] = {}
-        alive = [set(gpu.get(hashes[0], empty)), set(host.get(hashes[0], empty))]
-        alive.append(alive[0] | alive[1])
-        for n in alive[2]:
-            lengths[n] = [0, 0, 0]
+        alive: list[set[NodeId]] = []
         depth = 0
         for h in hashes:
-            g, ho = gpu.get(h, empty), host.get(h, empty)
-            if not g and not ho:
+            g, ho, d = gpu.get(h, empty), host.get(h, empty), disk.get(h, empty)
+            fast = g | ho if ho else g  # no copy for a tier that lacks the block, the common case
+            some = fast | d if d else fast
+            if not some:
                 break
-            for slot, held in ((0, g), (1, ho), (2, g | ho)):
+            if not depth:
+                alive = [set(g), set(fast), set(some)]
+                lengths = {n: [0, 0, 0] for n in some}
+            for slot, held in ((0, g), (1, fast), (2, some)):
                 for n in alive[slot] - held:
                     lengths[n][slot] = depth
                 alive[slot] &= held
             depth += 1
-        for slot in range(3):
-            for n in alive[slot]:
+        for slot, nodes in enumerate(alive):
+            for n in nodes:
                 lengths[n][slot] = depth
         return depth, {n: PrefixLengths(*v) for n, v in lengths.items()}
 

@@ -15,9 +15,10 @@ each, per CPU second of this process:
   blocks per second.
 
 Prints the figures and ``ratio_match_vs_baseline``; the last line is one JSON object, also written
-to bench/results/pool_ops.json. Run: ``python bench/pool_ops.py``.
+to DIR/pool_ops.json (default bench/results). Run: ``python bench/pool_ops.py [--out DIR] [--smoke]``.
 """
 
+import argparse
 import json
 import time
 from collections.abc import Callable
@@ -32,14 +33,15 @@ PREFIX_BLOCKS = 64
 BLOCK_SIZE = 16
 ROUNDS = 9
 PASSES = 4  # passes over all prefixes per round
+SMOKE_PREFIXES, SMOKE_ROUNDS = 16, 2
 
 
-def best_rates(blocks_per_pass: int, passes: dict[str, Callable[[], None]]) -> dict[str, float]:
-    """Best blocks/s of each pass over ROUNDS rounds. Rates are per second of this process's CPU
+def best_rates(blocks_per_pass: int, passes: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
+    """Best blocks/s of each pass over `rounds` rounds. Rates are per second of this process's CPU
     time, and the kinds alternate within every round, so other jobs on the shared cores skew
     neither the figures nor their ratio."""
     best = dict.fromkeys(passes, 0.0)
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for name, run_pass in passes.items():
             start = time.process_time()
             for _ in range(PASSES):
@@ -48,19 +50,19 @@ def best_rates(blocks_per_pass: int, passes: dict[str, Callable[[], None]]) -> d
     return best
 
 
-def main() -> dict[str, float]:
+def main(num_prefixes: int = PREFIXES, rounds: int = ROUNDS) -> dict[str, float]:
     prefixes: list[list[BlockHash]] = [
         hash_blocks(list(range(p * 10_000, p * 10_000 + PREFIX_BLOCKS * BLOCK_SIZE)), BLOCK_SIZE)
-        for p in range(PREFIXES)
+        for p in range(num_prefixes)
     ]
-    pool = BlockPool(PREFIXES * PREFIX_BLOCKS + 1024)
+    pool = BlockPool(num_prefixes * PREFIX_BLOCKS + 1024)
     cache = PrefixCache(pool)
     for hashes in prefixes:
         blocks = pool.allocate(PREFIX_BLOCKS)
         cache.insert(hashes, blocks)
         cache.release(blocks)
     cache.take_events()
-    total = PREFIXES * PREFIX_BLOCKS
+    total = num_prefixes * PREFIX_BLOCKS
 
     def match_pass() -> None:
         for hashes in prefixes:
@@ -78,13 +80,13 @@ def main() -> dict[str, float]:
         assert n == total
 
     def alloc_free_pass() -> None:
-        for _ in range(PREFIXES):
+        for _ in range(num_prefixes):
             pool.free(pool.allocate(PREFIX_BLOCKS))
 
     got = cache.match(prefixes[0])
     assert len(got) == PREFIX_BLOCKS, "every prefix must be cached before timing"
     cache.release(got)
-    rates = best_rates(total, {"match": match_pass, "baseline": baseline_pass, "alloc": alloc_free_pass})
+    rates = best_rates(total, {"match": match_pass, "baseline": baseline_pass, "alloc": alloc_free_pass}, rounds)
     match_rate, baseline_rate, alloc_rate = rates["match"], rates["baseline"], rates["alloc"]
     cache.check_invariants()
     assert pool.num_cached == total, "the benchmark must leave every prefix cached"
@@ -97,10 +99,16 @@ def main() -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    result = main()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="folder for pool_ops.json")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"tiny run: {SMOKE_PREFIXES} prefixes, {SMOKE_ROUNDS} rounds")
+    args = ap.parse_args()
+    result: dict[str, object] = dict(main(SMOKE_PREFIXES, SMOKE_ROUNDS) if args.smoke else main())
     for key, value in result.items():
         print(f"{key:32s} {value:,}")
-    out = Path(__file__).parent / "results" / "pool_ops.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result) + "\n")
+    if args.smoke:
+        result["smoke"] = True
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "pool_ops.json").write_text(json.dumps(result) + "\n")
     print(json.dumps(result))

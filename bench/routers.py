@@ -1,6 +1,6 @@
 """Router replicas on the trace: hit rate of 1 vs 2 routers, and what each one's private state costs.
 
-    python bench/routers.py [--nodes 8 64]
+    python bench/routers.py [--nodes 8 64] [--limit K] [--out DIR] [--smoke]
 
 The simulator (production GlobalIndex, caches and `cost` policy) routes the synthetic trace with
 SimConfig.routers behind a round-robin balancer. Routers share the index (each with an in-sync
@@ -8,7 +8,7 @@ replica: replica lag, ~2 ms p50 in bench/scale.py, is far below the trace's even
 their own pending (speculative) holders and recent-work load table. Rows: one router (the baseline,
 same run), two routers, two sharing pending holders, two sharing pending holders and load. All with
 the replica's candidate set (prefix holders + 4 least loaded), and one router scoring every node for
-comparison. Writes bench/results/routers.json; the last line printed is the JSON.
+comparison. Writes DIR/routers.json (default bench/results); the last line printed is the JSON.
 """
 
 import argparse
@@ -20,6 +20,7 @@ from radixmesh.cluster.sim.trace import read_trace
 
 TRACE = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces" / "synthetic_trace.jsonl"
 RESULTS = Path(__file__).resolve().parent / "results"
+SMOKE = {"nodes": [8], "limit": 200}
 
 
 def run(requests: list[SimRequest], nodes: int, *, routers: int = 1, candidates: int = 4,
@@ -34,8 +35,14 @@ def run(requests: list[SimRequest], nodes: int, *, routers: int = 1, candidates:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--limit", type=int, default=None, help="first K requests of the trace")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for routers.json")
+    ap.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE}")
     args = ap.parse_args()
-    requests = prepare(read_trace(TRACE))
+    if args.smoke:  # smaller defaults; sizes given on the command line still win
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args()
+    requests = prepare(read_trace(TRACE, limit=args.limit))
     rows = []
     for n in args.nodes:
         row = {
@@ -54,9 +61,12 @@ def main() -> None:
         print(f"{r['nodes']:>6}{r['one_router_all_nodes']:>9.4f}{r['one_router']:>8.4f}{r['two_routers']:>8.4f}"
               f"{r['two_routers_shared_pending']:>8.4f}{r['two_routers_shared_pending_and_load']:>13.4f}"
               f"{r['two_minus_one_points']:>9.2f}")
-    RESULTS.mkdir(exist_ok=True)
-    line = json.dumps({"by_nodes": rows}, sort_keys=True)
-    (RESULTS / "routers.json").write_text(line + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, object] = {"by_nodes": rows}
+    if args.smoke:
+        doc["smoke"] = True
+    line = json.dumps(doc, sort_keys=True)
+    (args.out / "routers.json").write_text(line + "\n")
     print(line)
 
 

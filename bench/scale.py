@@ -1,6 +1,6 @@
 """How routing overhead and index memory grow with the cluster (8 -> 512 nodes) and the trace.
 
-    python bench/scale.py [--limit K] [--route-decisions N] [--lag-events N]
+    python bench/scale.py [--limit K] [--route-decisions N] [--lag-events N] [--out DIR] [--smoke]
 
 For each size it replays the synthetic trace with the `cost` policy (500 blocks per node) and
 measures, on this machine: GlobalIndex match latency per request, full routing-decision time per
@@ -14,7 +14,8 @@ dict lookup of the prompt's hashes as the floor, all on the same requests in the
 (`replica_route_p99_ms` by node count, wall time); and replica lag, BlockStored published by an
 agent until the router's replica applied it, at the trace's pace x `--lag-speedup`.
 
-Writes bench/results/scale.json and bench/results/scale.png; the last line printed is the JSON.
+Writes DIR/scale.json and DIR/scale.png (default bench/results); the last line printed is the JSON.
+--smoke: the trace's first SMOKE_REQUESTS requests, fewer nodes and decisions, marked "smoke": true.
 """
 
 import argparse
@@ -37,6 +38,9 @@ from radixmesh.proto.events import Tier
 
 TRACE = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces" / "synthetic_trace.jsonl"
 RESULTS = Path(__file__).resolve().parent / "results"
+ROUTE_NODES, SWEEP_NODES = (8, 64, 512), (8, 32, 128, 512)
+SMOKE = {"route_warm": 100, "route_decisions": 50, "lag_events": 50}
+SMOKE_REQUESTS, SMOKE_ROUTE_NODES, SMOKE_SWEEP_NODES = 200, (8, 64), (8, 512)  # route_us_512_over_8 stays true
 
 
 def index_bytes_per_entry(sim: Simulator) -> tuple[int, float]:
@@ -82,10 +86,15 @@ def main() -> None:
     ap.add_argument("--lag-events", type=int, default=500)
     ap.add_argument("--lag-speedup", type=float, default=50.0, help="trace pace multiplier for the lag run")
     ap.add_argument("--routes-only", action="store_true", help="skip the simulator sweeps")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for scale.json and scale.png")
+    ap.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE_REQUESTS} requests, {SMOKE}")
     args = ap.parse_args()
-    trace = read_trace(TRACE)
+    if args.smoke:  # smaller defaults; sizes given on the command line still win
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args()
+    trace = read_trace(TRACE, limit=SMOKE_REQUESTS if args.smoke else None)
     route_rows = []
-    for n in (8, 64, 512):
+    for n in SMOKE_ROUTE_NODES if args.smoke else ROUTE_NODES:
         route_rows.append(asyncio.run(bench_routes(n, trace, args.route_warm, args.route_decisions)))
         print(json.dumps(route_rows[-1]))
     lag = asyncio.run(bench_lag(trace, args.lag_speedup, args.lag_events))
@@ -103,18 +112,19 @@ def main() -> None:
         "replica_route_cpu_p99_ms": {str(r["nodes"]): r["replica"]["cpu_p99_ms"] for r in route_rows},
         "match_rpc_route_p99_ms": {str(r["nodes"]): r["match_rpc"]["p99_ms"] for r in route_rows},
         "replica_lag": lag,
+        **({"smoke": True} if args.smoke else {}),
     }
-    RESULTS.mkdir(exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.routes_only:
-        old = json.loads((RESULTS / "scale.json").read_text()) if (RESULTS / "scale.json").exists() else {}
+        old = json.loads((args.out / "scale.json").read_text()) if (args.out / "scale.json").exists() else {}
         line = json.dumps(old | routes, sort_keys=True)
-        (RESULTS / "scale.json").write_text(line + "\n")
+        (args.out / "scale.json").write_text(line + "\n")
         print(line)
         return
     full = prepare(trace)
     sweep = full[: args.limit] if args.limit else full
     by_nodes = []
-    for n in (8, 32, 128, 512):
+    for n in SMOKE_SWEEP_NODES if args.smoke else SWEEP_NODES:
         by_nodes.append(measure(sweep, n, args.capacity))
         print(json.dumps(by_nodes[-1]))
     by_trace = []
@@ -152,8 +162,7 @@ def main() -> None:
     b.plot(xs, [r["index_bytes_per_entry"] for r in by_nodes], "o-")
     b.set(xscale="log", xlabel="nodes", ylabel="bytes / (block, holder) entry", title="index memory")
     fig.tight_layout()
-    RESULTS.mkdir(exist_ok=True)
-    fig.savefig(RESULTS / "scale.png", dpi=100)
+    fig.savefig(args.out / "scale.png", dpi=100)
     out = {
         "capacity_blocks": args.capacity,
         "limit": args.limit,
@@ -163,7 +172,7 @@ def main() -> None:
         **routes,
     }
     line = json.dumps(out, sort_keys=True)
-    (RESULTS / "scale.json").write_text(line + "\n")
+    (args.out / "scale.json").write_text(line + "\n")
     print(line)
 
 

@@ -2,7 +2,7 @@
 tier, or recomputed (caching off), on CPU with SmolLM2-135M-Instruct (issue 29); and the disk
 tier's read bandwidth next to a plain sequential read of a file of the same size, in the same run.
 
-    python bench/tiers.py [--prefix 2048] [--rounds 5] [--threads 1] [--dir DIR]
+    python bench/tiers.py [--prefix 2048] [--rounds 5] [--threads 1] [--dir DIR] [--model SPEC] [--out DIR] [--smoke]
 
 One process, two engines on one model: one with a host and a disk tier (DIR, a temporary directory
 under /var/tmp by default), one with prefix caching off. Each round serves one prompt (the prefix plus
@@ -24,7 +24,8 @@ source. Disk read bandwidth, each round, page cache dropped before every read:
 - the ratio of the two (issue 29's goal: >= 0.5x); the tier's read of the same chain again with its
   pages cached (no device time: the read path's CPU ceiling on this machine); and the tier's read
   rate inside each disk case (its read counters), where the run is only the prefix's size.
-Prints a table; writes bench/results/tiers.json.
+Prints a table; writes OUT/tiers.json (default bench/results). --smoke: the tiny seeded model, a short
+prefix, small reads, marked "smoke": true.
 """
 
 import argparse
@@ -53,7 +54,8 @@ from radixmesh.node_agent.model.source import SMOLLM2, resolve_model
 from radixmesh.proto.block_hash import HASH_BYTES, BlockHash
 from radixmesh.proto.serve.sampling import SamplingParams
 
-RESULT = Path(__file__).parent / "results" / "tiers.json"
+RESULTS = Path(__file__).parent / "results"
+SMOKE = {"model": "tiny", "prefix": 128, "rounds": 2, "bandwidth_mb": 4}
 CASES = ("gpu", "host", "disk", "recompute")
 SOURCE_OF = {"gpu": "local_gpu", "host": "local_host", "disk": "local_disk", "recompute": "computed"}
 GOAL_DISK_OVER_PLAIN = 0.5
@@ -90,7 +92,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on shared cores)")
     p.add_argument("--bandwidth-mb", type=int, default=256, help="size of the bandwidth reads")
     p.add_argument("--dir", type=Path, default=None, help="disk tier directory (default: a temporary one)")
+    p.add_argument("--model", default=SMOLLM2, help="model spec (resolve_model)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for tiers.json")
+    p.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE}")
     a = p.parse_args()
+    if a.smoke:  # smaller defaults; sizes given on the command line still win
+        p.set_defaults(**SMOKE)
+        a = p.parse_args()
     block_size = EngineConfig().block_size
     if a.prefix % block_size or not 0 < a.suffix < block_size:
         p.error(f"--prefix must be whole blocks of {block_size} tokens and 0 < --suffix < {block_size}")
@@ -106,12 +114,14 @@ def main() -> None:
                          "cpus": os.cpu_count(), "torch_threads": a.threads,
                          "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    if a.smoke:
+        result["smoke"] = True
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "tiers.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
 def run(a: argparse.Namespace, work: Path, block_size: int) -> dict[str, object]:
-    source = resolve_model(SMOLLM2)
+    source = resolve_model(a.model)
     model = source.load()
     blocks = a.prefix // block_size
     disk_dir = work / "disk"
@@ -213,7 +223,7 @@ def run(a: argparse.Namespace, work: Path, block_size: int) -> dict[str, object]
 
     medians = {c: statistics.median(v) for c, v in ttft.items()}
     ratio = statistics.median(disk_gbps) / statistics.median(plain_gbps)
-    table = Table(title=f"TTFT, {a.prefix}-token prefix + {a.suffix} tokens, SmolLM2-135M on CPU "
+    table = Table(title=f"TTFT, {a.prefix}-token prefix + {a.suffix} tokens, {a.model} on CPU "
                         f"({a.threads} thread(s)), median of {a.rounds}")
     for col in ("prefix served from", "TTFT ms", "/ recompute", "runs ms"):
         table.add_column(col, justify="left" if col == "prefix served from" else "right")
@@ -228,7 +238,7 @@ def run(a: argparse.Namespace, work: Path, block_size: int) -> dict[str, object]
                   f"{statistics.median(warm_gbps):.2f} GB/s; inside the disk case "
                   f"({prefix_bytes / 1e6:.0f} MB): {statistics.median(case_gbps):.2f} GB/s")
     return {
-        "model": SMOLLM2, "prefix_tokens": a.prefix, "suffix_tokens": a.suffix, "rounds": a.rounds,
+        "model": a.model, "prefix_tokens": a.prefix, "suffix_tokens": a.suffix, "rounds": a.rounds,
         "block_bytes": engine.layout.block_bytes, "prefix_bytes": prefix_bytes,
         "ttft_s": ttft, "ttft_median_s": medians,
         "ttft_over_recompute": {c: medians[c] / medians["recompute"] for c in CASES},

@@ -1,14 +1,14 @@
 """Block-weighted hit rate of every routing policy on the shared Mooncake traces, against the
 infinite-cache bound and one global LRU of the same total memory, measured in the same run.
 
-    python bench/trace_hit_rate.py [--capacity 500] [--limit K] [--seeds 3]
+    python bench/trace_hit_rate.py [--capacity 500] [--limit K] [--seeds 3] [--out DIR] [--smoke]
 
 Per-node capacity is in trace blocks (512 tokens; 64 MiB of KV each at the simulator's default
 Llama-3-8B layout, so 500 blocks = 32 GiB). Prints a table, the goal check (cost >= 0.95 x global
 LRU, every cost policy with a changed eviction >= 1.0 x (issue 16), with max load <= 1.25 x mean,
 load judged both as prompt tokens routed per node, the measure the bounded-load cap uses, and as
 requests routed per node) and Mooncake's published cache ratio beside ours; the last line is one
-JSON object, also written to bench/results/trace_hit_rate.json. Beside global LRU it prints
+JSON object, also written to DIR/trace_hit_rate.json (default bench/results). Beside global LRU it prints
 global S3-FIFO (one cache of the same memory with the nodes' scan-resistant eviction), so a reader
 sees what routing costs and what eviction buys; and every policy's computed blocks by cause
 (SimReport.misses_by_cause: first touch, held elsewhere but not pulled, being computed elsewhere,
@@ -63,6 +63,7 @@ def sim_config(policy: str, nodes: int, capacity: int, seed: int) -> SimConfig:
         handoff="handoff" in mods,
     )
 MOONCAKE_PUBLISHED = 0.66  # average cache ratio, synthetic trace, Mooncake FAST'25 Table 2
+SMOKE = {"limit": 200, "nodes": [8], "seeds": 1}
 
 
 def main() -> None:
@@ -71,7 +72,12 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first K requests of each trace")
     ap.add_argument("--nodes", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--seeds", type=int, default=3, help="policy seeds the goal is averaged over")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for trace_hit_rate.json")
+    ap.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE}")
     args = ap.parse_args()
+    if args.smoke:  # smaller defaults; sizes given on the command line still win
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args()
     t_start = time.perf_counter()
     out: dict[str, object] = {"capacity_blocks": args.capacity, "limit": args.limit, "traces": {}}
     goals = []
@@ -179,9 +185,11 @@ def main() -> None:
     out["goal"] = goals
     out["mooncake_published_cache_ratio"] = MOONCAKE_PUBLISHED
     out["wall_s"] = round(time.perf_counter() - t_start, 1)
-    RESULTS.mkdir(exist_ok=True)
+    if args.smoke:
+        out["smoke"] = True
+    args.out.mkdir(parents=True, exist_ok=True)
     line = json.dumps(out, sort_keys=True)
-    (RESULTS / "trace_hit_rate.json").write_text(line + "\n")
+    (args.out / "trace_hit_rate.json").write_text(line + "\n")
     print(line)
 
 

@@ -1,6 +1,6 @@
 """Two real routers on the trace replay: hit rate next to one router, measured in the same run.
 
-    python bench/two_routers.py [--requests 200] [--concurrency 4] [--trace mooncake|synthetic]
+    python bench/two_routers.py [--requests 200] [--concurrency 4] [--trace mooncake|synthetic] [--out DIR] [--smoke]
 
 Real parts, in this process: a metadata gRPC service on 127.0.0.1, NODES NodeAgents (tiny seeded
 model, CAPACITY GPU blocks each, so the trace evicts) publishing their cache events to it, and
@@ -13,7 +13,7 @@ Rows: one router (the baseline), one router again (another seed: the run-to-run 
 concurrent requests make each replay's interleaving differ), two routers, and two routers that ignore each other's routed work
 (the RoutedWork the metadata stream carries: the only router state the routers share; each keeps
 its own speculative pending holders). Hit rate: prompt tokens served from cache / prompt tokens.
-Writes bench/results/two_routers.json; the last line printed is the JSON.
+Writes DIR/two_routers.json (default bench/results); the last line printed is the JSON.
 """
 
 import argparse
@@ -44,6 +44,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 NODES, CAPACITY, MAX_BLOCKS, BS = 3, 48, 24, 4
 """As tests/ray/test_sim_vs_cluster.py: 3 nodes of 48 blocks, prompts cut to 24 blocks of 4 tokens."""
 REPLAY = ReplayConfig(block_size=BS, max_prompt_blocks=MAX_BLOCKS, max_tokens=1)
+SMOKE = {"requests": 20}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,15 +148,22 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--trace", choices=sorted(TRACE_FILES), default="mooncake")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for two_routers.json")
+    ap.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE}")
     args = ap.parse_args()
+    if args.smoke:  # smaller defaults; sizes given on the command line still win
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args()
     row = {"trace": args.trace, **asyncio.run(compare(prompts(args.trace, args.requests), args.concurrency))}
     print(f"one router {row['one_router']:.4f}  two routers {row['two_routers']:.4f}  "
           f"(two - one: {row['two_minus_one_points']:+.2f} points, ratio {row['ratio_two_over_one']:.3f})  "
           f"two, unshared work {row['two_routers_unshared_work']:.4f}  "
           f"(one router run to run: {row['one_router_run_to_run_points']:+.2f} points)")
-    RESULTS.mkdir(exist_ok=True)
+    if args.smoke:
+        row["smoke"] = True
+    args.out.mkdir(parents=True, exist_ok=True)
     line = json.dumps(row, sort_keys=True)
-    (RESULTS / "two_routers.json").write_text(line + "\n")
+    (args.out / "two_routers.json").write_text(line + "\n")
     print(line)
 
 

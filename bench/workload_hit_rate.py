@@ -1,7 +1,7 @@
 """The default configuration's hit rate on every workload, at three memory sizes and two cluster
 sizes, over one global LRU of the same total memory, next to the fixed eviction configurations.
 
-    python bench/workload_hit_rate.py [--nodes 8 64] [--seeds 2] [--workers 2]
+    python bench/workload_hit_rate.py [--nodes 8 64] [--seeds 2] [--workers 2] [--limit K] [--out DIR] [--smoke]
 
 Workloads (tests/data/traces, each with its README entry): Mooncake's arXiv and synthetic traces and
 four seeded generators' traces (two chat populations, document QA, agent runs). Defaults were chosen
@@ -22,7 +22,7 @@ run by a few percent). Goals (issue 27): default >= 0.97x global LRU in every ce
 least half; never more than 2% below the best fixed row; max/mean prompt tokens per node <= 1.25
 where a workload has at least 50 requests per node.
 
-Prints a Markdown table (the README's) and writes bench/results/workload_hit_rate.json.
+Prints a Markdown table (the README's) and writes DIR/workload_hit_rate.json (default bench/results).
 """
 
 import argparse
@@ -76,6 +76,7 @@ FIXED = {
 }
 """The fixed configurations every cell also runs (cost policy, every other setting as `up`'s)."""
 GOAL_OVER_LRU, GOAL_BEST_GAP, GOAL_LOAD, LOAD_MIN_REQUESTS = 0.97, 0.02, 1.25, 50
+SMOKE = {"nodes": [8], "seeds": 1, "workloads": ["chat"], "limit": 200}
 
 
 def capacity(requests: list[SimRequest], fraction: float) -> int:
@@ -85,22 +86,23 @@ def capacity(requests: list[SimRequest], fraction: float) -> int:
     return max(math.ceil(fraction * unique / REFERENCE_NODES), longest)
 
 
-def run_cell(job: tuple[str, str, int, int, int]) -> dict[str, float]:
-    """One (workload, row, nodes, capacity, seed) simulation's figures; row `default` is up's config."""
-    name, row, nodes, cap, seed = job
+def run_cell(job: tuple[str, int | None, str, int, int, int]) -> dict[str, float]:
+    """One (workload, limit, row, nodes, capacity, seed) simulation's figures; row `default` is up's config."""
+    name, limit, row, nodes, cap, seed = job
     config = SimConfig(nodes=nodes, capacity_blocks=cap, seed=seed)
-    r = Simulator(FIXED[row].apply(config) if row in FIXED else config).run(_requests(name))
+    r = Simulator(FIXED[row].apply(config) if row in FIXED else config).run(_requests(name, limit))
     return {"hit_rate": r.hit_rate, "global_lru": r.global_lru, "infinite_bound": r.infinite_bound,
             "max_tokens_over_mean": r.max_tokens_over_mean}
 
 
-_CACHE: dict[str, list[SimRequest]] = {}
+_CACHE: dict[tuple[str, int | None], list[SimRequest]] = {}
 
 
-def _requests(name: str) -> list[SimRequest]:
-    if name not in _CACHE:
-        _CACHE[name] = prepare(read_trace(TRACES / f"{name}.jsonl"))
-    return _CACHE[name]
+def _requests(name: str, limit: int | None = None) -> list[SimRequest]:
+    """The workload's first `limit` requests (all when None)."""
+    if (name, limit) not in _CACHE:
+        _CACHE[name, limit] = prepare(read_trace(TRACES / f"{name}.jsonl", limit=limit))
+    return _CACHE[name, limit]
 
 
 def main() -> None:
@@ -109,23 +111,29 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2, help="simulations run in parallel processes")
     ap.add_argument("--workloads", nargs="+", default=[*TUNING, *HELD_OUT])
+    ap.add_argument("--limit", type=int, default=None, help="first K requests of each workload")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for workload_hit_rate.json")
+    ap.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE}")
     args = ap.parse_args()
+    if args.smoke:  # smaller defaults; sizes given on the command line still win
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args()
     t0 = time.perf_counter()
     default = SimConfig(nodes=1, capacity_blocks=1)
     rows = ["default", *FIXED]
     jobs, cells = [], []
     for name in args.workloads:
-        requests = _requests(name)
+        requests = _requests(name, args.limit)
         for nodes in args.nodes:
             for memory, fraction in MEMORY.items():
                 cap = capacity(requests, fraction)
                 cells.append((name, nodes, memory, cap, len(requests)))
-                jobs += [(name, row, nodes, cap, seed) for row in rows for seed in range(args.seeds)]
+                jobs += [(name, args.limit, row, nodes, cap, seed) for row in rows for seed in range(args.seeds)]
     with multiprocessing.Pool(args.workers) as pool:
         results = dict(zip(jobs, pool.map(run_cell, jobs, chunksize=1)))
 
     def mean(name: str, row: str, nodes: int, cap: int, key: str) -> float:
-        return sum(results[(name, row, nodes, cap, s)][key] for s in range(args.seeds)) / args.seeds
+        return sum(results[(name, args.limit, row, nodes, cap, s)][key] for s in range(args.seeds)) / args.seeds
 
     table, out_cells = [], []
     print("| workload | nodes | memory (blocks/node) | default / global LRU | lru | s3fifo | best fixed | best sim-only |"
@@ -163,14 +171,18 @@ def main() -> None:
     chosen = {k: getattr(default, k) for k in ("policy", "eviction", "cluster_recall", "cluster_eviction", "handoff")}
     print(f"\ndefault configuration (radixmesh up's): {chosen}")
     print(f"cells >= 1.0x global LRU: {at_least_one} of {len(out_cells)}; goals not met: {misses or 'none'}")
-    RESULTS.mkdir(exist_ok=True)
     doc = {
         "default": chosen,
         "tuning": list(TUNING), "held_out": list(HELD_OUT), "seeds": args.seeds, "memory_fractions": MEMORY,
         "fixed": {name: f._asdict() for name, f in FIXED.items()}, "cells": out_cells, "cells_at_least_global_lru": at_least_one, "goals_not_met": misses,
         "machine": platform.platform(), "wall_s": round(time.perf_counter() - t0, 1),
     }
-    (RESULTS / "workload_hit_rate.json").write_text(json.dumps(doc, sort_keys=True) + "\n")
+    if args.limit:
+        doc["limit"] = args.limit
+    if args.smoke:
+        doc["smoke"] = True
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "workload_hit_rate.json").write_text(json.dumps(doc, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

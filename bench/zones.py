@@ -1,7 +1,7 @@
 """Zone policies of one node's pool under our production zone pressure: today's single pool
 (`shared`), a fixed kv/prefix split (`fixed`) and watermark borrowing (`borrow`), in one run.
 
-    python bench/zones.py [--requests 1500] [--slo 0.5] [--rate 14] [--seed 0]
+    python bench/zones.py [--requests 1500] [--slo 0.5] [--rate 14] [--seed 0] [--out DIR] [--smoke]
 
 A node serves requests on the real BlockPool, PrefixCache and ZoneGovernor (radixmesh.node_agent.memory)
 with simulated step times (so 2 CPU cores can sweep arrival rates): Poisson arrivals; prompts = one of
@@ -15,7 +15,7 @@ allotment, sampled every simulated second); the run prints the pressure it reall
 peaks come out higher than production's: the bursts of a Poisson arrival process). For each policy: the highest
 arrival rate whose TTFT p99 stays under the SLO (bisection), and at that rate hit rate, OOMs and
 preemptions; plus every policy at one common rate. Ratios against `shared`. Last line: JSON, also in
-bench/results/zones.json.
+DIR/zones.json (default bench/results). A smoke run sweeps the same with 60 requests per run.
 """
 
 import argparse
@@ -46,6 +46,7 @@ PREFILL_S = 4e-5  # per prefill token (25k tokens/s)
 DECODE_S = 2e-4  # per sequence in the decode batch
 GROUPS = 24
 IDLE_TTL_S = 0.5
+SMOKE_REQUESTS = 60
 
 
 @dataclass(slots=True)
@@ -241,7 +242,12 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=14.0, help="common rate for the side-by-side: where "
                     "the zone pressure follows production (kv W mean ~0.78, prefix ~0.43 under borrowing)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for zones.json")
+    ap.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE_REQUESTS} requests")
     args = ap.parse_args()
+    if args.smoke:  # smaller defaults; sizes given on the command line still win
+        ap.set_defaults(requests=SMOKE_REQUESTS)
+        args = ap.parse_args()
     t0 = time.perf_counter()
     at_slo = {p: max_rate(p, args.requests, args.slo, args.seed) for p in POLICIES}
     common = args.rate
@@ -276,9 +282,11 @@ def main() -> None:
     best = max(POLICIES, key=lambda p: (at_slo[p][0], same_rate[p]["hit_rate"]))
     out["best"] = best
     out["wall_s"] = round(time.perf_counter() - t0, 1)
+    if args.smoke:
+        out["smoke"] = True
     print(f"side by side at {common:.2f} req/s (hit rate, OOMs, W); best at the SLO: {best}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "zones.json").write_text(json.dumps(out, indent=1) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "zones.json").write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out))
 
 

@@ -38,8 +38,9 @@ Stable ratios: one trial runs every column once (a batch of `reps` transfers eac
 rotates from trial to trial, so all four share the machine's state of the moment; a ratio is pull /
 baseline of the same trial. Reported: medians over --trials trials (at least 5), spread (min, max).
 The sizes are capped by --max-bytes (256 MiB by default; skipped sizes are listed).
-Prints a table, then writes bench/results/transfer.json with the machine's description.
-Run: ``python bench/transfer.py [--max-bytes N] [--trials T] [--mac]``.
+Prints a table, then writes OUT/transfer.json (--out, bench/results by default) with the machine's
+description. Run: ``python bench/transfer.py [--max-bytes N] [--trials T] [--mac] [--out DIR] [--smoke]``;
+--smoke measures 64 KiB only and marks the result "smoke": true.
 """
 
 import argparse
@@ -486,21 +487,25 @@ def main() -> None:
                         help="requests each agent's engine keeps decoding (0: idle engines, not the production path)")
     parser.add_argument("--mac", action="store_true",
                         help="also measure pull_mac: the pull with every chunk MAC'd (TransferConfig.mac)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "transfer.json")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="folder of transfer.json")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest size only, so the bench cannot rot (not a measurement)")
     args = parser.parse_args()
     if args.trials < 5:
         parser.error("--trials must be >= 5: a median of fewer is not a stable ratio")
+    if args.smoke:  # every column and both busy engines still run; the startup is most of the time
+        args.max_bytes = SIZES[0]
     logging.basicConfig(level=logging.WARNING)
     # Every process shares the machine's cores: torch's intra-op threads would oversubscribe them.
     torch.set_num_threads(1)
     desc = machine()
     start = time.perf_counter()
     result = {"machine": desc, "trials": args.trials, "block_bytes": BLOCK_BYTES, "busy_requests": args.busy,
-              "mac": args.mac, **asyncio.run(measure(args.max_bytes, args.trials, args.busy, args.mac))}
+              "mac": args.mac, "smoke": args.smoke, **asyncio.run(measure(args.max_bytes, args.trials, args.busy, args.mac))}
     result["seconds"] = round(time.perf_counter() - start, 1)
     print_table(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "transfer.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

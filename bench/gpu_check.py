@@ -1,327 +1,289 @@
-"""GPU check for a lent device: every Triton kernel against its torch reference, then timings.
+"""GPU check for a lent device, as one command: three steps, each in its own process under its own time
+budget, into one JSON.
 
-One script, Llama-3-8B attention shapes (32 query heads, 8 KV heads, head_dim 128, block 16, bf16):
-  1. correctness: write_kv / gather / scatter exactly equal; paged decode (batch 1-256, context up to
-     32k, random non-contiguous tables, shared prefix blocks, ragged lengths) and paged prefill within
-     bf16 tolerance of the torch reference;
-  2. `triton.testing.do_bench` medians, every baseline measured in the same run: paged decode bandwidth
-     as a fraction of a device-to-device copy (goal >= 0.7) and its time vs SDPA on the same K/V laid
-     out contiguously (goal <= 1.3x); prefill over a paged prefix vs SDPA; gather/scatter bandwidth vs
-     the copy (goal >= 0.8);
-  3. a real model served by a 2-agent cluster on this one GPU (bench/gpu_cluster.py): TTFT cached vs
-     uncached, decode tokens/s, agent-to-agent pull GB/s vs a device copy, identical outputs.
-Prints a table, then one JSON line, also written to bench/results/gpu_check.json. Exits 2 without
-CUDA, 1 when a correctness check fails.
+    kernels  bench/gpu_kernels.py: every Triton kernel against its torch reference, then timings against
+             same-run baselines (device copy, SDPA), at Llama-3-8B attention shapes
+    engine   bench/gpu_engine.py: the node engine on a seeded random Llama-3-8B in bf16: decode tokens/s
+             at batch 1/16/64, TTFT cold vs warm prefix cache at 1k/4k tokens, greedy outputs agree
+    cluster  bench/gpu_cluster.py: two agents sharing the GPU; needs ray, skipped (with the reason)
+             where it cannot be imported
 
-    python bench/gpu_check.py [--quick]
+A step past its budget is killed with everything it started and recorded as "timeout" with the rows it
+had written; the next step still runs, on a device its predecessor's exit gave back whole. The kernels
+and engine steps need torch, triton, numpy and this checkout only (put on the steps' PYTHONPATH), plus,
+for the engine, four small wheels that --wheels unpacks (bench/gpu_wheels.py, docs/gpu_check.md):
+
+    python bench/gpu_check.py --fetch-wheels build/gpu_wheels        # here, once: the wheels
+    python bench/gpu_check.py --wheels build/gpu_wheels --out DIR    # on the GPU box, about 8 minutes
+    python bench/gpu_check.py --smoke --out DIR                      # on a CPU: tiny shapes, seconds
+
+Writes DIR/gpu_check.json (default bench/results/). Exits 2 without CUDA (a smoke run needs none), 1
+when a check failed or a step crashed, else 0 (timeouts and skips are in the JSON).
 """
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
-import math
+import os
+import platform
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-import torch.nn.functional as F
-import triton.testing
-from torch.nn.attention.bias import causal_lower_right
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling gpu_cluster, run as a script
-import gpu_cluster
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, run as a script
+import gpu_wheels
+from gpu_step import StepLog, StepStatus, read_step
 
-RESULT = Path(__file__).parent / "results" / "gpu_check.json"
-GIB = 1 << 30
+SCRIPT = Path(__file__).resolve()
+ROOT = SCRIPT.parents[1]
+RESULTS = SCRIPT.parent / "results"
+
+
+def run_kernels(args: argparse.Namespace, log: StepLog) -> None:
+    import gpu_kernels  # each step's module loads in that step's own process only
+
+    plan = gpu_kernels.SMOKE_PLAN if args.smoke else gpu_kernels.GPU_PLAN
+    log.finish(**gpu_kernels.run(plan.quick() if args.quick else plan, _device(args), args.seed, log))
+
+
+def run_engine(args: argparse.Namespace, log: StepLog) -> None:
+    try:
+        import gpu_engine  # imports the engine, which needs the carried wheels
+    except ModuleNotFoundError as exc:
+        lacking = [m for m in gpu_wheels.CARRIED if importlib.util.find_spec(m) is None]
+        log.skip(f"the engine imports {exc.name!r}, which this box lacks (of the carried modules it lacks "
+                 f"{', '.join(lacking) or 'none'}): carry them with --wheels (docs/gpu_check.md)")
+        return
+    plan = gpu_engine.SMOKE_PLAN if args.smoke else gpu_engine.GPU_PLAN
+    summary = gpu_engine.run(plan.quick() if args.quick else plan, _device(args), args.seed, log)
+    log.finish(**summary, imported=imported_distributions())  # what a bare box must have or be given
+
+
+def run_cluster(args: argparse.Namespace, log: StepLog) -> None:
+    try:
+        import gpu_cluster  # imports ray, which a lent box may lack
+    except ImportError as exc:
+        log.skip(f"the cluster cannot be imported here ({exc}); it needs ray")
+        return
+    try:
+        gpu_cluster.resolve_model(args.model)
+    except ValueError as exc:  # SmolLM2 comes in a wheel of its own, which a lent box may lack too
+        log.skip(f"the cluster's model is not here: {exc}")
+        return
+    trials = "3" if args.quick else "5"
+    result = gpu_cluster.run(gpu_cluster.parse_args(["--model", args.model, "--trials", trials]))
+    for row in result.pop("rows"):
+        log.record("cluster_trial", row["same_tokens"] and not row["pull_failed"], **row)
+    log.finish(**result)
 
 
 @dataclass(frozen=True, slots=True)
-class ModelShape:
-    heads: int = 32
-    kv_heads: int = 8
-    head_dim: int = 128
-    block_size: int = 16
-    pool_layers: int = 4
-    """Layers in the attention pool: enough for the real strided per-layer views, few enough to fit."""
-    copy_layers: int = 32
-    """Layers in the gather/scatter pool: a real Llama-3-8B block (2 MiB in bf16)."""
+class Step:
+    name: str
+    budget_s: float
+    """Default budget: the three add up to 8 minutes on an H200, with room for each step's start."""
+    run: Callable[[argparse.Namespace, StepLog], None]
+    smoke_skip: str | None = None
+    """Why a smoke run skips it (None: it runs, at tiny sizes on the CPU)."""
 
 
-LLAMA3_8B = ModelShape()
-# (batch, context): correctness with ragged lengths in [context / 2, context].
-DECODE_CHECKS = [(1, 32768), (16, 4096), (64, 2048), (256, 512)]
-# (batch, context): timing with uniform lengths, so SDPA sees the same work without a mask.
-DECODE_BENCH = [(1, 512), (1, 32768), (8, 8192), (32, 4096), (64, 4096), (128, 2048), (256, 512), (256, 4096)]
-# (batch, cached prefix, new tokens) per sequence.
-PREFILL_CHECKS = [(1, 0, 512), (4, 1000, 300), (2, 8192, 1024)]
-PREFILL_BENCH = [(1, 4096, 512), (4, 8192, 1024), (1, 30720, 2048)]
-COPY_BLOCKS = 512  # 1 GiB of Llama-3-8B blocks per gather/scatter
-BANDWIDTH_BOUND_BYTES = 256 << 20
-"""Decode cases reading at least this much K/V are the ones held to the bandwidth goal."""
+STEPS = (
+    Step("kernels", 180, run_kernels),
+    Step("engine", 200, run_engine),
+    Step("cluster", 100, run_cluster,
+         smoke_skip="a smoke run leaves the cluster to bench/gpu_cluster.py --smoke, which starts a Ray head"),
+)
+STEP_NAMES = tuple(s.name for s in STEPS)
 
 
-def pool_tokens(shape: ModelShape = LLAMA3_8B) -> int:
-    """Tokens the shared attention pool must hold: the largest case of any table, plus slack."""
-    decode = max(b * c for b, c in DECODE_CHECKS + DECODE_BENCH)
-    prefill = max(b * (p + n) for b, p, n in PREFILL_CHECKS + PREFILL_BENCH)
-    return max(decode, prefill) + 64 * shape.block_size
+def _device(args: argparse.Namespace) -> torch.device:
+    return torch.device("cpu" if args.smoke else "cuda")
 
 
-def planned_bytes(shape: ModelShape = LLAMA3_8B) -> int:
-    """Device memory the check allocates at its peak (pool, a contiguous K/V copy for SDPA, copies)."""
-    token_bytes = shape.kv_heads * shape.head_dim * 2 * 2  # K and V, bf16
-    pool = pool_tokens(shape) * shape.pool_layers * token_bytes
-    dense = max(b * c for b, c in DECODE_BENCH) * token_bytes
-    block = shape.copy_layers * shape.block_size * token_bytes
-    copies = (2 * COPY_BLOCKS) * block + 2 * GIB
-    return pool + 2 * dense + copies
+def imported_distributions() -> dict[str, str]:
+    """The installed distributions (but radixmesh) whose modules this process has imported, with versions."""
+    owners = importlib.metadata.packages_distributions()
+    dists = {d for name in {m.partition(".")[0] for m in sys.modules} for d in owners.get(name, [])}
+    return {d: importlib.metadata.version(d) for d in sorted(dists - {"radixmesh"})}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Triton kernels on a GPU: correctness, then timings.")
-    p.add_argument("--quick", action="store_true", help="fewer timing cases (correctness unchanged)")
-    p.add_argument("--out", type=Path, default=RESULT, help="where to write the JSON result")
+    p = argparse.ArgumentParser(description="GPU check: kernels, engine, cluster, each under a time budget.")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for gpu_check.json")
+    p.add_argument("--smoke", action="store_true", help="on the CPU: tiny shapes and the tiny model, no cluster")
+    p.add_argument("--quick", action="store_true", help="fewer timing cases (checks unchanged)")
+    p.add_argument("--steps", default=",".join(STEP_NAMES), help=f"comma-separated, of {', '.join(STEP_NAMES)}")
+    p.add_argument("--budget-s", action="append", default=[], metavar="[STEP=]SECONDS",
+                   help="a step's time budget (all steps without STEP=); defaults: "
+                        + ", ".join(f"{s.name} {s.budget_s:g}" for s in STEPS))
+    p.add_argument("--wheels", type=Path, help="folder of the engine's wheels, unpacked onto the steps' path")
+    p.add_argument("--fetch-wheels", type=Path, metavar="DIR", help="download those wheels into DIR, and stop")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default="smollm2-135m-instruct", help="model of the cluster check")
-    p.add_argument("--no-cluster", action="store_true", help="kernels only")
-    return p.parse_args(argv)
-
-
-def _median_ms(fn: Callable[[], object]) -> float:
-    return float(triton.testing.do_bench(fn, return_mode="median"))
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-          mask: torch.Tensor | None = None) -> torch.Tensor:
-    """SDPA with native GQA; where a backend refuses it, on K/V expanded to every query head."""
+    p.add_argument("--model", default="smollm2-135m-instruct", help="model of the cluster step")
+    p.add_argument("--step", choices=STEP_NAMES, help=argparse.SUPPRESS)  # a step's own process
+    p.add_argument("--step-out", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.steps = [s for s in args.steps.split(",") if s]
+    if unknown := set(args.steps) - set(STEP_NAMES):
+        p.error(f"unknown steps {sorted(unknown)}; valid: {', '.join(STEP_NAMES)}")
+    if args.wheels is not None and not any(args.wheels.glob("*.whl")):
+        p.error(f"--wheels {args.wheels}: no wheels there (fetch them with --fetch-wheels DIR)")
     try:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    except (RuntimeError, NotImplementedError, ValueError):
-        group = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        args.budgets = parse_budgets(args.budget_s)
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
 
 
-@dataclass(slots=True)
-class Checker:
-    """The shared attention pool, the random source and the results gathered so far."""
-
-    shape: ModelShape
-    gen: torch.Generator
-    kv: torch.Tensor
-    copy_gbps: float
-    rows: list[dict[str, object]]
-    correct: bool = True
-
-    @property
-    def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.kv[:, 1, 0], self.kv[:, 1, 1]
-
-    def tables(self, block_counts: list[int], shared: int) -> torch.Tensor:
-        """Random non-contiguous tables; the first `shared` blocks are common to every sequence."""
-        perm = torch.randperm(self.kv.shape[0], generator=self.gen)
-        rows = torch.zeros((len(block_counts), max(block_counts) + 1), dtype=torch.int32)
-        used = shared
-        for b, n in enumerate(block_counts):
-            rows[b, :shared] = perm[:shared]
-            rows[b, shared:n] = perm[used : used + n - shared]
-            used += n - shared
-        return rows.cuda()
-
-    def record(self, kind: str, ok: bool | None = None, **figures: object) -> None:
-        self.correct = self.correct and ok is not False
-        self.rows.append({"kind": kind, **({} if ok is None else {"ok": ok}), **figures})
-        print(kind, " ".join(f"{k}={v}" for k, v in figures.items()), "" if ok is None else ("OK" if ok else "FAIL"))
+def parse_budgets(values: list[str]) -> dict[str, float]:
+    """`SECONDS` sets every step's budget, `STEP=SECONDS` one step's; later values win."""
+    budgets = {s.name: s.budget_s for s in STEPS}
+    for value in values:
+        name, _, seconds = value.rpartition("=")
+        if name and name not in budgets:
+            raise ValueError(f"--budget-s {value!r}: unknown step {name!r}; valid: {', '.join(STEP_NAMES)}")
+        try:
+            budget = float(seconds)
+        except ValueError:
+            raise ValueError(f"--budget-s {value!r}: {seconds!r} is not a number of seconds") from None
+        for step in [name] if name else list(budgets):
+            budgets[step] = budget
+    return budgets
 
 
-def _close(got: torch.Tensor, want: torch.Tensor) -> tuple[bool, float]:
-    err = float((got.float() - want.float()).abs().max())
-    return bool(torch.isfinite(got).all()) and torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2), err
+def step_env(args: argparse.Namespace, scratch: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """The steps' environment (this checkout and the unpacked wheels first on PYTHONPATH) and the
+    wheels carried, {distribution: version}."""
+    paths = [str(ROOT)]
+    carried: dict[str, str] = {}
+    if args.wheels is not None:
+        carried = gpu_wheels.unpack(args.wheels, scratch / "site")
+        paths.insert(0, str(scratch / "site"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    if args.smoke:  # the Triton kernels run as Python on CPU tensors; read as they load, so set here
+        env["TRITON_INTERPRET"] = "1"
+    return env, carried
 
 
-def check_copies(c: Checker) -> None:
-    from radixmesh.kernels.block_copy import gather_blocks_torch
-    from radixmesh.kernels.block_copy_triton import gather_blocks_triton, scatter_blocks_triton
-    from radixmesh.kernels.kv_write import write_kv_torch
-    from radixmesh.kernels.kv_write_triton import write_kv_triton
-
-    s = c.shape
-    small = torch.randn((512, 2, 2, s.block_size, s.kv_heads, s.head_dim), generator=c.gen).bfloat16().cuda()
-    slots = torch.randperm(512 * s.block_size, generator=c.gen)[:4096].cuda()
-    k = torch.randn((4096, s.kv_heads, s.head_dim), device="cuda").bfloat16()
-    v = torch.randn_like(k)
-    a, b = small.clone(), small.clone()
-    write_kv_triton(k, v, a[:, 1, 0], a[:, 1, 1], slots)
-    write_kv_torch(k, v, b[:, 1, 0], b[:, 1, 1], slots)
-    c.record("write_kv", torch.equal(a, b), tokens=4096)
-
-    pool = torch.randn((2 * COPY_BLOCKS + 16, s.copy_layers, 2, s.block_size, s.kv_heads, s.head_dim),
-                       device="cuda").bfloat16()
-    ids = torch.randperm(pool.shape[0], generator=c.gen)[:COPY_BLOCKS].tolist()
-    run = list(range(8, 8 + COPY_BLOCKS))
-    buf = gather_blocks_triton(pool, ids)
-    c.record("gather", torch.equal(buf, gather_blocks_torch(pool, ids)), blocks=COPY_BLOCKS)
-    target = pool.clone()
-    scatter_blocks_triton(buf, target, run)
-    c.record("scatter", torch.equal(target[8 : 8 + COPY_BLOCKS], buf), blocks=COPY_BLOCKS)
-    moved = 2 * buf.numel() * buf.element_size()
-    for name, fn in [("gather_triton_random", lambda: gather_blocks_triton(pool, ids, buf)),
-                     ("gather_triton_run", lambda: gather_blocks_triton(pool, run, buf)),
-                     ("gather_torch_random", lambda: gather_blocks_torch(pool, ids, buf)),
-                     ("scatter_triton_random", lambda: scatter_blocks_triton(buf, target, ids))]:
-        gbps = moved / (_median_ms(fn) * 1e-3) / 1e9
-        c.record(name, gbps=round(gbps, 1), fraction_of_copy=round(gbps / c.copy_gbps, 3))
+def step_command(args: argparse.Namespace, name: str, out: Path) -> list[str]:
+    flags = ["--seed", str(args.seed), "--model", args.model]
+    flags += [f for f, on in (("--smoke", args.smoke), ("--quick", args.quick)) if on]
+    return [sys.executable, str(SCRIPT), "--step", name, "--step-out", str(out), *flags]
 
 
-def check_decode(c: Checker, bench: list[tuple[int, int]]) -> None:
-    from radixmesh.kernels.decode_attention import paged_decode_attention_torch
-    from radixmesh.kernels.decode_attention_triton import paged_decode_attention_triton
-
-    s, (ck, cv) = c.shape, c.caches
-    scale = 1 / math.sqrt(s.head_dim)
-    for batch, ctx in DECODE_CHECKS:
-        lens = torch.randint(ctx // 2, ctx + 1, (batch,), generator=c.gen, dtype=torch.int32)
-        counts = [-(-int(n) // s.block_size) for n in lens]
-        tables = c.tables(counts, shared=min(8, min(counts) // 2))
-        q = torch.randn((batch, s.heads, s.head_dim), device="cuda").bfloat16()
-        lens = lens.cuda()
-        got = paged_decode_attention_triton(q, ck, cv, tables, lens, scale)
-        ok, err = _close(got, paged_decode_attention_torch(q, ck, cv, tables, lens, scale))
-        c.record("decode_check", ok, batch=batch, context=ctx, max_abs_err=round(err, 5))
-    for batch, ctx in bench:
-        _decode_bench_case(c, batch, ctx)
-
-
-def _decode_bench_case(c: Checker, batch: int, ctx: int) -> None:
-    from radixmesh.kernels.decode_attention_triton import paged_decode_attention_triton
-
-    s, (ck, cv) = c.shape, c.caches
-    scale = 1 / math.sqrt(s.head_dim)
-    tables = c.tables([ctx // s.block_size] * batch, shared=0)
-    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    q = torch.randn((batch, s.heads, s.head_dim), device="cuda").bfloat16()
-    out = torch.empty_like(q)
-    dense_k = ck[tables[:, :-1].long()].view(batch, ctx, s.kv_heads, s.head_dim).transpose(1, 2).contiguous()
-    dense_v = cv[tables[:, :-1].long()].view(batch, ctx, s.kv_heads, s.head_dim).transpose(1, 2).contiguous()
-    ok, _ = _close(paged_decode_attention_triton(q, ck, cv, tables, lens, scale, out),
-                   _sdpa(q[:, :, None], dense_k, dense_v, scale)[:, :, 0])
-    t = _median_ms(lambda: paged_decode_attention_triton(q, ck, cv, tables, lens, scale, out))
-    t_sdpa = _median_ms(lambda: _sdpa(q[:, :, None], dense_k, dense_v, scale))
-    kv_bytes = 2 * dense_k.numel() * dense_k.element_size()
-    gbps = kv_bytes / (t * 1e-3) / 1e9
-    c.record("decode_bench", ok, batch=batch, context=ctx, us=round(t * 1e3, 1), sdpa_us=round(t_sdpa * 1e3, 1),
-             ratio_vs_sdpa=round(t / t_sdpa, 3), gbps=round(gbps, 1),
-             fraction_of_copy=round(gbps / c.copy_gbps, 3), bandwidth_bound=kv_bytes >= BANDWIDTH_BOUND_BYTES)
+def run_step(args: argparse.Namespace, name: str, env: dict[str, str], scratch: Path) -> dict[str, Any]:
+    """One step in its own process under its budget; the step's record, with how it ended."""
+    budget = args.budgets[name]
+    out, log_path = scratch / f"{name}.json", scratch / f"{name}.log"
+    start = time.monotonic()
+    with log_path.open("w") as log:
+        # Its own session, so a kill at the budget also stops what it started (the cluster's Ray head).
+        proc = subprocess.Popen(step_command(args, name, out), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=ROOT, start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=budget)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = None
+    wall = time.monotonic() - start
+    output = log_path.read_text(errors="replace")
+    print(f"--- {name} ({wall:.1f} s of {budget:g})\n{output}", flush=True)
+    written = read_step(out) or StepLog(None).as_dict()
+    status = conclude(rc, written)
+    record = {**written, "status": status, "budget_s": budget, "wall_s": round(wall, 1)}
+    if status in ("timeout", "error"):
+        record["output_tail"] = output[-3000:]
+    return record
 
 
-def check_prefill(c: Checker, bench: list[tuple[int, int, int]]) -> None:
-    from radixmesh.kernels.prefill_attention import paged_prefill_attention_torch
-    from radixmesh.kernels.prefill_attention_triton import paged_prefill_attention_triton
-
-    s, (ck, cv) = c.shape, c.caches
-    scale = 1 / math.sqrt(s.head_dim)
-
-    def inputs(prefixes: list[int], news: list[int]) -> tuple[torch.Tensor, ...]:
-        counts = [max(1, -(-p // s.block_size)) for p in prefixes]
-        tables = c.tables(counts, shared=min(counts) // 2)
-        cu = torch.tensor([0, *torch.tensor(news).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-        q = torch.randn((sum(news), s.heads, s.head_dim), device="cuda").bfloat16()
-        k = torch.randn((sum(news), s.kv_heads, s.head_dim), device="cuda").bfloat16()
-        return q, k, torch.randn_like(k), tables, torch.tensor(prefixes, dtype=torch.int32, device="cuda"), cu
-
-    for batch, prefix, new in PREFILL_CHECKS:
-        prefixes = [int(torch.randint(prefix // 2, prefix + 1, (), generator=c.gen)) for _ in range(batch)]
-        news = [int(torch.randint(new // 2, new + 1, (), generator=c.gen)) for _ in range(batch)]
-        q, k, v, tables, pl, cu = inputs(prefixes, news)
-        got = paged_prefill_attention_triton(q, k, v, ck, cv, tables, pl, cu, scale)
-        ok, err = _close(got, paged_prefill_attention_torch(q, k, v, ck, cv, tables, pl, cu, scale))
-        c.record("prefill_check", ok, batch=batch, prefix=prefix, new=new, max_abs_err=round(err, 5))
-    for batch, prefix, new in bench:
-        _prefill_bench_case(c, batch, prefix, new, inputs([prefix] * batch, [new] * batch))
+def skipped(reason: str) -> dict[str, Any]:
+    log = StepLog(None)
+    log.skip(reason)
+    return {**log.as_dict(), "budget_s": None, "wall_s": 0.0}
 
 
-def _prefill_bench_case(c: Checker, batch: int, prefix: int, new: int, args: tuple[torch.Tensor, ...]) -> None:
-    from radixmesh.kernels.prefill_attention_triton import paged_prefill_attention_triton
-
-    s, (ck, cv) = c.shape, c.caches
-    scale = 1 / math.sqrt(s.head_dim)
-    q, k, v, tables, pl, cu = args
-    out = torch.empty_like(q)
-    blocks = tables[:, : prefix // s.block_size].long()
-    # The same K/V contiguous for SDPA: [B, kv_heads, prefix + new, D].
-    dk, dv = (torch.cat([cache[blocks].view(batch, prefix, s.kv_heads, s.head_dim),
-                         fresh.view(batch, new, s.kv_heads, s.head_dim)], 1).transpose(1, 2).contiguous()
-              for cache, fresh in ((ck, k), (cv, v)))
-    q4 = q.view(batch, new, s.heads, s.head_dim).transpose(1, 2)
-    mask = causal_lower_right(new, prefix + new)
-    t = _median_ms(lambda: paged_prefill_attention_triton(q, k, v, ck, cv, tables, pl, cu, scale, out))
-    t_sdpa = _median_ms(lambda: _sdpa(q4, dk, dv, scale, mask))
-    ok, _ = _close(out, _sdpa(q4, dk, dv, scale, mask).transpose(1, 2).reshape(-1, s.heads, s.head_dim))
-    flops = 4 * batch * s.heads * s.head_dim * new * (prefix + new / 2)
-    c.record("prefill_bench", ok, batch=batch, prefix=prefix, new=new, us=round(t * 1e3, 1),
-             sdpa_us=round(t_sdpa * 1e3, 1), ratio_vs_sdpa=round(t / t_sdpa, 3),
-             tflops=round(flops / (t * 1e-3) / 1e12, 1))
+def conclude(rc: int | None, written: dict[str, object]) -> StepStatus:
+    """How a step ended, from its exit code (None: killed at its budget) and what it wrote."""
+    if rc is None:
+        return "timeout"
+    if rc != 0 or written["status"] not in ("ok", "skipped"):
+        return "error"
+    if written["status"] == "ok" and not written["correct"]:
+        return "failed"
+    return "skipped" if written["status"] == "skipped" else "ok"
 
 
-def _figure(row: dict[str, object], key: str) -> float:
-    value = row[key]
-    assert isinstance(value, float | int), (key, value)
-    return float(value)
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
-def _copy_gbps() -> float:
-    """Device-to-device copy bandwidth, bytes read plus written per second, of a 1 GiB buffer."""
-    src = torch.empty(GIB, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * GIB / (_median_ms(lambda: dst.copy_(src)) * 1e-3) / 1e9
-
-
-def run_checks(shape: ModelShape, quick: bool, seed: int) -> dict[str, object]:
-    """Every check and timing on the current CUDA device; returns the JSON result."""
-    gen = torch.Generator().manual_seed(seed)
-    copy_gbps = _copy_gbps()
-    blocks = -(-pool_tokens(shape) // shape.block_size)
-    kv = torch.randn((blocks, shape.pool_layers, 2, shape.block_size, shape.kv_heads, shape.head_dim),
-                     device="cuda", dtype=torch.bfloat16)
-    c = Checker(shape, gen, kv, copy_gbps, [])
-    print(f"device {torch.cuda.get_device_name()}: copy {copy_gbps:.0f} GB/s (read + write)")
-    check_copies(c)
-    check_decode(c, DECODE_BENCH[:3] if quick else DECODE_BENCH)
-    check_prefill(c, PREFILL_BENCH[:1] if quick else PREFILL_BENCH)
-    decode = [r for r in c.rows if r["kind"] == "decode_bench"]
-    bound = [r for r in decode if r["bandwidth_bound"]] or decode
-    copies = [r for r in c.rows if str(r["kind"]).startswith(("gather_triton", "scatter_triton"))]
-    goals = {
-        "decode_fraction_of_copy_min": min(_figure(r, "fraction_of_copy") for r in bound),
-        "decode_ratio_vs_sdpa_max": max(_figure(r, "ratio_vs_sdpa") for r in bound),
-        "gather_scatter_fraction_of_copy_min": min(_figure(r, "fraction_of_copy") for r in copies),
+def check(args: argparse.Namespace) -> dict[str, Any]:
+    """Every selected step, one after another; the JSON result."""
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
+        scratch = Path(tmp)
+        env, carried = step_env(args, scratch)
+        steps = {s.name: skipped(s.smoke_skip) if args.smoke and s.smoke_skip
+                 else run_step(args, s.name, env, scratch) for s in STEPS if s.name in args.steps}
+    devices = [s["summary"]["device"] for s in steps.values() if "device" in s["summary"]]
+    return {
+        "bench": "gpu_check", "smoke": args.smoke, "quick": args.quick, "device": devices[0] if devices else None,
+        "environment": {"python": platform.python_version(), "torch": _version("torch"),
+                        "triton": _version("triton"), "numpy": _version("numpy"), "carried": carried},
+        "budgets_s": {name: args.budgets[name] for name in args.steps},
+        "correct": all(s["correct"] for s in steps.values()),
+        "complete": all(s["status"] in ("ok", "failed") for s in steps.values()),
+        "wall_s": round(time.monotonic() - start, 1),
+        "steps": steps,
     }
-    met = {"decode_bandwidth": goals["decode_fraction_of_copy_min"] >= 0.7,
-           "decode_vs_sdpa": goals["decode_ratio_vs_sdpa_max"] <= 1.3,
-           "gather_scatter_bandwidth": goals["gather_scatter_fraction_of_copy_min"] >= 0.8}
-    return {"bench": "gpu_check", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": triton.__version__, "correct": c.correct, "copy_gbps": round(copy_gbps, 1),
-            "goals": goals, "goals_met": met, "rows": c.rows}
+
+
+def fetch(dest: Path) -> int:
+    dest.mkdir(parents=True, exist_ok=True)
+    rc = subprocess.run(gpu_wheels.fetch_command(dest), check=False).returncode
+    wheels = sorted(dest.glob("*.whl"))
+    for w in wheels:
+        print(f"{w.stat().st_size / 1e6:8.2f} MB  {w.name}")
+    print(f"{sum(w.stat().st_size for w in wheels) / 1e6:8.2f} MB  in {dest}")
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu_check needs a CUDA device (torch.cuda.is_available() is False); nothing measured.",
-              file=sys.stderr)
+    if args.fetch_wheels is not None:
+        return fetch(args.fetch_wheels)
+    if args.step is not None:
+        assert args.step_out is not None, "a step's process is told where to write"
+        if args.smoke:
+            torch.set_num_threads(1)  # a smoke run shares a small box: more intra-op threads only contend
+        next(s for s in STEPS if s.name == args.step).run(args, StepLog(args.step_out))
+        return 0
+    if not args.smoke and not torch.cuda.is_available():
+        print("gpu_check needs a CUDA device (torch.cuda.is_available() is False); nothing measured. "
+              "On a CPU, --smoke runs the kernels and the engine at tiny sizes.", file=sys.stderr)
         return 2
-    result = run_checks(LLAMA3_8B, quick=args.quick, seed=args.seed)
-    result["plan"] = {"shape": asdict(LLAMA3_8B), "planned_gib": round(planned_bytes() / GIB, 1)}
-    if not args.no_cluster:
-        torch.cuda.empty_cache()  # the kernel checks' pools go back before two agents share the device
-        cluster = gpu_cluster.run(gpu_cluster.parse_args(["--model", args.model, "--trials", "3" if args.quick else "5"]))
-        result["cluster"] = cluster
-        result["correct"] = bool(result["correct"]) and cluster["outputs_identical"] and not cluster["pulls_failed"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
-    return 0 if result["correct"] else 1
+    result = check(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "gpu_check.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    for name, s in result["steps"].items():
+        print(f"{name:8} {s['status']:8} {s['wall_s']:7.1f} s  correct={s['correct']}  {s.get('reason') or ''}")
+    print(f"correct={result['correct']} complete={result['complete']} wall={result['wall_s']} s -> {path}")
+    failed = not result["correct"] or any(s["status"] == "error" for s in result["steps"].values())
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

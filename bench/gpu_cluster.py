@@ -11,9 +11,10 @@ with `--gpu-memory-utilization 0.35`) and talk UCX over 127.0.0.1. Every trial t
 
 Greedy outputs of the three must be identical. Baselines in the same run: uncached TTFT for the
 cached ones, a device-to-device copy of the pulled bytes for the pull rate (host memcpy on a CPU).
-`bench/gpu_check.py` calls `run` on a lent GPU; on a CPU it runs the tiny model, as a smoke run:
+`bench/gpu_check.py` calls `run` on a lent GPU (its cluster step); on a CPU the tiny model runs it:
 
-    python bench/gpu_cluster.py [--model smollm2-135m-instruct] [--trials 5]
+    python bench/gpu_cluster.py [--model smollm2-135m-instruct] [--trials 5] [--out DIR]
+    python bench/gpu_cluster.py --smoke --out DIR    # tiny model, 2 trials of 128 tokens
 """
 
 import argparse
@@ -41,7 +42,7 @@ from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult
 from radixmesh.proto.serve.sampling import SamplingParams
 
-RESULT = Path(__file__).parent / "results" / "gpu_cluster.json"
+RESULTS = Path(__file__).parent / "results"
 BLOCK_SIZE = 16
 NODES = (NodeId("gpu-a"), NodeId("gpu-b"))
 PARAGRAPH = ("The cluster keeps every prefix it has computed in a paged cache, and the router sends each "
@@ -54,8 +55,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix-tokens", type=int, default=1024, help="shared prefix length per trial")
     p.add_argument("--decode-tokens", type=int, default=128, help="tokens of the decode-rate request")
     p.add_argument("--trials", type=int, default=5)
-    p.add_argument("--out", type=Path, default=RESULT)
-    return p.parse_args(argv)
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for gpu_cluster.json")
+    p.add_argument("--smoke", action="store_true", help="tiny model, 2 trials of 128 tokens, 16 decode tokens")
+    args = p.parse_args(argv)
+    if args.smoke:  # smaller defaults; sizes given on the command line still win
+        p.set_defaults(model="tiny", trials=2, prefix_tokens=128, decode_tokens=16)
+        args = p.parse_args(argv)
+    return args
 
 
 def agent_config(node: NodeId, source: ModelSource, secret: ClusterSecret, on_gpu: bool) -> AgentConfig:
@@ -179,8 +185,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.smoke:
+        result["smoke"] = True  # never mistaken for a measurement
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_cluster.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
     return 0 if result["outputs_identical"] and not result["pulls_failed"] else 1
 

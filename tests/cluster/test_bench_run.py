@@ -73,6 +73,7 @@ class Bars:
             self.stop.set()
 
 
+@pytest.mark.slow
 async def test_two_arms_at_two_rates_end_to_end(tmp_path: Path) -> None:
     clusters, bars, saved = InProcessClusters(), Bars(), []
     cells = await run_bench(PLAN, clusters, asyncio.Event(), bars, lambda cs: saved.append(len(cs)))

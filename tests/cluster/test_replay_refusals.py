@@ -41,6 +41,7 @@ async def test_refused_requests_are_counted_not_fatal(one_slot: str) -> None:
     assert f"refused (HTTP 429) {report.refused} of {len(BURST)} requests" in format_report(report)
 
 
+@pytest.mark.slow
 async def test_retry_refused_sends_them_again_until_served(one_slot: str) -> None:
     config = ReplayConfig(block_size=BS, model=MODEL_NAME, max_tokens=2, retry_refused=True, max_retries=200)
     report = await replay(one_slot, BURST, config)

@@ -4,13 +4,14 @@ never repeat a token, bad input that changes nothing, metrics merging, the chat 
 import asyncio
 import dataclasses
 import threading
-import time
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.fleet.reports import agent_metrics
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.launch.router_actor import deployment_layout
@@ -22,6 +23,7 @@ from radixmesh.cluster.policy.view import NodeView, build_view
 from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.results import NoNodeAvailable, RouterResult
 from radixmesh.common.text.chat_template import ChatMessage, PlainChatTemplate
+from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
@@ -294,21 +296,42 @@ def test_chat_template_is_the_documented_text_and_refuses_bad_roles() -> None:
         PlainChatTemplate().render([])
 
 
+class CountedClient(LocalAgentClient):
+    """A local agent whose metrics calls are counted while in flight, with its siblings' (`calls`)."""
+
+    def __init__(self, agent: NodeAgent, calls: Counter[str]) -> None:
+        super().__init__(agent)
+        self.calls = calls
+
+    async def prometheus_text(self) -> str:
+        self.calls["now"] += 1
+        self.calls["most"] = max(self.calls["most"], self.calls["now"])
+        try:
+            return await super().prometheus_text()
+        finally:
+            self.calls["now"] -= 1
+
+
+SCRAPE_TIMEOUT_S = 2.0
+"""Long enough for an idle agent to answer on a loaded box; the test waits it out once (the stuck ones)."""
+
+
 async def test_agent_metrics_are_asked_at_once_and_a_stuck_agent_is_left_out() -> None:
-    async with local_cluster(3, with_metadata=False, match_timeout_s=0.25) as c:
-        deadline = c.router.config.match_timeout_s * 4
+    async with local_cluster(3, with_metadata=False) as c:
+        calls: Counter[str] = Counter()
+        directory = StaticAgentDirectory([CountedClient(a, calls) for a in c.agents])
         stuck = threading.Event()
         # Two agents whose engine threads are busy: their metrics cannot be read until released.
         holds = [asyncio.ensure_future(a.runner.call(stuck.wait)) for a in c.agents[:2]]
         try:
-            t0 = time.monotonic()
-            texts = await agent_metrics(c.router.directory, c.router.config.match_timeout_s * 4)
-            elapsed = time.monotonic() - t0
+            texts = await agent_metrics(directory, SCRAPE_TIMEOUT_S)
         finally:
             stuck.set()
             await asyncio.gather(*holds)
     assert list(texts) == [c.agents[2].node]
-    assert elapsed < 1.5 * deadline  # asked one after another, the two stuck ones would take 2 deadlines
+    # All three were asked before any answered or timed out: asked one after another, each stuck
+    # agent would be alone in flight, and the answering one would wait for both their timeouts.
+    assert calls["most"] == 3 and calls["now"] == 0
 
 
 async def test_the_stats_line_covers_the_window_since_the_last_one() -> None:

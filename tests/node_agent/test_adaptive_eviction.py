@@ -214,6 +214,7 @@ class Oracle:
         del self.ghost[: max(0, len(self.ghost) - self.cap)]
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.integers(2, 12), st.sampled_from([0.1, 0.3, 0.9]), st.data())
 def test_adaptive_against_an_oracle(n: int, fraction: float, data: st.DataObject) -> None:

@@ -275,6 +275,7 @@ _WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_writer_killed_mid_write_never_serves_a_bad_block(tmp_path: Path) -> None:
     """SIGKILL at seeded instants of a writer that never stops writing; each restart reopens the
     directory (and goes on writing after what it holds), so later kills land among older segments."""

@@ -169,6 +169,7 @@ class Oracle:
         return out
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.integers(2, 12), st.data())
 def test_s3fifo_against_an_oracle(n: int, data: st.DataObject) -> None:

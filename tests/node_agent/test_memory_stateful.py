@@ -6,6 +6,7 @@ prefix matches, which OOM reason) before the real pool and cache run. `check_inv
 ghost-block count run after every step, and the events replayed into a set must equal the table.
 """
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -16,6 +17,8 @@ from radixmesh.node_agent.memory.pool.config import PoolConfig
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockRemoved, BlockStored
 from radixmesh.proto.ids import BlockId
+
+pytestmark = pytest.mark.slow
 
 N = 12
 TTL = 5.0

@@ -136,9 +136,9 @@ def test_pulled_blocks_are_bitwise_equal_to_owner(loop: asyncio.AbstractEventLoo
 
 
 IDLE_S = 5.0
-IDLE_CPU_SHARE = 0.05
-"""Of the idle window's wall time (5% of a core); ucxx's own blocking mode spins a core (close to 1.0)
-on both sides."""
+IDLE_CPU_S = 0.05 * IDLE_S
+"""CPU seconds a process may use over the idle window (5% of a core): ucxx's own blocking mode spins a
+core (close to IDLE_S) on both sides. CPU time, not wall time: a loaded box does not add to it."""
 
 
 async def idle(seconds: float) -> None:
@@ -156,9 +156,12 @@ async def progress_driver() -> UcxProgress:
 def test_idle_after_pulls_costs_no_cpu_and_the_next_pull_wakes_at_once(loop: asyncio.AbstractEventLoop,
                                                                        owner: Owner) -> None:
     hashes = sequence_hashes(40)
+    warm = 0.0  # the slowest of these pulls: what a pull takes on this box now
     for _ in range(3):
         req = Requester(loop)
+        start = time.perf_counter()
         result = req.pull(owner.peer(), hashes)
+        warm = max(warm, time.perf_counter() - start)
         assert result.outcome is PullOutcome.OK and result.blocks == 40
         req.finish(result)
     driver = loop.run_until_complete(progress_driver())
@@ -166,21 +169,21 @@ def test_idle_after_pulls_costs_no_cpu_and_the_next_pull_wakes_at_once(loop: asy
     # by the worker's fd alone, or it would wait out its 10 s timeout.
     driver.tick_s = 600.0
     try:
-        idle_then_pull(loop, owner, driver, hashes)
+        idle_then_pull(loop, owner, driver, hashes, warm)
     finally:
         driver.tick_s = UcxProgress.tick_s
 
 
 def idle_then_pull(loop: asyncio.AbstractEventLoop, owner: Owner, driver: UcxProgress,
-                   hashes: list[BlockHash]) -> None:
+                   hashes: list[BlockHash], warm_s: float) -> None:
     owner_cpu = owner.call("cpu")
     cpu, wall = time.process_time(), time.perf_counter()
     loop.run_until_complete(idle(IDLE_S))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     owner_cpu = owner.call("cpu") - owner_cpu
     print(f"idle {wall:.2f} s: requester {cpu:.3f} s CPU, owner {owner_cpu:.3f} s CPU")
-    assert cpu < IDLE_CPU_SHARE * wall, f"requester used {cpu:.3f} s of CPU in {wall:.2f} s idle"
-    assert owner_cpu < IDLE_CPU_SHARE * wall, f"owner used {owner_cpu:.3f} s of CPU in {wall:.2f} s idle"
+    assert cpu < IDLE_CPU_S, f"requester used {cpu:.3f} s of CPU in {wall:.2f} s idle"
+    assert owner_cpu < IDLE_CPU_S, f"owner used {owner_cpu:.3f} s of CPU in {wall:.2f} s idle"
 
     rescued = driver.rescued
     req = Requester(loop)
@@ -190,7 +193,10 @@ def idle_then_pull(loop: asyncio.AbstractEventLoop, owner: Owner, driver: UcxPro
     print(f"pull after idle: {elapsed * 1e3:.1f} ms, {driver.wakeups} wake-ups, {driver.arms} arms")
     assert result.outcome is PullOutcome.OK and result.blocks == 40
     assert kv_digest(req.kv, result.block_ids) == owner.call("digest", 40)
-    assert elapsed < 2.0 and driver.rescued == rescued  # woken by UCX's events, not by a tick
+    assert driver.rescued == rescued  # woken by UCX's events, not by a tick
+    # At once: as fast as the pulls before the idle window, give or take the box's load (twice the
+    # slowest of them), where a pull waiting on a timer would wait a tick (1 s) or its 10 s timeout.
+    assert elapsed < 2 * warm_s + UcxProgress.tick_s, f"{elapsed:.2f} s after idle, {warm_s:.2f} s warm"
     req.finish(result)
     assert_owner_clean(owner)
 

@@ -13,6 +13,15 @@ Measured:
 - stale_max_s: the longest time the router's replica, while in sync (the only time it answers),
   listed a (node, block) that node's cache no longer held. Sampled every `sample_s`; a block evicted
   between the two reads of one sample shows as a span of ~0 s, so short spans are not all real.
+
+Measured too, as baselines of the same run on the same box (a loaded box stretches all of them):
+- standby_start_s: the standby's own start, from taking the leader key to serving (restoring the
+  index from Redis, binding): work, where the rest of takeover_s is waiting (the key's ttl, the
+  standby's poll, the clients' reconnect);
+- stale_before_kill_s: stale_max_s before the kill, the event path's own latency (publish, index,
+  watch stream) under this load;
+- settle_s: the load's end until the replica lists no block its node no longer holds (None: not
+  within 30 s, an eviction lost for good).
 """
 
 import asyncio
@@ -25,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
+import redis.asyncio
 
 from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.policy.base import PolicyConfig
@@ -42,6 +52,11 @@ from tests.support.servers import free_port, running_redis
 LEADER_TTL_S = 1.0
 """The leader key's ttl: the standby can take over at most this long after the active died."""
 
+LEADER_KEY = "radixmesh:leader"
+"""LeaderLease's default key; its value names the holder ("127.0.0.1:<port>")."""
+
+SETTLE_TIMEOUT_S = 30.0
+
 
 @dataclass
 class FailoverResult:
@@ -53,12 +68,21 @@ class FailoverResult:
     stale_max_s: float
     samples: int
     replica_snapshots: int
+    standby_start_s: float
+    """The standby's start, from taking the leader key to saying it serves."""
+    stale_before_kill_s: float
+    """stale_max_s over the samples before the kill."""
+    settle_s: float | None
+    """The load's end until a sample of the in-sync replica listed nothing stale; None: not within
+    SETTLE_TIMEOUT_S."""
     errors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return {"takeover_s": self.takeover_s, "standby_serving_s": self.standby_serving_s, "requests": self.requests, "requests_failed": self.failed,
                 "replica_stale_max_s": self.stale_max_s, "stale_samples": self.samples,
-                "replica_snapshots": self.replica_snapshots, "leader_ttl_s": LEADER_TTL_S}
+                "replica_snapshots": self.replica_snapshots, "leader_ttl_s": LEADER_TTL_S,
+                "standby_start_s": self.standby_start_s, "replica_stale_before_kill_s": self.stale_before_kill_s,
+                "replica_settle_s": self.settle_s}
 
 
 class MetadataProcess:
@@ -139,7 +163,8 @@ async def run_failover(*, nodes: int = 2, clients: int = 3, before_s: float = 2.
                                    metadata_retry_s=0.2, match_timeout_s=0.2)
             router = Router(config, StaticAgentDirectory([LocalAgentClient(a) for a in agents]),
                             MetadataClient(target, credentials=creds, timeout_s=1.0), rng=random.Random(0))
-            return await _under_load(active, standby, probe, router, agents, clients, before_s, after_s, sample_s)
+            return await _under_load(url, active, standby, probe, router, agents, clients, before_s, after_s,
+                                     sample_s)
         finally:
             if router is not None:
                 await router.close()
@@ -153,8 +178,9 @@ async def run_failover(*, nodes: int = 2, clients: int = 3, before_s: float = 2.
                     p.stop()
 
 
-async def _under_load(active: MetadataProcess, standby: MetadataProcess, probe: MetadataClient, router: Router, agents: list[NodeAgent],
-                      clients: int, before_s: float, after_s: float, sample_s: float) -> FailoverResult:
+async def _under_load(redis_url: str, active: MetadataProcess, standby: MetadataProcess, probe: MetadataClient,
+                      router: Router, agents: list[NodeAgent], clients: int, before_s: float, after_s: float,
+                      sample_s: float) -> FailoverResult:
     assert router.watcher is not None
     router.start()
     done = asyncio.Event()
@@ -173,27 +199,37 @@ async def _under_load(active: MetadataProcess, standby: MetadataProcess, probe: 
                 counts["failed"] += 1
                 errors.append(repr(e))
 
+    by_node = {a.node: a for a in agents}
+
+    async def sample() -> tuple[float, set[tuple[NodeId, BlockHash]] | None]:
+        """When, and which (node, block) the in-sync replica lists that its node no longer holds (None:
+        the replica is out of sync, so it answers nothing)."""
+        replica = router.watcher.replica  # type: ignore[union-attr]
+        if not replica.in_sync:
+            return time.monotonic(), None
+        listed = {(node, h) for node in replica.index.nodes() for c in replica.index.node_chains(node)
+                  for h in c.hashes}
+        now = time.monotonic()
+        held = {(a.node, h) for a in agents for h in await cached_hashes(a)}
+        return now, {e for e in listed if e[0] in by_node and e not in held}
+
     stale_since: dict[tuple[NodeId, BlockHash], float] = {}
-    stale_max = 0.0
+    stale_max = {"before kill": 0.0, "all": 0.0}
     samples = 0
+    killed = float("inf")
 
     async def watch_staleness() -> None:
-        nonlocal stale_max, samples
-        by_node = {a.node: a for a in agents}
+        nonlocal samples
         while not done.is_set():
-            replica = router.watcher.replica  # type: ignore[union-attr]
-            listed: set[tuple[NodeId, BlockHash]] = set()
-            if replica.in_sync:
-                for node in replica.index.nodes():
-                    listed |= {(node, h) for c in replica.index.node_chains(node) for h in c.hashes}
-            now = time.monotonic()
-            held = {(a.node, h) for a in agents for h in await cached_hashes(a)}
-            stale = {e for e in listed if e[0] in by_node and e not in held}
+            now, stale = await sample()
             for e in list(stale_since):
-                if e not in stale:
+                if not stale or e not in stale:
                     del stale_since[e]
-            for e in stale:
-                stale_max = max(stale_max, now - stale_since.setdefault(e, now))
+            for e in stale or ():
+                span = now - stale_since.setdefault(e, now)
+                stale_max["all"] = max(stale_max["all"], span)
+                if now < killed:
+                    stale_max["before kill"] = max(stale_max["before kill"], span)
             samples += 1
             await asyncio.sleep(sample_s)  # the sampling period of the monitor, not a synchronisation
 
@@ -205,17 +241,40 @@ async def _under_load(active: MetadataProcess, standby: MetadataProcess, probe: 
             except grpc.aio.AioRpcError:
                 await asyncio.sleep(0.01)  # polling the standby's port, by design
 
+    async def standby_holds_the_key() -> float:
+        keys = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            while await keys.get(LEADER_KEY) != f"127.0.0.1:{standby.port}".encode():
+                await asyncio.sleep(0.005)  # polling the key, by design: taking it, the standby says nothing
+            return time.monotonic()
+        finally:
+            await keys.aclose()
+
+    async def settle() -> float | None:
+        ended = time.monotonic()
+        while time.monotonic() - ended < SETTLE_TIMEOUT_S:
+            if (await sample())[1] == set():
+                return time.monotonic() - ended
+            await asyncio.sleep(sample_s)  # polling the replica and the caches, by design
+        return None
+
     tasks = [asyncio.create_task(client(k)) for k in range(clients)]
     monitor = asyncio.create_task(watch_staleness())
+    key = asyncio.create_task(standby_holds_the_key())
     try:
         await asyncio.sleep(before_s)  # load runs this long before the kill: the run's schedule
         killed = time.monotonic()
         await asyncio.to_thread(active.kill)
         takeover = await asyncio.wait_for(first_answer_after(killed), 30.0)
+        key_taken = await asyncio.wait_for(key, 30.0)
         await asyncio.sleep(after_s)  # and this long after the takeover
     finally:
         done.set()
+        key.cancel()  # done unless the takeover failed
+        await asyncio.gather(key, return_exceptions=True)
         await asyncio.gather(*tasks, monitor)
+    settle_s = await settle()
     assert standby.serving_at is not None
-    return FailoverResult(takeover, standby.serving_at - killed, counts["requests"], counts["failed"], stale_max, samples,
-                          router.watcher.snapshots, errors)
+    return FailoverResult(takeover, standby.serving_at - killed, counts["requests"], counts["failed"],
+                          stale_max["all"], samples, router.watcher.snapshots, max(0.0, standby.serving_at - key_taken),
+                          stale_max["before kill"], settle_s, errors)

@@ -28,6 +28,13 @@ from tests.support.tiny_model import BS, MODEL, MODEL_NAME, SOURCE
 SECRET = ClusterSecret.generate()
 """The test cluster's secret: agents pull from each other only when they share one."""
 
+MATCH_TIMEOUT_S = 10.0
+"""`local_cluster`'s Match deadline (the router's and its metadata client's) unless a test sets one.
+The product's 0.5 s is not what these tests are about, and on a loaded box a Match can outlast it:
+the router then routes that request by its fallback policy, and a test asserting the policy or the
+prefix hits fails for the box's load. A stopped service still fails a Match at once (connection
+refused), so the outage tests wait no longer for it."""
+
 
 def agent_config(node: str, metadata: str | None = None, transfer: str = "none", gpu_blocks: int = 256,
                  ) -> AgentConfig:
@@ -95,7 +102,8 @@ async def local_cluster(n: int, *, with_metadata: bool = True, publish: bool = F
         servers.append(server)
     address = f"127.0.0.1:{port}" if publish else None
     agents = [NodeAgent(agent_config(chr(ord("a") + i), address, transfer, gpu_blocks)) for i in range(n)]
-    client = (MetadataClient(f"127.0.0.1:{port}", credentials=CallerCredentials.cluster(SECRET), timeout_s=5.0)
+    client = (MetadataClient(f"127.0.0.1:{port}", credentials=CallerCredentials.cluster(SECRET),
+                             timeout_s=MATCH_TIMEOUT_S)
               if with_metadata else None)
     clock = ManualClock()
     try:
@@ -104,6 +112,7 @@ async def local_cluster(n: int, *, with_metadata: bool = True, publish: bool = F
         directory = StaticAgentDirectory([LocalAgentClient(a) for a in agents])
         layout = agents[0].layout
         router_kw.setdefault("policy_config", PolicyConfig(block_bytes=layout.block_bytes))
+        router_kw.setdefault("match_timeout_s", MATCH_TIMEOUT_S)
         config = router_config(layout.fingerprint(), **router_kw)
         router = Router(config, directory, client, clock=clock, rng=random.Random(seed))
         cluster = Cluster(agents, router, directory, clock, servers, port)

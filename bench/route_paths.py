@@ -80,8 +80,11 @@ class PrehashedRouter(Router):
 
     async def decide(self, request: ServePlan) -> NodeId:
         routed = await self.plan(request)
-        # What serving would record (recent work drives the least-loaded candidates).
+        # What serving would record (recent work drives the least-loaded candidates); nothing is served,
+        # so no first token will end the request's pending hold: drop it, as a failed attempt would.
         self._inflight.record_routed(routed.decision.node, len(request.prompt_token_ids))
+        if routed.hold is not None:
+            self._step.abandon(routed.hold)
         return routed.decision.node
 
 

@@ -26,7 +26,7 @@ def format_config(c: SimConfig) -> str:
     cache = (f"configuration   eviction {c.eviction}, recall {_on(c.cluster_recall)}, handoff {_on(c.handoff)}, "
              f"cluster eviction {cluster_eviction}")
     routing = (f"  routing       candidates {candidates}, {c.routers} router(s), load eps {c.load_eps:g} "
-               f"floor {c.load_floor_s:g} s half-life {c.load_half_life_s:g} s, pending TTL {c.pending_ttl_s:g} s, "
+               f"floor {c.load_floor_s:g} s half-life {c.load_half_life_s:g} s, pending {c.pending_ttl_s:g} s after the first token (at most {c.pending_max_s:g} s), "
                f"seed {c.seed}")
     hardware = (f"  hardware      prefill {c.prefill_tokens_per_s:g} tokens/s a node, "
                 f"pull {c.pull_bytes_per_s / 1e9:g} GB/s + {c.pull_latency_s * 1e3:g} ms")

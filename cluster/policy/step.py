@@ -4,7 +4,9 @@ simulator all route through `RoutingStep.route`, so the simulator's figures meas
 Per request, given the prompt's block hashes and the index's answer for them (a `MatchResult`, or
 None without prefix knowledge; the caller asks the index, which may take a round trip): the pending
 (speculative) holders of the prefix, the candidates, the view of each candidate (the longer of its
-indexed and pending prefix, its load), the policy's decision, and the decision recorded as pending.
+indexed and pending prefix, its load), the policy's decision, and the decision recorded as a pending
+hold, which stands until the caller says the node answered (`answered`) or the attempt failed
+(`abandon`).
 
 Candidates are either the caller's nodes as given, or (`narrow`) the prefix holders (indexed or
 pending) plus the `least_loaded` nodes with the least recent work, with bounded load against the
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from radixmesh.cluster.policy.base import RouteDecision, RoutePolicy, RouteRequest
-from radixmesh.cluster.policy.pending_index import PendingIndex
+from radixmesh.cluster.policy.pending_index import PendingHold, PendingIndex
 from radixmesh.cluster.policy.view import CandidateView, FleetLoad, NodeLoads, build_view
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
@@ -51,6 +53,8 @@ class Routed:
     """The policy that decided (the fallback without an index answer)."""
     match: MatchResult | None
     """The index's answer the view was built from (narrow: the least-loaded candidates added)."""
+    hold: PendingHold | None = None
+    """The decision's pending record (None when `route` did not record it)."""
 
 
 def _anyone(node: NodeId) -> bool:
@@ -102,7 +106,7 @@ class RoutingStep:
         record: bool = True,
     ) -> Routed:
         """Decide where a prompt of `prompt_tokens` tokens whose full blocks are `hashes` goes, never to
-        a node of `exclude`, and (`record`) record the decision as pending.
+        a node of `exclude`, and (`record`) hold the decision as pending until `answered` or `abandon`.
 
         Candidates: `pool` as given, or with `narrow` (and an index answer) the holders and the
         least-loaded nodes of `pool` that pass `usable` (all of `pool` when none does), with what
@@ -124,16 +128,26 @@ class RoutingStep:
                           computed=self.pending.match(hashes, computed=True))
         policy = self.policy if match is not None else self.fallback
         decision = policy.route(RouteRequest(prompt_tokens, len(hashes), self.block_tokens), view.cluster)
-        if record:
-            self.pending.add(decision.node, hashes)
-        return Routed(decision, view, policy.name, match)
+        hold = self.pending.hold(decision.node, hashes) if record else None
+        return Routed(decision, view, policy.name, match, hold)
 
     def computed(self, node: NodeId, hashes: Sequence[BlockHash]) -> None:
         """`node` answered a request for these blocks with its first token: pullable from it now."""
         self.pending.computed(node, hashes)
 
+    def answered(self, hold: PendingHold) -> None:
+        """`hold`'s node answered its request with a first token: its blocks are pullable from it now,
+        and the hold ends once the node's events had time to reach the index (PendingIndex.ttl_s)."""
+        self.pending.computed(hold.node, hold.hashes)
+        self.pending.release(hold)
+
+    def abandon(self, hold: PendingHold) -> None:
+        """`hold`'s attempt failed or was given up: its node will not hold those blocks for it."""
+        self.pending.release(hold, failed=True)
+
     def record(self, node: NodeId, hashes: Sequence[BlockHash], prompt_tokens: int) -> None:
-        """`node` was sent the prompt (when `route` did not record it): pending holder and recent work."""
+        """`node` was sent the prompt (when `route` did not record it), with no answer to wait for:
+        pending holder for PendingIndex.ttl_s, and recent work."""
         self.pending.add(node, hashes)
         self.table.record_routed(node, prompt_tokens)
 

@@ -4,6 +4,7 @@ import math
 from dataclasses import dataclass, field
 
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
+from radixmesh.cluster.policy.pending_index import DEFAULT_MAX_HOLD_S
 from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.common.text.tokenizer import BYTE_VOCAB_SIZE
 from radixmesh.proto.block_hash import MAX_KEY_BYTES
@@ -47,7 +48,12 @@ class RouterConfig:
     """Routing on the replica scores the prompt's prefix holders plus this many least-loaded nodes,
     so a decision's cost follows the holders, not the node count."""
     pending_ttl_s: float = 5.0
-    """How long a routed request's blocks count as speculatively held by its node."""
+    """How long a routed request's blocks still count as speculatively held by its node after its
+    first token came back (time for the node's cache events to reach the index). Before that they
+    count as held while the request waits, however long its queue (up to pending_max_s)."""
+    pending_max_s: float = DEFAULT_MAX_HOLD_S
+    """Longest a routed request's blocks count as held while it has not answered: the bound for a
+    request whose end the router never learns of."""
     default_prefill_tokens_per_s: float = 2000.0
     """Prefill rate assumed for a node that has not heartbeated a measured one."""
     max_attempts: int = 3
@@ -71,7 +77,8 @@ class RouterConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        for name, seconds in (("match_timeout_s", self.match_timeout_s), ("pending_ttl_s", self.pending_ttl_s)):
+        for name, seconds in (("match_timeout_s", self.match_timeout_s), ("pending_ttl_s", self.pending_ttl_s),
+                              ("pending_max_s", self.pending_max_s)):
             if not (math.isfinite(seconds) and seconds > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {seconds}")
         if not (math.isfinite(self.metadata_retry_s) and self.metadata_retry_s >= 0):

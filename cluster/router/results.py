@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from radixmesh.cluster.policy.base import RouteDecision
+from radixmesh.cluster.policy.pending_index import PendingHold
 from radixmesh.cluster.policy.step import NoNodeAvailable
 from radixmesh.cluster.policy.view import ClusterView
 from radixmesh.proto.block_hash import BlockHash
@@ -27,6 +28,9 @@ class RoutedPlan:
     """What the policy saw (prefixes and load per candidate node), for explanations and audits."""
     hashes: tuple[BlockHash, ...] = ()
     """The prompt's leading full-block hashes the decision was made on (at most max_match_blocks)."""
+    hold: PendingHold | None = None
+    """The decision's pending record: whoever serves the plan ends it (RoutingStep.answered once the
+    node answers, RoutingStep.abandon when the attempt fails); left alone it lasts pending_max_s."""
 
 
 @dataclass(frozen=True, slots=True)

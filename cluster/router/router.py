@@ -4,11 +4,12 @@ Per request: hash the prompt's full blocks with the tenant salt, match them agai
 own replica of the global index (IndexWatcher keeps it in step with the metadata service; the
 prediction goes to hit accounting in the background) or, while the replica is not in sync, ask the
 metadata service `Match` (short deadline); merge the answer with the router's own in-flight table
-and pending holders into a ClusterView, let the policy decide, record the decision as pending (all
+and pending holders into a ClusterView, let the policy decide, hold the decision as pending (all
 in policy.step.RoutingStep, the step the simulator and the Ray Serve router run too), and
 send the agent the ServePlan (with a PullPlan when the decision pulls from a peer that has a transfer
 address). On the replica the candidates are the prefix holders plus a few least-loaded nodes (cost
-independent of the node count); on Match every live node.
+independent of the node count); on Match every live node. The pending hold stands while the
+agent has not answered (however long its queue), and for `pending_ttl_s` after its first token.
 
 Degraded mode: when Match fails or times out, requests are routed by the fallback policy
 (least_loaded over the router's own in-flight counts) and the metadata service is probed again
@@ -114,7 +115,7 @@ class Router:
         self._fallback: RoutePolicy = make_policy(
             config.fallback_policy, config.policy_config, random.Random(self._rng.random())
         )
-        self._pending = PendingIndex(config.pending_ttl_s, clock)
+        self._pending = self._new_pending()
         self._inflight = InflightTable(clock, config.policy_config.load_half_life_s)
         self._step = RoutingStep(self._policy, self._pending, self._inflight, block_tokens=config.block_size,
                                  default_prefill_tokens_per_s=config.default_prefill_tokens_per_s,
@@ -139,6 +140,9 @@ class Router:
         """Agents Prometheus scrapes directly (file_sd keeps it): `/metrics?scope=router` leaves them out."""
 
     # --- state --------------------------------------------------------------------------------
+    def _new_pending(self) -> PendingIndex:
+        return PendingIndex(self.config.pending_ttl_s, self._clock, max_hold_s=self.config.pending_max_s)
+
     @property
     def metadata_available(self) -> bool:
         """False while requests are routed without prefix knowledge."""
@@ -197,8 +201,10 @@ class Router:
     async def plan(self, request: ServePlan, exclude: frozenset[NodeId] = frozenset(),
                    node: NodeId | None = None, session: str | None = None) -> RoutedPlan:
         """Decide where `request` goes (never to a node of `exclude`; to `node` while it is a candidate;
-        else to `session`'s node while it is a candidate within the load bound) and record the
-        decision as pending (RoutingStep). Raises NoNodeAvailable when no candidate is left."""
+        else to `session`'s node while it is a candidate within the load bound) and hold the
+        decision as pending (RoutingStep): the caller that serves it ends the hold (`RoutedPlan.hold`,
+        RoutingStep.answered / abandon), else it lasts `pending_max_s`. Raises NoNodeAvailable when
+        no candidate is left."""
         hashes = self.block_hashes(request)[: self.config.max_match_blocks]
         tokens = len(request.prompt_token_ids)
         replicated = self._replica_match(hashes)
@@ -212,7 +218,7 @@ class Router:
                                                                    self.config.policy_config):
                     routed = self._route(hashes, tokens, replicated, match, exclude, sticky, record=True)
                 else:
-                    self._pending.add(routed.decision.node, hashes)
+                    routed = dataclasses.replace(routed, hold=self._pending.hold(routed.decision.node, hashes))
         except NoNodeAvailable:
             raise NoNodeAvailable(f"no node left to serve request {request.request_id}") from None
         if session is not None:
@@ -228,7 +234,7 @@ class Router:
         plan = dataclasses.replace(request, pull=pull, expected_local_blocks=decision.local_blocks)
         logger.debug("request %s -> %s (%s): %s", request.request_id, decision.node, routed.policy, decision.reason)
         return RoutedPlan(plan, decision, routed.policy, view.cluster_blocks * self.config.block_size,
-                          routed.match is not None, view.cluster, tuple(hashes))
+                          routed.match is not None, view.cluster, tuple(hashes), routed.hold)
 
     def _route(self, hashes: list[BlockHash], tokens: int, replicated: MatchResult | None,
                match: MatchResult | None, exclude: frozenset[NodeId], pin: NodeId | None, *, record: bool
@@ -388,7 +394,7 @@ class Router:
                 raise RequestsRunning(f"{self._running} request(s) still running after {wait_s:g} s") from None
         nodes = self.directory.nodes()
         outcomes = await asyncio.gather(*(self._reset_agent(n) for n in nodes))
-        self._pending = PendingIndex(self.config.pending_ttl_s, self._clock)
+        self._pending = self._new_pending()
         self._step.pending = self._pending
         reset = CacheReset({n: o for n, o in zip(nodes, outcomes, strict=True) if isinstance(o, dict)},
                            {n: str(o) for n, o in zip(nodes, outcomes, strict=True) if isinstance(o, AgentBusy)},
@@ -438,6 +444,8 @@ class Router:
                 on_routed(node)
             client = self.directory.get(node)
             if client is None:
+                if routed.hold is not None:
+                    self._step.abandon(routed.hold)
                 exclude.add(node)
                 continue
             usable = usable_prefix_blocks(len(request.prompt_token_ids), self.config.block_size)
@@ -448,10 +456,13 @@ class Router:
             self._inflight.record_routed(node, len(request.prompt_token_ids))
             stream = client.serve(routed.plan)
             produced = 0
+            answered = False
             try:
                 async for item in stream:
-                    if produced == 0:  # its prefill is done: a peer may pull this prompt from it now
-                        self._step.computed(node, routed.hashes)
+                    if not answered:  # its prefill is done: a peer may pull this prompt from it now
+                        answered = True
+                        if routed.hold is not None:
+                            self._step.answered(routed.hold)
                     self._inflight.prefilled(ticket)
                     if isinstance(item, TokenDelta):
                         tokens, logprobs = item.token_ids, item.logprobs
@@ -483,7 +494,11 @@ class Router:
                                request.request_id, node, e, len(sent))
                 self.metrics.record_failed_attempt(node)
                 exclude.add(node)
+                if routed.hold is not None:  # answered or not, the node is not to be counted on
+                    self._step.abandon(routed.hold)
             finally:
+                if not answered and routed.hold is not None:  # refused or given up before its answer
+                    self._step.abandon(routed.hold)
                 self._inflight.finish(ticket)
                 # Close the agent's stream now (not at garbage collection) so it frees the request's blocks.
                 await stream.aclose()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from radixmesh.cluster.policy.base import RouteDecision
+from radixmesh.cluster.policy.pending_index import PendingHold
 from radixmesh.node_agent import (
     BlockPool,
     CopiesElsewhere,
@@ -42,6 +43,8 @@ class SimJob:
     decision: RouteDecision
     est_tokens: int
     """Tokens the decision expects to prefill (the queue-delay figure other requests see)."""
+    hold: PendingHold | None = None
+    """The routing decision's pending record, ended when the prefill does."""
     local_ids: list[BlockId] = field(default_factory=list)
     new_ids: list[BlockId] = field(default_factory=list)
     local_blocks: int = 0

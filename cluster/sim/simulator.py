@@ -3,7 +3,8 @@ routing policies, driven by a trace on simulated time.
 
 Per arrival: ask the index (fed by every node's cache events, its tiers' too) for each node's prefix,
 then run the router's own routing step (policy.step.RoutingStep: pending holders, candidates, views,
-the policy's decision, recorded as pending), and queue the job on the chosen node. Nodes prefill FIFO,
+the policy's decision, held as pending), and queue the job on the chosen node. As the router's, the
+hold stands until the job's prefill ends (its first token) and `pending_ttl_s` after that. Nodes prefill FIFO,
 one job at a time; a job takes read time from its host/disk tiers (bytes / the tier's bandwidth), then
 pull time (fixed cost + bytes / bandwidth, when the decision pulls: the fixed cost even when the peer
 had nothing to send), then prefill time (tokens / rate).
@@ -75,8 +76,10 @@ class SimConfig:
       their next lease (a heartbeat later, at most `max_recalled_per_lease` a lease) into a window of
       `AgentConfig.recall_blocks`.
     - hand-off: a pull always delivers here; an agent demotes only after every chunk was sent.
-    - routing: the index is exact and instant; `up`'s router routes on a replica fed by the metadata
-      stream and asks Match while it is out of sync, which scores every node, not `candidates`.
+    - routing: the index is exact and instant (a node's blocks are indexed when its prefill ends);
+      `up`'s router routes on a replica fed by the metadata stream (the agent publishes every 50 ms,
+      the replica lags a few ms more: the pending hold's `pending_ttl_s` after the first token covers
+      it) and asks Match while it is out of sync, which scores every node, not `candidates`.
       Load is the nodes' queues and the configured prefill rate, not heartbeats; decode, admission
       limits and the agents' request cap are not modelled.
     - hardware: prefill rate, KV bytes and pull bandwidth/latency are this model's (an 8B model on a
@@ -114,7 +117,10 @@ class SimConfig:
     load_half_life_s: float = _UP_ROUTER.policy_config.load_half_life_s
     """Half-life of the recent-work load measure (PolicyConfig.load_half_life_s)."""
     pending_ttl_s: float = _UP_ROUTER.pending_ttl_s
-    """How long a routed request's blocks count as held by its node (RouterConfig.pending_ttl_s)."""
+    """How long a routed request's blocks still count as held by its node after its prefill ended
+    (RouterConfig.pending_ttl_s); until then they count however long it waits, up to pending_max_s."""
+    pending_max_s: float = _UP_ROUTER.pending_max_s
+    """The bound on a pending hold whose request has not answered (RouterConfig.pending_max_s)."""
     eviction: str = DEFAULT_EVICTION
     """Each node's eviction order (`PoolConfig.eviction`, a name in EVICTION_ORDERS; the agents'
     default, so a simulated node evicts as a real one does); the global reference cache of the same
@@ -181,8 +187,9 @@ class SimConfig:
         if not all(math.isfinite(b) and b > 0 for b in (self.host_bytes_per_s, self.disk_bytes_per_s)):
             raise ValueError(f"host_bytes_per_s and disk_bytes_per_s must be finite numbers > 0, got "
                              f"{self.host_bytes_per_s}, {self.disk_bytes_per_s}")
-        if not (math.isfinite(self.pending_ttl_s) and self.pending_ttl_s > 0):
-            raise ValueError(f"pending_ttl_s must be a finite number > 0, got {self.pending_ttl_s}")
+        for name, seconds in (("pending_ttl_s", self.pending_ttl_s), ("pending_max_s", self.pending_max_s)):
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {seconds}")
         self.policy_config  # noqa: B018  (building it validates the load settings)
 
     @property
@@ -301,14 +308,16 @@ class Simulator:
         self.index = GlobalIndex(config.nodes * config.capacity_blocks if config.cluster_recall else 0)
         policy_config = config.policy_config
         self.policy = make_policy(config.policy, policy_config, random.Random(config.seed))
-        shared = PendingIndex(config.pending_ttl_s, clock=lambda: self.now)
+        def pending() -> PendingIndex:
+            return PendingIndex(config.pending_ttl_s, clock=lambda: self.now, max_hold_s=config.pending_max_s)
+
+        shared = pending()
         self._routers: list[RoutingStep] = []
         """Each router's routing state and step (its pending holders, recent work and policy)."""
         for k in range(config.routers):
             step = RoutingStep(
                 self.policy if k == 0 else make_policy(config.policy, policy_config, random.Random(config.seed + k)),
-                shared if config.shared_pending or k == 0
-                else PendingIndex(config.pending_ttl_s, clock=lambda: self.now),
+                shared if config.shared_pending or k == 0 else pending(),
                 InflightTable(lambda: self.now, config.load_half_life_s),
                 block_tokens=TRACE_BLOCK_TOKENS,
                 default_prefill_tokens_per_s=config.prefill_tokens_per_s,
@@ -380,14 +389,14 @@ class Simulator:
         match = MatchResult(found.cluster_blocks, tuple(
             NodeMatch(n, "", p.gpu, p.host, p.any_tier, _NO_LOAD) for n, p in found.prefixes.items()))
         router = self._routers[i % len(self._routers)]
-        decision = router.route(r.hashes, r.prompt_tokens, match, self._node_ids,
-                                narrow=self.config.candidates > 0).decision
+        routed = router.route(r.hashes, r.prompt_tokens, match, self._node_ids, narrow=self.config.candidates > 0)
         self._route_s += time.perf_counter() - t0
+        decision = routed.decision
         router.table.record_routed(decision.node, r.prompt_tokens)
         reused = decision.local_blocks + decision.pull_blocks
         est = r.prompt_tokens - reused * TRACE_BLOCK_TOKENS
         node = self.nodes[decision.node]
-        node.enqueue(SimJob(i, r.arrival_s, r.prompt_tokens, r.hashes, decision, est))
+        node.enqueue(SimJob(i, r.arrival_s, r.prompt_tokens, r.hashes, decision, est, routed.hold))
         if node.current is None:
             self._start(node)
 
@@ -431,6 +440,8 @@ class Simulator:
         job = node.finish()
         self.misses.finished(job.hashes[job.local_blocks + job.tier_blocks + job.pull_blocks :])
         self._apply_events(node)
+        if job.hold is not None:  # its first token: the router that routed it hears of it now
+            self._routers[job.index % len(self._routers)].answered(job.hold)
         self.ttfts.append(self.now - job.arrival_s)
         if node.waiting:
             self._start(node)

@@ -4,19 +4,24 @@ Each candidate may pull the blocks the best other holder has computed beyond its
 blocks a holder is still computing: that pull would get nothing); `cost_no_pull` is the same policy
 with the null pull source, to measure what pulling adds.
 
-Scores add one price to the TTFT: prefilling blocks another node is already computing for an earlier
-request (a pending prefix). Two requests that need the same uncached prefix in one burst would
-otherwise both prefill it, since the second's TTFT alone is lower on an idle node; charged for the
-duplicate work, it goes where the first computes the prefix and hits it there, unless the load cap
-or a long queue there makes the duplicate worth its price.
+Scores add two prices to the TTFT, both for work a node does that another candidate would not:
+- Prefilling blocks another node is already computing for an earlier request (a pending prefix).
+  Two requests that need the same uncached prefix in one burst would otherwise both prefill it,
+  since the second's TTFT alone is lower on an idle node; charged for the duplicate work, it goes
+  where the first computes the prefix and hits it there, unless the load cap or a long queue there
+  makes the duplicate worth its price.
+- The delay to others of the extra work (`cost_model.delay_to_others`): what a candidate recomputes
+  or pulls beyond the cheapest candidate's work holds up the requests queued there. Own TTFT alone
+  made a move to a modestly shorter queue look free, and on a busy cluster everyone paid for the
+  recompute (docs/routing.md). An idle node is charged nothing: a busy holder still loses to one.
 """
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from radixmesh.cluster.policy.base import PolicyConfig, RouteDecision, RouteRequest, register, within_load_cap
-from radixmesh.cluster.policy.cost_model import CostModel, Holder
+from radixmesh.cluster.policy.cost_model import CostModel, Holder, TTFTEstimate, delay_to_others
 from radixmesh.cluster.policy.view import ClusterView, NodeView
 from radixmesh.proto.ids import NodeId
 
@@ -75,9 +80,30 @@ class NoPulls:
         return None
 
 
+class _Scored(NamedTuple):
+    own_s: float
+    """Estimated TTFT plus duplicate prefill."""
+    est: TTFTEstimate
+    view: NodeView
+    holder: Holder | None
+    duplicate: int
+    extra_s: float
+    """Work beyond the cheapest candidate's."""
+    delay_s: float
+    """What `extra_s` costs the requests queued behind it (delay_to_others)."""
+
+    @property
+    def score(self) -> float:
+        return self.own_s + self.delay_s
+
+
+def _delay(s: _Scored) -> str:
+    return f"priced {s.delay_s * 1e3:.1f} ms of others' waiting ({s.view.queued_requests} queued)"
+
+
 class CostPolicy:
-    """argmin over nodes within the load cap of estimated TTFT plus duplicate prefill; ties go to
-    fewer in flight, then random."""
+    """argmin over nodes within the load cap of estimated TTFT plus duplicate prefill plus the delay
+    its extra work causes others; ties go to fewer in flight, then random."""
 
     def __init__(self, config: PolicyConfig, rng: random.Random, pulls: PullSource, name: str) -> None:
         self.name = name
@@ -94,7 +120,7 @@ class CostPolicy:
         for v in cluster.nodes:
             if v.compute_group:
                 groups.setdefault(v.compute_group, []).append((v.node, self._model.queue_time(v)))
-        scored = []
+        priced = []
         for v in within_load_cap(cluster.nodes, self._eps, request.prompt_tokens, self._floor_s, cluster.fleet):
             holder = self._pulls.holder(v, cluster)
             mates = groups.get(v.compute_group, []) if v.compute_group else []
@@ -103,11 +129,14 @@ class CostPolicy:
             other = _best_other(computing, v.node)
             covered = min(v.local_blocks, request.num_blocks) + est.pull_blocks
             duplicate = max(0, min(other.pending_blocks, request.num_blocks) - covered) if other else 0
-            score = est.total_s + duplicate * request.block_tokens / v.prefill_tokens_per_s
-            scored.append((score, est, v, holder, duplicate))
-        best = min((s[0], s[2].inflight) for s in scored)
-        tied = [s for s in scored if (s[0], s[2].inflight) == best]
-        _, est, view, holder, duplicate = tied[0] if len(tied) == 1 else self._rng.choice(tied)
+            own = est.total_s + duplicate * request.block_tokens / v.prefill_tokens_per_s
+            priced.append((own, est, v, holder, duplicate))
+        least = min(p[1].work_s for p in priced)
+        scored = [_Scored(*p, p[1].work_s - least, delay_to_others(p[2], p[1].work_s - least)) for p in priced]
+        best = min((s.score, s.view.inflight) for s in scored)
+        tied = [s for s in scored if (s.score, s.view.inflight) == best]
+        pick = tied[0] if len(tied) == 1 else self._rng.choice(tied)
+        est, view, holder = pick.est, pick.view, pick.holder
         local = min(view.local_blocks, request.num_blocks)
         peer = holder.node if holder is not None and est.pull_blocks else None
         reason = f"ttft {est.total_s * 1e3:.1f} ms: {local} local"
@@ -116,8 +145,15 @@ class CostPolicy:
         reason += f", queue {est.queue_s * 1e3:.1f} ms"
         if est.shared_s:
             reason += f", {est.shared_s * 1e3:.1f} ms to cores shared"
-        if duplicate:
-            reason += f", {duplicate} blocks another node is computing"
+        if pick.duplicate:
+            reason += f", {pick.duplicate} blocks another node is computing"
+        if pick.extra_s:
+            reason += f", {pick.extra_s * 1e3:.1f} ms more work than the least, {_delay(pick)}"
+        # The node its own TTFT alone would have picked, when the delay to others kept the request away.
+        faster = min(scored, key=lambda s: s.own_s)
+        if faster.own_s < pick.own_s:
+            reason += (f"; not {faster.view.node} (ttft {faster.est.total_s * 1e3:.1f} ms): "
+                       f"{faster.extra_s * 1e3:.1f} ms more work there, {_delay(faster)}")
         return RouteDecision(view.node, local, peer, est.pull_blocks, est.total_s, reason, est.pull_s)
 
 

@@ -55,6 +55,24 @@ class TTFTEstimate(NamedTuple):
     shared_s: float = 0.0
     """Time the node's compute group takes from this request's work."""
 
+    @property
+    def work_s(self) -> float:
+        """The work this request adds to the node's queue: tier reads, pull and prefill."""
+        return self.swap_s + self.pull_s + self.prefill_s
+
+
+def delay_to_others(view: NodeView, extra_s: float) -> float:
+    """Seconds of waiting `extra_s` more work on `view`'s node adds to the requests behind it, in all.
+
+    A queue (M/M/1) at utilization rho gives each second of work it is handed a marginal cost to
+    the others of rho / (1 - rho)^2 seconds of waiting: the work delays every request that arrives
+    before the backlog it extends has drained. rho is read off the n requests waiting or prefilling
+    there (the M/M/1 mean, n = rho / (1 - rho)), so the factor is n (n + 1): 0 on an idle node, 2 behind
+    one request, 30 behind five. An instantaneous count, not a rate the router would have to learn.
+    """
+    n = view.queued_requests
+    return extra_s * n * (n + 1)
+
 
 class CostModel:
     """Linear time model: prefill and copies cost per token/byte at the measured (or default) rates."""

@@ -74,6 +74,11 @@ class NodeView:
             raise ValueError(f"prefill_tokens_per_s must be finite and > 0, got {self.prefill_tokens_per_s}")
 
     @property
+    def queued_requests(self) -> int:
+        """Requests in flight here that have not begun decoding: waiting for or in their prefill."""
+        return max(0, self.inflight - self.running_decodes)
+
+    @property
     def pending_blocks(self) -> int:
         """Leading blocks this node will have computed once its queue ran, beyond what it holds now
         (0 when it is computing none of the prompt)."""

@@ -281,15 +281,26 @@ def _oracle_ttft(v: NodeView, nodes: tuple[NodeView, ...], bw: float, latency: f
 def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float, latency: float) -> None:
     config = dataclasses.replace(CFG, pull_bytes_per_s=bw, pull_latency_s=latency)
 
+    eligible = within_load_cap(nodes, CFG.load_eps, REQ.prompt_tokens, CFG.load_floor_s)
+
+    def work(v: NodeView) -> float:
+        """REQ's pull and prefill on `v` (no host tier part here)."""
+        pulled = _oracle_ttft(v, nodes, bw, latency)[1]
+        return (latency + pulled * 1000 / bw if pulled else 0.0) + (50 - (min(v.local_blocks, 5) + pulled) * 10) / (
+            v.prefill_tokens_per_s)
+
+    least = min(work(v) for v in eligible)
+
     def score(v: NodeView) -> float:
         ttft, pulled = _oracle_ttft(v, nodes, bw, latency)
         computing = max((o.local_blocks for o in nodes if o.node != v.node and o.local_blocks > o.held_blocks),
                         default=0)
         duplicate = max(0, min(computing, 5) - min(v.local_blocks, 5) - pulled)
-        return ttft + duplicate * 10 / v.prefill_tokens_per_s
+        # The extra work's delay to the requests queued there: n (n + 1) x the extra seconds.
+        n = max(0, v.inflight - v.running_decodes)
+        return ttft + duplicate * 10 / v.prefill_tokens_per_s + (work(v) - least) * n * (n + 1)
 
     d = make_policy("cost", config).route(REQ, ClusterView(nodes))
-    eligible = within_load_cap(nodes, CFG.load_eps, REQ.prompt_tokens, CFG.load_floor_s)
     best = min(score(v) for v in eligible)
     chosen = next(v for v in eligible if v.node == d.node)
     assert score(chosen) == pytest.approx(best)

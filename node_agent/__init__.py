@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from radixmesh.node_agent.memory.pool.eviction import DEFAULT_EVICTION, EVICTION_ORDERS, CopiesElsewhere
     from radixmesh.node_agent.memory.pool.s3fifo import Recalled
     from radixmesh.node_agent.model.config import NAMED_CONFIGS
+    from radixmesh.node_agent.model.modeled.profile import ProfileError, load_profile, profile_names
+    from radixmesh.node_agent.model.modeled.spec import ModeledEngine, parse_engine
     from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, random_source, resolve_model
     from radixmesh.node_agent.placement import DTYPES
     from radixmesh.node_agent.transfer.ucx_transport import ucx_env
@@ -40,6 +42,9 @@ _HOMES = {
     "Recalled": "memory.pool.s3fifo",
     "EvictedBlock": "memory.cache.prefix_cache", "EvictionHook": "memory.cache.prefix_cache", "PrefixCache": "memory.cache.prefix_cache",
     "NAMED_CONFIGS": "model.config",
+    "ProfileError": "model.modeled.profile", "load_profile": "model.modeled.profile",
+    "profile_names": "model.modeled.profile",
+    "ModeledEngine": "model.modeled.spec", "parse_engine": "model.modeled.spec",
     "SMOLLM2": "model.source", "ModelSource": "model.source", "random_source": "model.source",
     "resolve_model": "model.source",
     "DTYPES": "placement",
@@ -62,12 +67,17 @@ __all__ = [  # the names of _HOMES, spelled out so linters and type checkers see
     "EvictionHook",
     "MemoryConfig",
     "ModelSource",
+    "ModeledEngine",
     "PoolConfig",
     "PoolHooks",
     "PrefixCache",
+    "ProfileError",
     "Recalled",
+    "load_profile",
     "make_agent_actor",
     "node_resource",
+    "parse_engine",
+    "profile_names",
     "random_source",
     "resolve_model",
     "ucx_env",

@@ -41,6 +41,7 @@ from radixmesh.node_agent.kv_events.publisher import KVEventsOut, NoKVEvents, Zm
 from radixmesh.node_agent.kv_events.token_book import TokenBook
 from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
+from radixmesh.node_agent.model.base import CausalLM
 from radixmesh.node_agent.placement import place_model, set_torch_threads
 from radixmesh.node_agent.transfer.endpoint import parse_address
 from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
@@ -101,11 +102,17 @@ class NodeAgent:
         """Build the model and engine (off the event loop), then start the transfer plane. When a
         part cannot start (ValueError: e.g. transfer="ray" outside an agent actor) the parts already
         started are stopped again before the error propagates."""
-        source = self.config.model
-        placement = place_model(self.config.device, self.config.dtype)
+        source, modeled = self.config.model, self.config.modeled
+        placement = place_model("cpu" if modeled else self.config.device, self.config.dtype)
         threads = set_torch_threads()
-        model = await asyncio.to_thread(source.load, dtype=placement.dtype, device=placement.device)
-        engine_config = replace(self.config.engine, model_id=await asyncio.to_thread(source.identity),
+        model: CausalLM
+        identity = await asyncio.to_thread(source.identity)
+        tokenizer = await asyncio.to_thread(source.tokenizer)
+        if modeled is None:
+            model = await asyncio.to_thread(source.load, dtype=placement.dtype, device=placement.device)
+        else:  # the seam: only the forward is modeled (model.modeled); its KV never meets a real one's
+            model, identity = modeled.model(source.config, source.seed, tokenizer), f"{modeled.label}-{identity}"
+        engine_config = replace(self.config.engine, model_id=identity,
                                 eos_token_ids=source.eos_token_ids(),
                                 memory=replace(self.config.engine.memory, disk=self.config.disk))
         if self.config.gpu_memory_utilization is not None:
@@ -115,7 +122,6 @@ class NodeAgent:
                 raise ValueError(f"agent {self.node}: no room for KV blocks: {budget.describe()}")
             logger.info("agent %s gpu tier: %s", self.node, budget.describe())
             engine_config = replace(engine_config, memory=replace(engine_config.memory, num_gpu_blocks=budget.num_blocks))
-        tokenizer = await asyncio.to_thread(source.tokenizer)
         hooks = PoolHooks(recalled=self._recalled.take) if self.config.recall_blocks else None
         engine = Engine(model, engine_config, device=placement.device, clock=self._clock, tokenizer=tokenizer,
                         gpu_hooks=hooks)
@@ -144,10 +150,11 @@ class NodeAgent:
             await self.stop()
             raise
         logger.info("agent %s epoch %d up: %s on %s (torch threads %d), layout %s, transfer %s at %s "
-                    "(memory path %s), eviction %s, hand-off %s", self.node, self.epoch, source.name,
+                    "(memory path %s), eviction %s, hand-off %s, engine %s", self.node, self.epoch, source.name,
                     placement.device, threads, engine.layout.fingerprint(), self._transfer.transport,
                     self.transfer_address or "-", self._transfer.memory_path or "-",
-                    engine_config.memory.pool.eviction, "on" if self.config.handoff else "off")
+                    engine_config.memory.pool.eviction, "on" if self.config.handoff else "off",
+                    self.config.engine_label)
 
     async def stop(self) -> None:
         """Abort what runs, stop /metrics, the publishers, the transfer plane and the engine thread.
@@ -347,7 +354,14 @@ class NodeAgent:
         capacity = (sum(t.pool.num_blocks for t in self.engine.memory.tiers)
                     + (min(disk.capacity_blocks, MAX_ANNOUNCED_DISK_BLOCKS) if disk is not None else 0))
         return NodeInfo(self.node, self.epoch, self.layout.fingerprint(), self.layout.block_size,
-                        self.layout.block_bytes, self.transfer_address, capacity)
+                        self.block_bytes, self.transfer_address, capacity)
+
+    @property
+    def block_bytes(self) -> int:
+        """What one block's KV weighs on the wire, as the router prices pulls: a modeled engine's
+        blocks stand for the profile's full KV (their pulls are counted and timed in it)."""
+        modeled = self.config.modeled
+        return self.layout.block_bytes if modeled is None else modeled.wire_block_bytes(self.layout.block_size)
 
     async def take_events(self) -> list[CacheEvent]:
         """Drain both tiers' cache events since the last call (gpu first)."""
@@ -411,7 +425,7 @@ class NodeAgent:
         dropped = self._hits.dropped + (self.publisher.hits_dropped if self.publisher is not None else 0)
         return (text + render_agent_metrics(self.node, self.counters, peers, self._transfer.memory_path, labels,
                                             eviction=self.config.engine.memory.pool.eviction,
-                                            handoff=self.config.handoff)
+                                            handoff=self.config.handoff, engine=self.config.engine_label)
                 + render_prometheus([HitReportStats(self.node, dropped)], labels))
 
     def scrape_target(self) -> ScrapeTarget | None:

@@ -8,6 +8,7 @@ from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.kv_events.endpoint import check_endpoint
 from radixmesh.node_agent.memory.disk.tier import GB, DiskConfig
+from radixmesh.node_agent.model.modeled.spec import ModeledEngine
 from radixmesh.node_agent.model.source import ModelSource, random_source
 from radixmesh.node_agent.placement import DTYPES
 from radixmesh.proto.ids import NodeId
@@ -28,6 +29,9 @@ class AgentConfig:
     """The model id clients name (`up --served-model-name`), which labels every metric `model_name`;
     "": the model's own name."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+    modeled: ModeledEngine | None = None
+    """Replace the model's forward by a profile's time model (model.modeled: `--engine modeled:PROFILE`);
+    everything else runs for real, on the CPU, with a KV of 32 bytes a token. None: the real model."""
     device: str = "auto"
     """Where the model, its pools and kernels run: "auto" (the GPU the agent's actor was given, else
     the CPU), "cpu" or "cuda[:i]"."""
@@ -97,6 +101,11 @@ class AgentConfig:
         return self.served_model_name or self.model.name
 
     @property
+    def engine_label(self) -> str:
+        """What figures from this agent are labelled: "real" or "modeled:<profile>"."""
+        return "real" if self.modeled is None else self.modeled.label
+
+    @property
     def disk(self) -> DiskConfig | None:
         """The disk tier's settings (None without `disk_cache`)."""
         return DiskConfig(Path(self.disk_cache), self.disk_cache_bytes) if self.disk_cache else None
@@ -105,6 +114,10 @@ class AgentConfig:
         check_node_id(self.node_id)
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.modeled is not None and (self.device not in ("auto", "cpu") or self.dtype not in ("auto", "float32")
+                                         or self.gpu_memory_utilization is not None):
+            raise ValueError("a modeled engine runs on the CPU in float32 and sizes its pool from the profile: "
+                             "leave device, dtype and gpu_memory_utilization unset")
         if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.transfer not in TRANSFER_PLANES:

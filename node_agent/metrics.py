@@ -53,10 +53,13 @@ class AgentStats:
         "gauge", "1 for the order this agent evicts cached blocks in (lru, s3fifo, adaptive).", "order")
     agent_handoff: int = metric(
         "gauge", "1 when blocks a peer pulled from this agent are the first it evicts (hand-off), else 0.")
+    agent_engine: dict[str, int] = metric(
+        "gauge", "1 for the engine this agent runs: real, or modeled:<profile> (its times are a GPU time model's).",
+        "engine")
 
 
 def agent_stats(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats],
-                memory_path: str | None, *, eviction: str, handoff: bool) -> AgentStats:
+                memory_path: str | None, *, eviction: str, handoff: bool, engine: str = "real") -> AgentStats:
     """A snapshot of `counters`, of the pull totals of each peer in `peers`, of the transfer
     plane's memory path (None: no plane) and of the cache settings (`eviction` order, `handoff`)."""
     ordered = sorted(peers.items())
@@ -72,12 +75,13 @@ def agent_stats(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, Pe
         transfer_memory_path={} if memory_path is None else {memory_path: 1},
         agent_eviction_order={eviction: 1},
         agent_handoff=int(handoff),
+        agent_engine={engine: 1},
     )
 
 
 def render_agent_metrics(node: NodeId, counters: AgentCounters, peers: Mapping[NodeId, PeerStats],
                          memory_path: str | None, labels: Mapping[str, str] | None = None, *,
-                         eviction: str, handoff: bool) -> str:
+                         eviction: str, handoff: bool, engine: str = "real") -> str:
     """Prometheus text of agent_stats(...), every sample labelled with `labels` too."""
-    return render_prometheus([agent_stats(node, counters, peers, memory_path, eviction=eviction, handoff=handoff)],
-                             labels)
+    return render_prometheus([agent_stats(node, counters, peers, memory_path, eviction=eviction, handoff=handoff,
+                                          engine=engine)], labels)

@@ -12,6 +12,7 @@ import asyncio
 import datetime
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -31,10 +32,16 @@ from radixmesh.cluster.bench.metrics import Slo
 from radixmesh.cluster.bench.runner import BenchPlan, run_bench
 from radixmesh.cluster.bench.schedule import Workload
 from radixmesh.cluster.bench.workloads import GENERATORS, TraceWorkload, workload_settings
-from radixmesh.cluster.cli.options import cache_options, chosen_log_level
+from radixmesh.cluster.cli.options import (
+    cache_options,
+    chosen_engine,
+    chosen_gpu_blocks,
+    chosen_log_level,
+    engine_options,
+)
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.node_agent import DEFAULT_EVICTION, SMOLLM2, resolve_model
+from radixmesh.node_agent import DEFAULT_EVICTION, SMOLLM2
 
 
 def _floats(_: click.Context, __: click.Parameter, value: str) -> tuple[float, ...]:
@@ -122,23 +129,26 @@ def results_table(doc: dict[str, Any]) -> Table:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--model", "model_spec", default=SMOLLM2, show_default=True,
               help=f"{SMOLLM2}, tiny (seeded random), a local Hugging Face directory or a .gguf file (--local).")
-@click.option("--gpu-blocks", default=1024, show_default=True, type=click.IntRange(min=1),
-              help="KV blocks of each agent (--local): the same memory for every arm.")
+@click.option("--gpu-blocks", default=None, type=click.IntRange(min=1),
+              help="KV blocks of each agent (--local): the same memory for every arm [default: 1024; with "
+                   "--engine modeled, the profile's device].")
 @click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
               help="Tokens per KV block (--local sets it; with --url, the deployment's).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
               show_default=True, help="Folder of bench.json and bench.png.")
 @cache_options
+@engine_options
 def bench(local_nodes: int | None, url: str | None, workload: str, trace_path: Path | None, arms: tuple[Arm, ...],
           rates: tuple[float, ...], duration: float, ramp: float, drain: float, warmup: int, ttft_slo: float,
           itl_slo: float,
           knee_attainment: float, max_tokens: int, prompt_scale: float, seed: int, model_spec: str,
-          gpu_blocks: int, block_size: int, out_dir: Path, eviction: str, handoff: bool) -> None:
+          gpu_blocks: int | None, block_size: int, out_dir: Path, eviction: str, handoff: bool, engine: str,
+          speedup: float) -> None:
     """Compare the arms on live clusters: goodput and latency against offered load."""
     if (local_nodes is None) == (url is None):
         raise click.UsageError("give exactly one of --local N and --url URL")
-    if url is not None and (eviction != DEFAULT_EVICTION or handoff):
-        raise click.UsageError("--eviction and --handoff set up the agents of --local")
+    if url is not None and (eviction != DEFAULT_EVICTION or handoff or engine != "real"):
+        raise click.UsageError("--eviction, --handoff and --engine set up the agents of --local")
     if (workload == "trace") != (trace_path is not None):
         raise click.UsageError("--trace FILE goes with --workload trace, and only with it")
     try:
@@ -149,17 +159,22 @@ def bench(local_nodes: int | None, url: str | None, workload: str, trace_path: P
     plan = BenchPlan(load, arms, rates, duration, ramp, drain, warmup, Slo(ttft_slo, itl_slo), seed)
     clusters: Clusters
     if local_nodes is not None:
+        modeled, model = chosen_engine(engine, speedup, model_spec)
+        gpu_blocks = chosen_gpu_blocks(gpu_blocks, modeled, block_size)
         try:
-            base = LauncherConfig(local_nodes=local_nodes, model=resolve_model(model_spec), gpu_blocks=gpu_blocks,
+            base = LauncherConfig(local_nodes=local_nodes, model=model, modeled=modeled, gpu_blocks=gpu_blocks,
                                   block_size=block_size, log_level=chosen_log_level(), log_access=False,
                                   eviction=eviction, handoff=handoff)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         clusters = LocalClusters(base)
-        where = f"{local_nodes} local agent(s), {base.served_model_name}, {gpu_blocks} KV blocks each"
+        engine_label = base.engine_label
+        where = (f"{local_nodes} local agent(s), {base.served_model_name}, {gpu_blocks} KV blocks each, "
+                 f"{engine_label} engine" + (f" at {speedup:g}x" if modeled is not None and speedup != 1 else ""))
     else:
         clusters = RunningCluster(url or "")
-        where = f"the deployment at {url}"
+        engine_label = asyncio.run(deployment_engine(url or ""))
+        where = f"the deployment at {url}, {engine_label} engine"
     settings = {
         "command": " ".join(["radixmesh", *sys.argv[1:]]),
         "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -167,6 +182,9 @@ def bench(local_nodes: int | None, url: str | None, workload: str, trace_path: P
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_average_1m_at_start": os.getloadavg()[0]},
         "cluster": where, "block_size": block_size,
+        "engine": {"label": engine_label, "speedup": speedup if local_nodes is not None and engine != "real" else None,
+                   "note": ("times from the profile's time model (node_agent/model/modeled), not measured on its hardware"
+                            if "modeled:" in engine_label else None)},
         "workload": workload_settings(load),
         "arms": {a.name: {"policy": a.policy, "caching": a.caching} for a in arms},
         "rates_rps": list(rates), "duration_s": duration, "ramp_s": ramp, "drain_s": drain, "warmup": warmup,
@@ -202,6 +220,19 @@ def bench(local_nodes: int | None, url: str | None, workload: str, trace_path: P
                       + ", ".join(f"{k} {_x(head[k])}" for k, _, _ in report.HEADLINE_RATIOS))
     console.print(f"wrote {json_path}" + (f" and {png_path}" if png_path else "")
                   + (" (interrupted: what was measured)" if interrupted else ""))
+
+
+async def deployment_engine(url: str) -> str:
+    """The engine label(s) the deployment's agents export (radixmesh_agent_engine in the router's merged
+    /metrics), comma-separated; "unknown" when it does not say (an older deployment, an API key)."""
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"{url.rstrip('/')}/metrics",
+                                                             timeout=aiohttp.ClientTimeout(total=10)) as r:
+            text = await r.text() if r.status == 200 else ""
+    except (aiohttp.ClientError, TimeoutError):
+        text = ""
+    labels = sorted(set(re.findall(r'^radixmesh_agent_engine\{[^}]*engine="([^"]+)"', text, re.MULTILINE)))
+    return ",".join(labels) or "unknown"
 
 
 def _revision() -> str | None:

@@ -16,7 +16,13 @@ import click
 import ray
 
 from radixmesh.cluster.cli.inspect import API_KEY_ENV, recorded
-from radixmesh.cluster.cli.options import cache_options, chosen_log_level
+from radixmesh.cluster.cli.options import (
+    cache_options,
+    chosen_engine,
+    chosen_gpu_blocks,
+    chosen_log_level,
+    engine_options,
+)
 from radixmesh.cluster.launch import cluster_record, launcher
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, default_secret_path, deployment_secret
@@ -24,7 +30,7 @@ from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.cluster.router.config import DEFAULT_POLICY
-from radixmesh.node_agent import DTYPES, NAMED_CONFIGS, SMOLLM2, resolve_model
+from radixmesh.node_agent import DTYPES, NAMED_CONFIGS, SMOLLM2
 
 
 def _prometheus_dir() -> Path:
@@ -59,8 +65,9 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
 @click.option("--served-model-name", default="", help="Model id clients name (default: the model's name).")
 @click.option("--dtype", type=click.Choice(["auto", *DTYPES]), default="auto", show_default=True,
               help="auto: bfloat16 on a GPU, float32 on the CPU.")
-@click.option("--gpu-blocks", default=1024, show_default=True, type=click.IntRange(min=1),
-              help="KV blocks of each agent's gpu tier (CPU agents, or without --gpu-memory-utilization).")
+@click.option("--gpu-blocks", default=None, type=click.IntRange(min=1),
+              help="KV blocks of each agent's gpu tier (CPU agents, or without --gpu-memory-utilization) "
+                   "[default: 1024; with --engine modeled, the profile's device].")
 @click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Agents on GPUs size their KV pool from this share of the device, less weights and a "
                    "measured activation peak (as vLLM does); e.g. 0.9, or 0.4 for two agents per GPU.")
@@ -100,13 +107,14 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
 @click.option("--kv-events-allow-remote", is_flag=True,
               help="Let --kv-events-endpoint bind beyond loopback: vLLM's event sockets have no authentication.")
 @cache_options
+@engine_options
 def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool, policy: str, host: str | None,
        port: int, model_spec: str, served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
        host_blocks: int, disk_cache: Path | None, disk_cache_gb: float,
        lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, tls_cert: Path | None,
        tls_key: Path | None, max_running_per_node: int, max_waiting: int, access_log: bool,
        prometheus_dir: Path | None, no_prometheus: bool, kv_events_endpoint: str | None, kv_events_allow_remote: bool,
-       eviction: str, handoff: bool) -> None:
+       eviction: str, handoff: bool, engine: str, speedup: float) -> None:
     """Start metadata service, node agents and router; print the router URL."""
     if cluster_record.load() is not None:
         raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
@@ -114,13 +122,15 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("--tls-cert and --tls-key go together")
     tls = TlsFiles(tls_cert.read_bytes(), tls_key.read_bytes()) if tls_cert and tls_key else None
+    modeled, model = chosen_engine(engine, speedup, model_spec)
     try:
         # Without --host: loopback on one machine, else (host "") the address of this Ray node.
         host = host if host is not None else "127.0.0.1" if local_nodes is not None else ""
         config = LauncherConfig(local_nodes=local_nodes, state=state, metadata_standby=metadata_standby,
                                 policy=policy, host=host, http_port=port,
-                                model=resolve_model(model_spec), model_name=served_model_name, dtype=dtype,
-                                gpu_blocks=gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
+                                model=model, modeled=modeled, model_name=served_model_name, dtype=dtype,
+                                gpu_blocks=chosen_gpu_blocks(gpu_blocks, modeled, 16),
+                                gpu_memory_utilization=gpu_memory_utilization,
                                 host_blocks=host_blocks, disk_cache=disk_cache, disk_cache_gb=disk_cache_gb,
                                 eviction=eviction, handoff=handoff,
                                 lease_ttl_s=lease_ttl, secret=deployment_secret(secret_file),
@@ -152,7 +162,8 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
     cluster_record.save(cluster_record.ClusterRecord(deployment.router_url, deployment.metadata_address,
                                                      None if pid else address, pid,
                                                      cluster_record.running_since(pid) if pid else None))
-    click.echo(f"radixmesh is up: {len(deployment.nodes)} agent(s), metadata service {deployment.metadata_address}")
+    click.echo(f"radixmesh is up: {len(deployment.nodes)} agent(s) ({config.engine_label} engine), "
+               f"metadata service {deployment.metadata_address}")
     click.echo(f"router: {deployment.router_url}   (OpenAI API at {deployment.router_url}/v1)", nl=True)
     if local_nodes is not None:
         _serve_until_signalled()

@@ -13,19 +13,25 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from radixmesh.cluster.cli.options import cache_options, chosen_log_level
+from radixmesh.cluster.cli.options import (
+    cache_options,
+    chosen_engine,
+    chosen_gpu_blocks,
+    chosen_log_level,
+    engine_options,
+)
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.demo import DemoRun, DemoWorkload, ask, run_workload
-from radixmesh.node_agent import SMOLLM2, resolve_model
+from radixmesh.node_agent import SMOLLM2
 
 QUESTION = "What is the capital of France?"
 ORDERS = ("off-first", "on-first")
 
 
-def comparison_table(on: DemoRun, off: DemoRun) -> Table:
+def comparison_table(on: DemoRun, off: DemoRun, engine: str = "real") -> Table:
     """Caching on vs off: hit rate, hits by source, TTFT p50/p99, bytes pulled."""
-    table = Table(title="radixmesh demo: shared-prefix chats through the router")
+    table = Table(title=f"radixmesh demo: shared-prefix chats through the router ({engine} engine)")
     table.add_column("")
     table.add_column("caching on", justify="right")
     table.add_column("caching off", justify="right")
@@ -58,16 +64,19 @@ def comparison_table(on: DemoRun, off: DemoRun) -> Table:
                    "reuse what the other left; running both orders shows the comparison is not an artefact "
                    "of warm-up.")
 @cache_options
-def demo(chats: int, turns: int, model_spec: str, order: str, eviction: str, handoff: bool) -> None:
+@engine_options
+def demo(chats: int, turns: int, model_spec: str, order: str, eviction: str, handoff: bool, engine: str,
+         speedup: float) -> None:
     """Local cluster of 3 agents; shared-prefix chats with caching off and on; the comparison table."""
     console = Console()
     # The openai client logs every request at INFO; the progress bar says it better.
     for noisy in ("httpx", "httpx2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     t0 = time.monotonic()
+    modeled, model = chosen_engine(engine, speedup, model_spec)
     try:
-        config = LauncherConfig(local_nodes=3, model=resolve_model(model_spec), log_level=chosen_log_level(),
-                                eviction=eviction, handoff=handoff)
+        config = LauncherConfig(local_nodes=3, model=model, modeled=modeled, log_level=chosen_log_level(),
+                                gpu_blocks=chosen_gpu_blocks(None, modeled, 16), eviction=eviction, handoff=handoff)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     workload = DemoWorkload(chats=chats, turns=turns)
@@ -78,7 +87,8 @@ def demo(chats: int, turns: int, model_spec: str, order: str, eviction: str, han
         except BaseException:
             ray.shutdown()
             raise
-    console.print(f"cluster up in {time.monotonic() - t0:.1f} s: router {deployment.router_url}")
+    console.print(f"cluster up in {time.monotonic() - t0:.1f} s ({config.engine_label} engine): router "
+                  f"{deployment.router_url}")
     try:
         with Progress(console=console) as progress:
             runs: dict[bool, DemoRun] = {}
@@ -94,7 +104,7 @@ def demo(chats: int, turns: int, model_spec: str, order: str, eviction: str, han
         asyncio.run(launcher.down())
         ray.shutdown()
     on, off = runs[True], runs[False]
-    console.print(comparison_table(on, off))
+    console.print(comparison_table(on, off, config.engine_label))
     console.print(f"{config.served_model_name}, asked {QUESTION!r}: {answer.strip()!r}")
     ratio = off.ttft(50) / on.ttft(50) if on.ttft(50) else float("inf")
     console.print(f"TTFT p50 with caching off / on: {ratio:.2f}x; demo took {time.monotonic() - t0:.1f} s")

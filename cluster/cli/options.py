@@ -1,14 +1,24 @@
 """Options that several commands share, defined once: `--eviction` and `--handoff` (how the agents of a
-command's deployment keep their prefix caches: LauncherConfig.eviction / .handoff), and the group's
-`--log-level` as the commands that start Ray actors read it (their job's ray.LoggingConfig)."""
+command's deployment keep their prefix caches: LauncherConfig.eviction / .handoff), `--engine` and
+`--speedup` (the real model or a modeled one: LauncherConfig.modeled), and the group's `--log-level`
+as the commands that start Ray actors read it (their job's ray.LoggingConfig)."""
 
 from collections.abc import Callable
 from typing import TypeVar
 
 import click
+from click.core import ParameterSource
 
 from radixmesh.common.cache_sharing import DEFAULT_HANDOFF
-from radixmesh.node_agent import DEFAULT_EVICTION, EVICTION_ORDERS
+from radixmesh.node_agent import (
+    DEFAULT_EVICTION,
+    EVICTION_ORDERS,
+    ModeledEngine,
+    ModelSource,
+    parse_engine,
+    profile_names,
+    resolve_model,
+)
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -28,3 +38,46 @@ def cache_options(command: F) -> F:
 def chosen_log_level() -> str:
     """The group's --log-level; INFO when the command runs outside the group (a test's CliRunner)."""
     return str(click.get_current_context().find_root().params.get("log_level", "INFO"))
+
+
+def engine_options(command: F) -> F:
+    """Add `engine: str` and `speedup: float` parameters to a click command (resolve with `chosen_engine`)."""
+    command = click.option(
+        "--speedup", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+        help="With --engine modeled: modeled seconds per wall second (steps and pull wire times alike).",
+    )(command)
+    return click.option(
+        "--engine", default="real", show_default=True,
+        help="real (the model computes), or modeled[:PROFILE]: the agents' real pool, cache, scheduler, events "
+             "and pulls, with the forward replaced by a GPU time model (PROFILE: "
+             f"{', '.join(profile_names())}, or a .yaml file). Its figures are labelled modeled:PROFILE.",
+    )(command)
+
+
+def chosen_engine(engine: str, speedup: float, model_spec: str) -> tuple[ModeledEngine | None, ModelSource]:
+    """The modeled engine `engine` names (None: real) and the agents' model. A modeled profile serves its
+    own model: --model may name it or be left out, never another one. click.UsageError when invalid."""
+    try:
+        modeled = parse_engine(engine, speedup)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    if modeled is not None:
+        given = click.get_current_context().get_parameter_source("model_spec") is not ParameterSource.DEFAULT
+        if given and model_spec != modeled.profile.model:
+            raise click.UsageError(f"--engine {modeled.label} models {modeled.profile.model}; leave out --model "
+                                   f"{model_spec} or pick a profile of it")
+        model_spec = modeled.profile.model
+    try:
+        return modeled, resolve_model(model_spec)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def chosen_gpu_blocks(gpu_blocks: int | None, modeled: ModeledEngine | None, block_size: int) -> int:
+    """--gpu-blocks, else the modeled profile's device (its kv_capacity_tokens), else 1024."""
+    if gpu_blocks is not None:
+        return gpu_blocks
+    return modeled.gpu_blocks(block_size) if modeled is not None else DEFAULT_GPU_BLOCKS
+
+
+DEFAULT_GPU_BLOCKS = 1024

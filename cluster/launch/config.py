@@ -22,6 +22,7 @@ from radixmesh.node_agent import (
     AgentConfig,
     EngineConfig,
     MemoryConfig,
+    ModeledEngine,
     ModelSource,
     PoolConfig,
     random_source,
@@ -62,6 +63,9 @@ class LauncherConfig:
     """Every agent's model (model.source.resolve_model); its files must be readable on every node."""
     dtype: str = "auto"
     """Weights and KV precision of every agent (AgentConfig.dtype)."""
+    modeled: ModeledEngine | None = None
+    """Every agent's forward priced by a profile's time model (AgentConfig.modeled, `--engine modeled:P`);
+    None: the real model."""
     block_size: int = 16
     gpu_blocks: int = 1024
     """KV blocks of each agent's gpu tier (unless gpu_memory_utilization sizes it)."""
@@ -158,6 +162,11 @@ class LauncherConfig:
     def served_model_name(self) -> str:
         return self.model_name or self.model.name
 
+    @property
+    def engine_label(self) -> str:
+        """What this deployment's figures are labelled: "real" or "modeled:<profile>"."""
+        return "real" if self.modeled is None else self.modeled.label
+
     def kv_events_endpoint_of(self, node: NodeId) -> str | None:
         """Where `node`'s agent publishes vLLM-format KV events (kv_events_endpoint)."""
         return None if self.kv_events_endpoint is None else self.kv_events_endpoint.replace("{node}", node)
@@ -171,7 +180,8 @@ class LauncherConfig:
         memory = MemoryConfig(num_gpu_blocks=self.gpu_blocks, num_host_blocks=self.host_blocks,
                               enable_prefix_caching=self.prefix_caching, hash_key=self.secret.hash_key(),
                               pool=PoolConfig(eviction=self.eviction))
-        return AgentConfig(node, model=self.model, served_model_name=self.served_model_name, dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
+        return AgentConfig(node, model=self.model, served_model_name=self.served_model_name, dtype=self.dtype,
+                           gpu_memory_utilization=self.gpu_memory_utilization, modeled=self.modeled,
                            engine=EngineConfig(block_size=self.block_size, memory=memory), host=host,
                            transfer=self.transfer, secret=self.secret, transfer_mac=self.transfer_mac,
                            handoff=self.handoff,

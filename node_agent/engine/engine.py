@@ -26,7 +26,8 @@ from radixmesh.node_agent.engine.sampler import sample, token_logprob
 from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler, SequenceState
 from radixmesh.node_agent.memory.metrics import memory_stats
 from radixmesh.node_agent.memory.pool.config import PoolHooks
-from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
+from radixmesh.node_agent.model.base import CausalLM
+from radixmesh.node_agent.model.llama import AttentionBatch, SeqChunk
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.serve.limits import InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.sampling import FinishReason, TokenLogprob, draw_seed
@@ -65,9 +66,10 @@ class EngineConfig:
 
 
 class Engine:
-    """Continuous-batching engine of one node over a Llama model and the paged KV pool."""
+    """Continuous-batching engine of one node over a Llama model (or a modeled one: model.base.CausalLM)
+    and the paged KV pool."""
 
-    def __init__(self, model: LlamaForCausalLM, config: EngineConfig | None = None, *,
+    def __init__(self, model: CausalLM, config: EngineConfig | None = None, *,
                  device: str | torch.device = "cpu", clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None, tokenizer: Tokenizer | None = None,
                  gpu_hooks: PoolHooks | None = None) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
-from radixmesh.node_agent.model.llama import LlamaForCausalLM
+from radixmesh.node_agent.model.base import CausalLM
 from radixmesh.proto.serve.sampling import SamplingParams
 
 
@@ -44,7 +44,7 @@ class GpuBudget:
                 f"peak {self.activation_peak_bytes / gib:.2f} GiB (free {self.free_bytes / gib:.1f} GiB)")
 
 
-def measure_gpu_budget(model: LlamaForCausalLM, config: EngineConfig, device: torch.device,
+def measure_gpu_budget(model: CausalLM, config: EngineConfig, device: torch.device,
                        utilization: float) -> GpuBudget:
     """Run one full-budget prefill step on a scratch pool and size the gpu tier from what it used.
     `model` is already on `device`. ValueError off a GPU (the CPU tier is sized in blocks)."""

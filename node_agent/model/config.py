@@ -209,6 +209,11 @@ NAMED_CONFIGS: dict[str, LlamaConfig] = {
                              num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                              max_position_embeddings=8192, rope_theta=500000.0,
                              bos_token_id=128000, eos_token_id=128001),
+    # Llama-3-70B's shape: what a modeled 70B profile serves (random weights of it need ~280 GB).
+    "llama3-70b": LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                              num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                              max_position_embeddings=8192, rope_theta=500000.0,
+                              bos_token_id=128000, eos_token_id=128001),
 }
 DEFAULT_CONFIG = "tiny"
 

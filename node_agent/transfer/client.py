@@ -81,9 +81,17 @@ class TransferConfig:
     timeout_s: float = 10.0
     """Bound on one whole pull; past it the pull returns what arrived intact."""
     ewma_alpha: float = 0.2
+    wire_block_bytes: int = 0
+    """Bytes one block stands for on the wire (a modeled engine's full KV per block, model.modeled);
+    pulls are counted and timed in them. 0: the block's own bytes."""
+    wire_gbps: float = 0.0
+    """A modeled link: a pull's payload takes at least its wire bytes at this rate (GB/s) after the
+    owner's header, on top of what the transport itself takes. 0: no floor."""
 
     def __post_init__(self) -> None:
         checksum_by_name(self.checksum)
+        if self.wire_block_bytes < 0 or not self.wire_gbps >= 0:
+            raise ValueError("wire_block_bytes and wire_gbps must be >= 0")
         if not 0 < self.chunk_bytes <= MAX_CHUNK_BYTES or self.timeout_s <= 0 or not 0 < self.ewma_alpha <= 1:
             raise ValueError("chunk_bytes must be in (0, 1 GiB], timeout_s positive, ewma_alpha in (0, 1]")
 
@@ -196,11 +204,22 @@ class TransferClient:
             lock = self._locks.setdefault(peer.node_id, asyncio.Lock())
             async with lock:
                 received, latency, outcome = await self._stream(peer, hashes, blocks, start)
+                # Under the peer's lock: pulls from one peer share its modeled link one at a time.
+                await self._wire_floor(received, start + latency)
         seconds = self._clock() - start
-        nbytes = received * self.layout.block_bytes
+        nbytes = received * (self.config.wire_block_bytes or self.layout.block_bytes)
         stats = self.stats.setdefault(peer.node_id, PeerStats(self.transport.name, self.config.ewma_alpha))
         stats.record(outcome, received, nbytes, seconds, latency)
         return PullResult(list(hashes[:received]), list(blocks[:received]), nbytes, seconds, outcome)
+
+    async def _wire_floor(self, received: int, payload_start: float) -> None:
+        """Wait until `received` blocks' wire bytes have crossed a modeled link (config.wire_gbps)."""
+        if not (self.config.wire_gbps and received):
+            return
+        wire_s = received * (self.config.wire_block_bytes or self.layout.block_bytes) / (self.config.wire_gbps * 1e9)
+        wait = payload_start + wire_s - self._clock()
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     async def _stream(self, peer: Peer, hashes: Sequence[BlockHash], blocks: Sequence[BlockId], start: float
                       ) -> tuple[int, float, PullOutcome]:

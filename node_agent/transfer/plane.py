@@ -137,6 +137,9 @@ class AgentTransfer:
                                 handoff=config.handoff)
         self._endpoint = ENDPOINTS[transport.name](source, config.host, config.transfer_port, serial, identity)
         client_config = TransferConfig(timeout_s=config.pull_timeout_s, mac=config.transfer_mac)
+        if config.modeled is not None:
+            client_config = replace(client_config, wire_block_bytes=config.modeled.wire_block_bytes(layout.block_size),
+                                    wire_gbps=config.modeled.wire_gbps)
         if transport.name == "ucx" and self.memory_path is MemoryPath.HOST:
             client_config = replace(client_config, chunk_bytes=HOST_CHUNK_BYTES)
         self._client = TransferClient(tier.cache, tier.kv, layout, client_config, transport,

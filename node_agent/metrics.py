@@ -54,7 +54,7 @@ class AgentStats:
     agent_handoff: int = metric(
         "gauge", "1 when blocks a peer pulled from this agent are the first it evicts (hand-off), else 0.")
     agent_engine: dict[str, int] = metric(
-        "gauge", "1 for the engine this agent runs: real, or modeled:<profile> (its times are a GPU time model's).",
+        "gauge", "1 for the engine this agent runs: real, or modeled:<profile> (a GPU model's figures, not measured).",
         "engine")
 
 

@@ -130,8 +130,11 @@ def test_up_route_stats_down_end_to_end(home: Path, up_process: subprocess.Popen
     assert first.exit_code == 0, first.output
     second = runner.invoke(main, ["route", prompt, "--max-tokens", "2"])
     node = next(line.split()[1] for line in first.output.splitlines() if line.startswith("node"))
-    assert f"node       {node}" in second.output  # the cost policy went back to the holder
-    assert f"local gpu {(len(prompt) - 1) // 16 * 16}," in second.output
+    blocks = (len(prompt) - 1) // 16
+    # The prefix is reused: the cost policy went back to the holder, or (when the holder's load
+    # report, on a busy box, priced its queue above a pull) pulled the holder's blocks to its peer.
+    went_back = f"node       {node}" in second.output and f"local gpu {blocks * 16}," in second.output
+    assert went_back or f"{blocks} pulled from {node}" in second.output, second.output
     assert "the prompt is empty" in runner.invoke(main, ["route", ""]).output
     stats = runner.invoke(main, ["stats", "--json"])
     assert '"requests": 2' in stats.output

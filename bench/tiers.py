@@ -193,7 +193,9 @@ def run(a: argparse.Namespace, work: Path, block_size: int) -> dict[str, object]
             if case == "host":
                 engine.memory.gpu.pool.evict(engine.memory.gpu.pool.num_cached)
             elif case == "disk":
-                engine.reset_prefix_cache()
+                # evict gpu and host only: a prefix-cache reset also empties the disk tier (issue 38)
+                for t in engine.memory.tiers:
+                    t.pool.evict(t.pool.num_cached)
                 disk.flush()
                 for segment in disk_dir.iterdir():
                     drop_page_cache(segment)

@@ -42,6 +42,8 @@ class KeyPurpose(Enum):
     """Per node (the owner of a pull): keys the session key of each handshake, hence the chunk MACs."""
     METRICS_SCRAPE = b"metrics-token"
     """Bearer token of agents' /metrics off loopback (Prometheus' credentials file)."""
+    HTTP_ADMIN = b"http-admin-key"
+    """Bearer token of the router's admin endpoints (prefix-cache reset, per-tenant /stats)."""
 
     @property
     def per_node(self) -> bool:
@@ -110,3 +112,11 @@ def check_bind(component: str, host: str, secret: ClusterSecret | None) -> None:
     if secret is None and not is_loopback(host):
         raise ValueError(f"{component} refuses to bind {host!r} without a cluster secret "
                          "(--secret-file or RADIXMESH_SECRET); only loopback addresses may run without one")
+
+
+def check_api_bind(host: str, api_key: str) -> None:
+    """ValueError when the router's HTTP API would serve `host` ("": every address) beyond loopback
+    without an API key: whoever reaches it could use the model, /stats and /metrics (issue 38)."""
+    if not api_key and not is_loopback(host):
+        raise ValueError(f"the OpenAI API refuses to serve {host or 'every address'!r} without an API key: only "
+                         "loopback may go keyless; give --api-key (or RADIXMESH_API_KEY), or bind 127.0.0.1")

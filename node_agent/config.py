@@ -89,12 +89,21 @@ class AgentConfig:
     tcp://host:port or ipc://path, with the replay socket beside it (kv_events.endpoint); None: not."""
     kv_events_allow_remote: bool = False
     """Let `kv_events_endpoint` be a non-loopback address: vLLM's event sockets carry no authentication."""
+    kv_events_token_ids: bool = False
+    """Put each stored block's token ids and its chain's cache salt in the KV events (the prompts, to
+    whoever reaches the socket). Off: hashes, parents and media only, which no consumer can match to a
+    prompt; indexers that rebuild hashes from tokens (vLLM's, radixmesh's ingest) need it on."""
     disk_cache: str | None = None
-    """Directory of this agent's disk tier (memory.disk), under its host tier: prefix blocks the host
-    evicts are written there and read back on a host miss, and a restarted agent finds them again.
-    One directory per agent. None: no disk tier."""
+    """Directory of this agent's disk tier (memory.disk), under its host tier (a small one when none is
+    configured: MemoryConfig.host_blocks): prefix blocks the host evicts, and on a clean stop every
+    cached block, are written there and read back on a host miss, and a restarted agent finds them
+    again. One directory per agent. None: no disk tier."""
     disk_cache_bytes: int = 10 * GB
     """Bound on the disk tier's files (with `disk_cache`)."""
+    host_cache_bytes: int = 0
+    """Size of the host tier in bytes (SGLang and LMCache size theirs so), converted at start with the
+    model's KV bytes per block (host_blocks_of); it replaces engine.memory.num_host_blocks, which must
+    then be 0. 0: num_host_blocks decides."""
 
     @property
     def model_name(self) -> str:
@@ -104,6 +113,16 @@ class AgentConfig:
     def engine_label(self) -> str:
         """What figures from this agent are labelled: "real" or "modeled:<profile>"."""
         return "real" if self.modeled is None else self.modeled.label
+
+    def host_blocks_of(self, block_bytes: int) -> int:
+        """The host tier's blocks when one block's KV weighs `block_bytes`: host_cache_bytes in whole
+        blocks, else num_host_blocks. ValueError when host_cache_bytes holds no block."""
+        if not self.host_cache_bytes:
+            return self.engine.memory.num_host_blocks
+        if self.host_cache_bytes < block_bytes:
+            raise ValueError(f"a host cache of {self.host_cache_bytes} bytes holds no block of this model's "
+                             f"{block_bytes} bytes of KV: give it more")
+        return self.host_cache_bytes // block_bytes
 
     @property
     def disk(self) -> DiskConfig | None:
@@ -135,8 +154,8 @@ class AgentConfig:
         for name in ("pull_timeout_s", "heartbeat_interval_s", "publish_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.host_cache_bytes < 0 or (self.host_cache_bytes and self.engine.memory.num_host_blocks):
+            raise ValueError(f"host_cache_bytes ({self.host_cache_bytes}) and num_host_blocks "
+                             f"({self.engine.memory.num_host_blocks}) both size the host tier: give one, >= 0")
         if self.disk_cache is not None:
-            if not self.engine.memory.num_host_blocks:
-                raise ValueError("a disk tier (disk_cache) needs a host tier (num_host_blocks > 0): "
-                                 "disk reads come back through it")
             self.disk  # noqa: B018  (DiskConfig refuses a capacity it cannot use)

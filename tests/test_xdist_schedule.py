@@ -1,15 +1,28 @@
-"""The suite's xdist schedule (tests/conftest.py): every test under tests/ray/ is one scope, so one
-worker runs them one after another; every other test is a scope of its own. And the folder and the
-`ray` marker agree: a module that starts a Ray head outside tests/ray/ would run beside the others."""
+"""The suite's xdist schedule (tests/support/xdist_schedule.py): every module under tests/ray/ is one
+scope and every other test a scope of its own; one worker runs the Ray modules beside the other tests,
+both do once only Ray modules are left, and a multi-host module never runs beside another Ray module.
+And the folder and the `ray` marker agree: a module that starts a Ray head outside tests/ray/ would run
+beside the others."""
 
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 
-from tests.support.xdist_schedule import RayTestsTogether
+from tests.support.xdist_schedule import (
+    RayTestsTogether,
+    multihost,
+    next_scope,
+    queue_order,
+    under_ray_folder,
+)
 
 TESTS = Path(__file__).resolve().parent
 RAY_MARK = "pytest.mark." + "ray"  # spelt so that this module does not carry it
+
+MH = "tests/ray/multihost/test_ray_up_cluster.py"
+CLI, LOCAL = "tests/ray/test_cli.py", "tests/ray/test_local_ray.py"
+SIM, ROUTER = "tests/cluster/test_sim.py::test_a", "tests/cluster/test_router.py::test_b"
 
 
 @pytest.fixture
@@ -20,24 +33,121 @@ def schedule(pytestconfig: pytest.Config) -> RayTestsTogether:
     return s
 
 
-@pytest.mark.parametrize("nodeid", [
-    "tests/ray/multihost/test_ray_up_cluster.py::test_ray_up_brings_one_agent_per_worker_host",
-    "tests/ray/test_cli.py::test_up_route_stats_down_end_to_end",
-    "tests/ray/test_local_ray.py::test_a_second_init_is_refused[x]",
+@pytest.mark.parametrize(("nodeid", "scope"), [
+    (f"{MH}::test_ray_up_brings_one_agent_per_worker_host", MH),
+    (f"{CLI}::test_up_route_stats_down_end_to_end", CLI),
+    (f"{LOCAL}::test_a_second_init_is_refused[x]", LOCAL),
 ])
-def test_tests_under_tests_ray_share_one_scope(schedule: RayTestsTogether, nodeid: str) -> None:
-    assert schedule._split_scope(nodeid) == "ray"
+def test_a_ray_module_is_one_scope(schedule: RayTestsTogether, nodeid: str, scope: str) -> None:
+    assert schedule._split_scope(nodeid) == scope
 
 
 @pytest.mark.parametrize("nodeid", [
     "tests/cluster/test_sim.py::test_anything",
     "tests/common/test_event_publisher.py::test_an_unexpected_error_is_counted_and_the_loops_go_on",
-    "tests/test_xdist_schedule.py::test_tests_under_tests_ray_share_one_scope[x]",
+    "tests/test_xdist_schedule.py::test_a_ray_module_is_one_scope[x]",
     "tests/cluster/test_ray.py::test_a_name_that_mentions_ray",
     "tests/raymond/test_x.py::test_a_folder_that_starts_with_ray",
 ])
 def test_other_tests_are_scopes_of_their_own(schedule: RayTestsTogether, nodeid: str) -> None:
     assert schedule._split_scope(nodeid) == nodeid
+    assert not under_ray_folder(nodeid)
+
+
+def test_multihost_modules_then_other_ray_modules_then_the_rest_each_in_file_order() -> None:
+    assert queue_order([SIM, CLI, MH, ROUTER, LOCAL]) == [MH, CLI, LOCAL, SIM, ROUTER]
+    assert multihost(MH) and not multihost(CLI)
+
+
+@pytest.mark.parametrize(("queue", "elsewhere", "taken"), [
+    ([MH, CLI, SIM], [], MH),  # no Ray module runs: this worker takes them, the multi-host one first
+    ([CLI, LOCAL, SIM], [ROUTER], CLI),  # another worker's plain test does not matter
+    ([CLI, LOCAL, SIM, ROUTER], [MH], SIM),  # the other worker runs the Ray modules: the rest here
+    ([CLI, LOCAL, SIM], [LOCAL], SIM),
+    ([CLI, LOCAL], [LOCAL], CLI),  # only Ray modules left: the tail runs on both workers
+    ([CLI, LOCAL], [MH], None),  # never beside the multi-host module: wait
+    ([MH, CLI], [LOCAL], CLI),
+    ([MH], [LOCAL], None),  # the multi-host module never beside another Ray module
+    ([CLI], [LOCAL, "tests/ray/test_agent_ray.py"], None),  # two Ray workers at most
+    ([], [LOCAL], None),
+])
+def test_next_scope(queue: list[str], elsewhere: list[str], taken: str | None) -> None:
+    assert next_scope(queue, elsewhere) == taken
+
+
+class FakeWorker:
+    """What the scheduler sees of an xdist worker: the test indexes it was sent, in order."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.sent, self.shutting_down = name, list[int](), False
+        self.gateway = type("Gateway", (), {"id": name})()
+
+    def send_runtest_some(self, indexes: list[int]) -> None:
+        self.sent += indexes
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def play(collection: list[str], cost: dict[str, int]) -> dict[str, list[tuple[int, str]]]:
+    """xdist's calls to the scheduler for two workers, played out in time: a test of module m takes
+    cost[m] ticks (1 if absent); each worker runs what it was sent, in order, a test once it holds the
+    next one too (to tear down towards it) or at shutdown, as xdist's workers do. (start tick, node id)
+    per worker; asserts 4. whenever a test starts."""
+    s = RayTestsTogether.__new__(RayTestsTogether)
+    s.numnodes, s.collection, s.workqueue, s.assigned_work, s.registered_collections = 2, None, OrderedDict(), {}, {}
+    s.log = lambda *_: None
+    s.config = pytest.Config.__new__(pytest.Config)
+    s.config.option = type("Options", (), {"loadscopereorder": True})()
+    workers = [FakeWorker("gw0"), FakeWorker("gw1")]
+    for w in workers:
+        s.add_node(w)
+        s.add_node_collection(w, collection)
+    s.schedule()
+    ran: dict[str, list[tuple[int, str]]] = {w.name: [] for w in workers}
+    running: dict[str, tuple[int, str] | None] = {w.name: None for w in workers}  # (ends at, node id)
+    now = 0
+    while not all(w.shutting_down and running[w.name] is None and len(ran[w.name]) == len(w.sent) for w in workers):
+        for w in workers:  # an idle worker starts a test once it holds the next one too, or at shutdown
+            held = len(w.sent) - len(ran[w.name])
+            if running[w.name] is None and (held >= 2 or (held == 1 and w.shutting_down)):
+                nodeid = collection[w.sent[len(ran[w.name])]]
+                module = nodeid.split("::")[0]
+                [(_, other)] = [(n, r) for n, r in running.items() if n != w.name]
+                if under_ray_folder(module) and other is not None and under_ray_folder(other[1]):
+                    assert not multihost(module) and not multihost(other[1]), (nodeid, other)
+                ran[w.name].append((now, nodeid))
+                running[w.name] = (now + cost.get(module, 1), nodeid)
+        assert any(running.values()), "both workers wait: the schedule is stuck"
+        now = min(r[0] for r in running.values() if r is not None)
+        for w in workers:  # finish what ends now
+            r = running[w.name]
+            if r is not None and r[0] == now:
+                running[w.name] = None
+                s.mark_test_complete(w, collection.index(r[1]))
+    assert sorted(n for runs in ran.values() for _, n in runs) == sorted(collection)  # every test once
+    return ran
+
+
+RAY = [f"{MH}::test_{i}" for i in range(3)] + [f"{CLI}::test_{i}" for i in range(3)] + \
+      [f"{LOCAL}::test_{i}" for i in range(4)]
+COST = {MH: 5, CLI: 3, LOCAL: 3}
+
+
+def test_one_worker_runs_the_ray_modules_while_the_other_runs_the_rest() -> None:
+    plain = [f"tests/cluster/test_p.py::test_{i}" for i in range(60)]
+    ran = play(plain[:30] + RAY[3:] + plain[30:] + RAY[:3], COST)  # collected in file order, not schedule order
+    assert [n for _, n in ran["gw0"]][:10] == RAY  # 1. and 2., in the order of 1.
+    assert not any(under_ray_folder(n) for _, n in ran["gw1"])
+
+
+def test_once_only_ray_modules_are_left_both_workers_run_them_but_never_beside_multihost() -> None:
+    plain = [f"tests/cluster/test_p.py::test_{i}" for i in range(4)]
+    ran = play(plain + RAY, COST)
+    gw1_ray = [(t, n) for t, n in ran["gw1"] if under_ray_folder(n)]
+    assert gw1_ray and all(not multihost(n) for _, n in gw1_ray)  # 3.: the tail
+    multihost_done = max(t for t, n in ran["gw0"] if multihost(n)) + COST[MH]
+    assert min(t for t, _ in gw1_ray) >= multihost_done  # 4.: gw1 waited for it
 
 
 def test_modules_marked_ray_are_exactly_those_under_tests_ray() -> None:

@@ -9,6 +9,7 @@
     GET  /health                vLLM's liveness probe: 200 with an empty body while the router serves
     GET  /version               {"version": radixmesh's version}
     GET  /stats                 JSON: the router's own counters and the metadata service's GetStats
+    GET  /stats/decisions       JSON: predictions beside outcomes, decisions after ?after=N (router.calibration)
     GET  /metrics               Prometheus: the router's metrics and every agent's, labelled `node`
                                 (?scope=router: without the agents Prometheus scrapes itself, file_sd)
     GET  /healthz               200 while some agent is known, else 503
@@ -24,15 +25,16 @@ the generation's id, in its agent's log lines; see access_log); `X-Session-Id` (
 that node stays within the load bound (router.session_affinity).
 
 With an API key (`start_http(..., api_key=...)`, `radixmesh up --api-key`) every path but the probes
-(/health, /healthz) needs `Authorization: Bearer <key>` (as vLLM's --api-key); without one: 401.
-Without an API key the admin endpoint answers only on a loopback bind (ops_routes).
+(/health, /healthz) and the admin paths needs `Authorization: Bearer <key>` (as vLLM's --api-key);
+without one: 401. The admin paths take the admin key only (api.admin; 403 without it, with or
+without an API key), and /stats takes either (the admin sees the per-tenant table).
 /metrics also takes the metrics token (the credentials Prometheus is given with the file-SD targets),
 so a scrape config needs no API key. Without an API key the router answers only Hosts no attacker's DNS
 can produce (allowed_hosts: DNS rebinding), and /metrics is open.
 
 Every POST body is JSON with `Content-Type: application/json` (415 otherwise: a cross-origin page can
 POST text/plain without a preflight, never JSON). /metrics is rendered at most once a second per
-scope (observability.scrape_cache): every render asks every agent. Prompts are length-checked
+scope (common.metrics.scrape_cache): every render asks every agent. Prompts are length-checked
 before they are tokenized, and tokenized off the event loop (prompt_tokens).
 
 Handlers live by concept: openai_routes (generation), ops_routes (the rest); access_log writes one line
@@ -57,16 +59,17 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from radixmesh.cluster.api.access_log import access_log, echo_request_id
+from radixmesh.cluster.api.admin import ADMIN_PATHS, ADMIN_READ_PATHS, NO_ADMIN, AdminConfig, AdminGate
 from radixmesh.cluster.api.allowed_hosts import AllowedHosts
-from radixmesh.cluster.api.context import ADMIN_KEY, CLOCK_KEY, ROUTER_KEY, SCRAPES_KEY, AdminAccess
+from radixmesh.cluster.api.context import ADMIN_KEY, CLOCK_KEY, ROUTER_KEY, SCRAPES_KEY
 from radixmesh.cluster.api.openai_routes import add_openai_routes
 from radixmesh.cluster.api.openai_schema import ApiError
 from radixmesh.cluster.api.ops_routes import add_operation_routes
 from radixmesh.cluster.observability.file_sd import FileSdConfig, FileSdPublisher
-from radixmesh.cluster.observability.scrape_cache import ScrapeCache
 from radixmesh.cluster.observability.stats_log import StatsLogger
 from radixmesh.cluster.router.router import Router
-from radixmesh.common.secret import is_loopback
+from radixmesh.common.metrics.scrape_cache import ScrapeCache
+from radixmesh.common.secret import check_api_bind
 
 logger = logging.getLogger(__name__)
 
@@ -101,15 +104,18 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         return _json_error(ApiError(500, "internal error", type_="server_error", code="internal_error"))
 
 
-def _api_key_check(api_key: str, metrics_token: str) -> Middleware:
+def _api_key_check(api_key: str, metrics_token: str, admin: AdminGate) -> Middleware:
     expected = f"Bearer {api_key}".encode()
     scrape = f"Bearer {metrics_token}".encode() if metrics_token else None
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-        if (request.path in OPEN_PATHS or hmac.compare_digest(given, expected)
-                or (scrape is not None and request.path == METRICS_PATH and hmac.compare_digest(given, scrape))):
+        path = request.path
+        # Admin paths are the admin key's alone (their handlers check it): the API key never opens them.
+        if (path in OPEN_PATHS or path in ADMIN_PATHS or hmac.compare_digest(given, expected)
+                or (path in ADMIN_READ_PATHS and admin.is_admin(request))
+                or (scrape is not None and path == METRICS_PATH and hmac.compare_digest(given, scrape))):
             return await handler(request)
         response = _json_error(ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)",
                                         code="invalid_api_key"))
@@ -122,24 +128,25 @@ def _api_key_check(api_key: str, metrics_token: str) -> Middleware:
 def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
                clock: Callable[[], float] = time.monotonic, client_max_size: int = 4 << 20, api_key: str = "",
                metrics_token: str = "", allowed_hosts: AllowedHosts | None = None,
-               stats_interval_s: float | None = 10.0, log_access: bool = True, keyless_admin: bool = False
+               stats_interval_s: float | None = 10.0, log_access: bool = True, admin: AdminConfig = NO_ADMIN
                ) -> web.Application:
     """The aiohttp application over `router`; `wall_clock` stamps `created` fields, `clock` ages the
     /metrics render. A non-empty `api_key` is required on every path but OPEN_PATHS (/metrics also
     takes a non-empty `metrics_token`); without one, only `allowed_hosts` are answered (None: IP
-    literals and localhost), and the admin endpoints only with `keyless_admin` (a loopback bind).
+    literals and localhost); the admin endpoints need `admin.key` (api.admin; none: 403).
     Every `stats_interval_s` a summary line is logged (stats_log; None: never); `log_access` writes
     one access_log line per request."""
     middlewares: list[Middleware] = [access_log()] if log_access else []
     middlewares.append(_errors)
+    gate = AdminGate(admin, clock)
     if api_key:
-        middlewares.append(_api_key_check(api_key, metrics_token))
+        middlewares.append(_api_key_check(api_key, metrics_token, gate))
     else:
         middlewares.append((allowed_hosts or AllowedHosts(frozenset())).middleware())
     app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
     app.on_response_prepare.append(echo_request_id)
     app[ROUTER_KEY] = router
-    app[ADMIN_KEY] = AdminAccess.KEY if api_key else AdminAccess.LOOPBACK if keyless_admin else AdminAccess.CLOSED
+    app[ADMIN_KEY] = gate
     app[CLOCK_KEY] = wall_clock
     app[SCRAPES_KEY] = ScrapeCache(clock=clock)
     add_openai_routes(app)
@@ -162,18 +169,18 @@ def _background(name: str, run: Callable[[], Coroutine[Any, Any, None]]
 
 async def start_http(router: Router, host: str, port: int, *, api_key: str = "",
                      tls: ssl.SSLContext | None = None, log_access: bool = True,
-                     file_sd: FileSdConfig | None = None, allowed_hosts: Iterable[str] = ()
-                     ) -> tuple[web.AppRunner, int]:
+                     file_sd: FileSdConfig | None = None, allowed_hosts: Iterable[str] = (),
+                     admin: AdminConfig = NO_ADMIN) -> tuple[web.AppRunner, int]:
     """Serve `router` on host:port (0: a free port), over HTTPS with `tls` (a server context, see
     `server_tls`); returns the runner (`await runner.cleanup()` stops it) and the bound port. With
     `file_sd` the router keeps a Prometheus target list of itself and its agents (file_sd), and its
     /metrics takes the metrics token written beside it. Without an API key it answers the Host names
-    of AllowedHosts.serving(host, allowed_hosts) and IP literals only."""
-    if not api_key and not is_loopback(host):
-        logger.warning("the OpenAI API on %s needs no API key: anyone who reaches it can use it (--api-key)", host)
+    of AllowedHosts.serving(host, allowed_hosts) and IP literals only, and refuses (ValueError) to bind
+    beyond loopback without one."""
+    check_api_bind(host, api_key)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the request on
     # its agent (aiohttp otherwise lets a non-streaming handler run to its end).
-    app = create_app(router, api_key=api_key, log_access=log_access, keyless_admin=is_loopback(host),
+    app = create_app(router, api_key=api_key, log_access=log_access, admin=admin,
                      metrics_token=(file_sd.metrics_token or "") if file_sd is not None else "",
                      allowed_hosts=AllowedHosts.serving(host, allowed_hosts))
     publisher = FileSdPublisher(router, file_sd) if file_sd is not None else None

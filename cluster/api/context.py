@@ -17,16 +17,16 @@ import asyncio
 import json
 import math
 from collections.abc import Callable
-from enum import StrEnum
 from typing import Any
 
 from aiohttp import web
 
+from radixmesh.cluster.api.admin import AdminGate
 from radixmesh.cluster.api.openai_schema import ApiError
-from radixmesh.cluster.observability.scrape_cache import ScrapeCache
 from radixmesh.cluster.router.admission import Overloaded
 from radixmesh.cluster.router.results import NoNodeAvailable
 from radixmesh.cluster.router.router import Router
+from radixmesh.common.metrics.scrape_cache import ScrapeCache
 from radixmesh.proto.serve.limits import InvalidRequest
 
 ROUTER_KEY = web.AppKey("router", Router)
@@ -34,18 +34,7 @@ CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("wall_clock")
 SCRAPES_KEY = web.AppKey("scrapes", ScrapeCache)
 
 
-class AdminAccess(StrEnum):
-    """Who may call the admin endpoints (ops_routes: the prefix-cache reset)."""
-
-    KEY = "key"
-    """Holders of the API key (the key middleware checks it)."""
-    LOOPBACK = "loopback"
-    """No API key, a loopback bind: local callers, but no browser's request."""
-    CLOSED = "closed"
-    """No API key on a bind others reach: nobody."""
-
-
-ADMIN_KEY = web.AppKey("admin", AdminAccess)
+ADMIN_KEY = web.AppKey("admin", AdminGate)
 
 SESSION_HEADERS = ("X-Session-Id", "X-Dynamo-Session-Id", "X-Smg-Routing-Key")
 """Session keys as Ray Serve LLM, Dynamo and SGLang's model gateway send them; the first present wins."""

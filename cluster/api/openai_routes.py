@@ -44,7 +44,7 @@ def add_openai_routes(app: web.Application) -> None:
 async def completions(request: web.Request) -> web.StreamResponse:
     router = request.app[ROUTER_KEY]
     _admit(router)
-    parsed = parse_completion(await read_body(request))
+    parsed = parse_completion(await read_body(request), router.config.limits.max_context_tokens)
     prompt = parsed.prompt
     tokens = await text_tokens(router, prompt) if isinstance(prompt, str) else prompt
     return await _generate(request, parsed.params, tokens, "cmpl", ResponseShape())

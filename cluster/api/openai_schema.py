@@ -281,12 +281,16 @@ def _token_list(value: list[Any]) -> tuple[int, ...] | None:
     return None
 
 
-def parse_completion(body: object) -> CompletionRequest:
-    """A /v1/completions body: `prompt` is a string, a list of token ids, or a one-element list of either."""
+def parse_completion(body: object, max_prompt_tokens: int | None = None) -> CompletionRequest:
+    """A /v1/completions body: `prompt` is a string, a list of token ids, or a one-element list of either.
+    A list of ids longer than `max_prompt_tokens` is refused before any id is looked at."""
     fields, params = _params(body, frozenset({"prompt", "logprobs"}), ("max_tokens",), _completion_logprobs)
     prompt = fields.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
+    if isinstance(prompt, list) and max_prompt_tokens is not None and len(prompt) > max_prompt_tokens:
+        raise ApiError(400, f"'prompt' holds {len(prompt)} token ids: more than the context of {max_prompt_tokens} "
+                            "tokens", param="prompt", code="context_length_exceeded")
     if isinstance(prompt, str):
         if not prompt:
             raise _bad("'prompt' must not be empty", "prompt")

@@ -10,10 +10,10 @@ explanations, and the prefix-cache reset.
                                of another router run on it), 503 when one could not be reset, both
                                with what the others dropped.
 
-The reset is an admin endpoint: behind the API key when the router has one; without a key only a
-loopback bind answers it (403 otherwise, as vLLM keeps it to its dev mode), and never a browser's
-request (an Origin header: a page the user visits could otherwise POST to a keyless local router
-without a CORS preflight).
+The reset is an admin endpoint: only the admin key opens it (api.admin: derived from the cluster
+secret, never the tenants' API key; 403 otherwise, loopback or not), and at most one runs per
+AdminConfig.reset_interval_s (429 with Retry-After). /stats shows the per-tenant table only to the
+admin, each tenant under a keyed digest of its salt, never the salt.
 """
 
 import asyncio
@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from radixmesh.cluster.api.access_log import note
-from radixmesh.cluster.api.context import ADMIN_KEY, ROUTER_KEY, SCRAPES_KEY, AdminAccess, read_body, refusal
+from radixmesh.cluster.api.context import ADMIN_KEY, ROUTER_KEY, SCRAPES_KEY, read_body, refusal
 from radixmesh.cluster.api.explain import ROUTE_PATH, explain
 from radixmesh.cluster.api.openai_schema import ApiError, parse_chat
 from radixmesh.cluster.api.prompt_tokens import chat_tokens, text_tokens
@@ -50,6 +50,7 @@ def add_operation_routes(app: web.Application) -> None:
     app.router.add_get("/health", _health)
     app.router.add_get("/version", _version)
     app.router.add_get("/stats", _stats)
+    app.router.add_get("/stats/decisions", _decisions)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthz)
     app.router.add_post(ROUTE_PATH, _route)
@@ -90,8 +91,11 @@ async def _tokenize(request: web.Request) -> web.Response:
     else:
         raise ApiError(400, "the body must be a JSON object with a string 'prompt' or a 'messages' list",
                        param="prompt")
-    return web.json_response({"tokens": tokens, "count": len(tokens),
-                              "max_model_len": router.config.limits.max_context_tokens})
+    limit = router.config.limits.max_context_tokens
+    if len(tokens) > limit:  # as vLLM's: and a reply of millions of ids took seconds to serialize (issue 38)
+        raise ApiError(400, f"the prompt is {len(tokens)} tokens: more than the context of {limit} tokens",
+                       param="prompt", code="context_length_exceeded")
+    return web.json_response({"tokens": tokens, "count": len(tokens), "max_model_len": limit})
 
 
 async def _detokenize(request: web.Request) -> web.Response:
@@ -127,13 +131,24 @@ async def _stats(request: web.Request) -> web.Response:
     router = request.app[ROUTER_KEY]
     cluster = await cluster_stats(router.metadata, router.config.match_timeout_s)
     inflight = {n: router.inflight(n) for n in router.directory.nodes()}
+    admin = request.app[ADMIN_KEY]
+    # Tenants' salts are their caches' keys: never shown; the admin sees keyed digests of them.
     body = stats_document(router.metrics, cluster, policy=router.config.policy, active_policy=router.active_policy,
-                          metadata_available=router.metadata_available, inflight=inflight)
+                          metadata_available=router.metadata_available, inflight=inflight,
+                          tenant_label=admin.tenant_label if admin.is_admin(request) else None)
     return web.json_response(body)
 
 
+async def _decisions(request: web.Request) -> web.Response:
+    """The calibration report (cluster/router/calibration.py) over the decisions numbered > `after`."""
+    raw = request.query.get("after", "0")
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        raise ApiError(400, f"'after' must be a decision number >= 0, got {raw[:40]!r}", param="after")
+    return web.json_response(request.app[ROUTER_KEY].metrics.calibration.report(int(raw)))
+
+
 async def _metrics(request: web.Request) -> web.Response:
-    """The merged exposition, rendered at most once a second per scope (observability.scrape_cache)."""
+    """The merged exposition, rendered at most once a second per scope (common.metrics.scrape_cache)."""
     router = request.app[ROUTER_KEY]
     # scope=router (the router's file-SD target): leave out the agents Prometheus scrapes itself.
     scope = ROUTER_SCOPE if request.query.get("scope") == ROUTER_SCOPE else ""
@@ -181,19 +196,19 @@ MAX_RESET_WAIT_S = 3600.0
 
 async def _reset_prefix_cache(request: web.Request) -> web.Response:
     """Drop every agent's cached blocks (Router.reset_prefix_cache); see the module doc."""
-    access = request.app[ADMIN_KEY]
-    if access is AdminAccess.CLOSED:
-        raise ApiError(403, f"{request.path} needs an API key on a router others can reach (--api-key)",
-                       code="admin_disabled")
-    if access is AdminAccess.LOOPBACK and "Origin" in request.headers:
-        raise ApiError(403, f"{request.path} is not answered to a browser's request without an API key",
-                       code="admin_disabled")
+    admin = request.app[ADMIN_KEY]
+    admin.require(request)
     body = await read_body(request) if request.body_exists else {}
     wait, timeout = _reset_options(request.query, body)
+    admin.start_reset()
+    ran = False
     try:
         reset = await request.app[ROUTER_KEY].reset_prefix_cache(wait_s=timeout if wait else None)
+        ran = True
     except RequestsRunning as e:
         raise ApiError(409, f"{e}; nothing was reset", code="requests_running") from e
+    finally:
+        admin.end_reset(ran)
     nodes: dict[str, Any] = {
         **{n: {"status": "reset", "dropped_blocks": d} for n, d in reset.dropped.items()},
         **{n: {"status": "busy", "error": why} for n, why in reset.busy.items()},

@@ -70,4 +70,6 @@ def summarise(results: Sequence[RequestResult], offered: int, slo: Slo, window_s
                                for s in HIT_SOURCES},
         "cached_tokens_reported": sum(r.cached_tokens for r in ok),
         "router_requests": stats_delta.get("requests", 0),
+        # tokens the index saw cached somewhere in the cluster and the serving node recomputed anyway
+        "regret_tokens": stats_delta.get("regret_tokens", 0),
     }

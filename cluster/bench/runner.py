@@ -25,7 +25,7 @@ from radixmesh.cluster.bench.client import Outcome, RequestResult, complete
 from radixmesh.cluster.bench.metrics import Slo, summarise
 from radixmesh.cluster.bench.schedule import BenchRequest, Workload, count_sessions, random_tokens, schedule
 from radixmesh.cluster.bench.workloads import VOCAB
-from radixmesh.cluster.sim.replay import router_stats
+from radixmesh.cluster.sim.replay import router_decisions, router_stats
 from radixmesh.proto.serve.tokens import SOURCES
 
 WARMUP_PROMPT_TOKENS = 128
@@ -47,6 +47,10 @@ class BenchPlan:
     """Warm-up requests per cell (sent two at a time)."""
     slo: Slo = field(default_factory=Slo)
     seed: int = 0
+    ladder: "RateLadder | None" = None
+    """Find the knee: after `rates`, keep raising the rate (RateLadder) until every caching arm fell below
+    `knee_attainment`, past `cost`'s knee by `ladder.past_knee` rates."""
+    knee_attainment: float = 0.9
 
     def __post_init__(self) -> None:
         if not self.arms or not self.rates:
@@ -57,10 +61,40 @@ class BenchPlan:
             raise ValueError("rates and duration must be > 0; ramp, drain and warmup >= 0")
 
     def cells(self) -> list[tuple[float, Arm]]:
-        """(rate, arm) in the order they run."""
-        rates = sorted(self.rates)
-        return [(rate, self.arms[(i + k) % len(self.arms)]) for i, rate in enumerate(rates)
-                for k in range(len(self.arms))]
+        """(rate, arm) of the given rates in the order they run (a ladder's rates follow them)."""
+        return [cell for i, rate in enumerate(sorted(self.rates)) for cell in self.rate_cells(i, rate)]
+
+    def rate_cells(self, i: int, rate: float) -> list[tuple[float, Arm]]:
+        """The arms of the `i`-th rate run, rotated to start at arm i."""
+        return [(rate, self.arms[(i + k) % len(self.arms)]) for k in range(len(self.arms))]
+
+
+@dataclass(frozen=True, slots=True)
+class RateLadder:
+    """Rates past the given ones, each `factor` times the last, until the knee is behind every cache arm."""
+
+    factor: float = 1.5
+    past_knee: int = 2
+    """Rates run after the last one at which `cost` met the attainment (so its knee is bracketed)."""
+    max_rates: int = 12
+    """Rates in all, the given ones included: the bench's bound when no arm ever falls."""
+
+    def __post_init__(self) -> None:
+        if not (self.factor > 1 and self.past_knee >= 1 and self.max_rates >= 1):
+            raise ValueError("a rate ladder needs factor > 1, past_knee >= 1 and max_rates >= 1")
+
+    def done(self, plan: BenchPlan, cells: Sequence[dict[str, Any]]) -> bool:
+        """Whether the rates run so far bracket every caching arm's knee (or the bound is reached)."""
+        rates = sorted({c["rate_rps"] for c in cells})
+        if len(rates) >= self.max_rates:
+            return True
+        met = {(c["arm"], c["rate_rps"]) for c in cells if c["slo_attainment"] >= plan.knee_attainment}
+        top = rates[-1]
+        if any((a.name, top) in met for a in plan.arms if a.caching):
+            return False  # a caching arm still meets the SLO at the highest rate run
+        knee_arm = "cost" if any(a.name == "cost" for a in plan.arms) else plan.arms[0].name
+        last_met = max((i for i, r in enumerate(rates) if (knee_arm, r) in met), default=-1)
+        return len(rates) - 1 - last_met >= self.past_knee
 
 
 class BenchProgress(Protocol):
@@ -73,6 +107,9 @@ class BenchProgress(Protocol):
     def done(self, arm: str) -> None:
         """One request of the running cell of `arm` ended (any outcome)."""
 
+    def more(self, requests: int) -> None:
+        """A rate was added (RateLadder): every arm will send `requests` more."""
+
 
 async def run_bench(plan: BenchPlan, clusters: Clusters, stop: asyncio.Event, progress: BenchProgress,
                     on_cell: Callable[[list[dict[str, Any]]], None],
@@ -81,18 +118,28 @@ async def run_bench(plan: BenchPlan, clusters: Clusters, stop: asyncio.Event, pr
     cells: list[dict[str, Any]] = []
     requests = {rate: schedule(plan.workload, rate, plan.ramp_s + plan.duration_s, plan.seed) for rate in plan.rates}
     progress.start({arm.name: sum(map(len, requests.values())) for arm in plan.arms})
-    for order, (rate, arm) in enumerate(plan.cells()):
-        if stop.is_set():
-            break
-        progress.cell(arm.name, rate, len(requests[rate]))
-        t0 = clock()
-        async with clusters.cluster(arm) as target:
-            if stop.is_set():  # stopped while the cluster started: nothing of this cell was measured
+    rates = sorted(plan.rates)
+    i = 0
+    while i < len(rates) and not stop.is_set():
+        rate = rates[i]
+        if rate not in requests:  # a ladder's rung: its requests join the bars' totals now
+            requests[rate] = schedule(plan.workload, rate, plan.ramp_s + plan.duration_s, plan.seed)
+            progress.more(len(requests[rate]))
+        for _, arm in plan.rate_cells(i, rate):
+            if stop.is_set():
                 break
-            cell = await run_cell(plan, arm, rate, requests[rate], target, stop,
-                                  partial(progress.done, arm.name), clock)
-        cells.append({"arm": arm.name, "rate_rps": rate, "order": order, "wall_s": clock() - t0, **cell})
-        on_cell(cells)
+            progress.cell(arm.name, rate, len(requests[rate]))
+            t0 = clock()
+            async with clusters.cluster(arm) as target:
+                if stop.is_set():  # stopped while the cluster started: nothing of this cell was measured
+                    break
+                cell = await run_cell(plan, arm, rate, requests[rate], target, stop,
+                                      partial(progress.done, arm.name), clock)
+            cells.append({"arm": arm.name, "rate_rps": rate, "order": len(cells), "wall_s": clock() - t0, **cell})
+            on_cell(cells)
+        i += 1
+        if i == len(rates) and plan.ladder is not None and not stop.is_set() and not plan.ladder.done(plan, cells):
+            rates.append(rates[-1] * plan.ladder.factor)
     return cells
 
 
@@ -117,6 +164,7 @@ async def run_cell(plan: BenchPlan, arm: Arm, rate: float, requests: Sequence[Be
         t0 = clock()
         tasks: list[asyncio.Task[RequestResult]] = []
         opened = plan.ramp_s <= 0
+        before_decisions = await _last_decision(target.url)
         for r in requests:
             if await _stopped(stop, t0 + r.arrival_s - clock()):
                 break
@@ -124,6 +172,7 @@ async def run_cell(plan: BenchPlan, arm: Arm, rate: float, requests: Sequence[Be
                 # the window opens: what the router counted so far was the ramp's (some of whose
                 # requests still run, so the window's counters hold a little of the ramp's end)
                 opened, before = True, await router_stats(target.url)
+                before_decisions = await _last_decision(target.url)
             tasks.append(asyncio.create_task(one(r)))
         interrupted = stop.is_set()
         window = max(0.0, clock() - t0 - plan.ramp_s) if interrupted else plan.duration_s
@@ -135,12 +184,18 @@ async def run_cell(plan: BenchPlan, arm: Arm, rate: float, requests: Sequence[Be
                    for i, t in enumerate(tasks) if requests[i].arrival_s >= plan.ramp_s]
     after = await router_stats(target.url)
     before = before if opened else after  # stopped during the ramp: nothing was measured
-    delta = {k: int(after[k]) - int(before[k]) for k in ("requests", "prompt_tokens", *SOURCES)}
+    delta = {k: int(after[k]) - int(before[k]) for k in ("requests", "prompt_tokens", "regret_tokens", *SOURCES)}
+    decisions = await router_decisions(target.url, before_decisions if opened else await _last_decision(target.url))
     measured = [r for r in requests if plan.ramp_s <= r.arrival_s < plan.ramp_s + window]
     return {"interrupted": interrupted or stop.is_set(), "window_s": window,
             "ramp_requests": sum(r.arrival_s < plan.ramp_s for r in requests[:len(tasks)]),
             "sessions": count_sessions(measured),
-            **summarise(results, len(measured), plan.slo, window, delta)}
+            **summarise(results, len(measured), plan.slo, window, delta), "decisions": decisions}
+
+
+async def _last_decision(url: str) -> int:
+    """The number of the router's latest decision: the measured window's report starts after it."""
+    return int((await router_decisions(url, 0))["last_seq"])
 
 
 async def _stopped(stop: asyncio.Event, delay_s: float) -> bool:

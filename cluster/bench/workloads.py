@@ -6,6 +6,8 @@ holds the assistant's replies as the generator wrote them, the same for every ar
 
     chat    users with think times of seconds to minutes; a few shared system prompts; each turn
             resends the conversation so far (system | user 1 | reply 1 | ... | user k)
+    convo   chat with no system prompt: nothing is shared between users, only each user's own
+            conversation (like Mooncake's conversation trace; a hash-affinity router's best case)
     docs    long shared documents, popular ones asked more (Zipf); short questions, several per
             user (document | question)
     agent   a long tool preamble shared per toolset; a task; many short calls a second or so apart,
@@ -14,6 +16,7 @@ holds the assistant's replies as the generator wrote them, the same for every ar
             tokens one trace block per cluster block (its timestamps give way to the offered rate)
 """
 
+import dataclasses
 import math
 import random
 from collections.abc import Iterator, Sequence
@@ -81,6 +84,14 @@ class ChatWorkload:
                 turns.append(Turn(history, self.max_tokens, think))
             if turns:
                 yield turns
+
+
+@dataclass(frozen=True, slots=True)
+class ConvoWorkload(ChatWorkload):
+    """Chat without a shared system prompt: users share nothing, each resends only its own conversation."""
+
+    systems: int = 0
+    name: str = "convo"
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,11 +182,11 @@ class TraceWorkload:
 
 
 GENERATORS: dict[str, type[ChatWorkload] | type[DocsWorkload] | type[AgentWorkload]] = {
-    "chat": ChatWorkload, "docs": DocsWorkload, "agent": AgentWorkload}
+    "chat": ChatWorkload, "convo": ConvoWorkload, "docs": DocsWorkload, "agent": AgentWorkload}
 """The seeded generators by name (`trace` needs a file, so it is built apart)."""
 
 
 def workload_settings(workload: Workload) -> dict[str, object]:
     """The workload's fields, for the results JSON."""
-    return {name: str(v) if isinstance(v, Path) else v
-            for name in getattr(workload, "__slots__", ()) for v in (getattr(workload, name),)}
+    return {f.name: str(v) if isinstance(v, Path) else v
+            for f in dataclasses.fields(workload) for v in (getattr(workload, f.name),)}  # type: ignore[arg-type]

@@ -1,8 +1,13 @@
 """`radixmesh bench`: the arms (routing policies, caching off) on live clusters under one open-loop
 workload at several offered rates; goodput, latency and hit rates per arm and rate, as JSON and PNG.
 
-    radixmesh bench --local 2 --model smollm2-135m-instruct --workload chat --rates 0.5,1,2
-    radixmesh bench --url http://127.0.0.1:8000 --arms cost,off --workload docs
+    radixmesh bench --local 2 --model smollm2-135m-instruct --workload chat,convo,docs --rates 0.5
+    radixmesh bench --url http://127.0.0.1:8000 --arms cost,off --workload docs --rates 0.5,1,2 --fixed-rates
+
+By default the bench finds the knee: after the given rates it keeps multiplying the rate by
+--rate-factor until every caching arm falls below --knee-attainment, at least --past-knee rates past
+cost's knee (at most --max-rates rates). Several workloads run one after another, each into its own
+folder under --out (OUT/WORKLOAD/bench.json and .png), with OUT/summary.json holding each headline.
 
 Ctrl-C ends the running cell at once, stops its cluster and writes what was measured; the JSON is
 also rewritten after every cell.
@@ -10,6 +15,7 @@ also rewritten after every cell.
 
 import asyncio
 import datetime
+import json
 import os
 import platform
 import re
@@ -29,7 +35,7 @@ from rich.table import Table
 from radixmesh.cluster.bench import report
 from radixmesh.cluster.bench.arms import ARMS, Arm, Clusters, LocalClusters, RunningCluster
 from radixmesh.cluster.bench.metrics import Slo
-from radixmesh.cluster.bench.runner import BenchPlan, run_bench
+from radixmesh.cluster.bench.runner import BenchPlan, RateLadder, run_bench
 from radixmesh.cluster.bench.schedule import Workload
 from radixmesh.cluster.bench.workloads import GENERATORS, TraceWorkload, workload_settings
 from radixmesh.cluster.cli.options import (
@@ -52,6 +58,15 @@ def _floats(_: click.Context, __: click.Parameter, value: str) -> tuple[float, .
     if not rates or min(rates) <= 0:
         raise click.BadParameter("give one or more rates > 0")
     return rates
+
+
+def _workloads(_: click.Context, __: click.Parameter, value: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    valid = [*GENERATORS, "trace"]
+    unknown = [n for n in names if n not in valid]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown workload(s) {', '.join(unknown) or '(none given)'}; valid: {', '.join(valid)}")
+    return names
 
 
 def _arms(_: click.Context, __: click.Parameter, value: str) -> tuple[Arm, ...]:
@@ -78,11 +93,15 @@ class _ArmBars:
     def done(self, arm: str) -> None:
         self._progress.advance(self._tasks[arm])
 
+    def more(self, requests: int) -> None:
+        for task in self._tasks.values():
+            self._progress.update(task, total=(self._progress.tasks[task].total or 0) + requests)
+
 
 def results_table(doc: dict[str, Any]) -> Table:
     table = Table(title=f"radixmesh bench: {doc['settings']['workload']['name']}, {doc['settings']['cluster']}")
     for name in ("arm", "rate/s", "goodput/s", "SLO met", "TTFT p50", "TTFT p99", "ITL p99", "hit rate",
-                 "429", "failed", "vs round_robin", "vs off"):
+                 "429", "failed", "vs round_robin", "vs off", "TTFT real/est p50", "left behind"):
         table.add_column(name, justify="left" if name == "arm" else "right")
 
     def ratio(v: float | None) -> str:
@@ -92,7 +111,8 @@ def results_table(doc: dict[str, Any]) -> Table:
         table.add_row(c["arm"], f"{c['rate_rps']:g}", f"{c['goodput_rps']:.3f}", f"{c['slo_attainment']:.0%}",
                       f"{c['ttft_s']['p50']:.2f} s", f"{c['ttft_s']['p99']:.2f} s", f"{c['itl_s']['p99'] * 1e3:.0f} ms",
                       f"{c['hit_rate']:.1%}", str(c["requests"]["refused"]), str(c["requests"]["failed"]),
-                      ratio(c["ratios"].get("goodput_over_round_robin")), ratio(c["ratios"].get("goodput_over_off")))
+                      ratio(c["ratios"].get("goodput_over_round_robin")), ratio(c["ratios"].get("goodput_over_off")),
+                      *_decisions(c.get("decisions")))
     return table
 
 
@@ -100,7 +120,8 @@ def results_table(doc: dict[str, Any]) -> Table:
 @click.option("--local", "local_nodes", type=click.IntRange(1, 64), default=None,
               help="Start a fresh local cluster of N agents for every arm and rate (else use --url).")
 @click.option("--url", default=None, help="Router of a running deployment: its own policy's arm and `off` only.")
-@click.option("--workload", type=click.Choice([*GENERATORS, "trace"]), default="chat", show_default=True)
+@click.option("--workload", "workloads", default="chat", show_default=True, callback=_workloads,
+              help=f"Comma-separated workloads, run one after another: {', '.join([*GENERATORS, 'trace'])}.")
 @click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Mooncake JSONL file for --workload trace (e.g. tests/data/traces/mooncake_trace_1000.jsonl).")
 @click.option("--arms", "arms", default=",".join(ARMS), show_default=True, callback=_arms,
@@ -122,6 +143,14 @@ def results_table(doc: dict[str, Any]) -> Table:
               help="Mean seconds per output token after the first a request may take and count toward goodput.")
 @click.option("--knee-attainment", type=click.FloatRange(0, 1), default=0.9, show_default=True,
               help="The knee: the highest rate at which cost meets the SLO for this share of requests.")
+@click.option("--find-knee/--fixed-rates", default=True, show_default=True,
+              help="Raise the rate past the given ones until every caching arm is past its knee.")
+@click.option("--rate-factor", type=click.FloatRange(min=1, min_open=True), default=1.5, show_default=True,
+              help="Each rate the knee search adds is the last one times this.")
+@click.option("--past-knee", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Rates the knee search runs past the last one at which cost met the SLO.")
+@click.option("--max-rates", type=click.IntRange(min=1), default=10, show_default=True,
+              help="The knee search's bound: rates in all, the given ones included.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=8, show_default=True,
               help="Output tokens per request (ignore_eos: every arm generates exactly these).")
 @click.option("--prompt-scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
@@ -138,10 +167,10 @@ def results_table(doc: dict[str, Any]) -> Table:
               show_default=True, help="Folder of bench.json and bench.png.")
 @cache_options
 @engine_options
-def bench(local_nodes: int | None, url: str | None, workload: str, trace_path: Path | None, arms: tuple[Arm, ...],
-          rates: tuple[float, ...], duration: float, ramp: float, drain: float, warmup: int, ttft_slo: float,
-          itl_slo: float,
-          knee_attainment: float, max_tokens: int, prompt_scale: float, seed: int, model_spec: str,
+def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], trace_path: Path | None,
+          arms: tuple[Arm, ...], rates: tuple[float, ...], duration: float, ramp: float, drain: float, warmup: int,
+          ttft_slo: float, itl_slo: float, knee_attainment: float, find_knee: bool, rate_factor: float,
+          past_knee: int, max_rates: int, max_tokens: int, prompt_scale: float, seed: int, model_spec: str,
           gpu_blocks: int | None, block_size: int, out_dir: Path, eviction: str, handoff: bool, engine: str,
           speedup: float) -> None:
     """Compare the arms on live clusters: goodput and latency against offered load."""
@@ -149,14 +178,17 @@ def bench(local_nodes: int | None, url: str | None, workload: str, trace_path: P
         raise click.UsageError("give exactly one of --local N and --url URL")
     if url is not None and (eviction != DEFAULT_EVICTION or handoff or engine != "real"):
         raise click.UsageError("--eviction, --handoff and --engine set up the agents of --local")
-    if (workload == "trace") != (trace_path is not None):
+    if ("trace" in workloads) != (trace_path is not None):
         raise click.UsageError("--trace FILE goes with --workload trace, and only with it")
     try:
-        load: Workload = (TraceWorkload(trace_path, block_size, max_tokens=max_tokens) if trace_path is not None
-                          else GENERATORS[workload](max_tokens=max_tokens, scale=prompt_scale))
+        loads: list[Workload] = [TraceWorkload(trace_path, block_size, max_tokens=max_tokens)
+                                 if name == "trace" and trace_path is not None
+                                 else GENERATORS[name](max_tokens=max_tokens, scale=prompt_scale) for name in workloads]
     except ValueError as e:  # e.g. a scale whose first turn can never fit the context
         raise click.UsageError(str(e)) from None
-    plan = BenchPlan(load, arms, rates, duration, ramp, drain, warmup, Slo(ttft_slo, itl_slo), seed)
+    ladder = RateLadder(rate_factor, past_knee, max(max_rates, len(rates))) if find_knee else None
+    plans = [BenchPlan(load, arms, rates, duration, ramp, drain, warmup, Slo(ttft_slo, itl_slo), seed, ladder,
+                       knee_attainment) for load in loads]
     clusters: Clusters
     if local_nodes is not None:
         modeled, model = chosen_engine(engine, speedup, model_spec)
@@ -175,7 +207,7 @@ def bench(local_nodes: int | None, url: str | None, workload: str, trace_path: P
         clusters = RunningCluster(url or "")
         engine_label = asyncio.run(deployment_engine(url or ""))
         where = f"the deployment at {url}, {engine_label} engine"
-    settings = {
+    base_settings = {
         "command": " ".join(["radixmesh", *sys.argv[1:]]),
         "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "revision": _revision(),
@@ -183,12 +215,13 @@ def bench(local_nodes: int | None, url: str | None, workload: str, trace_path: P
                     "load_average_1m_at_start": os.getloadavg()[0]},
         "cluster": where, "block_size": block_size,
         "engine": {"label": engine_label, "speedup": speedup if local_nodes is not None and engine != "real" else None,
-                   "note": ("times from the profile's time model (node_agent/model/modeled), not measured on its hardware"
-                            if "modeled:" in engine_label else None)},
-        "workload": workload_settings(load),
+                   "note": ("MODELED: times from the profile's time model (node_agent/model/modeled), not measured "
+                            "on its hardware" if "modeled" in engine_label else None)},
         "arms": {a.name: {"policy": a.policy, "caching": a.caching} for a in arms},
         "rates_rps": list(rates), "duration_s": duration, "ramp_s": ramp, "drain_s": drain, "warmup": warmup,
         "seed": seed,
+        "knee_search": ({"rate_factor": rate_factor, "past_knee": past_knee, "max_rates": ladder.max_rates}
+                        if ladder is not None else None),
         "slo": {"ttft_s": ttft_slo, "itl_s": itl_slo,
                 "definition": "met: completed, TTFT <= ttft_s and (end to end - TTFT) / (output tokens - 1) "
                               "<= itl_s; goodput = met / arrival window; attainment = met / offered; "
@@ -200,6 +233,27 @@ def bench(local_nodes: int | None, url: str | None, workload: str, trace_path: P
     if local_nodes is not None:
         with console.status(f"starting Ray for {local_nodes} simulated node(s) ..."):
             launcher.init_local_ray(base)
+    summary: dict[str, Any] = {}
+    try:
+        for plan in plans:
+            where_to = out_dir / plan.workload.name if len(plans) > 1 else out_dir
+            settings = {**base_settings, "workload": workload_settings(plan.workload)}
+            interrupted = _one_workload(plan, clusters, console, settings, where_to, knee_attainment)
+            summary[plan.workload.name] = json.loads((where_to / "bench.json").read_text())["headline"]
+            if interrupted:
+                break
+    finally:
+        if local_nodes is not None:
+            ray.shutdown()
+    if len(plans) > 1:
+        (out_dir / "summary.json").write_text(json.dumps({"settings": base_settings, "headlines": summary},
+                                                         indent=2) + "\n")
+        console.print(f"wrote {out_dir / 'summary.json'}: each workload's headline")
+
+
+def _one_workload(plan: BenchPlan, clusters: Clusters, console: Console, settings: dict[str, Any], out_dir: Path,
+                  knee_attainment: float) -> bool:
+    """Run and report one workload's bench into `out_dir`; whether it was interrupted."""
     try:
         cells, interrupted = asyncio.run(_run(plan, clusters, console, settings, out_dir, knee_attainment))
     except (ValueError, TimeoutError, launcher.DeploymentExists, aiohttp.ClientError, OSError) as e:
@@ -207,19 +261,17 @@ def bench(local_nodes: int | None, url: str | None, workload: str, trace_path: P
                                    f"{out_dir / 'bench.json'})") from None
     except ray.exceptions.RayError as e:  # a part of a local cluster failed to start
         raise click.ClickException(f"a cluster failed to start: {e}") from None
-    finally:
-        if local_nodes is not None:
-            ray.shutdown()
-    doc = report.document(settings, cells, workload=load.name, attainment=knee_attainment, interrupted=interrupted,
-                          complete=not interrupted)
+    doc = report.document(settings, cells, workload=plan.workload.name, attainment=knee_attainment,
+                          interrupted=interrupted, complete=not interrupted)
     json_path, png_path = report.write(doc, out_dir)
     console.print(results_table(doc))
     head = doc["headline"]
     if head is not None:
-        console.print(f"headline at the knee ({head['knee']['rate_rps']:g}/s, met: {head['knee']['met']}): "
-                      + ", ".join(f"{k} {_x(head[k])}" for k, _, _ in report.HEADLINE_RATIOS))
+        console.print(f"{plan.workload.name}: headline at the knee ({head['knee']['rate_rps']:g}/s, met: "
+                      f"{head['knee']['met']}): " + ", ".join(f"{k} {_x(head[k])}" for k, _, _ in report.HEADLINE_RATIOS))
     console.print(f"wrote {json_path}" + (f" and {png_path}" if png_path else "")
                   + (" (interrupted: what was measured)" if interrupted else ""))
+    return interrupted
 
 
 async def deployment_engine(url: str) -> str:
@@ -247,6 +299,15 @@ def _revision() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return commit + ("+dirty" if dirty else "")
+
+
+def _decisions(report: dict[str, Any] | None) -> tuple[str, str]:
+    """The cell's calibration: realized over estimated TTFT (median), and the share of decisions that
+    left a longer cached prefix behind."""
+    if not report or not report["decisions"]:
+        return "-", "-"
+    ttft = report["calibration"]["ttft"]
+    return (f"{ttft['p50']:.2f}x" if ttft else "-"), f"{report['left_behind']['share']:.0%}"
 
 
 def _x(v: float | None) -> str:

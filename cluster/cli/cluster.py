@@ -8,6 +8,7 @@
 import asyncio
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -15,15 +16,16 @@ from pathlib import Path
 import click
 import ray
 
-from radixmesh.cluster.cli.inspect import API_KEY_ENV, recorded
+from radixmesh.cluster.cli.inspect import API_KEY_ENV
 from radixmesh.cluster.cli.options import (
+    ByteSize,
     cache_options,
     chosen_engine,
     chosen_gpu_blocks,
     chosen_log_level,
     engine_options,
 )
-from radixmesh.cluster.launch import cluster_record, launcher
+from radixmesh.cluster.launch import cluster_record, launcher, worker_logging
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, default_secret_path, deployment_secret
 from radixmesh.cluster.metadata.server import TlsFiles
@@ -39,10 +41,10 @@ def _prometheus_dir() -> Path:
 
 def _connect(address: str, config: LauncherConfig | None = None) -> None:
     """Join the Ray cluster at `address`; with `config`, as the job whose actors log at its level."""
-    logging_config = launcher.logging_config(config) if config is not None else None
+    runtime_env = launcher.job_runtime_env(config) if config is not None else None
     try:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False,
-                 logging_config=logging_config)
+                 runtime_env=runtime_env)
     except ConnectionError as e:  # no Ray cluster at `address`: one line, not a traceback
         raise click.ClickException(f"no Ray cluster at {address!r} ({e}); start one (`ray up`, `ray start "
                                    "--head`) or run `radixmesh up --local N`") from None
@@ -74,9 +76,13 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
 @click.option("--host-blocks", default=0, show_default=True, type=click.IntRange(min=0),
               help="KV blocks of each agent's host (CPU memory) tier, below the gpu tier: gpu evictions are "
                    "demoted there and host hits promoted back; 0: no host tier.")
+@click.option("--host-cache", type=ByteSize(), default=None,
+              help="Size of each agent's host tier, e.g. 4GiB or 512MiB (instead of --host-blocks): each agent "
+                   "converts it to blocks with its model's KV bytes per block.")
 @click.option("--disk-cache", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Directory of the agents' disk tier, under the host tier (needs --host-blocks): each agent "
-                   "writes the blocks its host tier evicts to DIR/<node id>, and finds them again after a restart.")
+              help="Directory of the agents' disk tier, under the host tier (64 staging blocks without "
+                   "--host-blocks): each agent writes the blocks its host tier evicts, and on a clean stop every "
+                   "cached block, to DIR/<node id> (its own, mode 0700), and finds them again after a restart.")
 @click.option("--disk-cache-gb", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Bound on each agent's disk tier, GiB.")
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
@@ -103,22 +109,24 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
 @click.option("--kv-events-endpoint", default=None,
               help="Agents also publish their KV cache events as vLLM does (ZMQ PUB; replay on port + 1, or "
                    "path.replay) at this tcp://host:port or ipc://path, {node} replaced by the node id, e.g. "
-                   "ipc:///tmp/radixmesh-kv-{node}. Loopback or ipc only, unless --kv-events-allow-remote.")
+                   "ipc:///run/user/UID/radixmesh/kv-{node}. Loopback or ipc only, unless --kv-events-allow-remote.")
 @click.option("--kv-events-allow-remote", is_flag=True,
               help="Let --kv-events-endpoint bind beyond loopback: vLLM's event sockets have no authentication.")
+@click.option("--kv-events-token-ids", is_flag=True,
+              help="Put token ids and cache salts (the prompts) in the KV events: indexers that rebuild hashes "
+                   "from tokens need them; without, subscribers see which blocks are held, not which prompts.")
 @cache_options
 @engine_options
 def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool, policy: str, host: str | None,
        port: int, model_spec: str, served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
-       host_blocks: int, disk_cache: Path | None, disk_cache_gb: float,
+       host_blocks: int, host_cache: int | None, disk_cache: Path | None, disk_cache_gb: float,
        lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, tls_cert: Path | None,
        tls_key: Path | None, max_running_per_node: int, max_waiting: int, access_log: bool,
        prometheus_dir: Path | None, no_prometheus: bool, kv_events_endpoint: str | None, kv_events_allow_remote: bool,
+       kv_events_token_ids: bool,
        eviction: str, handoff: bool, engine: str, speedup: float) -> None:
     """Start metadata service, node agents and router; print the router URL."""
-    if cluster_record.load() is not None:
-        raise click.ClickException(f"a deployment is recorded at {cluster_record.record_path()}: "
-                                   "`radixmesh down` first")
+    _refuse_a_live_record()
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("--tls-cert and --tls-key go together")
     tls = TlsFiles(tls_cert.read_bytes(), tls_key.read_bytes()) if tls_cert and tls_key else None
@@ -131,7 +139,8 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
                                 model=model, modeled=modeled, model_name=served_model_name, dtype=dtype,
                                 gpu_blocks=chosen_gpu_blocks(gpu_blocks, modeled, 16),
                                 gpu_memory_utilization=gpu_memory_utilization,
-                                host_blocks=host_blocks, disk_cache=disk_cache, disk_cache_gb=disk_cache_gb,
+                                host_blocks=host_blocks, host_cache_bytes=host_cache or 0,
+                                disk_cache=disk_cache, disk_cache_gb=disk_cache_gb,
                                 eviction=eviction, handoff=handoff,
                                 lease_ttl_s=lease_ttl, secret=deployment_secret(secret_file),
                                 secret_file=secret_file.absolute() if secret_file else None,  # read on every node
@@ -142,18 +151,23 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
                                 log_level=chosen_log_level(),
                                 log_access=access_log,
                                 prometheus_dir=None if no_prometheus else prometheus_dir or _prometheus_dir(),
-                                kv_events_endpoint=kv_events_endpoint, kv_events_allow_remote=kv_events_allow_remote)
+                                kv_events_endpoint=kv_events_endpoint, kv_events_allow_remote=kv_events_allow_remote,
+                                kv_events_token_ids=kv_events_token_ids)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    check_port_free(config.host, port)  # before Ray's 20-50 s start, not after it
     if local_nodes is None:
+        _progress(f"joining the Ray cluster at {address}")
         _connect(address, config)
     else:
+        _progress(f"starting a local Ray for {local_nodes} simulated node(s)")
         try:
-            launcher.init_local_ray(config)
+            # The foreground `up` prints its actors' lines (access log, stats) as `vllm serve` does.
+            launcher.init_local_ray(config, log_to_driver=True)
         except ValueError as e:  # Ray's token file cannot be used
             raise click.ClickException(str(e)) from None
     try:
-        deployment = asyncio.run(launcher.up(config))
+        deployment = asyncio.run(launcher.up(config, progress=_progress))
     except (ValueError, launcher.DeploymentExists) as e:
         raise click.ClickException(str(e)) from None
     except ray.exceptions.RayError as e:  # a part failed to start (e.g. --state names a dead Redis)
@@ -165,8 +179,31 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
     click.echo(f"radixmesh is up: {len(deployment.nodes)} agent(s) ({config.engine_label} engine), "
                f"metadata service {deployment.metadata_address}")
     click.echo(f"router: {deployment.router_url}   (OpenAI API at {deployment.router_url}/v1)", nl=True)
+    logs = worker_logging.logs_dir()
+    where = f" in {logs} (worker-*.err)" if logs is not None else ""
+    shown = "printed here too" if local_nodes is not None else "not printed here"
+    _progress(f"logs: the access log and the stats line of every actor are written{where}, {shown}")
     if local_nodes is not None:
         _serve_until_signalled()
+
+
+def _progress(line: str) -> None:
+    """One phase of `up`, on stderr: stdout keeps the lines scripts read (the router URL)."""
+    click.echo(f"[{time.strftime('%H:%M:%S')}] {line}", err=True)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """click.ClickException when `port` (not 0) is taken on `host` ("": any address of this machine,
+    where the router runs): found now, not when the router binds it after Ray and the agents started."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds: TIME_WAIT is no conflict
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise click.ClickException(f"port {port} on {host or 'this machine'} is not free ({e.strerror}): "
+                                       "stop what uses it, or pick another with --port (0: any free port)") from None
 
 
 def _cause(e: ray.exceptions.RayError) -> str:
@@ -191,21 +228,26 @@ def _serve_until_signalled() -> None:
 @click.command("down")
 @click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0))
 def down(timeout: float) -> None:
-    """Stop the recorded deployment: router and agents, metadata service (and a local `up`'s Ray)."""
-    record = recorded()
+    """Stop the recorded deployment: router and agents, metadata service (and a local `up`'s Ray).
+    Idempotent, as `ray stop` is: with nothing running it says so and exits 0."""
+    record = _record()
+    if record is None:
+        click.echo(f"nothing is running (no deployment recorded at {cluster_record.record_path()})")
+        return
     if record.pid is not None:
         # Identity is (pid, start time), never the command line: any process may call itself
         # `radixmesh up`, none can start at the recorded time under the recorded pid but that `up`.
-        if record.pid_start is None or cluster_record.running_since(record.pid) != record.pid_start:
+        if not _alive(record):
             cluster_record.remove()
-            raise click.ClickException(f"process {record.pid} is not the `radixmesh up` that made the record "
-                                       "(that one ended, or the record does not say when it started): nothing "
-                                       "signalled, the record is cleared")
+            click.echo(f"nothing is running: the `up` process {record.pid} that made the record has ended "
+                       "(nothing signalled); the record is cleared")
+            return
         try:
             os.kill(record.pid, signal.SIGTERM)
         except ProcessLookupError:
             cluster_record.remove()
-            raise click.ClickException(f"the `up` process {record.pid} is gone; the record is cleared") from None
+            click.echo(f"nothing is running: the `up` process {record.pid} is gone; the record is cleared")
+            return
         deadline = time.monotonic() + timeout
         while cluster_record.running_since(record.pid) == record.pid_start:
             if time.monotonic() > deadline:
@@ -214,7 +256,39 @@ def down(timeout: float) -> None:
         click.echo("radixmesh is down")
         return
     assert record.ray_address is not None
-    _connect(record.ray_address)
+    try:
+        _connect(record.ray_address)
+    except click.ClickException as e:  # the Ray cluster is gone, and the deployment with it
+        cluster_record.remove()
+        click.echo(f"nothing is running: {e.message}; the record is cleared")
+        return
     stopped = asyncio.run(launcher.down())
     cluster_record.remove()
     click.echo("radixmesh is down" if stopped else "nothing was running; the record is cleared")
+
+
+def _record() -> cluster_record.ClusterRecord | None:
+    try:
+        return cluster_record.load()
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _alive(record: cluster_record.ClusterRecord) -> bool:
+    """Whether the foreground `up` that wrote `record` still runs (same pid, same start time)."""
+    assert record.pid is not None
+    return record.pid_start is not None and cluster_record.running_since(record.pid) == record.pid_start
+
+
+def _refuse_a_live_record() -> None:
+    """`up` refuses while the recorded deployment runs; the record of an `up --local` that died
+    (killed, crashed) is cleared on the way, as vLLM leaves nothing to clean up after a crash."""
+    record = _record()
+    if record is None:
+        return
+    if record.pid is not None and not _alive(record):
+        cluster_record.remove()
+        click.echo(f"note: cleared the record of an `up` (process {record.pid}) that has ended", err=True)
+        return
+    raise click.ClickException(f"a deployment is running (recorded at {cluster_record.record_path()}, router "
+                               f"{record.router_url}): `radixmesh down` first")

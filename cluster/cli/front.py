@@ -11,35 +11,44 @@ spec's last field (it takes the rest of the spec, commas included):
               "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'
 
 A bind-all host there (`*`, 0.0.0.0, ::) is where the engine listens: the front connects to the
-host of the engine's URL (10.0.0.5) on that port.
+host of the engine's URL (10.0.0.5) on that port. An engine started with `--api-key` gets
+`key-env=VAR` in its spec: the front sends the key in $VAR (never on the command line) on every
+call to it. KV events over tcp are not authenticated (docs/security.md): an ipc:// path in a folder
+only this user may write is, and is checked at start.
 
 One process: a metadata service on 127.0.0.1 (memory state, a fresh secret), every engine's KV
 events ingested into it (ExternalFleet), and the OpenAI API of a Router that routes with
-`cost_no_pull`. It prints the API's URL, then serves until Ctrl-C or SIGTERM.
+`cost_no_pull`. It prints the API's URL, then serves until Ctrl-C or SIGTERM. Its admin endpoints
+(the prefix-cache reset) take `--admin-key` ($RADIXMESH_ADMIN_KEY); without one they answer 403.
 """
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import logging
+import os
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import click
 
+from radixmesh.cluster.api.admin import NO_ADMIN, AdminConfig
 from radixmesh.cluster.api.app import start_http
 from radixmesh.cluster.cli.inspect import API_KEY_ENV
 from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.fleet.external_fleet import ExternalFleet
 from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig
-from radixmesh.cluster.fleet.ingest.subscriber import SubscriberConfig
+from radixmesh.cluster.fleet.ingest.subscriber import MAX_MESSAGE_BYTES, SubscriberConfig
 from radixmesh.cluster.metadata.server import ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.router import Router
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
-from radixmesh.common.secret import ClusterSecret
+from radixmesh.common.secret import ClusterSecret, check_api_bind
 from radixmesh.common.text.chat_template import (
     ChatTemplate,
     PlainChatTemplate,
@@ -50,15 +59,23 @@ from radixmesh.common.text.tokenizer import Tokenizer, load_tokenizer
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.limits import PromptLimits
 
-_SPEC_KEYS = {"name", "url", "events", "replay", "topic"}
+logger = logging.getLogger(__name__)
+
+_SPEC_KEYS = {"name", "url", "events", "replay", "topic", "key-env"}
 _KV_EVENTS_CONFIG = "kv-events-config="
-_SPEC_FORM = "name=...,url=...,events=...[,replay=...][,topic=...] or name=...,url=...,kv-events-config=JSON"
+_SPEC_FORM = ("name=...,url=...,events=...[,replay=...][,topic=...][,key-env=VAR] or "
+              "name=...,url=...[,key-env=VAR],kv-events-config=JSON")
+ADMIN_KEY_ENV = "RADIXMESH_ADMIN_KEY"
+MIN_ADMIN_KEY_CHARS = 16
+"""A shorter admin key is refused: it guards every tenant's cache."""
 
 
 def parse_engine(spec: str, *, model: str, block_size: int, layout: str, hash_key: bytes,
-                 capacity_blocks: int) -> ExternalEngineConfig:
-    """`name=N,url=U,events=E[,replay=R][,topic=T]` or `name=N,url=U,kv-events-config=JSON` as an
-    engine's config; ValueError naming the problem."""
+                 capacity_blocks: int, environ: Mapping[str, str] = os.environ,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> ExternalEngineConfig:
+    """`name=N,url=U,events=E[,replay=R][,topic=T][,key-env=VAR]` or `name=N,url=U[,key-env=VAR],
+    kv-events-config=JSON` as an engine's config, its API key read from `environ[VAR]`; ValueError
+    naming the problem."""
     # The JSON holds commas, so its field comes last and takes the rest of the spec.
     head, sep, kv_events_config = spec.partition("," + _KV_EVENTS_CONFIG)
     fields: dict[str, str] = {}
@@ -77,8 +94,14 @@ def parse_engine(spec: str, *, model: str, block_size: int, layout: str, hash_ke
         events = subscriber_from_kv_events_config(kv_events_config, fields["url"])
     else:
         events = SubscriberConfig(fields["events"], fields.get("replay"), fields.get("topic", ""))
+    events = dataclasses.replace(events, max_message_bytes=max_message_bytes)
+    api_key = ""
+    if "key-env" in fields:
+        api_key = environ.get(fields["key-env"], "")
+        if not api_key:  # a key the operator meant to send and did not: every call would get 401
+            raise ValueError(f"engine {fields['name']}: key-env={fields['key-env']} names an unset or empty variable")
     return ExternalEngineConfig(NodeId(fields["name"]), fields["url"], events, layout, model, block_size=block_size,
-                                capacity_blocks=capacity_blocks, hash_key=hash_key)
+                                capacity_blocks=capacity_blocks, hash_key=hash_key, api_key=api_key)
 
 
 _VLLM_FIELDS = {"enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm",
@@ -132,8 +155,8 @@ def _connect_address(endpoint: str, engine_host: str) -> str:
 
 @click.command("front")
 @click.option("--engine", "engines", multiple=True, required=True, metavar="SPEC",
-              help="name=N,url=http://host:port,events=tcp://host:5557[,replay=tcp://host:5558][,topic=T], or "
-                   "name=N,url=http://host:port,kv-events-config=JSON with the JSON the engine's `vllm serve "
+              help="name=N,url=http://host:port,events=tcp://host:5557[,replay=tcp://host:5558][,topic=T]"
+                   "[,key-env=VAR: the engine's API key is in $VAR], or name=N,url=http://host:port,kv-events-config=JSON with the JSON the engine's `vllm serve "
                    "--kv-events-config` took (last: it takes the rest of the spec; a bind-all endpoint host such "
                    "as tcp://*:5557 is reached at the URL's host); repeat it.")
 @click.option("--model", required=True, help="The model name the engines serve (and /v1/models shows).")
@@ -147,16 +170,24 @@ def _connect_address(endpoint: str, engine_host: str) -> str:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address of the OpenAI API.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
 @click.option("--api-key", envvar=API_KEY_ENV, default="",
-              help=f"Required on every API call when set [default: ${API_KEY_ENV}; none]. The environment keeps "
-                   "it out of the process list.")
+              help=f"Required on every API call when set [default: ${API_KEY_ENV}; none, which only a loopback "
+                   "--host allows]. The environment keeps it out of the process list.")
+@click.option("--admin-key", envvar=ADMIN_KEY_ENV, default="",
+              help=f"Opens /reset_prefix_cache, /flush_cache and /stats' tenants [default: ${ADMIN_KEY_ENV}; none: "
+                   f"they answer 403]. At least {MIN_ADMIN_KEY_CHARS} characters, not the API key.")
+@click.option("--kv-events-max-bytes", default=MAX_MESSAGE_BYTES, show_default=True,
+              type=click.IntRange(1024), help="Longest KV-event frame read from an engine; a longer one is a lost batch.")
 def front(engines: tuple[str, ...], model: str, tokenizer: Path | None, block_size: int, max_context: int,
-          capacity_blocks: int, host: str, port: int, api_key: str) -> None:
+          capacity_blocks: int, host: str, port: int, api_key: str, admin_key: str, kv_events_max_bytes: int) -> None:
     """Route requests over existing vLLM/SGLang engines by the prefixes their KV events show."""
     secret = ClusterSecret.generate()
     layout = f"external:{model}:bs{block_size}"
     try:
+        check_api_bind(host, api_key)
+        admin = _admin_config(admin_key, api_key)
         configs = [parse_engine(s, model=model, block_size=block_size, layout=layout, hash_key=secret.hash_key(),
-                                capacity_blocks=capacity_blocks) for s in engines]
+                                capacity_blocks=capacity_blocks, max_message_bytes=kv_events_max_bytes)
+                   for s in engines]
         tok = load_tokenizer(tokenizer)
         template = _chat_template(tokenizer)
     except ValueError as e:
@@ -164,7 +195,20 @@ def front(engines: tuple[str, ...], model: str, tokenizer: Path | None, block_si
     config = RouterConfig(layout, block_size=block_size, policy="cost_no_pull", model_name=model,
                           hash_key=secret.hash_key(),
                           limits=PromptLimits(vocab_size=tok.vocab_size, max_context_tokens=max_context))
-    asyncio.run(_serve(config, configs, secret, tok, template, host, port, api_key))
+    try:
+        asyncio.run(_serve(config, configs, secret, tok, template, host, port, api_key, admin))
+    except ValueError as e:  # an ipc source others could bind (subscriber.check_source)
+        raise click.ClickException(str(e)) from None
+
+
+def _admin_config(admin_key: str, api_key: str) -> AdminConfig:
+    """The admin access `--admin-key` gives; ValueError for a key too short or equal to the API key
+    (a client's key must never open the reset of every tenant's cache)."""
+    if not admin_key:
+        return NO_ADMIN
+    if len(admin_key) < MIN_ADMIN_KEY_CHARS or admin_key == api_key:
+        raise ValueError(f"--admin-key must have at least {MIN_ADMIN_KEY_CHARS} characters and differ from the API key")
+    return AdminConfig(admin_key)
 
 
 def _chat_template(tokenizer: Path | None) -> ChatTemplate:
@@ -175,19 +219,24 @@ def _chat_template(tokenizer: Path | None) -> ChatTemplate:
 
 
 async def _serve(config: RouterConfig, engines: list[ExternalEngineConfig], secret: ClusterSecret,
-                 tokenizer: Tokenizer, template: ChatTemplate, host: str, port: int, api_key: str) -> None:
+                 tokenizer: Tokenizer, template: ChatTemplate, host: str, port: int, api_key: str,
+                 admin: AdminConfig) -> None:
     server, metadata_port = create_server(MetadataService(), ServerOptions("127.0.0.1", 0, secret=secret))
     await server.start()
     target = f"127.0.0.1:{metadata_port}"
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(server.stop, 1.0)
+        for engine in engines:
+            if not engine.events.authenticated:
+                logger.warning("engine %s: its KV events (%s) are not authenticated: whoever can publish there "
+                               "steers routing to it (docs/security.md)", engine.node_id, engine.events.endpoint)
         fleet = ExternalFleet(engines, lambda node: MetadataClient(target, credentials=CallerCredentials.node(secret, node)))
         clients = await fleet.start()
         stack.push_async_callback(fleet.stop)
         metadata = MetadataClient(target, credentials=CallerCredentials.cluster(secret))
         stack.push_async_callback(metadata.close)
         router = Router(config, StaticAgentDirectory(clients), metadata, tokenizer=tokenizer, chat_template=template)
-        runner, bound = await start_http(router, host, port, api_key=api_key)
+        runner, bound = await start_http(router, host, port, api_key=api_key, admin=admin)
         stack.push_async_callback(runner.cleanup)
         click.echo(f"radixmesh front: http://{host}:{bound}/v1 over {len(engines)} engine(s)", nl=True)
         stop = asyncio.Event()

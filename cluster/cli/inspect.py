@@ -44,7 +44,7 @@ def route(prompt: str, max_tokens: int, cache_salt: str, url: str | None) -> Non
     """Serve PROMPT once and print where it went, why, and where its prompt tokens came from."""
     base = url or recorded().router_url
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "cache_salt": cache_salt}).encode()
-    req = urllib.request.Request(f"{base}{ROUTE_PATH}", body, {"Content-Type": "application/json", **_auth()})
+    req = urllib.request.Request(f"{base}{ROUTE_PATH}", body, {"Content-Type": "application/json", **auth_header()})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             doc = json.load(r)
@@ -80,7 +80,7 @@ def stats(url: str | None, watch: bool, interval: float, as_json: bool) -> None:
             pass
 
 
-def _auth() -> dict[str, str]:
+def auth_header() -> dict[str, str]:
     """The API key header, when RADIXMESH_API_KEY holds the key of the router's --api-key."""
     key = os.environ.get(API_KEY_ENV, "")
     return {"Authorization": f"Bearer {key}"} if key else {}
@@ -88,7 +88,7 @@ def _auth() -> dict[str, str]:
 
 def _fetch(base: str) -> dict[str, Any]:
     try:
-        with urllib.request.urlopen(urllib.request.Request(f"{base}/stats", headers=_auth()), timeout=10) as r:
+        with urllib.request.urlopen(urllib.request.Request(f"{base}/stats", headers=auth_header()), timeout=10) as r:
             body: dict[str, Any] = json.load(r)
             return body
     except (urllib.error.URLError, OSError) as e:
@@ -96,27 +96,50 @@ def _fetch(base: str) -> dict[str, Any]:
 
 
 def render_stats(doc: dict[str, Any]) -> Group:
-    """The /stats document as two rich tables: cluster totals, then one row per node."""
+    """The /stats document as rich tables: cluster totals, hit rate by source, one row per node.
+
+    Fits 80 columns (a terminal's default, and what rich assumes when piped): at most nine narrow
+    columns per table, counts past 100,000 shortened (12.3M; `--json` has them exact), headers that
+    wrap between words, and cells that fold onto a second line instead of being cut with an
+    ellipsis where even that is too wide."""
     r = doc["router"]
     by = r["hit_rate_by_source"]
-    total = Table(title=f"radixmesh: policy {r['active_policy']}" + (" (DEGRADED: metadata unreachable)"
-                                                                      if r["degraded"] else ""))
-    for col in ("requests", "prompt tokens", "hit rate", "local gpu", "local host", "local disk", "remote", "miss",
-                "regret tokens", "index precision", "retries"):
-        total.add_column(col, justify="right")
-    total.add_row(str(r["requests"]), str(r["prompt_tokens"]), f"{r['hit_rate']:.1%}", f"{by['local_gpu']:.1%}",
-                  f"{by['local_host']:.1%}", f"{by['local_disk']:.1%}", f"{by['remote']:.1%}",
-                  f"{by['computed']:.1%}", str(r["regret_tokens"]),
-                  f"{r['index_precision']:.2f}", str(r["retries"]))
-    nodes = Table(title="nodes")
-    for col in ("node", "in flight", "routed", "failed", "requests", "hit rate", "local", "remote", "miss"):
-        nodes.add_column(col, justify="right")
+    total = _table(f"radixmesh: policy {r['active_policy']}" + (" (DEGRADED: metadata unreachable)"
+                                                                 if r["degraded"] else ""),
+                   "requests", "prompt tokens", "hit rate", "regret tokens", "index precision", "retries")
+    total.add_row(count(r["requests"]), count(r["prompt_tokens"]), f"{r['hit_rate']:.1%}", count(r["regret_tokens"]),
+                  f"{r['index_precision']:.2f}", count(r["retries"]))
+    sources = _table("prompt tokens by source", "local gpu", "local host", "local disk", "remote", "miss")
+    sources.add_row(*(f"{by[k]:.1%}" for k in ("local_gpu", "local_host", "local_disk", "remote", "computed")))
+    nodes = _table("nodes (tokens: local, remote, miss)", "node", "in flight", "routed", "failed", "requests",
+                   "hit rate", "local", "remote", "miss")
     for name, n in sorted(r["nodes"].items()):
-        nodes.add_row(name, str(n["inflight"]), str(n["routed"]), str(n["failed_attempts"]), str(n["requests"]),
-                      f"{n['hit_rate']:.1%}", str(n["local_gpu"] + n["local_host"] + n["local_disk"]),
-                      str(n["remote"]), str(n["computed"]))
+        nodes.add_row(name, count(n["inflight"]), count(n["routed"]), count(n["failed_attempts"]),
+                      count(n["requests"]), f"{n['hit_rate']:.1%}",
+                      count(n["local_gpu"] + n["local_host"] + n["local_disk"]), count(n["remote"]),
+                      count(n["computed"]))
     meta = doc.get("metadata")
     footer = Table.grid()
+    footer.add_column(overflow="fold")
     footer.add_row("metadata service: " + (f"{meta['live_nodes']} live node(s), {meta['indexed_blocks']} indexed "
                                            f"block(s), state {meta['state_store']}" if meta else "unreachable"))
-    return Group(total, nodes, footer)
+    return Group(total, sources, nodes, footer)
+
+
+def _table(title: str, *columns: str) -> Table:
+    """A table without lines (each costs a column: 80 hold nine columns only without them) whose
+    cells fold; a node's name keeps its line."""
+    table = Table(title=title, box=None, pad_edge=False, header_style="bold underline")
+    for col in columns:
+        table.add_column(col, justify="left" if col == "node" else "right", overflow="fold", no_wrap=col == "node")
+    return table
+
+
+def count(n: int) -> str:
+    """`n` in at most six characters: exact below 100,000, else 123.4k / 12.3M / 1.2G."""
+    if n < 100_000:
+        return str(n)
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)

@@ -1,8 +1,11 @@
 """Options that several commands share, defined once: `--eviction` and `--handoff` (how the agents of a
 command's deployment keep their prefix caches: LauncherConfig.eviction / .handoff), `--engine` and
 `--speedup` (the real model or a modeled one: LauncherConfig.modeled), and the group's `--log-level`
-as the commands that start Ray actors read it (their job's ray.LoggingConfig)."""
+as the commands that start Ray actors read it (their job's runtime_env: launch/worker_logging.py),
+and `ByteSize`, the one way a size is written on the command line (`--host-cache 4GiB`)."""
 
+import math
+import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -21,6 +24,32 @@ from radixmesh.node_agent import (
 )
 
 F = TypeVar("F", bound=Callable[..., object])
+
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]+)\s*")
+SIZE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+              "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+"""Units a size takes (SGLang's --hicache-size and LMCache's max_local_cpu_size are in GB; GiB is
+what a pool's memory is counted in). A unit is required: a bare "4" could mean bytes or GiB."""
+
+
+class ByteSize(click.ParamType):
+    """A size in bytes written as a number and a unit: 4GiB, 512MiB, 1.5GB (case of the unit as in
+    SIZE_UNITS, or all lower case); at least one byte."""
+
+    name = "size"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        match = _SIZE.fullmatch(str(value))
+        units = {**SIZE_UNITS, **{u.lower(): n for u, n in SIZE_UNITS.items()}}
+        if match is None or match[2] not in units:
+            self.fail(f"{value!r} is not a size: write a number and a unit, e.g. 4GiB, 512MiB or 1.5GB "
+                      f"(units: {', '.join(SIZE_UNITS)})", param, ctx)
+        size = float(match[1]) * units[match[2]]
+        if not (math.isfinite(size) and size >= 1):
+            self.fail(f"{value!r} is less than one byte", param, ctx)
+        return int(size)
 
 
 def cache_options(command: F) -> F:

@@ -5,17 +5,21 @@ the Retry-After the router names)."""
 
 import asyncio
 import json
+import urllib.error
+import urllib.request
 
 import aiohttp
 import click
 import ray
+from click.core import ParameterSource
 
+from radixmesh.cluster.cli.inspect import auth_header
 from radixmesh.cluster.cli.options import cache_options, chosen_log_level
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.replay import ReplayConfig, ReplayReport, replay
 from radixmesh.cluster.sim.trace import read_trace
-from radixmesh.node_agent import DEFAULT_EVICTION
+from radixmesh.node_agent import DEFAULT_EVICTION, resolve_model
 
 
 def format_report(r: ReplayReport) -> str:
@@ -31,6 +35,20 @@ def format_report(r: ReplayReport) -> str:
     ])
 
 
+def served_model(url: str) -> str:
+    """The model id the router at `url` serves (the first its /v1/models lists); click.ClickException
+    when it does not answer. As OpenAI clients do, and as vLLM's benchmarks do without --model."""
+    request = urllib.request.Request(f"{url.rstrip('/')}/v1/models", headers=auth_header())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            models = json.load(r).get("data") or []
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise click.ClickException(f"router at {url} does not answer: {e}") from None
+    if not models:
+        raise click.ClickException(f"router at {url} lists no model at /v1/models")
+    return str(models[0]["id"])
+
+
 @click.command("replay")
 @click.argument("trace", type=click.Path(exists=True, dir_okay=False))
 @click.option("--local", "local_nodes", type=click.IntRange(1, 64), default=None,
@@ -42,7 +60,11 @@ def format_report(r: ReplayReport) -> str:
 @click.option("--max-prompt-blocks", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
               help="The deployment's tokens per block (one trace block = one cluster block).")
-@click.option("--model", default="radixmesh", show_default=True, help="Model name the router serves.")
+@click.option("--model", "model_spec", default="tiny", show_default=True,
+              help="With --local: the agents' model, as `up --model` names it.")
+@click.option("--served-model-name", default="",
+              help="Model id the requests name [default: with --url, the router's own (its /v1/models); with "
+                   "--local, the model's name].")
 @click.option("--retry-refused", is_flag=True,
               help="Send a request the router refuses (HTTP 429) again after its Retry-After (else count it).")
 @click.option("--max-retries", type=click.IntRange(min=0), default=ReplayConfig().max_retries, show_default=True,
@@ -50,8 +72,8 @@ def format_report(r: ReplayReport) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @cache_options
 def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup: float, limit: int,
-                   sequential: bool, max_prompt_blocks: int, block_size: int, model: str, retry_refused: bool,
-                   max_retries: int, as_json: bool, eviction: str, handoff: bool) -> None:
+                   sequential: bool, max_prompt_blocks: int, block_size: int, model_spec: str, served_model_name: str,
+                   retry_refused: bool, max_retries: int, as_json: bool, eviction: str, handoff: bool) -> None:
     """Replay TRACE (Mooncake JSONL) through the cluster's router."""
     if (local_nodes is None) == (url is None):
         raise click.UsageError("give exactly one of --local N and --url URL")
@@ -62,15 +84,27 @@ def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup
         requests = read_trace(trace, speedup=speedup, limit=limit)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    if url is not None and click.get_current_context().get_parameter_source("model_spec") is not ParameterSource.DEFAULT:
+        raise click.UsageError("--model names the agents' model of --local; against --url, the router says which "
+                               "model it serves (or give --served-model-name)")
+    if url is not None:
+        served_model_name = served_model_name or served_model(url)
+    else:
+        try:
+            model = resolve_model(model_spec)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        served_model_name = served_model_name or model.name
     config = ReplayConfig(block_size=block_size, sequential=sequential, max_prompt_blocks=max_prompt_blocks,
-                          model=model, retry_refused=retry_refused, max_retries=max_retries)
+                          model=served_model_name, retry_refused=retry_refused, max_retries=max_retries)
     if url is not None:
         try:
             report = asyncio.run(replay(url, requests, config))
         except (aiohttp.ClientError, OSError) as e:
             raise click.ClickException(f"router at {url} does not answer: {e}") from None
     else:
-        cluster = LauncherConfig(local_nodes=local_nodes, block_size=block_size, model_name=model,
+        cluster = LauncherConfig(local_nodes=local_nodes, block_size=block_size, model=model,
+                                 model_name=served_model_name,
                                  log_level=chosen_log_level(), eviction=eviction, handoff=handoff)
         launcher.init_local_ray(cluster)
         try:

@@ -97,7 +97,8 @@ class EngineAgentClient:
         usage: dict[str, Any] | None = None
         try:
             async with self._session.get().post(url, json=self.request_body(plan), timeout=self._timeout,
-                                                headers={"X-Request-Id": plan.request_id}) as r:
+                                                headers={**self.config.headers, "X-Request-Id": plan.request_id}) as r:
+                _check_credentials(self.node, r.status)
                 if 400 <= r.status < 500:
                     raise InvalidRequest(f"engine {self.node}: {_error_message(await r.text())}")
                 if r.status != 200:
@@ -133,7 +134,9 @@ class EngineAgentClient:
     async def prometheus_text(self) -> str:
         try:
             timeout = aiohttp.ClientTimeout(total=self.config.metrics_timeout_s)
-            async with self._session.get().get(f"{self.config.base_url}/metrics", timeout=timeout) as r:
+            async with self._session.get().get(f"{self.config.base_url}/metrics", timeout=timeout,
+                                               headers=self.config.headers) as r:
+                _check_credentials(self.node, r.status)
                 r.raise_for_status()
                 text = await r.text()
         except (aiohttp.ClientError, TimeoutError) as e:
@@ -150,10 +153,12 @@ class EngineAgentClient:
         AgentUnavailable when it is unreachable, fails, or serves neither path."""
         for path in RESET_PATHS:
             try:
-                async with self._session.get().post(f"{self.config.base_url}{path}", timeout=self._timeout) as r:
+                async with self._session.get().post(f"{self.config.base_url}{path}", timeout=self._timeout,
+                                                    headers=self.config.headers) as r:
                     status, text = r.status, await r.text()
             except (aiohttp.ClientError, TimeoutError) as e:
                 raise AgentUnavailable(f"engine {self.node} reset: {type(e).__name__}: {e}") from e
+            _check_credentials(self.node, status)
             if 200 <= status < 300:
                 logger.info("engine %s reset its prefix cache (%s)", self.node, path)
                 return {}
@@ -189,6 +194,14 @@ async def _sse(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]
         if "error" in chunk:
             raise AgentUnavailable(f"the engine failed mid-stream: {_error_message(data)}")
         yield chunk
+
+
+def _check_credentials(node: NodeId, status: int) -> None:
+    """AgentUnavailable when the engine refuses the front's own credential (401/403): that is the
+    operator's configuration, never the client's request, so it must not reach the client as a 400."""
+    if status in (401, 403):
+        raise AgentUnavailable(f"engine {node} refused the front's credential (HTTP {status}): give the engine's "
+                               "API key in its spec (key-env=VAR)")
 
 
 def _cached_tokens(usage: dict[str, Any] | None) -> int:

@@ -14,7 +14,7 @@ from radixmesh.cluster.policy.base import PolicyConfig, policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.cluster.router.config import DEFAULT_POLICY, RouterConfig
 from radixmesh.common.cache_sharing import DEFAULT_HANDOFF
-from radixmesh.common.secret import ClusterSecret
+from radixmesh.common.secret import ClusterSecret, check_api_bind
 from radixmesh.node_agent import (
     DEFAULT_EVICTION,
     EVICTION_ORDERS,
@@ -73,9 +73,13 @@ class LauncherConfig:
     """Agents on GPUs size their gpu tier from this share of the device (AgentConfig)."""
     host_blocks: int = 0
     """KV blocks of each agent's host tier (MemoryConfig.num_host_blocks; `up --host-blocks`); 0: none."""
+    host_cache_bytes: int = 0
+    """Bytes of each agent's host tier instead (`up --host-cache 4GiB`; AgentConfig.host_cache_bytes):
+    each agent converts them with its model's KV bytes per block. 0: host_blocks decides."""
     disk_cache: Path | None = None
     """Each agent keeps a disk tier under its host tier in <disk_cache>/<node id> (AgentConfig.disk_cache),
-    which a deployment started again with the same directory finds again. Needs host_blocks > 0."""
+    which a deployment started again with the same directory finds again. Without host_blocks, the
+    agents stage disk reads in a small host tier (MemoryConfig.host_blocks)."""
     disk_cache_gb: float = 10.0
     """Bound on each agent's disk tier, GiB."""
     prefix_caching: bool = True
@@ -109,7 +113,7 @@ class LauncherConfig:
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     """Requests the router runs and queues at once; past them it answers 429."""
     log_level: str = "INFO"
-    """Logging level of every actor (ray.LoggingConfig of the deployment's Ray job)."""
+    """Logging level of every actor (the runtime_env of the deployment's Ray job: launch/worker_logging.py)."""
     log_access: bool = True
     """The router writes one access-log line per HTTP request (logger radixmesh.access)."""
     prometheus_dir: Path | None = None
@@ -117,10 +121,12 @@ class LauncherConfig:
     (observability.file_sd); every agent then serves its own /metrics. None: neither."""
     kv_events_endpoint: str | None = None
     """Every agent also publishes its cache events in vLLM's ZMQ format (AgentConfig.kv_events_endpoint)
-    here, "{node}" replaced by its node id: ipc:///tmp/radixmesh-kv-{node} keeps the agents of one
+    here, "{node}" replaced by its node id: ipc:///run/user/UID/radixmesh/kv-{node} keeps the agents of one
     host apart, a tcp://127.0.0.1:port suits one agent per host. None: not published."""
     kv_events_allow_remote: bool = False
     """Let kv_events_endpoint be a non-loopback address (AgentConfig.kv_events_allow_remote)."""
+    kv_events_token_ids: bool = False
+    """The KV events carry token ids and cache salts (AgentConfig.kv_events_token_ids)."""
 
     def __post_init__(self) -> None:
         if self.local_nodes is not None and not 1 <= self.local_nodes <= 64:
@@ -149,10 +155,14 @@ class LauncherConfig:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.block_size < 1 or self.gpu_blocks < 1 or self.host_blocks < 0:
             raise ValueError("need block_size >= 1, gpu_blocks >= 1 and host_blocks >= 0")
+        if self.host_cache_bytes:  # refused here (AgentConfig checks it), not when the first agent starts
+            self.agent_config(NodeId("node-0"), "", "")
         if self.disk_cache is not None:  # refused here, not when the first agent starts
             if not (math.isfinite(self.disk_cache_gb) and self.disk_cache_gb > 0):
                 raise ValueError(f"disk_cache_gb must be a finite number > 0, got {self.disk_cache_gb}")
             self.agent_config(NodeId("node-0"), "", "")
+        # host "": the Ray node's address, never loopback. Refused here, not after Ray has started.
+        check_api_bind(self.host, self.api_key)
         if self.kv_events_endpoint is not None:  # refused here, not when the first agent starts
             node = NodeId("node-0")
             AgentConfig(node, kv_events_endpoint=self.kv_events_endpoint_of(node),
@@ -194,7 +204,9 @@ class LauncherConfig:
                            kv_events_endpoint=self.kv_events_endpoint_of(node),
                            disk_cache=str(self.disk_cache / node) if self.disk_cache is not None else None,
                            disk_cache_bytes=int(self.disk_cache_gb * 2**30),
-                           kv_events_allow_remote=self.kv_events_allow_remote)
+                           host_cache_bytes=self.host_cache_bytes,
+                           kv_events_allow_remote=self.kv_events_allow_remote,
+                           kv_events_token_ids=self.kv_events_token_ids)
 
     def router_config(self, layout: str, block_bytes: int) -> RouterConfig:
         """The router's settings for agents of `layout` whose blocks hold `block_bytes` of KV."""

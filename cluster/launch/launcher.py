@@ -17,13 +17,16 @@ which creates the agents, waits for the first ones and opens HTTP. `down` revers
 idempotent.
 """
 
+import asyncio
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
 
+from radixmesh.cluster.launch import worker_logging
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.local_ray import init_loopback_ray
 from radixmesh.cluster.launch.metadata_actor import (
@@ -38,6 +41,7 @@ from radixmesh.cluster.launch.router_actor import ROUTER_ACTOR, make_router_acto
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, NodeSecret
 from radixmesh.node_agent import node_resource
 from radixmesh.proto.ids import NodeId, agent_actor_name
+from radixmesh.proto.metadata.nodes import NodeInfo
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +71,10 @@ def local_cpus(config: LauncherConfig) -> int:
     return config.local_nodes + 1
 
 
-def init_local_ray(config: LauncherConfig) -> None:
+def init_local_ray(config: LauncherConfig, log_to_driver: bool = False) -> None:
     """Start Ray in this process for `config.local_nodes` simulated nodes (node IP 127.0.0.1, no
     dashboard, token authentication on: ray_auth.py); `ray.shutdown()` ends it with the deployment.
+    `log_to_driver`: the actors' log lines are printed by this process too (a foreground `up`).
     ValueError when Ray's token file is readable by other users.
 
     Its actors find `config.secret` in the environment they inherit from this Ray (RADIXMESH_SECRET,
@@ -77,12 +82,13 @@ def init_local_ray(config: LauncherConfig) -> None:
     require_ray_token()
     os.environ[SECRET_ENV] = config.secret.to_hex()
     init_loopback_ray(namespace=NAMESPACE, num_cpus=local_cpus(config), resources=local_resources(config),
-                      log_to_driver=False, configure_logging=False, logging_config=logging_config(config))
+                      log_to_driver=log_to_driver, configure_logging=False, runtime_env=job_runtime_env(config))
 
 
-def logging_config(config: LauncherConfig) -> ray.LoggingConfig:
-    """The Ray job's logging: every actor it starts (metadata, router, agents) logs at `log_level`."""
-    return ray.LoggingConfig(log_level=config.log_level.upper())
+def job_runtime_env(config: LauncherConfig) -> dict[str, object]:
+    """The Ray job's runtime_env: every actor it starts (metadata, router, agents) logs plain lines at
+    `log_level` (worker_logging.py says why not ray.LoggingConfig)."""
+    return worker_logging.runtime_env(config.log_level)
 
 
 def check_room_for_agents(config: LauncherConfig) -> None:
@@ -110,12 +116,16 @@ def bind_here(config: LauncherConfig) -> LauncherConfig:
     return config if config.host else replace(config, host=this_node_address())
 
 
-async def up(config: LauncherConfig) -> Deployment:
-    """Start metadata service, agents and router on the connected Ray cluster.
+async def up(config: LauncherConfig, progress: Callable[[str], None] | None = None) -> Deployment:
+    """Start metadata service, agents and router on the connected Ray cluster, telling `progress`
+    (default: this module's log) each phase as it ends: metadata service, each agent as it joins
+    (its KV pool's size), router.
 
     Raises DeploymentExists when one runs already, ValueError for a placement that cannot be met;
+    RayError when a part failed to start (no agent could: reconcile.AgentsDidNotStart inside it);
     a failure part-way takes down what was started.
     """
+    report = progress or logger.info
     if any(_actor(name) is not None for name in (ROUTER_ACTOR, METADATA_ACTOR, METADATA_STANDBY_ACTOR)):
         raise DeploymentExists("a radixmesh deployment is already running on this Ray cluster")
     config = bind_here(config)
@@ -128,20 +138,46 @@ async def up(config: LauncherConfig) -> Deployment:
         metadata = make_metadata_actor(config.host, config.metadata_port, config.state, config.lease_ttl_s,
                                        secret, here, config.tls, leader_lease=standby)
         addresses = [await metadata.start.remote()]
+        report(f"metadata service on {addresses[0]} (state {config.state})")
         if standby:  # after the active holds the leader key, so this one waits for it
             second = make_metadata_actor(config.host, 0, config.state, config.lease_ttl_s, secret, here,
                                          config.tls, name=METADATA_STANDBY_ACTOR, leader_lease=True)
             addresses.append(await second.start.remote(wait=False))
         address = failover_target(addresses)
         router = make_router_actor(config, address, here)
-        url: str = await router.start.remote()
+        random = ", seeded random weights" if config.model.weights is None else ""
+        report(f"starting agents: model {config.served_model_name} ({config.engine_label} engine{random}), "
+               "each loads it and sizes its KV pool")
+        url = await _start_reporting_agents(router, report)
         nodes: list[NodeId] = await router.nodes.remote()
     except BaseException:
         await down()
         raise
-    deployment = Deployment(url, address, tuple(nodes))
-    logger.info("radixmesh up: router %s, metadata %s, %d agent(s)", url, address, len(nodes))
-    return deployment
+    report(f"router on {url}")
+    return Deployment(url, address, tuple(nodes))
+
+
+PROGRESS_POLL_S = 0.5
+"""How often `up` asks the router which agents have joined while it starts them (what the user sees)."""
+
+
+async def _start_reporting_agents(router: Any, report: Callable[[str], None]) -> str:
+    """Run the router's `start`, reporting each agent as it joins; the router's URL."""
+    start: asyncio.Future[str] = asyncio.ensure_future(router.start.remote())
+    shown = 0
+    while not start.done():
+        await asyncio.wait([start], timeout=PROGRESS_POLL_S)
+        joined: list[NodeInfo] = await router.joined.remote()
+        for info in joined[shown:]:
+            report(f"agent {info.node_id} ready: KV pool {info.capacity_blocks} blocks of {info.block_size} "
+                   f"tokens ({gib(info.capacity_blocks * info.block_bytes)}), transfer {info.transfer_address}")
+        shown = len(joined)
+    return start.result()
+
+
+def gib(n_bytes: int) -> str:
+    """`n_bytes` for people: GiB above one, else MiB."""
+    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"
 
 
 async def down() -> bool:

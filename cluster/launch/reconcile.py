@@ -101,7 +101,7 @@ class StartedAgent:
 
 AGENT_STOP_TIMEOUT_S = 30.0
 """How long `down` waits for an agent to stop before killing it: time for its disk tier to write its
-queue (4,096 blocks at most, see DiskConfig.queue_blocks)."""
+queue (256 MiB at most, see DiskConfig.queue_bytes)."""
 
 StartAgent = Callable[[AgentSlot], Awaitable[StartedAgent]]
 StopAgent = Callable[[NodeId], Awaitable[None]]
@@ -129,6 +129,10 @@ class AgentReconciler:
         self.infos: dict[NodeId, NodeInfo] = {}
         self._starting: dict[NodeId, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
+        self.failures: dict[NodeId, str] = {}
+        """Why each node's last start failed (one line), until it joins."""
+        self.on_join: Callable[[NodeInfo], None] = lambda info: None
+        """Told of every agent that joins (the router reports `up`'s progress with it)."""
 
     async def reconcile(self) -> None:
         """One round: stop the agents whose slot is gone (or is still starting), start the missing
@@ -153,24 +157,35 @@ class AgentReconciler:
         try:
             result = await asyncio.wait_for(self._start(slot), self._start_timeout_s)
             self._accept(result.info, list(self.infos.values()))
-        except Exception:  # failed, timed out or refused: the next round tries again
-            logger.warning("agent for %s did not join (retried next round)", slot.node, exc_info=True)
+        except Exception as e:  # failed, timed out or refused: the next round tries again
+            logger.warning("agent for %s did not join", slot.node, exc_info=True)
+            self.failures[slot.node] = failure_line(e)
             self._starting.pop(slot.node, None)
             await self._stop(slot.node)
             return
         self._starting.pop(slot.node, None)
         self.directory.add(result.client)
         self.infos[slot.node] = result.info
+        self.failures.pop(slot.node, None)
+        self.on_join(result.info)
         logger.info("agent %s joined (epoch %d, transfer %s)", slot.node, result.info.epoch,
                     result.info.transfer_address)
 
     async def until_any(self, interval_s: float) -> None:
-        """Reconcile until at least one agent runs (waiting for the starts of each round)."""
+        """Reconcile until at least one agent runs (waiting for the starts of each round).
+
+        Raises AgentsDidNotStart when a round ends with no agent running and at least one start
+        failed: a deployment's agents share one configuration, so what failed one (a disk folder it
+        cannot make, a secret its node lacks, a model it cannot load) fails the next round too, and
+        `up` would otherwise retry for ever. Rounds that offer no slot yet keep waiting."""
         while True:
+            self.failures.clear()
             await self.reconcile()
             await self.settle()
             if self.directory.nodes():
                 return
+            if self.failures:
+                raise AgentsDidNotStart.of(self.failures)
             await asyncio.sleep(interval_s)  # the reconcile period: nodes join on their own time
 
     def follow(self, interval_s: float) -> None:
@@ -204,6 +219,28 @@ class AgentReconciler:
                 await self._task
             self._task = None
 
+
+
+class AgentsDidNotStart(RuntimeError):
+    """No agent of a deployment started; the message names the first node's error, in one line.
+    (Made by `of`: the one-argument constructor is what unpickling calls, across Ray.)"""
+
+    @classmethod
+    def of(cls, failures: Mapping[NodeId, str]) -> "AgentsDidNotStart":
+        first = min(failures)
+        more = f" (and {len(failures) - 1} more node(s) failed)" if len(failures) > 1 else ""
+        return cls(f"no agent could start: {first}: {failures[first]}{more}")
+
+
+def failure_line(e: BaseException) -> str:
+    """`e` in one line: the innermost cause (inside a Ray actor's traceback, the agent's own error)."""
+    while True:
+        inner = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else e.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        e = inner
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[-1]}" if lines else type(e).__name__
 
 
 class RayAgents:

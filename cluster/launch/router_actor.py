@@ -5,7 +5,7 @@ for every slot a joining node offers and drops those of nodes that left (reconci
 Owning the agents keeps them alive after the `radixmesh up` driver exits (an actor lives as long
 as its owner) and makes `down` one kill away. What survives a restart: nothing; Ray does not
 restart this actor (max_restarts=0). Agent actors restart on their own (a new epoch, empty cache).
-Idempotent calls: `start` (returns the same URL), `url`, `nodes`, `stop`. The HTTP server is the
+Idempotent calls: `start` (returns the same URL), `url`, `nodes`, `joined`, `stop`. The HTTP server is the
 router's one application (cluster/api/app.py), `POST /radixmesh/route` included.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 import ray
 from aiohttp import web
 
+from radixmesh.cluster.api.admin import AdminConfig, admin_key
 from radixmesh.cluster.api.app import server_tls_pem, start_http
 from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
@@ -68,6 +69,8 @@ class RouterActor:
         agents = RayAgents(config, metadata_address)
         self._reconciler = AgentReconciler(agents.desired, agents.start, agents.stop, StaticAgentDirectory([]),
                                            accept=one_layout)
+        self._joined: list[NodeInfo] = []  # what `up` prints while it waits for `start`
+        self._reconciler.on_join = self._joined.append
         self._router: Router | None = None
         self._runner: web.AppRunner | None = None
         self._url = ""
@@ -93,7 +96,8 @@ class RouterActor:
         file_sd = (FileSdConfig(cfg.prometheus_dir / TARGETS_FILE, metrics_token=metrics_token(cfg.secret))
                    if cfg.prometheus_dir is not None else None)
         runner, port = await start_http(router, cfg.host, cfg.http_port, api_key=cfg.api_key, tls=tls,
-                                        log_access=cfg.log_access, file_sd=file_sd)
+                                        log_access=cfg.log_access, file_sd=file_sd,
+                                        admin=AdminConfig(admin_key(cfg.secret)))
         self._runner, self._router = runner, router
         self._url = f"{'https' if tls else 'http'}://{cfg.host}:{port}"
         self._reconciler.follow(RECONCILE_INTERVAL_S)
@@ -101,6 +105,10 @@ class RouterActor:
 
     def url(self) -> str:
         return self._url
+
+    def joined(self) -> list[NodeInfo]:
+        """Every agent that has joined so far, in order (callable while `start` runs)."""
+        return list(self._joined)
 
     def nodes(self) -> list[NodeId]:
         return self._router.directory.nodes() if self._router is not None else []

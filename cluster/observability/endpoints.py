@@ -2,7 +2,7 @@
 the metadata service's GetStats) and one exposition merging the router's scrape with its agents'."""
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 
 from prometheus_client.metrics_core import Metric
@@ -26,10 +26,13 @@ def _counters_dict(c: HitCounters) -> dict[str, object]:
 
 
 def stats_document(metrics: RouterMetrics, cluster: ClusterStats | None, *, policy: str, active_policy: str,
-                   metadata_available: bool, inflight: Mapping[NodeId, int]) -> dict[str, object]:
+                   metadata_available: bool, inflight: Mapping[NodeId, int],
+                   tenant_label: Callable[[str], str] | None = None) -> dict[str, object]:
     """The /stats JSON. "router" holds what this router saw in the ServeResults it received;
     "metadata" holds the metadata service's GetStats (hits the agents reported in heartbeats, joined
-    with Match predictions), or null when the service does not answer."""
+    with Match predictions), or null when the service does not answer. Its "tenants" table is there
+    only with `tenant_label` (the admin's view), each tenant under tenant_label(salt): a salt is
+    never shown."""
     nodes = sorted(set(inflight) | set(metrics.per_node) | set(metrics.routed))
     per_node = {
         n: {"inflight": inflight.get(n, 0), "routed": metrics.routed.get(n, 0),
@@ -57,8 +60,9 @@ def stats_document(metrics: RouterMetrics, cluster: ClusterStats | None, *, poli
             "state_store": cluster.state_store,
             **_counters_dict(cluster.hits.total),
             "nodes": {n: _counters_dict(c) for n, c in sorted(cluster.hits.per_node.items())},
-            "tenants": {t: _counters_dict(c) for t, c in sorted(cluster.hits.per_tenant.items())},
         }
+        if tenant_label is not None:
+            meta["tenants"] = {tenant_label(t): _counters_dict(c) for t, c in sorted(cluster.hits.per_tenant.items())}
     return {"router": router, "metadata": meta}
 
 

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,13 +63,32 @@ def file_sd_groups(targets: Iterable[ScrapeTarget]) -> list[dict[str, object]]:
 
 
 def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write `text` to `path` through a file beside it, renamed over it. The directory is made 0700
+    when missing and refused (PermissionError) when another user owns it or others may write it:
+    whoever can create names there could plant a link where the token goes (issue 38). The file
+    aside is created fresh (O_EXCL) and never through a link (O_NOFOLLOW); the rename replaces a
+    link at `path` itself, never its target."""
+    _own_directory(path.parent)
     aside = path.with_name(f".{path.name}.tmp")
-    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        fd = os.open(aside, flags, mode)
+    except FileExistsError:  # left by a crash, or planted: removed (a link itself, not its target)
+        os.unlink(aside)
+        fd = os.open(aside, flags, mode)
     with os.fdopen(fd, "w") as f:
         f.write(text)
-    os.chmod(aside, mode)  # an older file left aside may have had another mode
     os.replace(aside, path)
+
+
+def _own_directory(directory: Path) -> None:
+    if not directory.exists():
+        directory.mkdir(mode=0o700, parents=True)
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise PermissionError(f"{directory} must be a directory of this user that others cannot write "
+                              f"(mode {stat.S_IMODE(st.st_mode):o}, owner uid {st.st_uid}); "
+                              "the metrics token and scrape targets are not written there")
 
 
 class FileSdPublisher:

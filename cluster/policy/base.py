@@ -50,6 +50,9 @@ class RouteDecision:
     reason: str
     pull_s: float = 0.0
     """Estimated seconds of the pull (0 without one): the node's queue carries it until the prefill."""
+    longest_ttft_s: float | None = None
+    """Estimated TTFT at the candidate holding the longest prefix, when the decision reuses less than it
+    holds (None: the decision took the longest, or the policy does not price it): what leaving it bought."""
 
 
 class RoutePolicy(Protocol):

@@ -11,8 +11,9 @@ from radixmesh.cluster.policy.cost_model import CostModel
 from radixmesh.cluster.policy.view import ClusterView, NodeView
 
 
-def _decide(model: CostModel, request: RouteRequest, view: NodeView, reason: str) -> RouteDecision:
-    est = model.estimate(request, view, None)
+def _decide(model: CostModel, request: RouteRequest, cluster: ClusterView, view: NodeView, reason: str
+            ) -> RouteDecision:
+    est = model.estimate(request, view, None, model.mates_work(cluster.nodes)(view))
     local = min(view.local_blocks, request.num_blocks)
     return RouteDecision(view.node, local, None, 0, est.total_s, reason)
 
@@ -36,7 +37,7 @@ class RoundRobin:
     def route(self, request: RouteRequest, cluster: ClusterView) -> RouteDecision:
         view = cluster.nodes[self._cursor % len(cluster.nodes)]
         self._cursor += 1
-        return _decide(self._model, request, view, "round robin")
+        return _decide(self._model, request, cluster, view, "round robin")
 
 
 class LeastLoaded:
@@ -50,7 +51,7 @@ class LeastLoaded:
 
     def route(self, request: RouteRequest, cluster: ClusterView) -> RouteDecision:
         view = _least_loaded(list(cluster.nodes), self._rng)
-        return _decide(self._model, request, view, f"least loaded ({view.queued_tokens} tokens queued)")
+        return _decide(self._model, request, cluster, view, f"least loaded ({view.queued_tokens} tokens queued)")
 
 
 class PrefixAffinity:
@@ -70,9 +71,9 @@ class PrefixAffinity:
         longest = max(v.local_blocks for v in ok)
         if longest == 0:
             view = _least_loaded(ok, self._rng)
-            return _decide(self._model, request, view, "no cached prefix: least loaded")
+            return _decide(self._model, request, cluster, view, "no cached prefix: least loaded")
         view = _least_loaded([v for v in ok if v.local_blocks == longest], self._rng)
-        return _decide(self._model, request, view, f"longest prefix: {longest} blocks")
+        return _decide(self._model, request, cluster, view, f"longest prefix: {longest} blocks")
 
 
 register("round_robin")(RoundRobin)

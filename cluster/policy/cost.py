@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from radixmesh.cluster.policy.base import PolicyConfig, RouteDecision, RouteRequest, register, within_load_cap
-from radixmesh.cluster.policy.cost_model import CostModel, Holder, TTFTEstimate, delay_to_others
+from radixmesh.cluster.policy.cost_model import CostModel, Holder, TTFTEstimate, delay_to_others, holder_wait
 from radixmesh.cluster.policy.view import ClusterView, NodeView
 from radixmesh.proto.ids import NodeId
 
@@ -56,7 +56,8 @@ class LongestPeer:
     """The other node that has computed the longest prefix (ties: first in the view). Keeps the top
     two so each candidate's best peer costs O(1), not O(nodes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: PolicyConfig) -> None:
+        self._config = config
         self._top: list[NodeView] = []
 
     def prepare(self, cluster: ClusterView) -> None:
@@ -67,7 +68,8 @@ class LongestPeer:
         if v is None:
             return None
         pair = (candidate.node, v.node)
-        return Holder(v.node, v.held_blocks, cluster.pull_bytes_per_s.get(pair), cluster.pull_latency_s.get(pair))
+        return Holder(v.node, v.held_blocks, cluster.pull_bytes_per_s.get(pair), cluster.pull_latency_s.get(pair),
+                      holder_wait(v, self._config))
 
 
 class NoPulls:
@@ -116,16 +118,11 @@ class CostPolicy:
     def route(self, request: RouteRequest, cluster: ClusterView) -> RouteDecision:
         self._pulls.prepare(cluster)
         computing = _top_two(cluster, lambda v: v.pending_blocks)
-        groups: dict[str, list[tuple[NodeId, float]]] = {}
-        for v in cluster.nodes:
-            if v.compute_group:
-                groups.setdefault(v.compute_group, []).append((v.node, self._model.queue_time(v)))
+        mates = self._model.mates_work(cluster.nodes)
         priced = []
         for v in within_load_cap(cluster.nodes, self._eps, request.prompt_tokens, self._floor_s, cluster.fleet):
             holder = self._pulls.holder(v, cluster)
-            mates = groups.get(v.compute_group, []) if v.compute_group else []
-            shared = [work for node, work in mates if node != v.node]
-            est = self._model.estimate(request, v, holder, shared)
+            est = self._model.estimate(request, v, holder, mates(v))
             other = _best_other(computing, v.node)
             covered = min(v.local_blocks, request.num_blocks) + est.pull_blocks
             duplicate = max(0, min(other.pending_blocks, request.num_blocks) - covered) if other else 0
@@ -154,12 +151,15 @@ class CostPolicy:
         if faster.own_s < pick.own_s:
             reason += (f"; not {faster.view.node} (ttft {faster.est.total_s * 1e3:.1f} ms): "
                        f"{faster.extra_s * 1e3:.1f} ms more work there, {_delay(faster)}")
-        return RouteDecision(view.node, local, peer, est.pull_blocks, est.total_s, reason, est.pull_s)
+        longest = max(scored, key=lambda s: min(s.view.local_blocks, request.num_blocks))
+        left = min(longest.view.local_blocks, request.num_blocks) > local + est.pull_blocks
+        return RouteDecision(view.node, local, peer, est.pull_blocks, est.total_s, reason, est.pull_s,
+                             longest.est.total_s if left else None)
 
 
 @register("cost")
 def _cost(config: PolicyConfig, rng: random.Random) -> CostPolicy:
-    return CostPolicy(config, rng, LongestPeer(), "cost")
+    return CostPolicy(config, rng, LongestPeer(config), "cost")
 
 
 @register("cost_no_pull")

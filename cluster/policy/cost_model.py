@@ -7,10 +7,10 @@
            + prefill of the rest
            + the time nodes sharing this node's cores take from it (processor sharing)
 
-Prices: a pull of k blocks costs ``fixed + k x block_bytes / bandwidth``, both measured by the puller
-per peer (NodeLoad.pull_latency_s, pull_gbps: decayed averages of its own pulls), else the
+Prices: a pull of k blocks costs ``fixed + k x block_bytes / bandwidth + holder's wait``, the first two
+measured by the puller per peer (NodeLoad.pull_latency_s, pull_gbps: decayed averages of its own pulls), else the
 PolicyConfig defaults (3 ms, 2.5 GB/s: this box's production-path pulls on an open channel, not what
-a datacenter link promises). Prefill runs at the node's measured rate. A running request's decode pass runs once
+a datacenter link promises); the holder's wait is the rest of its current engine step (`holder_wait`). Prefill runs at the node's measured rate. A running request's decode pass runs once
 per engine step, so it delays the queue and the prefill by ``steps x (decode_pass_tokens + decodes)``
 prefill tokens' time, ``steps = ceil(tokens / step_tokens)``.
 
@@ -24,7 +24,7 @@ Block ranges of the prompt, for a candidate with local prefix L and a peer that 
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from radixmesh.cluster.policy.base import PolicyConfig, RouteRequest
@@ -40,6 +40,9 @@ class Holder(NamedTuple):
     blocks: int
     bytes_per_s: float | None = None
     latency_s: float | None = None
+    busy_s: float = 0.0
+    """Seconds before the holder's engine thread can pin the blocks (`holder_wait`): a pull is served
+    between the holder's steps, so a busy holder makes it wait."""
 
 
 class TTFTEstimate(NamedTuple):
@@ -61,6 +64,22 @@ class TTFTEstimate(NamedTuple):
         return self.swap_s + self.pull_s + self.prefill_s
 
 
+def holder_wait(view: NodeView, config: PolicyConfig) -> float:
+    """Expected seconds a pull from `view`'s node waits for its engine thread: the owner pins (and
+    later unpins) the blocks as jobs between engine steps, so a busy holder answers after the rest of
+    its current step, half a step on average. A step is a chunk of up to `step_tokens` of its queued
+    prefill plus the decode pass of its running requests; an idle holder answers at once.
+
+    Unpriced, a pull from a busy holder looked as cheap as one from an idle one, and the calibration
+    report showed it: on the modeled H100 cluster (slowed 20x) realized pulls took 3.6x their price at
+    p90, where holders stepped in 0.4-0.6 s chunks."""
+    if view.inflight == 0:
+        return 0.0
+    tokens = min(config.step_tokens, view.queued_tokens)
+    decode = config.decode_pass_tokens + view.running_decodes if view.running_decodes else 0.0
+    return 0.5 * (tokens + decode) / view.prefill_tokens_per_s
+
+
 def delay_to_others(view: NodeView, extra_s: float) -> float:
     """Seconds of waiting `extra_s` more work on `view`'s node adds to the requests behind it, in all.
 
@@ -79,6 +98,16 @@ class CostModel:
 
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
+
+    def mates_work(self, nodes: Sequence[NodeView]) -> Callable[[NodeView], list[float]]:
+        """For a node of `nodes`, the work (`queue_time`) of the other nodes of its compute group: the
+        `shared` argument of `estimate` (every policy's estimate prices sharing alike, so their
+        calibration reports compare)."""
+        groups: dict[str, list[tuple[NodeId, float]]] = {}
+        for v in nodes:
+            if v.compute_group:
+                groups.setdefault(v.compute_group, []).append((v.node, self.queue_time(v)))
+        return lambda v: [w for node, w in groups.get(v.compute_group, ()) if node != v.node] if v.compute_group else []
 
     def pull_time(self, blocks: int, bytes_per_s: float | None = None, latency_s: float | None = None) -> float:
         """Seconds to pull `blocks` blocks in one transfer (0 for none); None prices at the defaults."""
@@ -117,7 +146,7 @@ class CostModel:
         pull_blocks, pull_s = 0, 0.0
         if holder is not None and holder.blocks > local:
             k = min(holder.blocks, request.num_blocks) - local
-            t = self.pull_time(k, holder.bytes_per_s, holder.latency_s)
+            t = self.pull_time(k, holder.bytes_per_s, holder.latency_s) + holder.busy_s
             # Pull only when it beats recomputing the same tokens here.
             if t < k * request.block_tokens / rate:
                 pull_blocks, pull_s = k, t

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, fields
 
 from radixmesh.cluster.router.admission import Admission
+from radixmesh.cluster.router.calibration import Calibration
 from radixmesh.common.metrics.exposition import (
     Histogram,
     HistogramSnapshot,
@@ -135,6 +136,8 @@ class RouterMetrics:
         """Set by the router: False while the metadata service does not answer."""
         self.admission: Admission | None = None
         """Set by the router: its running and waiting requests."""
+        self.calibration = Calibration()
+        """Each decision's prediction beside its outcome (the router records them as requests end)."""
 
     def record_request(self, status: str) -> None:
         self.status_counts[status] = self.status_counts.get(status, 0) + 1

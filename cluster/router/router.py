@@ -61,7 +61,7 @@ from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import IndexUpdate, MatchQuery, MatchResult, NodeMatch
 from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest, usable_prefix_blocks
-from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult, TokenDelta
+from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult, ServeStats, TokenDelta
 from radixmesh.proto.serve.sampling import draw_seed
 
 logger = logging.getLogger(__name__)
@@ -424,6 +424,18 @@ class Router:
         sampling = dataclasses.replace(request.sampling, seed=draw_seed(self._rng))
         return dataclasses.replace(request, sampling=sampling)
 
+    def _record_outcome(self, routed: RoutedPlan, stats: ServeStats, usable: int, reused: int, prompt: int,
+                        ttft_s: float) -> None:
+        """The decision's prediction beside what the agent and the router measured (calibration.py)."""
+        d, bs = routed.decision, self.config.block_size
+        longest = max((min(v.local_blocks, usable) for v in routed.view.nodes), default=0)
+        self.metrics.calibration.add(
+            predicted_ttft_s=d.est_ttft_s, realized_ttft_s=ttft_s,
+            predicted_pull_s=d.pull_s if routed.plan.pull is not None else 0.0, realized_pull_s=stats.pull_seconds,
+            agent_ttft_s=stats.ttft_s, predicted_computed=prompt - reused * bs, realized_computed=stats.tokens.computed,
+            left_tokens=max(0, longest - reused) * bs,
+            bought_s=d.longest_ttft_s - d.est_ttft_s if d.longest_ttft_s is not None else None)
+
     async def _serve(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None, pin: NodeId | None,
                      session: str | None) -> AsyncGenerator[RouterItem, None]:
         arrival = self._clock()
@@ -482,6 +494,7 @@ class Router:
                         ttft = (first_token_at if first_token_at is not None else self._clock()) - arrival
                         self.metrics.record_served(node, item.stats, self.config.block_size,
                                                    routed.cluster_tokens, expected_local, ttft)
+                        self._record_outcome(routed, item.stats, usable, reused, len(request.prompt_token_ids), ttft)
                         yield RouterResult(item, routed, attempt, ttft)
                         return
                 raise AgentUnavailable(f"agent {node} ended the stream without a result")

@@ -149,6 +149,15 @@ def _retry_after_s(header: str | None) -> float:
         return 1.0
 
 
+async def router_decisions(base_url: str, after: int) -> dict[str, Any]:
+    """The router's calibration report over its decisions numbered > `after` (GET /stats/decisions)."""
+    async with aiohttp.ClientSession() as http, http.get(f"{base_url}/stats/decisions",
+                                                         params={"after": str(after)}) as r:
+        r.raise_for_status()
+        body: dict[str, Any] = await r.json()
+        return body
+
+
 async def router_stats(base_url: str) -> dict[str, Any]:
     """The "router" part of the router's /stats."""
     async with aiohttp.ClientSession() as http, http.get(f"{base_url}/stats") as r:

@@ -11,11 +11,13 @@ target list (cluster.observability.file_sd).
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
+from radixmesh.common.metrics.scrape_cache import ScrapeCache
 from radixmesh.common.secret import ClusterSecret, KeyPurpose, is_loopback
 from radixmesh.proto.ids import NodeId
 
@@ -44,11 +46,16 @@ class ScrapeTarget:
 class MetricsServer:
     """GET /metrics over aiohttp on host:port (0: a free one). Start and stop from one event loop."""
 
-    def __init__(self, render: Callable[[], Awaitable[str]], host: str, port: int, token: str | None) -> None:
-        """`token` None: no authorization; only allowed on a loopback `host` (ValueError otherwise)."""
+    def __init__(self, render: Callable[[], Coroutine[Any, Any, str]], host: str, port: int, token: str | None,
+                 cache: ScrapeCache | None = None) -> None:
+        """`token` None: no authorization; only allowed on a loopback `host` (ValueError otherwise).
+        `cache`: where renders are kept (default: one a second, as the router's /metrics)."""
         if token is None and not is_loopback(host):
             raise ValueError(f"an agent's /metrics on {host!r} needs the cluster secret's metrics token")
         self._render = render
+        # Each render runs on the engine thread: a scrape flood must not make one render per GET
+        # (issue 38: 200 GETs were 200 renders, and requests slowed tenfold).
+        self._cache = cache or ScrapeCache()
         self._host, self._port = host, port
         self._expected = None if token is None else f"Bearer {token}".encode()
         self._runner: web.AppRunner | None = None
@@ -80,5 +87,5 @@ class MetricsServer:
             if not hmac.compare_digest(given, self._expected):
                 return web.json_response({"error": "missing or wrong metrics token (Authorization: Bearer ...)"},
                                          status=401, headers={"WWW-Authenticate": "Bearer"})
-        return web.Response(text=await self._render(), content_type="text/plain", charset="utf-8",
+        return web.Response(text=await self._cache.text("", self._render), content_type="text/plain", charset="utf-8",
                             headers={"X-Prometheus-Format": "0.0.4"})

@@ -203,10 +203,13 @@ class HFTokenizer:
         return self._stops
 
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        # encode_batch, not encode: only the batch calls release the GIL, and the router tokenizes in
+        # a worker thread so that its event loop serves meanwhile (issue 38: encode of 4 MiB held the
+        # GIL, and so the loop, for 10 s).
+        return list(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
+        return str(self._tok.decode_batch([list(token_ids)], skip_special_tokens=True)[0])
 
     def stream(self) -> HFTextStream:
         return HFTextStream(self._tok)

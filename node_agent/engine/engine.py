@@ -143,16 +143,23 @@ class Engine:
     def reset_prefix_cache(self) -> dict[str, int]:
         """Evict every cached block (hashed, no reference) of every tier; blocks a request or a peer's
         pull holds stay, and stay matchable. Returns the cached blocks dropped per tier ("gpu",
-        "host"). The evictions emit BlockRemoved like any other, so the index follows.
+        "host", "disk"). The evictions emit BlockRemoved like any other, so the index follows.
 
         The gpu tier goes first: its evictions are demoted to the host on their way out (the
-        eviction hook cannot be bypassed), and the host's pass then drops those copies too, so the
-        counts are what each tier held before the reset."""
-        tiers = self.memory.tiers
+        eviction hook cannot be bypassed), the host's pass then drops those copies too (spilling
+        them to disk), and the disk goes last, so the counts are what each tier held before the
+        reset and no copy outlives it, not even in a restart's re-index (issue 38)."""
+        tiers, disk = self.memory.tiers, self.memory.disk
         dropped = {t.pool.tier.value: t.pool.num_cached for t in tiers}
+        if disk is not None:
+            disk.flush()  # what the host spilled before the reset counts as the disk's
+            dropped["disk"] = len(disk.store)
         for t in tiers:
             t.pool.evict(t.pool.num_cached)
         assert all(t.pool.num_cached == 0 for t in tiers), "a cached block survived the reset"
+        if disk is not None:
+            disk.clear()
+            assert len(disk.store) == 0, "a disk block survived the reset"
         return dropped
 
     def sequence(self, request_id: RequestId) -> SequenceState | None:

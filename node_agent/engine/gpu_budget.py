@@ -59,7 +59,9 @@ def measure_gpu_budget(model: CausalLM, config: EngineConfig, device: torch.devi
     limits = model.config.prompt_limits()
     tokens = min(config.max_num_batched_tokens, limits.max_context_tokens - 1)
     scratch_blocks = -(-(tokens + 1) // config.block_size)
-    memory = replace(config.memory, num_gpu_blocks=scratch_blocks, num_host_blocks=0, enable_prefix_caching=False)
+    # No disk tier either: the scratch engine must not open (and lock) the agent's directory.
+    memory = replace(config.memory, num_gpu_blocks=scratch_blocks, num_host_blocks=0, enable_prefix_caching=False,
+                     disk=None)
     scratch = Engine(model, replace(config, memory=memory), device=device)
     pool = torch.cuda.memory_allocated(device) - weights
     torch.cuda.reset_peak_memory_stats(device)

@@ -34,6 +34,11 @@ from radixmesh.proto.kv_layout import KVLayout
 from radixmesh.proto.serve.limits import usable_prefix_blocks
 from radixmesh.proto.serve.tokens import TokenSources
 
+STAGING_HOST_BLOCKS = 64
+"""Host blocks of a disk tier configured without a host tier: disk reads reach the gpu through them in
+runs of at most this many (the prefix match repeats until the run ends), and gpu evictions they
+cannot take go straight to disk (memory.tiers.HostTier.demote). 128 MiB at Llama-3-8B's 2 MiB blocks."""
+
 
 @dataclass(frozen=True, slots=True)
 class MemoryConfig:
@@ -53,14 +58,19 @@ class MemoryConfig:
     zones: ZoneSetup = field(default_factory=ZoneSetup)
     """How the gpu pool is split between running KV and the prefix cache (memory/zones/governor.py)."""
     disk: DiskConfig | None = None
-    """The disk tier under the host tier (memory.disk); needs a host tier. None: none."""
+    """The disk tier under the host tier (memory.disk); without num_host_blocks it gets a host tier of
+    STAGING_HOST_BLOCKS (`host_blocks`). None: none."""
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 1 or self.num_host_blocks < 0:
             raise ValueError(f"need num_gpu_blocks >= 1 and num_host_blocks >= 0, got "
                              f"{self.num_gpu_blocks}, {self.num_host_blocks}")
-        if self.disk is not None and not self.num_host_blocks:
-            raise ValueError("a disk tier needs a host tier (num_host_blocks > 0): disk reads land there")
+
+    @property
+    def host_blocks(self) -> int:
+        """The host tier's size: num_host_blocks, or STAGING_HOST_BLOCKS for a disk tier given none
+        (disk reads land in the host tier; issue 40: users had to size one to get a disk tier)."""
+        return self.num_host_blocks or (STAGING_HOST_BLOCKS if self.disk is not None else 0)
 
 
 @dataclass(slots=True)
@@ -106,8 +116,8 @@ class PagedMemory:
         self._clock = clock
         self.disk: DiskTier | None = (DiskTier(config.disk, DiskIdentity.of(layout, config.hash_key))
                                       if config.disk is not None else None)
-        host = (HostTier(layout, config.num_host_blocks, config.pool, counters, policy, clock, disk=self.disk)
-                if config.num_host_blocks else None)
+        host = (HostTier(layout, config.host_blocks, config.pool, counters, policy, clock, disk=self.disk)
+                if config.host_blocks else None)
         demote = None
         if host is not None and config.demote_evicted:
             demote = lambda evicted: host.demote(self.gpu, evicted)

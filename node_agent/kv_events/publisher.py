@@ -11,6 +11,12 @@ same batches the metadata publisher sends, NodeAgent._drain_events), from the en
     BlockRemoved(hashes, tier)         ->  BlockRemoved(int hashes, medium, group 0)
     AllCleared                         ->  AllBlocksCleared
 
+Token ids and the cache salt go out only with `token_ids` (AgentConfig.kv_events_token_ids, off by
+default, issue 38): they are the prompts themselves, and any local process that reaches the socket
+reads them. Without them a subscriber learns which blocks are held and where, never which prompts;
+a consumer that rebuilds hashes from tokens (vLLM indexers, radixmesh's own ingest: the wire's
+64-bit int is too little of our 128-bit digest to stand for it) needs them turned on.
+
 A stored block's tokens come from the request that filled it (TokenBook), and may lag its event by
 a streamed step: a batch naming a block the book does not know yet waits, with every batch after it
 (their order is the stream's meaning), until the book knows it or every request open when the batch
@@ -20,6 +26,14 @@ The parent is the chain's, from the book: the host tier stores swapped-out block
 Batches are numbered 0, 1, 2, ... from `start`; the last `buffer_steps` are kept for the replay
 socket, as vLLM's ZmqEventPublisher keeps them. The PUB side is an XPUB (what subscribers receive is
 the same) so `subscriptions` counts who subscribed, which a test can wait on instead of sleeping.
+
+Bounds (issue 38: 20 MiB of subscriptions grew the process by 1.2 GiB, a 256 MiB replay request
+was read whole, and a few 8-byte requests sent back tens of MiB): the XPUB applies a subscription
+only when it is a prefix of our topic (XPUB_MANUAL: the others are counted and never stored), and
+no peer's message may be longer than the longest valid one (ZMQ_MAXMSGSIZE: libzmq drops the peer
+before buffering more); one replay answer sends at most `max_replay_bytes` of batches (then the end
+marker: the consumer asks again from where it stopped), and at most REPLAY_HWM messages wait for a
+slow reader (ROUTER drops past it).
 """
 
 import asyncio
@@ -32,7 +46,7 @@ from collections.abc import Callable, Sequence
 import zmq
 import zmq.asyncio
 
-from radixmesh.node_agent.kv_events.endpoint import replay_endpoint
+from radixmesh.node_agent.kv_events.endpoint import check_ipc_directory, replay_endpoint
 from radixmesh.node_agent.kv_events.token_book import BookEntry, Ticket, TokenBook
 from radixmesh.node_agent.kv_events.vllm_wire import (
     END_OF_REPLAY,
@@ -52,15 +66,23 @@ from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, CacheE
 
 logger = logging.getLogger(__name__)
 
+REPLAY_HWM = 256
+MESSAGE_SLACK = 64
+"""Replay messages queued for one peer at most (a ROUTER drops the rest of a peer that does not read)."""
+
 
 class ZmqKVEventPublisher:
     """Use: `await start()`; `offer` from any thread, `open` / `extend` / `close` each served request
     on the event loop; `await stop()`."""
 
     def __init__(self, endpoint: str, book: TokenBook, *, topic: str = "", buffer_steps: int = 10_000,
-                 clock: Callable[[], float] = time.time, context: zmq.asyncio.Context | None = None) -> None:
-        if buffer_steps < 1:
-            raise ValueError(f"buffer_steps must be >= 1, got {buffer_steps}")
+                 max_replay_bytes: int = 8 << 20, token_ids: bool = False, clock: Callable[[], float] = time.time,
+                 context: zmq.asyncio.Context | None = None) -> None:
+        """`token_ids`: publish each stored block's tokens and its chain's cache salt (module docstring)."""
+        if buffer_steps < 1 or max_replay_bytes < 1:
+            raise ValueError(f"buffer_steps and max_replay_bytes must be >= 1, got {buffer_steps}, {max_replay_bytes}")
+        self._max_replay_bytes = max_replay_bytes
+        self._token_ids = token_ids
         self.book = book
         self.topic = topic
         self._endpoints = (endpoint, replay_endpoint(endpoint))
@@ -80,18 +102,27 @@ class ZmqKVEventPublisher:
         """The PUB socket's bound address (a tcp port 0 resolved); "" until started."""
         self.replay_endpoint = ""
         self.subscriptions = 0
-        """Subscribe messages seen on the PUB side."""
+        """Subscribe messages seen on the PUB side (and applied: prefixes of our topic)."""
+        self.refused_subscriptions = 0
+        """Subscriptions to anything but a prefix of our topic: never applied (they match nothing)."""
         self.left_out_blocks = 0
         """Stored blocks left out of the published events: their tokens never became known here."""
 
     async def start(self) -> None:
         """Bind both sockets; ValueError naming the address when one cannot be bound."""
+        check_ipc_directory(self._endpoints[0])
         self._loop = asyncio.get_running_loop()
         pub, router = self._ctx.socket(zmq.XPUB), self._ctx.socket(zmq.ROUTER)
         for sock in (pub, router):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IPV6, 1)  # tcp://[::1]:port binds too
         pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        pub.setsockopt(zmq.XPUB_MANUAL, 1)  # we apply the subscriptions: only prefixes of our topic
+        # b"\x01" + a prefix of the topic, and b"" / an 8-byte seq; libzmq counts the ZMTP 3.1
+        # SUBSCRIBE command's own bytes too (measured: a limit of 1 refused b"\x01"), hence the slack.
+        pub.setsockopt(zmq.MAXMSGSIZE, MESSAGE_SLACK + len(self.topic.encode()))
+        router.setsockopt(zmq.MAXMSGSIZE, MESSAGE_SLACK + SEQ_BYTES)
+        router.setsockopt(zmq.SNDHWM, REPLAY_HWM)
         try:
             for sock, address, what in ((pub, self._endpoints[0], "PUB"), (router, self._endpoints[1], "replay")):
                 try:
@@ -184,8 +215,12 @@ class ZmqKVEventPublisher:
                 logger.warning("KV events replay: a request of %d frames, not (b'', seq): ignored", len(frames) - 1)
                 continue
             client, start = frames[0], int.from_bytes(frames[2], "big")
+            sent = 0
             for seq, payload in list(self._ring):
                 if seq >= start:
+                    if sent and sent + len(payload) > self._max_replay_bytes:
+                        break  # the consumer asks again from the next seq it misses
+                    sent += len(payload)
                     await self._router.send_multipart((client, b"", seq_frame(seq), payload))
             await self._router.send_multipart((client, b"", seq_frame(END_OF_REPLAY), b""))
 
@@ -193,8 +228,14 @@ class ZmqKVEventPublisher:
         assert self._pub is not None
         while True:
             message = await self._pub.recv()
-            if message[:1] == b"\x01":
-                self.subscriptions += 1
+            kind, prefix = message[:1], message[1:]
+            if kind not in (b"\x00", b"\x01"):
+                continue
+            if not self.topic.encode().startswith(prefix):
+                self.refused_subscriptions += kind == b"\x01"
+                continue
+            self._pub.setsockopt(zmq.SUBSCRIBE if kind == b"\x01" else zmq.UNSUBSCRIBE, prefix)
+            self.subscriptions += kind == b"\x01"
 
     # --- translation --------------------------------------------------------------------------
     def _translate(self, events: list[CacheEvent], *, wait: bool) -> list[VllmEvent] | None:
@@ -234,12 +275,12 @@ class ZmqKVEventPublisher:
 
     def _run(self, run: list[tuple[BlockHash, BookEntry]], e: BlockStored) -> VllmBlockStored:
         first = run[0][1]
-        salt = first.cache_salt
+        salt = first.cache_salt if self._token_ids else None
         extra = ((salt,), *(None,) * (len(run) - 1)) if salt is not None else None
         return VllmBlockStored(
             block_hashes=tuple(wire_hash(h) for h, _ in run),
             parent_block_hash=wire_hash(first.parent) if first.parent is not None else None,
-            token_ids=tuple(t for _, x in run for t in x.tokens),
+            token_ids=tuple(t for _, x in run for t in x.tokens) if self._token_ids else (),
             block_size=self.book.block_size, lora_id=None, medium=MEDIUM[e.tier], lora_name=None,
             extra_keys=extra, group_idx=0, kv_cache_spec_kind=FULL_ATTENTION)
 

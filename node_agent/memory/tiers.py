@@ -7,6 +7,10 @@ Under the host tier there may be a disk tier (memory.disk): prefix blocks the ho
 to it (it writes them off the engine thread), and a prefix the host misses is looked up there and
 read back through the host into the gpu, so disk hits ride the host's promotion path.
 
+On a clean stop, `persist_resident` writes what the gpu and host tiers cache and the disk lacks, so
+a restart over the same disk is warm whatever the pool sizes (issue 40: blocks reached disk only
+when gpu and host both evicted them, and a restart at default sizes found none).
+
 `NoHostTier` is the host tier of a node configured without one (num_host_blocks = 0): nothing to
 promote, a swap is refused (the scheduler then recomputes), nothing is demoted, no tier to report.
 
@@ -15,6 +19,7 @@ tier reports its moves through `TierMoves` and `SwapObserver`, which the engine'
 preemption policy satisfy, so memory needs nothing of the engine.
 """
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
@@ -31,6 +36,8 @@ from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId
 from radixmesh.proto.kv_layout import KVLayout
+
+log = logging.getLogger(__name__)
 
 
 class TierMemory:
@@ -102,6 +109,7 @@ class HostTier(TierMemory):
                  disk: DiskTier | NoDiskTier | None = None) -> None:
         """`disk`: the tier under this one (None: none), which this tier's evicted prefix blocks go to."""
         self.disk = disk or NoDiskTier()
+        self._spills = disk is not None
         super().__init__(layout, num_blocks, Tier.HOST, "cpu", config, clock,
                          on_evict=self._spill if disk is not None else None)
         self._block_bytes = layout.block_bytes
@@ -164,10 +172,14 @@ class HostTier(TierMemory):
         Runs inside a gpu allocation while the evicted blocks still hold their KV, so it must not
         fail it: it takes only as many host blocks as the host can give (free, or cached ones its
         LRU evicts), keeping the chain heads, which come last because a chain's tail is evicted
-        first. Hashes the host already holds are not copied again.
+        first. The tails it has no room for go straight to the disk tier (a host smaller than one
+        eviction, as a disk tier's staging host is, would otherwise lose them). Hashes the host
+        already holds are not copied again.
         """
         todo = [e for e in evicted if e.hash not in self.cache]
         room = self.pool.num_free + self.pool.num_cached
+        if self._spills:
+            self._spill(todo[: max(len(todo) - room, 0)], gpu)
         todo = todo[max(len(todo) - room, 0):]
         if not todo:
             return
@@ -202,16 +214,56 @@ class HostTier(TierMemory):
         self.cache.insert(run[:served], host_ids, hashes[start - 1] if start else None)
         return host_ids
 
-    def _spill(self, evicted: Sequence[EvictedBlock]) -> None:
-        """Hand the prefix blocks this tier evicts to the disk tier: their bytes are copied now, while
-        the blocks still hold them, and written later by the disk's writer thread."""
+    def _spill(self, evicted: Sequence[EvictedBlock], source: TierMemory | None = None) -> None:
+        """Hand prefix blocks being evicted from `source` (this tier by default) to the disk tier:
+        their bytes are copied now, while the blocks still hold them, and written later by the
+        disk's writer thread."""
         todo = [e for e in evicted if e.hash not in self.disk]
         if not todo:
             return
-        buffer = kernels.gather_blocks(self.kv, [e.block_id for e in todo])
+        buffer = kernels.gather_blocks((source or self).kv, [e.block_id for e in todo]).cpu()
         raw = buffer.view(len(todo), -1).view(torch.uint8).numpy()
         for e, row in zip(todo, raw, strict=True):
             self.disk.offer(e.hash, row.tobytes(), parent=e.parent)
+
+
+PERSIST_BATCH = 64
+"""Blocks gathered off a tier at once by `persist_resident`: one copy each, the deadline checked between."""
+
+
+def persist_resident(tiers: Sequence[TierMemory], disk: DiskTier, clock: Callable[[], float] = time.monotonic
+                     ) -> int:
+    """Write every block `tiers` cache that `disk` lacks, waiting for the writer rather than dropping,
+    for at most disk.persist_s; returns how many were handed over (closing the disk writes them).
+    Only when nothing else uses the tiers (the engine thread has stopped).
+
+    Colder tiers first (host, then gpu) and, within a tier, oldest first: the disk evicts its oldest
+    segment first, so the hottest blocks are the last to go. Blocks past the disk's capacity would
+    only evict the ones before them, so only the newest capacity_blocks are written."""
+    if disk.persist_s <= 0:
+        return 0
+    deadline = clock() + disk.persist_s
+    seen: set[BlockHash] = set()
+    todo: list[tuple[TierMemory, EvictedBlock]] = []
+    for tier in reversed(tiers):
+        for b in tier.cache.blocks():
+            if b.hash not in seen and b.hash not in disk:
+                seen.add(b.hash)
+                todo.append((tier, b))
+    todo = todo[max(len(todo) - disk.capacity_blocks, 0):]
+    handed = 0
+    for i in range(0, len(todo), PERSIST_BATCH):
+        if clock() >= deadline:
+            log.warning("disk tier: stopped persisting after %.1f s: %d of %d cached blocks written",
+                        disk.persist_s, handed, len(todo))
+            break
+        batch = todo[i: i + PERSIST_BATCH]
+        for tier in {id(t): t for t, _ in batch}.values():
+            mine = [b for t, b in batch if t is tier]
+            raw = kernels.gather_blocks(tier.kv, [b.block_id for b in mine]).cpu()
+            for b, row in zip(mine, raw.view(len(mine), -1).view(torch.uint8).numpy(), strict=True):
+                handed += disk.write(b.hash, row.tobytes(), parent=b.parent, timeout_s=max(deadline - clock(), 0.0))
+    return handed
 
 
 def _insert_chain(cache: PrefixCache, chain: list[tuple[EvictedBlock, BlockId]]) -> None:

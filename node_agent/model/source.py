@@ -115,8 +115,12 @@ def resolve_model(spec: str, seed: int = 0) -> ModelSource:
         if not config_file.is_file():
             raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
         return ModelSource(path.name, LlamaConfig.from_hf_dict(json.loads(config_file.read_text())), str(path))
-    raise ValueError(f"unknown model {spec!r}; valid: {', '.join(sorted(NAMED_CONFIGS))}, {SMOLLM2}, "
-                     "a local Hugging Face directory or a .gguf file")
+    hint = ""
+    if spec.count("/") == 1 and not path.exists():  # `org/name`: what vLLM and SGLang take, and download
+        hint = (f" ({spec!r} looks like a Hugging Face hub id: radixmesh never downloads; fetch it with "
+                f"`huggingface-cli download {spec} --local-dir DIR` and pass --model DIR)")
+    raise ValueError(f"unknown model {spec!r}; valid: {', '.join(sorted(NAMED_CONFIGS))} (seeded random "
+                     f"weights), {SMOLLM2}, a local Hugging Face directory or a .gguf file{hint}")
 
 
 def _gguf_source(name: str, path: Path) -> ModelSource:

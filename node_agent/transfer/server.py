@@ -8,22 +8,23 @@ A connection does no work before its requester is authenticated (transfer.handsh
 small (MAX_HANDSHAKE_FRAME_BYTES), the whole handshake has `handshake_timeout_s`, and only then is
 a UCX endpoint created from the address the requester sent (sealed to the session: transfer.binding).
 At most `max_connections` are open. Connections not yet authenticated, which anyone who reaches the
-port can open, live under their own smaller caps (PreAuthLimits): per source address and in all,
-and one that sends nothing is closed after a short first-byte timeout. So silent sockets from one
-host cannot fill the server, and however many hosts open them, authenticated peers keep
+port can open, live under their own smaller caps (pre_auth): per source address and in all, a
+newcomer taking the slot of the oldest connection of whoever holds most, and one that sends nothing
+is closed after a short first-byte timeout. So silent sockets from a few hosts cannot lock honest
+requesters out, and however many hosts open them, authenticated peers keep
 `max_connections - PreAuthLimits.total` slots.
 """
 
 import asyncio
 import logging
-from collections import Counter, deque
-from dataclasses import dataclass
+from collections import deque
 from typing import Any
 
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.transfer import Serial, run_inline, ucx_progress
 from radixmesh.node_agent.transfer.binding import BindingError, BoundPull, SessionBinding, seal_header
 from radixmesh.node_agent.transfer.handshake import PROOF_BYTES, HandshakeError, OwnerHandshake
+from radixmesh.node_agent.transfer.pre_auth import PreAuthLimits, PreAuthSlots
 from radixmesh.node_agent.transfer.protocol import (
     MAX_HANDSHAKE_FRAME_BYTES,
     Kind,
@@ -43,27 +44,10 @@ from radixmesh.proto.ids import NodeId
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_PRE_AUTH = PreAuthLimits()
 ABORT_PERIOD_NS = 100_000_000
 """How long aborting an endpoint may wait for UCX (ucxx's default, 10 s, is spent in full when the
 peer is dead, with the pins still held)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PreAuthLimits:
-    """Bounds on connections that have not authenticated yet: what anyone who reaches the port costs."""
-
-    first_byte_timeout_s: float = 1.0
-    """An honest requester's HELLO leaves with its connection; a socket that sends no frame head this
-    long is closed (the rest of the handshake still has handshake_timeout_s)."""
-    per_source: int = 16
-    """Unauthenticated connections from one address at once; more are closed on arrival. Agents of
-    one host handshake with an owner one connection each, rarely at the same moment."""
-    total: int = 64
-    """Unauthenticated connections at once, from all addresses; less than max_connections."""
-
-    def __post_init__(self) -> None:
-        if self.first_byte_timeout_s <= 0 or not 1 <= self.per_source <= self.total:
-            raise ValueError(f"first_byte_timeout_s must be positive and 1 <= per_source <= total, got {self}")
 
 
 class TransferServer:
@@ -76,7 +60,7 @@ class TransferServer:
 
     def __init__(self, source: TransferSource, host: str, port: int = 0, *, secret: ClusterSecret,
                  node_id: NodeId, send_timeout_s: float = 30.0, handshake_timeout_s: float = 5.0,
-                 max_connections: int = 256, pre_auth: PreAuthLimits = PreAuthLimits(),
+                 max_connections: int = 256, pre_auth: PreAuthLimits = DEFAULT_PRE_AUTH,
                  loopback: bool = False, serial: Serial = run_inline):
         if min(send_timeout_s, handshake_timeout_s) <= 0 or max_connections < 1:
             raise ValueError("send_timeout_s and handshake_timeout_s must be positive, max_connections >= 1")
@@ -86,7 +70,7 @@ class TransferServer:
         self._handshake_timeout_s = handshake_timeout_s
         self._max_connections = max_connections
         self._pre_auth = pre_auth
-        self._pending: Counter[str] = Counter()
+        self._pending = PreAuthSlots(pre_auth)
         """Unauthenticated connections by source address."""
         # Pinning and unpinning go through `serial` (the node agent's engine thread: its pool is not
         # thread-safe); gathering stays here, as it only reads pinned blocks nobody may write.
@@ -106,6 +90,11 @@ class TransferServer:
         request was not bound to their session."""
         self.silent_connections = 0
         """Of those, closed for sending nothing within PreAuthLimits.first_byte_timeout_s."""
+
+    @property
+    def evicted_connections(self) -> int:
+        """Of those, closed to make room for a newer unauthenticated one (pre_auth's order)."""
+        return self._pending.evicted
 
     async def start(self) -> int:
         """Start listening; returns the bound port."""
@@ -134,8 +123,7 @@ class TransferServer:
         task = asyncio.current_task()
         assert task is not None
         source = str(writer.get_extra_info("peername", ("",))[0])
-        if (len(self._handlers) >= self._max_connections or self._pending[source] >= self._pre_auth.per_source
-                or self._pending.total() >= self._pre_auth.total):
+        if len(self._handlers) >= self._max_connections:
             self.refused_connections += 1
             writer.close()
             return
@@ -146,18 +134,17 @@ class TransferServer:
         # watcher per connection: cancelling it would cancel the connection's close future itself.
         hangup = asyncio.ensure_future(writer.wait_closed())
         try:
-            self._pending[source] += 1
+            # An evicted connection's reads end (EOF): it is refused below like any that fails to authenticate.
+            ticket = self._pending.admit(source, writer.transport.abort)
             try:
                 async with asyncio.timeout(self._handshake_timeout_s):
                     binding, address = await self._authenticate(reader, writer)
-            except (HandshakeError, BindingError, TimeoutError, ProtocolError, EOFError) as e:
+            except (HandshakeError, BindingError, TimeoutError, ProtocolError, EOFError, ConnectionError) as e:
                 self.refused_connections += 1
                 logger.warning("transfer connection from %s refused: %r", source, e)
                 return
             finally:
-                self._pending[source] -= 1
-                if not self._pending[source]:
-                    del self._pending[source]
+                self._pending.release(source, ticket)
             ep = await self._ucxx.create_endpoint_from_worker_address(
                 self._ucxx.get_ucx_address_from_buffer(address))
             ucx_progress.nudge(self._ucxx)  # ucxx progressed the worker itself: re-arm it

@@ -36,12 +36,13 @@ class PromptLimits:
         max_tokens past the context length."""
         if not prompt:
             raise InvalidRequest("the prompt is empty")
-        bad = next((t for t in prompt if not (isinstance(t, int) and 0 <= t < self.vocab_size)), None)
-        if bad is not None:
-            raise InvalidRequest(f"token id {bad!r} is outside the vocabulary [0, {self.vocab_size})")
+        # The length first: one comparison refuses a million ids before any is looked at (issue 38).
         if len(prompt) + max_tokens > self.max_context_tokens:
             raise InvalidRequest(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
                                  f"context limit of {self.max_context_tokens} tokens")
+        bad = next((t for t in prompt if not (isinstance(t, int) and 0 <= t < self.vocab_size)), None)
+        if bad is not None:
+            raise InvalidRequest(f"token id {bad!r} is outside the vocabulary [0, {self.vocab_size})")
 
 
 def usable_prefix_blocks(num_tokens: int, block_size: int) -> int:

@@ -110,6 +110,10 @@ CASES: dict[str, tuple[dict[str, str], str, list[dict[str, str]]]] = {
     "hit_rate_dip": ({HITS: "0+48000x60 2880000+36000x40", MISSES: "0+12000x60 720000+24000x40"}, "95m", []),
     "zone_watermark_high": ({'radixmesh_zone_watermark{node="a",zone="kv"}': "0.97x20"}, "15m",
                             [{"node": "a", "zone": "kv"}]),
+    # An idle, warm agent (issue 40): weights at 100% by design, a prefix cache full of reusable blocks.
+    "zone_watermark_idle": ({'radixmesh_zone_watermark{node="a",zone="weights"}': "1x20",
+                             'radixmesh_zone_watermark{node="a",zone="prefix"}': "1x20",
+                             'radixmesh_zone_watermark{node="a",zone="kv"}': "0x20"}, "15m", []),
     "router_down": ({'up{job="radixmesh",role="router",instance="r:8000"}': "1 0x5",
                      'up{job="radixmesh",role="agent",node="a",instance="a:9000"}': "1x5"}, "4m",
                     [{"job": "radixmesh", "role": "router", "instance": "r:8000"}]),

@@ -17,7 +17,7 @@ from radixmesh.cluster.api.app import start_http
 from radixmesh.cluster.bench import report
 from radixmesh.cluster.bench.arms import ARMS, Arm, RunningCluster, Target
 from radixmesh.cluster.bench.metrics import Slo
-from radixmesh.cluster.bench.runner import BenchPlan, run_bench
+from radixmesh.cluster.bench.runner import BenchPlan, RateLadder, run_bench
 from radixmesh.cluster.bench.schedule import schedule
 from radixmesh.cluster.bench.workloads import ChatWorkload
 from radixmesh.cluster.cli.main import main
@@ -72,6 +72,9 @@ class Bars:
         if self.stop is not None and sum(self.done_by_arm.values()) == self.stop_after:
             self.stop.set()
 
+    def more(self, requests: int) -> None:
+        self.totals = {arm: n + requests for arm, n in self.totals.items()}
+
 
 @pytest.mark.slow
 async def test_two_arms_at_two_rates_end_to_end(tmp_path: Path) -> None:
@@ -94,6 +97,12 @@ async def test_two_arms_at_two_rates_end_to_end(tmp_path: Path) -> None:
         assert c["output_tokens_per_s"] == pytest.approx(offered * CHAT.max_tokens / PLAN.duration_s)
         assert c["ttft_lower_bounds"] == 0
         assert not c["interrupted"] and c["sessions"] < offered  # conversations had several turns
+        # each decision of the window beside its outcome: the same requests as the router's counters
+        d = c["decisions"]
+        assert d["decisions"] == c["router_requests"] and d["prefill_tokens"]["realized"] == c["prompt_tokens_computed"]
+        # (the test router's clock is manual, so its own TTFTs are 0: the agents' clocks measure the wait)
+        assert d["calibration"]["ttft"]["n"] == d["calibration"]["wait"]["n"] == d["decisions"]
+        assert d["calibration"]["wait"]["p50"] > 0
         if c["arm"] == "off":
             assert c["hit_rate"] == 0 and c["prompt_tokens_computed"] == c["prompt_tokens"] > 0
             assert c["cached_tokens_reported"] == 0
@@ -114,6 +123,40 @@ async def test_two_arms_at_two_rates_end_to_end(tmp_path: Path) -> None:
     assert head["ttft_p99_cost_over_off"] is not None and head["goodput_cost_over_round_robin"] is None
     assert {"goodput_over_off", "ttft_p99_over_off"} <= set(written["cells"][0]["ratios"])
     assert png_path is not None and png_path.read_bytes().startswith(b"\x89PNG")
+
+
+def _cell(arm: str, rate: float, attainment: float) -> dict[str, Any]:
+    return {"arm": arm, "rate_rps": rate, "slo_attainment": attainment}
+
+
+@pytest.mark.parametrize(("cells", "done"), [
+    # cost still meets the SLO at the top rate: go on
+    ([_cell("cost", 1, 1.0), _cell("off", 1, 0.0)], False),
+    # cost fell at 2 but that is one rate past its knee (1): go on
+    ([_cell("cost", 1, 1.0), _cell("cost", 2, 0.5)], False),
+    # two rates past cost's knee, and no caching arm meets the SLO at the top: done ("off" is not a cache arm)
+    ([_cell("cost", 1, 1.0), _cell("cost", 2, 0.5), _cell("cost", 3, 0.1), _cell("off", 3, 0.95)], True),
+    # two past cost's knee, but prefix_affinity still meets it at the top rate: go on
+    ([_cell("cost", 1, 1.0), _cell("cost", 2, 0.5), _cell("cost", 3, 0.1), _cell("prefix_affinity", 3, 0.9)], False),
+    # cost never met it: two rates run are past its (unmet) knee
+    ([_cell("cost", 1, 0.2), _cell("cost", 2, 0.1)], True),
+    # the bound: four rates run
+    ([_cell("cost", r, 1.0) for r in (1, 2, 3, 4)], True),
+])
+def test_the_rate_ladder_stops_once_every_cache_arm_is_past_the_knee(cells: list[dict[str, Any]], done: bool) -> None:
+    plan = replace(PLAN, arms=(ARMS["cost"], ARMS["prefix_affinity"], ARMS["off"]), knee_attainment=0.9)
+    assert RateLadder(factor=2.0, past_knee=2, max_rates=4).done(plan, cells) is done
+
+
+@pytest.mark.slow
+async def test_a_knee_search_adds_rates_until_the_ladder_is_done() -> None:
+    bars = Bars()
+    plan = replace(PLAN, arms=(ARMS["cost"],), rates=(3.0,), ladder=RateLadder(factor=1.5, past_knee=1, max_rates=2))
+    cells = await run_bench(plan, InProcessClusters(), asyncio.Event(), bars, lambda _: None)
+    # a light load: cost meets the SLO at 3/s, so the ladder adds 4.5/s, and then its bound stops it
+    assert [c["rate_rps"] for c in cells] == [3.0, 4.5] and cells[0]["slo_attainment"] >= 0.9
+    assert bars.totals["cost"] == bars.done_by_arm["cost"] == sum(c["requests"]["offered"] + c["ramp_requests"]
+                                                                  for c in cells)
 
 
 async def test_a_stop_ends_the_running_cell_and_keeps_what_was_measured() -> None:

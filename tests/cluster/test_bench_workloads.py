@@ -1,6 +1,7 @@
 """The bench's workloads and arrivals: seeded (same seed, same requests), Poisson at the offered rate,
 sessions that keep their think times and grow or share prefixes as their kind says."""
 
+import dataclasses
 import itertools
 import random
 import statistics
@@ -10,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from radixmesh.cluster.bench.schedule import BenchRequest, Workload, poisson_arrivals, schedule
-from radixmesh.cluster.bench.workloads import AgentWorkload, ChatWorkload, DocsWorkload, TraceWorkload
+from radixmesh.cluster.bench.workloads import (
+    GENERATORS,
+    AgentWorkload,
+    ChatWorkload,
+    ConvoWorkload,
+    DocsWorkload,
+    TraceWorkload,
+    workload_settings,
+)
 from radixmesh.cluster.sim.trace import read_trace
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "traces" / "mooncake_trace_1000.jsonl"
@@ -113,3 +122,18 @@ def test_a_finite_trace_stops_the_schedule_when_it_runs_out(tmp_path: Path) -> N
     small = tmp_path / "t.jsonl"
     small.write_text("\n".join(TRACE.read_text().splitlines()[:5]) + "\n")
     assert len(schedule(TraceWorkload(small, block_size=4), 100.0, 10.0, seed=0)) == 5
+
+
+def test_convo_conversations_share_nothing_between_users() -> None:
+    sessions = list(itertools.islice(ConvoWorkload().sessions(random.Random(3)), 40))
+    firsts = {s[0].prompt[:16] for s in sessions}
+    assert len(firsts) == len(sessions)  # no two users start alike (no system prompt)
+    for s in sessions:  # each user resends its own conversation
+        assert all(b.prompt[: len(a.prompt)] == a.prompt for a, b in itertools.pairwise(s))
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_the_results_settings_name_each_generator_and_hold_every_field(name: str) -> None:
+    w = GENERATORS[name]()
+    settings = workload_settings(w)
+    assert settings["name"] == name and set(settings) == {f.name for f in dataclasses.fields(w)}

@@ -86,7 +86,7 @@ def test_front_takes_its_api_key_from_the_environment(monkeypatch: pytest.Monkey
     seen: list[str] = []
 
     async def serve(*args: object) -> None:
-        seen.append(str(args[-1]))
+        seen.append(str(args[-2]))  # the api key (the admin config follows it)
 
     monkeypatch.setattr(front_cli, "_serve", serve)
     monkeypatch.setenv(API_KEY_ENV, "key-from-env")

@@ -5,6 +5,7 @@ the reset endpoint included."""
 
 import asyncio
 import json
+import os
 import re
 import signal
 import sys
@@ -14,7 +15,8 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
-from radixmesh.cluster.cli.front import front, parse_engine
+from radixmesh.cluster.cli.front import parse_engine
+from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig
 from radixmesh.cluster.fleet.ingest.subscriber import SubscriberConfig
 from tests.cluster.test_external_engine import BS, SYSTEM, fake_engine, wait_subscribed
@@ -23,6 +25,7 @@ from tests.support.poll import until
 VLLM = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557",
         "replay_endpoint": "tcp://*:5558", "topic": "kv-events"}
 """The config of vLLM's own KV-events example."""
+ADMIN = "front-admin-key-0123456789"
 
 
 def parse(spec: str) -> ExternalEngineConfig:
@@ -81,7 +84,7 @@ def test_a_bad_kv_events_config_is_refused_by_name(spec: str, error: str) -> Non
 
 def test_front_turns_a_bad_config_into_a_usage_error() -> None:
     spec = with_config({**VLLM, "publisher": "null"})
-    result = CliRunner().invoke(front, ["--model", "m", "--engine", spec])
+    result = CliRunner().invoke(main, ["front", "--model", "m", "--engine", spec])
     assert result.exit_code == 2 and "publisher 'null' publishes nothing to follow" in result.output
 
 
@@ -107,7 +110,9 @@ async def test_front_follows_an_engine_by_its_kv_events_config_and_resets_it() -
         config = {**VLLM, "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}", "topic": ""}
         args = [sys.executable, "-m", "radixmesh.cluster.cli", "front", "--model", "fake-model", "--block-size",
                 str(BS), "--port", "0", "--engine", f"name=a,url={engine.url},kv-events-config={json.dumps(config)}"]
-        process = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
+        # The reset is an admin operation (issue 38): the front's key comes from its environment.
+        env = {**os.environ, "RADIXMESH_ADMIN_KEY": ADMIN}
+        process = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, env=env)
         assert process.stdout is not None
         try:
             async with asyncio.timeout(60):
@@ -123,6 +128,9 @@ async def test_front_follows_an_engine_by_its_kv_events_config_and_resets_it() -
                 assert await _cached(http, api, [*SYSTEM, 2]) == 40
 
                 async with http.post(f"{base}/reset_prefix_cache") as r:
+                    assert r.status == 403 and (await r.json())["error"]["code"] == "admin_key_required"
+                assert await _indexed_blocks_are(http, base, 10)  # the refused reset changed nothing
+                async with http.post(f"{base}/reset_prefix_cache", headers={"Authorization": f"Bearer {ADMIN}"}) as r:
                     assert r.status == 200, await r.text()
                     assert await r.json() == {"status": "ok", "dropped_blocks": 0,
                                               "nodes": {"a": {"status": "reset", "dropped_blocks": {}}}}

@@ -169,6 +169,18 @@ async def test_stats_totals_equal_the_sum_of_served_usage(api: Api) -> None:
     assert sum(n["requests"] for n in router["nodes"].values()) == 3
     assert router["policy"] == router["active_policy"] == "cost" and not router["degraded"]
     assert stats["metadata"]["live_nodes"] == 0 and "source" in stats["metadata"]
+    # each decision beside its outcome: the last two, asked for after the first
+    _, text = await api.get("/stats/decisions?after=1")
+    decisions = json.loads(text)
+    assert decisions["decisions"] == 2 and decisions["first_seq"] == 2 and decisions["last_seq"] == 3
+    assert decisions["prefill_tokens"]["realized"] == router["computed"] - (usages[0]["prompt_tokens"] - (
+        usages[0]["prompt_tokens_details"]["cached_tokens"]))
+
+
+@pytest.mark.parametrize("after", ["-1", "x", "1.5", "9" * 19, "１"])
+async def test_stats_decisions_refuses_a_bad_after(api: Api, after: str) -> None:
+    status, text = await api.get(f"/stats/decisions?after={after}")
+    assert status == 400 and json.loads(text)["error"]["param"] == "after"
 
 
 async def test_metrics_scrape_merges_router_and_agents(api: Api) -> None:

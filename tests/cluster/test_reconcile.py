@@ -2,6 +2,7 @@
 nodes offer, and the reconcile rounds as nodes join, leave, fail to start or disagree on layout."""
 
 import asyncio
+import pickle
 from collections.abc import AsyncIterator
 
 import pytest
@@ -11,8 +12,10 @@ from radixmesh.cluster.launch.interface import interface_of
 from radixmesh.cluster.launch.reconcile import (
     AGENT_RESOURCE,
     AgentReconciler,
+    AgentsDidNotStart,
     AgentSlot,
     StartedAgent,
+    failure_line,
     node_slots,
 )
 from radixmesh.cluster.launch.router_actor import one_layout
@@ -182,3 +185,32 @@ async def test_until_any_returns_once_an_agent_runs() -> None:
     cluster.offer("a")
     await r.until_any(interval_s=0.0)
     assert r.directory.nodes() == ["a"]
+
+
+@pytest.mark.anyio
+async def test_until_any_gives_up_with_the_first_error_when_no_agent_could_start() -> None:
+    # `up` with an agent that cannot start (issue 40) retried for ever; every agent shares its
+    # configuration, so a round in which all fail ends the wait, naming the first node's error.
+    cluster = FakeCluster()
+    r = cluster.reconciler()
+    cluster.offer("a", "b")
+    cluster.failing = {NodeId("a"), NodeId("b")}
+    with pytest.raises(AgentsDidNotStart) as e:
+        await r.until_any(interval_s=0.0)
+    assert str(e.value) == ("no agent could start: a: RuntimeError: the node went away while its agent started "
+                            "(and 1 more node(s) failed)")
+    assert cluster.started == ["a", "b"]  # one round, no retries
+
+
+def test_a_failure_is_one_line_naming_the_innermost_cause() -> None:
+    try:
+        try:
+            raise NotADirectoryError(20, "Not a directory", "/tmp/f/kv/node-0")
+        except OSError as inner:
+            raise RuntimeError("agent node-0: Traceback (most recent call last):\n  ...\nmany lines") from inner
+    except RuntimeError as outer:
+        line = failure_line(outer)
+    assert line == "NotADirectoryError: [Errno 20] Not a directory: '/tmp/f/kv/node-0'"
+    # Unpickled across Ray from its message alone, it keeps that message.
+    error = AgentsDidNotStart.of({NodeId("a"): line})
+    assert str(pickle.loads(pickle.dumps(error))) == str(error)

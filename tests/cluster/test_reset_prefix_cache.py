@@ -1,6 +1,7 @@
 """POST /reset_prefix_cache (and SGLang's /flush_cache): every agent drops its cached blocks and the
 index drops them with it, blocks held by a request or a peer's pull stay, the next request hits
-nothing; refused while requests run unless asked to wait; an admin endpoint (issue 30)."""
+nothing; refused while requests run unless asked to wait; an admin endpoint (issue 30) that only the
+admin key derived from the cluster secret opens, paced (issue 38)."""
 
 import asyncio
 from collections.abc import AsyncIterator
@@ -10,6 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from radixmesh.cluster.api.admin import AdminConfig, admin_key
 from radixmesh.cluster.api.app import create_app, start_http
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
@@ -21,20 +23,23 @@ from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServePlan, TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
 from tests.support.poll import until
-from tests.support.router_cluster import MODEL_NAME, Cluster, local_cluster
+from tests.support.router_cluster import MODEL_NAME, SECRET, Cluster, local_cluster
 from tests.support.tiny_model import BS, SOURCE
 
 pytestmark = pytest.mark.anyio
 
 PROMPT = "A system prompt long enough to fill a good number of blocks of bytes."
 BODY = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 2}
-KEY = "admin-key"
+KEY = "api-key"
+ADMIN = admin_key(SECRET)
+AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}
 
 
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[Cluster, str]]:
     async with local_cluster(2, publish=True, policy="round_robin") as cluster:
-        runner, port = await start_http(cluster.router, "127.0.0.1", 0)
+        # No pacing here: these tests reset several times in a row (the pacing has its own test).
+        runner, port = await start_http(cluster.router, "127.0.0.1", 0, admin=AdminConfig(ADMIN, 0.0))
         try:
             yield cluster, f"http://127.0.0.1:{port}"
         finally:
@@ -66,7 +71,7 @@ async def test_reset_drops_every_cached_block_and_its_index_entries(served: tupl
         assert all(held.values())
         index = cluster.service.index
         await until(lambda: all(index.node_block_count(NodeId(n)) for n in held), "the index to hold the blocks")
-        async with http.post(f"{url}/reset_prefix_cache") as r:
+        async with http.post(f"{url}/reset_prefix_cache", headers=AS_ADMIN) as r:
             assert r.status == 200
             doc = await r.json()
         assert doc == {"status": "ok", "dropped_blocks": sum(held.values()),
@@ -85,7 +90,7 @@ async def test_flush_cache_is_the_same_reset(served: tuple[Cluster, str]) -> Non
     async with aiohttp.ClientSession() as http:
         await _complete(http, url)
         held = sum(_held(cluster).values())
-        async with http.post(f"{url}/flush_cache", json={}) as r:
+        async with http.post(f"{url}/flush_cache", json={}, headers=AS_ADMIN) as r:
             assert r.status == 200 and (await r.json())["dropped_blocks"] == held > 0
         assert sum(_held(cluster).values()) == 0
 
@@ -99,7 +104,7 @@ async def test_blocks_pinned_by_a_peer_pull_stay_cached_and_indexed(served: tupl
         chain = [h for h, _ in gpu.cache.snapshot()]
         pinned = await a.runner.call(gpu.cache.match, chain[:3])  # what a peer's pull pins while it streams
         assert len(pinned) == 3
-        async with http.post(f"{url}/reset_prefix_cache") as r:
+        async with http.post(f"{url}/reset_prefix_cache", headers=AS_ADMIN) as r:
             assert r.status == 200
             assert (await r.json())["nodes"]["a"]["dropped_blocks"] == {"gpu": len(chain) - 3}
         assert [h in gpu.cache for h in chain] == [True] * 3 + [False] * (len(chain) - 3)
@@ -118,14 +123,14 @@ async def test_refused_while_a_request_runs_and_done_after_it_when_asked_to_wait
         plan = ServePlan("holder", tuple(range(3, 40)), SamplingParams(max_tokens=300, ignore_eos=True))
         holder = cluster.router.generate(plan)
         assert isinstance(await anext(holder), TokenDelta)  # running until it is closed
-        async with http.post(f"{url}/reset_prefix_cache") as r:
+        async with http.post(f"{url}/reset_prefix_cache", headers=AS_ADMIN) as r:
             assert r.status == 409
             error = (await r.json())["error"]
         assert error["code"] == "requests_running" and "1 request(s) running" in error["message"]
         assert _held(cluster) == held  # nothing dropped
-        async with http.post(f"{url}/reset_prefix_cache", json={"wait": True, "timeout": 0.05}) as r:
+        async with http.post(f"{url}/reset_prefix_cache", json={"wait": True, "timeout": 0.05}, headers=AS_ADMIN) as r:
             assert r.status == 409 and "still running after 0.05 s" in (await r.json())["error"]["message"]
-        waiting = asyncio.ensure_future(http.post(f"{url}/reset_prefix_cache?wait=true"))
+        waiting = asyncio.ensure_future(http.post(f"{url}/reset_prefix_cache?wait=true", headers=AS_ADMIN))
         async with http.get(f"{url}/health") as r:  # the server got to the reset meanwhile
             assert r.status == 200
         assert not waiting.done() and _held(cluster) == held
@@ -146,7 +151,7 @@ async def test_an_agent_busy_with_another_routers_request_is_reported(served: tu
         other = a.serve(plan)  # a request this router does not know of
         assert isinstance(await anext(other), TokenDelta)
         try:
-            async with http.post(f"{url}/reset_prefix_cache") as r:
+            async with http.post(f"{url}/reset_prefix_cache", headers=AS_ADMIN) as r:
                 assert r.status == 409
                 doc = await r.json()
         finally:
@@ -170,9 +175,9 @@ async def test_bad_options_are_refused_and_reset_nothing(served: tuple[Cluster, 
     async with aiohttp.ClientSession() as http:
         await _complete(http, url)
         held = _held(cluster)
-        async with http.post(f"{url}/reset_prefix_cache{query}", json=body) as r:
+        async with http.post(f"{url}/reset_prefix_cache{query}", json=body, headers=AS_ADMIN) as r:
             assert r.status == 400 and message in (await r.json())["error"]["message"]
-        async with http.post(f"{url}/reset_prefix_cache", data="wait", headers={"Content-Type": "text/plain"}) as r:
+        async with http.post(f"{url}/reset_prefix_cache", data="wait", headers={**AS_ADMIN, "Content-Type": "text/plain"}) as r:
             assert r.status == 415
     assert _held(cluster) == held
 
@@ -185,28 +190,65 @@ async def _serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
 
 
-async def test_the_reset_is_an_admin_endpoint() -> None:
+async def test_the_reset_needs_the_admin_key_never_the_api_key() -> None:
+    """Issue 38 item 2: the tenants' API key (or no key on loopback) used to wipe every tenant's cache."""
     async with local_cluster(1) as cluster:
-        apps = {"key": create_app(cluster.router, api_key=KEY, stats_interval_s=None),
-                "closed": create_app(cluster.router, stats_interval_s=None),
-                "loopback": create_app(cluster.router, stats_interval_s=None, keyless_admin=True)}
+        apps = {"key": create_app(cluster.router, api_key=KEY, stats_interval_s=None, admin=AdminConfig(ADMIN)),
+                "keyless": create_app(cluster.router, stats_interval_s=None, admin=AdminConfig(ADMIN, 0.0)),
+                "none": create_app(cluster.router, api_key=KEY, stats_interval_s=None)}
         servers = {name: await _serve_app(app) for name, app in apps.items()}
         try:
             async with aiohttp.ClientSession() as http:
-                key, closed, loopback = (servers[n][1] for n in ("key", "closed", "loopback"))
-                async with http.post(f"{key}/reset_prefix_cache") as r:
+                key, keyless, none = (servers[n][1] for n in ("key", "keyless", "none"))
+                await _complete_with(http, key)
+                held = _held(cluster)
+                for url, headers in ((key, {}), (key, {"Authorization": f"Bearer {KEY}"}), (keyless, {}),
+                                     (keyless, {"Authorization": f"Bearer {KEY}"}), (none, AS_ADMIN)):
+                    async with http.post(f"{url}/reset_prefix_cache", headers=headers) as r:
+                        assert r.status == 403, (url, headers)
+                        assert (await r.json())["error"]["code"] in {"admin_key_required", "admin_disabled"}
+                assert _held(cluster) == held and sum(held.values()) > 0  # nothing was dropped
+                async with http.post(f"{key}/reset_prefix_cache", headers=AS_ADMIN) as r:
+                    assert r.status == 200 and (await r.json())["dropped_blocks"] == sum(held.values())
+                async with http.post(f"{keyless}/flush_cache", headers=AS_ADMIN) as r:
+                    assert r.status == 200
+                # The admin key is scoped: it opens no API path.
+                async with http.post(f"{key}/v1/completions", json=BODY, headers=AS_ADMIN) as r:
                     assert r.status == 401
-                async with http.post(f"{key}/reset_prefix_cache", headers={"Authorization": f"Bearer {KEY}"}) as r:
-                    assert r.status == 200
-                async with http.post(f"{closed}/reset_prefix_cache") as r:
-                    assert r.status == 403 and "needs an API key" in (await r.json())["error"]["message"]
-                async with http.post(f"{loopback}/reset_prefix_cache", headers={"Origin": "http://evil.example"}) as r:
-                    assert r.status == 403 and "browser" in (await r.json())["error"]["message"]
-                async with http.post(f"{loopback}/flush_cache") as r:
-                    assert r.status == 200
         finally:
             for runner, _ in servers.values():
                 await runner.cleanup()
+
+
+async def test_resets_are_paced_and_a_refused_one_changes_nothing() -> None:
+    now = [100.0]
+    async with local_cluster(1) as cluster:
+        runner, url = await _serve_app(create_app(cluster.router, stats_interval_s=None, clock=lambda: now[0],
+                                                  admin=AdminConfig(ADMIN, reset_interval_s=10.0)))
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.post(f"{url}/reset_prefix_cache", json={"timeout": -1}, headers=AS_ADMIN) as r:
+                    assert r.status == 400  # bad input does not use up the reset
+                async with http.post(f"{url}/reset_prefix_cache", headers=AS_ADMIN) as r:
+                    assert r.status == 200
+                await _complete_with(http, url)
+                held = _held(cluster)
+                now[0] += 9.5
+                async with http.post(f"{url}/reset_prefix_cache", headers=AS_ADMIN) as r:
+                    assert r.status == 429 and r.headers["Retry-After"] == "1"
+                    assert (await r.json())["error"]["code"] == "rate_limit_exceeded"
+                assert _held(cluster) == held and sum(held.values()) > 0
+                now[0] += 0.5
+                async with http.post(f"{url}/reset_prefix_cache", headers=AS_ADMIN) as r:
+                    assert r.status == 200
+                assert sum(_held(cluster).values()) == 0
+        finally:
+            await runner.cleanup()
+
+
+async def _complete_with(http: aiohttp.ClientSession, url: str) -> None:
+    async with http.post(f"{url}/v1/completions", json=BODY, headers={"Authorization": f"Bearer {KEY}"}) as r:
+        assert r.status == 200
 
 
 @pytest.mark.parametrize("eviction", sorted(EVICTION_ORDERS))

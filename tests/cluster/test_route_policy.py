@@ -23,7 +23,9 @@ from tests.support.hashes import h
 
 # 1 s per host block, free pulls apart from bandwidth (1 ms a block unless a pair measured another);
 # 10-token blocks at 100 tokens/s = 0.1 s a block.
-CFG = PolicyConfig(block_bytes=1000, host_bytes_per_s=1000.0, pull_latency_s=0.0, pull_bytes_per_s=1e6)
+# Steps of 10 tokens (0.1 s at 100 tokens/s): a pull from a busy holder waits half of one (0.05 s) for
+# the holder's engine thread (cost_model.holder_wait).
+CFG = PolicyConfig(block_bytes=1000, host_bytes_per_s=1000.0, pull_latency_s=0.0, pull_bytes_per_s=1e6, step_tokens=10)
 REQ = RouteRequest(prompt_tokens=50, num_blocks=5, block_tokens=10)
 A, B, C, D = (NodeId(x) for x in "abcd")
 
@@ -84,7 +86,8 @@ def test_cost_pulls_to_an_idle_node_when_the_holder_is_busy() -> None:
     cluster = ClusterView((view(A, 4, queued=1000, inflight=1), view(B)))
     d = make_policy("cost", CFG).route(REQ, cluster)
     assert (d.node, d.local_blocks, d.pull_from, d.pull_blocks) == (B, 0, A, 4)
-    assert d.est_ttft_s == pytest.approx(0.104)
+    # 4 ms on the wire, 50 ms for a's step to end (holder_wait), 100 ms to prefill the last block
+    assert d.est_ttft_s == pytest.approx(0.154)
     assert "pulled from a" in d.reason
 
 
@@ -251,29 +254,33 @@ def test_every_policy_decides_within_the_view(nodes: tuple[NodeView, ...], bw: f
             assert d.local_blocks + d.pull_blocks <= holder.held_blocks
 
 
-def _oracle_ttft(v: NodeView, nodes: tuple[NodeView, ...], bw: float, latency: float) -> tuple[float, int]:
+def _oracle_ttft(v: NodeView, nodes: tuple[NodeView, ...], bw: float, latency: float) -> tuple[float, int, float]:
     """The cost model written out by hand for REQ (block_tokens 10, block_bytes 1000, no host tier
-    part): (TTFT, blocks pulled) of REQ on `v`, pulling from the other node that computed the most."""
+    part): (TTFT, blocks pulled, pull seconds) of REQ on `v`, pulling from the other node that
+    computed the most."""
     rate = v.prefill_tokens_per_s
     local = min(v.local_blocks, 5)
     others = [o for o in nodes if o.node != v.node and o.held_blocks > 0]
-    pulled = 0
+    pulled, wait = 0, 0.0
     if others:
         best = max(others, key=lambda o: o.held_blocks)  # first of the longest
         k = min(best.held_blocks, 5) - local
-        if k > 0 and latency + k * 1000 / bw < k * 10 / rate:
+        # the holder serves the pull between its steps: half a step of its queue and decodes when busy
+        step = min(10, best.queued_tokens) + (32 + best.running_decodes if best.running_decodes else 0)
+        wait = 0.5 * step / best.prefill_tokens_per_s if best.inflight else 0.0
+        if k > 0 and latency + k * 1000 / bw + wait < k * 10 / rate:
             pulled = k
-    pull_s = latency + pulled * 1000 / bw if pulled else 0.0
+    pull_s = latency + pulled * 1000 / bw + wait if pulled else 0.0
     tokens = 50 - (local + pulled) * 10
 
     def ahead(u: NodeView, own: int) -> float:
-        steps = max(1, -(-(u.queued_tokens + own) // 512))
+        steps = max(1, -(-(u.queued_tokens + own) // 10))
         decode = steps * (32 + u.running_decodes) / u.prefill_tokens_per_s if u.running_decodes else 0.0
         return u.queued_tokens / u.prefill_tokens_per_s + u.pulling_s + decode
 
     work = ahead(v, tokens) + pull_s + tokens / rate
     mates = [u for u in nodes if v.compute_group and u.compute_group == v.compute_group and u.node != v.node]
-    return work + sum(min(ahead(u, 0), work) for u in mates), pulled
+    return work + sum(min(ahead(u, 0), work) for u in mates), pulled, pull_s
 
 
 @settings(max_examples=300, deadline=None)
@@ -286,13 +293,13 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float,
     def work(v: NodeView) -> float:
         """REQ's pull and prefill on `v` (no host tier part here)."""
         pulled = _oracle_ttft(v, nodes, bw, latency)[1]
-        return (latency + pulled * 1000 / bw if pulled else 0.0) + (50 - (min(v.local_blocks, 5) + pulled) * 10) / (
+        return (_oracle_ttft(v, nodes, bw, latency)[2] if pulled else 0.0) + (50 - (min(v.local_blocks, 5) + pulled) * 10) / (
             v.prefill_tokens_per_s)
 
     least = min(work(v) for v in eligible)
 
     def score(v: NodeView) -> float:
-        ttft, pulled = _oracle_ttft(v, nodes, bw, latency)
+        ttft, pulled, _ = _oracle_ttft(v, nodes, bw, latency)
         computing = max((o.local_blocks for o in nodes if o.node != v.node and o.local_blocks > o.held_blocks),
                         default=0)
         duplicate = max(0, min(computing, 5) - min(v.local_blocks, 5) - pulled)

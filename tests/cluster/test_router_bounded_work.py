@@ -16,13 +16,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from radixmesh.cluster.api.app import create_app, start_http
 from radixmesh.cluster.api.prompt_tokens import MAX_CHARS_PER_TOKEN, max_prompt_chars
 from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
-from radixmesh.cluster.observability.scrape_cache import ScrapeCache
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.router import Router
 from radixmesh.common.metrics.scrape import ScrapeTarget
+from radixmesh.common.metrics.scrape_cache import ScrapeCache
 from radixmesh.common.text.tokenizer import BYTE_VOCAB_SIZE, ByteTokenizer
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.serve.limits import PromptLimits
+from radixmesh.proto.serve.limits import InvalidRequest, PromptLimits
 from radixmesh.proto.serve.plan import ServeItem, ServePlan
 
 pytestmark = [pytest.mark.anyio]
@@ -129,10 +129,26 @@ async def test_a_chat_whose_rendered_prompt_is_too_long_is_refused_before_tokeni
     assert tokenizer.encodes == 0
 
 
-async def test_the_longest_allowed_prompt_is_tokenized() -> None:
-    async with serving(make_router()) as (http, url):
+async def test_the_longest_allowed_prompt_is_tokenized_and_a_reply_is_at_most_a_context() -> None:
+    """Issue 38 item 13: /tokenize answered with every id of a 4 MiB text, seconds of serializing."""
+    tokenizer = CountingTokenizer()
+    async with serving(make_router(tokenizer)) as (http, url):
         status, answer = await post(http, url + "/tokenize", {"prompt": TOO_LONG[:-1]})
-    assert status == 200 and answer["count"] == MAX_CHARS_PER_TOKEN * CONTEXT
+        assert tokenizer.encodes == 1  # within the character bound: tokenized
+        assert status == 400 and answer["error"]["code"] == "context_length_exceeded"
+        assert f"{MAX_CHARS_PER_TOKEN * CONTEXT} tokens" in answer["error"]["message"]
+        status, answer = await post(http, url + "/tokenize", {"prompt": "y" * CONTEXT})
+    assert status == 200 and answer["count"] == CONTEXT
+
+
+async def test_a_prompt_of_too_many_token_ids_is_refused_by_its_length() -> None:
+    """Issue 38 item 13: a million ids were each checked on the loop before the length was compared."""
+    async with serving(make_router()) as (http, url):
+        body = {"model": MODEL, "prompt": [1] * (CONTEXT + 1) + ["not an id"], "max_tokens": 1}
+        status, answer = await post(http, url + "/v1/completions", body)
+    assert status == 400 and answer["error"]["code"] == "context_length_exceeded"
+    with pytest.raises(InvalidRequest, match="exceeds the context"):  # one rule: the length before the ids
+        PromptLimits(vocab_size=4, max_context_tokens=4).check([9] * 4, 1)
 
 
 OFF_LOOP = [

@@ -3,6 +3,7 @@ deployment the launcher builds, the options that change them, and the configurat
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,8 @@ def test_the_table_names_what_the_options_changed(tmp_path: Path) -> None:
 def test_help_shows_the_up_defaults() -> None:
     out = CliRunner().invoke(sim, ["--help"])
     assert out.exit_code == 0
-    text = " ".join(out.output.split())
+    # Through the group, each option also names its variable (`[env var: RADIXMESH_SIM_EVICTION; default: ...]`).
+    text = re.sub(r"env var: \S+; ", "", " ".join(out.output.split()))
     assert f"--eviction [{'|'.join(sorted(EVICTION_ORDERS))}]" in text
     assert f"[default: {UP.eviction}]" in text and f"[default: {UP.candidates}; x>=0]" in text
     assert f"[default: {'recall' if UP.cluster_recall else 'no-recall'}]" in text

@@ -46,5 +46,7 @@ def test_holds_cut_at_the_ttl_lose_the_hits_of_turns_queued_past_it() -> None:
     requests = conversations()
     held = Simulator(OVERLOADED).run(requests)
     cut = Simulator(dataclasses.replace(OVERLOADED, pending_max_s=OVERLOADED.pending_ttl_s)).run(requests)
-    assert cut.hit_rate < held.hit_rate - 0.03, (cut.hit_rate, held.hit_rate)
+    # 2.1 points here (3.4 before pulls from busy holders were priced with their wait: fewer pulls
+    # now recover what a cut hold scattered)
+    assert cut.hit_rate < held.hit_rate - 0.015, (cut.hit_rate, held.hit_rate)
     assert cut.misses_by_cause["held"] > 3 * held.misses_by_cause["held"], (cut.misses_by_cause, held.misses_by_cause)

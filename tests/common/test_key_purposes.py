@@ -8,6 +8,7 @@ import hmac
 
 import pytest
 
+from radixmesh.cluster.api.admin import admin_key
 from radixmesh.common.metadata.auth import TOKEN_METADATA_KEY, CallerCredentials
 from radixmesh.common.metrics.scrape import metrics_token
 from radixmesh.common.secret import ClusterSecret, KeyPurpose
@@ -74,7 +75,7 @@ def test_the_session_key_is_not_computable_from_the_sniffed_tokens_and_transcrip
 
 
 def test_no_token_sent_on_the_wire_is_a_key_kept_secret() -> None:
-    sent = {sniffed_bearer(A), sniffed_bearer(B), metrics_token(SECRET),
+    sent = {sniffed_bearer(A), sniffed_bearer(B), metrics_token(SECRET), admin_key(SECRET),
             dict(CallerCredentials.cluster(SECRET).metadata)[TOKEN_METADATA_KEY].removeprefix("Bearer ")}
     kept = {SECRET.value, SECRET.hash_key(),
             *(SECRET.key(p, n) for p in (KeyPurpose.TRANSFER_HANDSHAKE, KeyPurpose.TRANSFER_SESSION) for n in (A, B))}
@@ -84,7 +85,7 @@ def test_no_token_sent_on_the_wire_is_a_key_kept_secret() -> None:
 def test_every_purpose_and_node_has_its_own_key() -> None:
     keys = [SECRET.key(p, n) for p in KeyPurpose if p.per_node for n in (A, B)]
     keys += [SECRET.key(p) for p in KeyPurpose if not p.per_node]
-    assert len(set(keys)) == len(keys) == 3 * 2 + 3
+    assert len(set(keys)) == len(keys) == 3 * 2 + 4
     assert all(len(k) == 32 and k != SECRET.value for k in keys)
     other = ClusterSecret(bytes(range(1, 33)))
     assert not set(keys) & {other.key(p, A if p.per_node else None) for p in KeyPurpose}

@@ -2,6 +2,8 @@
 streaming detokenization. The SmolLM2 tests pin our GGUF tokenizer to transformers' own."""
 
 import json
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -172,3 +174,31 @@ def test_smollm2_stream_holds_back_then_flushes_a_cut_character(smollm2: HFToken
     pieces = streamed(smollm2.stream(), ids[:-1])
     assert pieces[:-1] == [""] * (len(ids) - 1) and pieces[-1] == smollm2.decode(ids[:-1])
     assert "\ufffd" in pieces[-1]
+
+
+def test_encoding_a_long_text_lets_other_threads_run(tmp_path: Path) -> None:
+    """Issue 38 item 13: HF `encode` held the GIL throughout, so tokenizing in a worker thread still
+    stalled the router's event loop for seconds. Another thread must keep running meanwhile."""
+    tok = HFTokenizer.from_pretrained_dir(word_level_dir(tmp_path, {}, None))
+    text = "hello world " * 150_000
+    ticks, running = [0], [True]
+
+    def tick() -> None:
+        while running[0]:
+            time.sleep(0.001)  # yields the GIL; counts how often this thread got it back
+            ticks[0] += 1
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        before = ticks[0]
+        t0 = time.perf_counter()
+        ids = tok.encode(text)
+        elapsed = time.perf_counter() - t0
+        during = ticks[0] - before
+    finally:
+        running[0] = False
+        ticker.join()
+    assert ids[:2] == [4, 5] and len(ids) == 300_000
+    # Holding the GIL, the ticker gets at most a tick or two in; released, about one a millisecond.
+    assert during >= max(10, elapsed * 1000 / 20), (during, elapsed)

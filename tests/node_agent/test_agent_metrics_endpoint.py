@@ -20,6 +20,7 @@ from radixmesh.cluster.observability.file_sd import TOKEN_FILE, FileSdConfig, Fi
 from radixmesh.cluster.policy.base import PolicyConfig
 from radixmesh.cluster.router.router import Router
 from radixmesh.common.metrics.scrape import MetricsServer, metrics_token
+from radixmesh.common.metrics.scrape_cache import ScrapeCache
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.ids import NodeId
 from tests.support.router_cluster import MODEL_NAME, SECRET, agent_config, router_config
@@ -104,6 +105,32 @@ async def test_a_stopped_agent_leaves_the_target_list(deployed: Deployed, tmp_pa
 
 
 @pytest.mark.anyio
+async def test_the_token_file_is_never_written_through_a_planted_link(deployed: Deployed, tmp_path: Path) -> None:
+    """Issue 38 item 12: a symlink planted at the file written aside sent the token where it pointed."""
+    folder = tmp_path / "planted"
+    folder.mkdir(mode=0o755)
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    (folder / f".{TOKEN_FILE}.tmp").symlink_to(victim)
+    (folder / TOKEN_FILE).symlink_to(victim)
+    publisher = FileSdPublisher(deployed.router, FileSdConfig(folder / "targets.json", metrics_token="tok"))
+    await publisher.listen_at("127.0.0.1:1")
+    token = folder / TOKEN_FILE
+    assert victim.read_text() == "untouched"
+    assert not token.is_symlink() and token.read_text() == "tok" and token.stat().st_mode & 0o777 == 0o600
+    made = tmp_path / "new" / "prometheus"  # a folder it makes itself is private
+    await FileSdPublisher(deployed.router, FileSdConfig(made / "targets.json", metrics_token="tok")).listen_at("x:1")
+    assert made.stat().st_mode & 0o777 == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone may plant names here: refused, nothing written
+    with pytest.raises(PermissionError, match="others cannot write"):
+        await FileSdPublisher(deployed.router, FileSdConfig(shared / "targets.json", metrics_token="tok")
+                              ).listen_at("127.0.0.1:1")
+    assert list(shared.iterdir()) == []
+
+
+@pytest.mark.anyio
 async def test_off_loopback_an_agent_metrics_endpoint_needs_the_token() -> None:
     async def render() -> str:
         return "# TYPE radixmesh_x gauge\nradixmesh_x 1.0\n"
@@ -121,6 +148,32 @@ async def test_off_loopback_an_agent_metrics_endpoint_needs_the_token() -> None:
                 assert r.status == 401
             async with http.get(f"http://{address}/metrics", headers={"Authorization": f"Bearer {token}"}) as r:
                 assert r.status == 200 and "radixmesh_x 1.0" in await r.text()
+    finally:
+        await server.stop()
+
+
+@pytest.mark.anyio
+async def test_a_scrape_flood_on_an_agent_renders_once_a_second() -> None:
+    """Issue 38 item 14: every GET of an agent's own /metrics rendered on its engine thread."""
+    renders = 0
+    now = [0.0]
+
+    async def render() -> str:
+        nonlocal renders
+        renders += 1
+        return f"# TYPE radixmesh_x gauge\nradixmesh_x {renders}.0\n"
+
+    server = MetricsServer(render, "127.0.0.1", 0, None, ScrapeCache(clock=lambda: now[0]))
+    address = await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(50):
+                async with http.get(f"http://{address}/metrics") as r:
+                    assert r.status == 200 and "radixmesh_x 1.0" in await r.text()
+            now[0] = 1.0  # a second later: one new render for the next scrape
+            async with http.get(f"http://{address}/metrics") as r:
+                assert "radixmesh_x 2.0" in await r.text()
+        assert renders == 2
     finally:
         await server.stop()
 
@@ -149,7 +202,7 @@ async def test_access_log_has_one_line_per_request_with_its_node_and_cached_toke
 
 def test_log_level_is_the_ray_jobs_logging_config_and_bad_levels_are_refused() -> None:
     config = LauncherConfig(local_nodes=1, log_level="debug")
-    assert launcher.logging_config(config).log_level == "DEBUG"
+    assert launcher.job_runtime_env(config)["env_vars"] == {"RADIXMESH_LOG_LEVEL": "DEBUG"}
     with pytest.raises(ValueError, match="log_level must be one of DEBUG"):
         LauncherConfig(local_nodes=1, log_level="loud")
     assert config.agent_config(NodeId("n"), "127.0.0.1:1", "127.0.0.1").metrics_port is None

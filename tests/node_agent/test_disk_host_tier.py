@@ -86,7 +86,7 @@ def test_a_record_that_fails_on_disk_ends_the_read_and_its_host_blocks_go_back_f
     want = cache_on_host(host, CHAIN, 1.0)
     cache_on_host(host, OTHER, 10.0)
     disk.flush()
-    [segment] = tmp_path.iterdir()
+    [segment] = tmp_path.glob("*.seg")
     position = disk.store.hashes().index(CHAIN[1])
     data = bytearray(segment.read_bytes())
     data[position * disk.store.identity.record_bytes + HEADER_BYTES + 3] ^= 0x40  # CHAIN[1]'s KV

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from unittest.mock import patch
 
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from radixmesh.common.metrics.exposition import render_prometheus
 from radixmesh.node_agent.memory.disk import segments
-from radixmesh.node_agent.memory.disk.record import HEADER_BYTES, DiskBlock, DiskIdentity, Dropped
+from radixmesh.node_agent.memory.disk.record import HEADER_BYTES, DiskBlock, DiskIdentity, Dropped, encode
 from radixmesh.node_agent.memory.disk.segments import SegmentStore
 from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier
 from radixmesh.proto.block_hash import BlockHash
@@ -80,7 +80,7 @@ def test_round_trip_through_the_writer_and_a_reopen(tmp_path: Path) -> None:
     assert reopened.get(h(5)) == kv(5) and sum(reopened.counters.dropped.values()) == 0
     # Appends after a reopen go to a fresh segment: the old one's tail may be torn.
     reopened.append([blk(6)])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["00000001.seg", "00000002.seg", "00000003.seg"]
+    assert sorted(p.name for p in tmp_path.glob("*.seg")) == ["00000001.seg", "00000002.seg", "00000003.seg"]
 
 
 def test_capacity_evicts_the_oldest_segment(tmp_path: Path) -> None:
@@ -94,7 +94,7 @@ def test_capacity_evicts_the_oldest_segment(tmp_path: Path) -> None:
 def test_a_segment_size_that_leaves_under_two_segments_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="holds fewer than 2 segments"):
         SegmentStore(tmp_path, IDENTITY, capacity_bytes=RECORD * 7, segment_bytes=RECORD * 4)
-    assert not list(tmp_path.iterdir())
+    assert not list(tmp_path.glob("*.seg"))
 
 
 def test_another_model_or_cluster_key_is_never_served(tmp_path: Path) -> None:
@@ -103,7 +103,7 @@ def test_another_model_or_cluster_key_is_never_served(tmp_path: Path) -> None:
     s.close()
     other = store(tmp_path, identity=DiskIdentity.of(LAYOUT, b"another-cluster"))
     assert len(other) == 0 and other.counters.dropped == {Dropped.FOREIGN: 3}
-    assert not list(tmp_path.iterdir())  # a segment with nothing servable is deleted
+    assert not list(tmp_path.glob("*.seg"))  # a segment with nothing servable is deleted
 
 
 @settings(max_examples=60, deadline=None)
@@ -145,7 +145,7 @@ def test_flipped_bits_and_a_torn_tail_are_dropped_and_counted(tmp_path: Path, se
     s = store(tmp_path, segments=8)
     s.append([blk(i) for i in range(14)])  # segments 1..3 full, 4 holds two
     s.close()
-    files = sorted(tmp_path.iterdir())
+    files = sorted(tmp_path.glob("*.seg"))
     damaged = rng.sample(range(12), 3)  # records of the full segments, anywhere in them (header or KV)
     for r in damaged:
         f = files[r // PER_SEGMENT]
@@ -165,7 +165,7 @@ def test_flipped_bits_and_a_torn_tail_are_dropped_and_counted(tmp_path: Path, se
 def test_a_record_damaged_after_the_scan_is_dropped_at_read(tmp_path: Path) -> None:
     s = store(tmp_path)
     s.append([blk(i) for i in range(2)])
-    f = next(tmp_path.iterdir())
+    f = next(tmp_path.glob("*.seg"))
     data = bytearray(f.read_bytes())
     data[RECORD + HEADER_BYTES + 5] ^= 0x10  # block 1's KV
     f.write_bytes(data)
@@ -216,7 +216,7 @@ def test_a_run_read_stops_at_the_first_damaged_record_like_the_oracle(
         s = store(path, segments=8)
     order = list(range(records))[::-1] if reverse else list(range(records))  # order[slot] = block
     s.append([blk(i) for i in order])
-    files = sorted(path.iterdir())
+    files = sorted(path.glob("*.seg"))
     data = [bytearray(f.read_bytes()) for f in files]
     original = [bytes(d) for d in data]
     bad: dict[int, Dropped] = {}  # block -> why a read drops it
@@ -288,7 +288,7 @@ def test_a_writer_killed_mid_write_never_serves_a_bad_block(tmp_path: Path) -> N
     kills = 0
     while len(torn_files) < 3 and kills < 40:  # until three kills tore a write (timing decides which do)
         kills += 1
-        torn = {f.name for f in tmp_path.iterdir() if f.stat().st_size % identity.record_bytes}
+        torn = {f.name for f in tmp_path.glob("*.seg") if f.stat().st_size % identity.record_bytes}
         with_store = SegmentStore(tmp_path, identity, 1 << 30, segment_bytes)
         assert set(served(with_store)) >= {h(i) for i in range(acknowledged)}
         assert with_store.counters.dropped == ({Dropped.TORN: len(torn)} if torn else {})
@@ -378,3 +378,38 @@ def test_chains_run_head_to_tail_whatever_the_order_on_disk(tmp_path: Path) -> N
     assert tier.chains(1) == [(h(11), h(10))]  # its parent left out: it still names it
     assert tier.chains(0) == []
     tier.close()
+
+
+def test_the_write_queue_is_bounded_in_bytes(tmp_path: Path) -> None:
+    """Issue 38 item 8: the queue was 4,096 blocks whatever their size (8 GiB of 2 MiB blocks)."""
+    tier = DiskTier(DiskConfig(tmp_path, capacity_bytes=4 * PER_SEGMENT * RECORD, segment_bytes=PER_SEGMENT * RECORD,
+                               queue_bytes=3 * BLOCK), IDENTITY)
+    with tier.store._lock:  # a disk that does not keep up: the writer waits here inside its first append
+        for i in range(6):
+            tier.offer(h(i), kv(i), parent=None)
+        assert tier.offers_dropped == 3 and [h(i) in tier for i in range(6)] == [True] * 3 + [False] * 3
+    tier.flush()
+    tier.offer(h(6), kv(6), parent=None)  # written, the queue has room again
+    tier.flush()
+    assert tier.stats().disk_blocks == 4 and tier.offers_dropped == 3
+    tier.close()
+    with pytest.raises(ValueError, match="queue_bytes >= 1"):
+        DiskConfig(tmp_path, capacity_bytes=1 << 20, queue_bytes=0)
+
+
+def test_a_record_forged_without_the_key_is_never_served_and_is_counted(tmp_path: Path) -> None:
+    """Issue 38 item 6: with an unkeyed CRC-32, records written by whoever could write the directory
+    (every header field copied from a real record) were served after a restart."""
+    s = store(tmp_path)
+    s.append([blk(0)])
+    s.close()
+    forger = replace(IDENTITY, record_key=bytes(32))  # every field a real record shows, but not the key
+    forged = bytearray()
+    for i in (1, 2):
+        encode(forger, DiskBlock(h(i), kv(i + 100), h(i - 1)), forged)
+    with open(tmp_path / "00000001.seg", "ab") as f:
+        f.write(forged)
+    reopened = store(tmp_path)
+    assert served(reopened) == {h(0): kv(0)} and h(1) not in reopened
+    assert reopened.counters.dropped == {Dropped.CORRUPT: 2}
+    assert "record_key" not in repr(IDENTITY) and IDENTITY.record_key.hex() not in repr(IDENTITY)

@@ -35,9 +35,9 @@ async def metadata() -> AsyncIterator[tuple[MetadataServer, MetadataClient, str]
     await server.stop(0)
 
 
-async def started(address: str, disk: Path) -> NodeAgent:
-    """Agent "a" with gpu 8 / host 8 blocks (a prompt and its decode take 7) and a disk tier."""
-    engine = EngineConfig(block_size=BS, memory=MemoryConfig(num_gpu_blocks=8, num_host_blocks=8))
+async def started(address: str, disk: Path, gpu: int = 8, host: int = 8) -> NodeAgent:
+    """Agent "a" with gpu 8 / host 8 blocks by default (a prompt and its decode take 7) and a disk tier."""
+    engine = EngineConfig(block_size=BS, memory=MemoryConfig(num_gpu_blocks=gpu, num_host_blocks=host))
     agent = NodeAgent(AgentConfig(NodeId("a"), model=SOURCE, engine=engine, transfer="none", secret=SECRET,
                                   metadata_address=address, heartbeat_interval_s=QUIET, publish_interval_s=QUIET,
                                   disk_cache=str(disk), disk_cache_bytes=1 << 28))
@@ -84,3 +84,92 @@ async def test_a_restarted_agent_announces_its_disk_and_serves_from_it(
         assert tuple(t for d in deltas for t in d.token_ids) == result.output_token_ids == reference(prompts[0])
     finally:
         await second.stop()
+
+
+async def test_a_reset_clears_the_disk_tier_too_and_nothing_comes_back_after_a_restart(
+        metadata: tuple[MetadataServer, MetadataClient, str], tmp_path: Path) -> None:
+    """Issue 38 item 1: the reset used to clear gpu and host only; the disk kept serving the prompt."""
+    server, _, address = metadata
+    prompts = [prompt(40 + i, FULL * BS + 2) for i in range(6)]
+    first = await started(address, tmp_path)
+    try:
+        for i, p in enumerate(prompts):
+            await collect(first.serve(plan(f"w{i}", p)))
+        disk = first.engine.memory.disk
+        assert disk is not None and first.publisher is not None
+        disk.flush()
+        on_disk = disk.stats().disk_blocks
+        assert on_disk >= FULL
+        await first.publisher.flush()
+        dropped = await first.reset_prefix_cache()
+        assert dropped["disk"] == on_disk and disk.stats().disk_blocks == 0
+        assert list(tmp_path.glob("*.seg")) == []
+        assert server.service.index.node_block_count(NodeId("a")) == 0  # the disk's removals were published
+        _, result = await collect(first.serve(plan("after", prompts[0])))
+        assert (result.stats.tokens.local_host, result.stats.tokens.local_disk) == (0, 0)
+    finally:
+        await first.stop()
+    second = await started(address, tmp_path)
+    try:
+        disk = second.engine.memory.disk
+        assert disk is not None
+        # Only what was served after the reset can be here; prompts[1] was not.
+        assert disk.run_length(hash_blocks(prompts[1], BS)) == 0
+        _, result = await collect(second.serve(plan("restarted", prompts[1])))
+        assert result.stats.tokens.local_disk == 0
+    finally:
+        await second.stop()
+
+
+async def test_a_clean_stop_keeps_what_gpu_and_host_held_so_a_restart_at_roomy_sizes_is_warm(
+        metadata: tuple[MetadataServer, MetadataClient, str], tmp_path: Path) -> None:
+    """Issue 40: blocks reached disk only when gpu and host both evicted them, so with pools that hold
+    the whole workload a restart found 0 disk hits, as cold as a first start."""
+    _, client, address = metadata
+    prompts = [prompt(60 + i, FULL * BS + 2) for i in range(3)]
+    first = await started(address, tmp_path, gpu=64, host=0)  # no host blocks (a staging host); nothing evicted
+    try:
+        for i, p in enumerate(prompts):
+            await collect(first.serve(plan(f"w{i}", p)))
+        disk = first.engine.memory.disk
+        assert disk is not None and disk.stats().disk_writes == 0
+    finally:
+        await first.stop()  # a clean stop writes what the gpu caches
+
+    second = await started(address, tmp_path, gpu=64, host=0)
+    try:
+        assert second.publisher is not None
+        await second.publisher.flush()
+        for i, p in enumerate(prompts):
+            held = await indexed(client, second, p)
+            assert held is not None and (held.gpu_blocks, held.any_tier_blocks) == (0, FULL)
+            _, result = await collect(second.serve(plan(f"again{i}", p)))
+            assert result.stats.tokens.local_disk == FULL * BS
+            assert result.output_token_ids == reference(p)
+    finally:
+        await second.stop()
+
+
+async def test_blocks_reaching_disk_are_indexed_without_waiting_for_a_new_registration(
+        metadata: tuple[MetadataServer, MetadataClient, str], tmp_path: Path) -> None:
+    """Issue 40: a block the host evicted to disk left the index until the node registered again."""
+    server, client, address = metadata
+    prompts = [prompt(80 + i, FULL * BS + 2) for i in range(6)]
+    agent = await started(address, tmp_path)
+    try:
+        assert agent.publisher is not None
+        await agent.publisher.flush()  # registered: later blocks travel only as events
+        for i, p in enumerate(prompts):  # the later prompts push the first out of gpu and host, to disk
+            await collect(agent.serve(plan(f"w{i}", p)))
+        memory = agent.engine.memory
+        assert memory.disk is not None
+        memory.disk.flush()
+        await agent.publisher.flush()
+        first_hashes = set(hash_blocks(prompts[0], BS))
+        assert not first_hashes & {h for t in memory.tiers for h, _ in t.cache.snapshot()}  # on disk only
+        held = await indexed(client, agent, prompts[0])
+        assert held is not None and (held.gpu_blocks, held.host_blocks, held.any_tier_blocks) == (0, 0, FULL)
+        everywhere = {h for t in memory.tiers for h, _ in t.cache.snapshot()} | set(memory.disk.store.hashes())
+        assert server.service.index.node_block_count(NodeId("a")) == len(everywhere)
+    finally:
+        await agent.stop()

@@ -146,10 +146,12 @@ async def test_an_endpoint_in_use_fails_the_agents_start_with_its_address() -> N
 
 
 # --- a real agent, followed by radixmesh's own ingest ---------------------------------------------
-def config(endpoint: str = "tcp://127.0.0.1:0", *, gpu_blocks: int = 96, host_blocks: int = 0) -> AgentConfig:
+def config(endpoint: str = "tcp://127.0.0.1:0", *, gpu_blocks: int = 96, host_blocks: int = 0,
+           token_ids: bool = True) -> AgentConfig:
+    """Token ids on: radixmesh's ingest rebuilds our digests from them (off by default: test_kv_events_token_ids)."""
     memory = MemoryConfig(num_gpu_blocks=gpu_blocks, num_host_blocks=host_blocks, hash_key=KEY)
     return AgentConfig(NodeId("zmq"), model=SOURCE, engine=EngineConfig(block_size=BS, memory=memory),
-                       transfer="none", secret=SECRET, kv_events_endpoint=endpoint)
+                       transfer="none", secret=SECRET, kv_events_endpoint=endpoint, kv_events_token_ids=token_ids)
 
 
 class Ingest:
@@ -187,9 +189,9 @@ class Ingest:
 
 
 @contextlib.asynccontextmanager
-async def publishing_agent(gpu_blocks: int = 96, host_blocks: int = 0
+async def publishing_agent(gpu_blocks: int = 96, host_blocks: int = 0, token_ids: bool = True
                            ) -> AsyncIterator[tuple[NodeAgent, ZmqKVEventPublisher]]:
-    agent = NodeAgent(config(gpu_blocks=gpu_blocks, host_blocks=host_blocks))
+    agent = NodeAgent(config(gpu_blocks=gpu_blocks, host_blocks=host_blocks, token_ids=token_ids))
     await agent.start()
     try:
         assert isinstance(agent.kv_events, ZmqKVEventPublisher)
@@ -292,7 +294,7 @@ async def test_a_late_subscriber_replays_the_batches_it_missed() -> None:
 # --- the publisher alone: its ring, and blocks whose tokens lag their events ---------------------
 @contextlib.asynccontextmanager
 async def started(book: TokenBook, buffer_steps: int = 100) -> AsyncIterator[ZmqKVEventPublisher]:
-    publisher = ZmqKVEventPublisher("tcp://127.0.0.1:0", book, buffer_steps=buffer_steps)
+    publisher = ZmqKVEventPublisher("tcp://127.0.0.1:0", book, buffer_steps=buffer_steps, token_ids=True)
     await publisher.start()
     try:
         yield publisher
@@ -434,3 +436,54 @@ def test_the_book_knows_every_held_block_and_bounds_the_rest(ops: list[tuple[str
                 entry = book.get(x)
                 assert entry is not None and (entry.tokens, entry.parent) == chains[x]
         assert len(book) <= sum(1 for t in held.values() if t) + 4
+
+
+async def test_subscriptions_and_replays_are_bounded() -> None:
+    """Issue 38 item 5: every subscription was stored (20 MiB of them: +1.2 GiB), a replay request of
+    any size was read whole, and one 8-byte request sent back the whole ring."""
+    book = TokenBook(BS)
+    publisher = ZmqKVEventPublisher("tcp://127.0.0.1:0", book, topic="kv", buffer_steps=100, max_replay_bytes=1)
+    await publisher.start()
+    ctx = zmq.asyncio.Context()
+    subs = [ctx.socket(zmq.SUB) for _ in range(3)]
+    try:
+        for sub, prefix in zip(subs, (b"zz-not-our-topic", b"k", b"kv"), strict=True):
+            sub.setsockopt(zmq.SUBSCRIBE, prefix)
+            sub.connect(publisher.endpoint)
+        await until(lambda: publisher.subscriptions + publisher.refused_subscriptions == 3, "three subscriptions")
+        assert (publisher.subscriptions, publisher.refused_subscriptions) == (2, 1)
+        for i in range(3):
+            tokens = prompt(i, 2 * BS)
+            hashes = hash_blocks(tokens, BS)
+            book.close(book.open(tokens, hashes, None))
+            publisher.offer([BlockStored(tuple(hashes), None, Tier.GPU)])
+        await until(lambda: publisher.published == 3, "three batches")
+        # One batch per answer past max_replay_bytes; the consumer asks again from the next seq.
+        assert [decode_seq(r[1]) for r in await replay(publisher, 0)] == [0, -1]
+        assert [decode_seq(r[1]) for r in await replay(publisher, 1)] == [1, -1]
+    finally:
+        for sub in subs:
+            sub.close(linger=0)
+        ctx.term()
+        await publisher.stop()
+
+
+@pytest.mark.parametrize("endpoint", ["ipc://@radixmesh-kv", "ipc://@"])
+def test_an_abstract_ipc_socket_is_refused(endpoint: str) -> None:
+    """Issue 38 item 4: an abstract socket has no file, so no permission keeps other users out."""
+    with pytest.raises(ValueError, match="abstract"):
+        AgentConfig(NodeId("a"), kv_events_endpoint=endpoint)
+
+
+async def test_an_ipc_socket_in_a_folder_others_can_enter_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o755)
+    with pytest.raises(ValueError, match="0700"):
+        await ZmqKVEventPublisher(f"ipc://{shared}/kv", TokenBook(BS)).start()
+    assert list(shared.iterdir()) == []  # nothing was bound
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    publisher = ZmqKVEventPublisher(f"ipc://{private}/kv", TokenBook(BS))
+    await publisher.start()
+    await publisher.stop()

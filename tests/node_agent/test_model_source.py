@@ -43,6 +43,15 @@ def test_an_unknown_model_names_the_valid_ones(spec: str) -> None:
         resolve_model(spec)
 
 
+def test_a_hub_id_is_refused_with_what_to_do_instead() -> None:
+    # vLLM and SGLang download `org/name`; radixmesh never does (issue 40): say how to get a directory.
+    with pytest.raises(ValueError, match=r"looks like a Hugging Face hub id: radixmesh never downloads; fetch it "
+                                         r"with `huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct"):
+        resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    with pytest.raises(ValueError, match=r"tiny \(seeded random weights\)"):
+        resolve_model("gpt-5")
+
+
 def test_a_directory_without_config_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no config.json"):
         resolve_model(str(tmp_path))

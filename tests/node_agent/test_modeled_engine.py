@@ -198,6 +198,14 @@ async def test_modeled_agent_labels_its_figures_and_prices_blocks_at_the_profile
         assert agent.node_info().block_bytes == BS * 131072 and agent.layout.block_bytes == BS * 32
         assert 'radixmesh_agent_engine{engine="modeled:h100-llama3-8b"' in await agent.prometheus_text()
         assert agent.layout.model_id.startswith("modeled:h100-llama3-8b-")
+        # its steps are waits, not work on this box's cores: it shares them with no other agent
+        assert (await agent.load()).compute_group == ""
+        real = NodeAgent(agent_config("r"))
+        await real.start()
+        try:
+            assert (await real.load()).compute_group != ""  # a real engine's agents do
+        finally:
+            await real.stop()
     finally:
         await agent.stop()
 

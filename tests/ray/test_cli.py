@@ -17,6 +17,7 @@ from radixmesh.cluster.api.app import start_http
 from radixmesh.cluster.cli.demo import comparison_table
 from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.sim.demo import DemoWorkload, run_workload
+from tests.support.poll import wait_for
 from tests.support.router_cluster import BS, MODEL_NAME, local_cluster
 
 pytestmark = pytest.mark.ray
@@ -44,7 +45,6 @@ async def router_url() -> AsyncIterator[str]:
     (["up", "--local", "2", "--state", "mysql://x"], "state must be 'memory' or a redis:// URL"),
     (["up", "--local", "0"], "0 is not in the range"),
     (["--log-level", "loud", "up", "--local", "1"], "'loud' is not one of 'debug', 'info'"),
-    (["down"], "no running deployment recorded"),
     (["route", "hello"], "no running deployment recorded"),
     (["stats"], "no running deployment recorded"),
     (["stats", "--url", "http://127.0.0.1:9"], "does not answer"),
@@ -55,6 +55,11 @@ def test_bad_input_is_one_line_and_nonzero(home: Path, args: list[str], message:
     assert result.exit_code != 0
     assert message in result.output
     assert not (home / "cluster.json").exists()
+
+
+def test_replay_model_means_the_agents_model_as_in_up(home: Path) -> None:
+    result = CliRunner().invoke(main, ["replay", str(TRACE), "--url", "http://127.0.0.1:9", "--model", "tiny"])
+    assert result.exit_code == 2 and "--model names the agents' model of --local" in result.output
 
 
 def test_replay_needs_exactly_one_target(home: Path) -> None:
@@ -71,9 +76,10 @@ def test_corrupt_record_is_reported(home: Path) -> None:
 @pytest.mark.anyio
 @pytest.mark.integration
 async def test_stats_and_replay_against_a_live_router(router_url: str) -> None:
-    # The commands run their own event loops: in a worker thread, beside this test's loop.
+    # The commands run their own event loops: in a worker thread, beside this test's loop. No model
+    # named: replay asks the router which one it serves (issue 40: it sent "radixmesh" and got 404s).
     args = ["replay", str(TRACE), "--url", router_url, "--limit", "8", "--sequential", "--block-size", str(BS),
-            "--max-prompt-blocks", "8", "--model", MODEL_NAME, "--json"]
+            "--max-prompt-blocks", "8", "--json"]
     result = await asyncio.to_thread(CliRunner().invoke, main, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.output.strip().splitlines()[-1])
@@ -102,8 +108,10 @@ async def test_demo_workload_hits_with_caching_and_never_without(router_url: str
 def up_process(home: Path) -> Iterator[subprocess.Popen[str]]:
     env = {**os.environ, "RADIXMESH_HOME": str(home)}
     exe = Path(sys.executable).with_name("radixmesh")
-    proc = subprocess.Popen([str(exe), "--log-level", "WARNING", "up", "--local", "2", "--port", "0"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # INFO, as a user runs it: the console shows `up`'s phases and the actors' access log.
+    with (home / "console.err").open("w") as console:
+        proc = subprocess.Popen([str(exe), "up", "--local", "2", "--port", "0"], env=env,
+                                stdout=subprocess.PIPE, stderr=console, text=True)
     yield proc
     if proc.poll() is None:
         proc.kill()
@@ -138,6 +146,15 @@ def test_up_route_stats_down_end_to_end(home: Path, up_process: subprocess.Popen
     assert "the prompt is empty" in runner.invoke(main, ["route", ""]).output
     stats = runner.invoke(main, ["stats", "--json"])
     assert '"requests": 2' in stats.output
+    # `up` told each phase, then printed the router's access log (issue 40): plain lines, no Ray ids.
+    console = home / "console.err"
+    wait_for("the access log on up's console", lambda: "POST /radixmesh/route 200" in console.read_text(), 60)
+    text = console.read_text()
+    for phase in ("starting a local Ray for 2", "metadata service on 127.0.0.1:", "agent node-0 ready: KV pool 1024",
+                  "agent node-1 ready", "router on http://127.0.0.1:", "logs: "):
+        assert phase in text, text
+    access = next(line for line in text.splitlines() if "POST /radixmesh/route 200" in line)
+    assert "radixmesh.access" in access and "job_id=" not in access and "worker_id=" not in access
     down = runner.invoke(main, ["down"])
     assert down.exit_code == 0 and "radixmesh is down" in down.output
     assert up_process.wait(timeout=60) == 0
@@ -149,7 +166,7 @@ def test_options_come_from_a_config_file_and_the_environment(home: Path, monkeyp
     config.write_text("up:\n  local: 0\n")
     from_file = CliRunner().invoke(main, ["--config", str(config), "up"])
     assert from_file.exit_code != 0 and "0 is not in the range" in from_file.output  # the file's value was used
-    monkeypatch.setenv("RADIXMESH_UP_LOCAL_NODES", "0")
+    monkeypatch.setenv("RADIXMESH_UP_LOCAL", "0")
     from_env = CliRunner().invoke(main, ["up"])
     assert from_env.exit_code != 0 and "0 is not in the range" in from_env.output
     # The command line wins over both: --local 2 is fine, so the next check (the state URL) speaks.

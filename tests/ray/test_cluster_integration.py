@@ -132,7 +132,7 @@ def _root_log_level() -> int:
 
 
 async def test_actors_log_at_the_deployments_level(local_ray: None) -> None:
-    # init_local_ray set the job's ray.LoggingConfig from CONFIG.log_level: every worker starts with it.
+    # init_local_ray set the job's runtime_env from CONFIG.log_level: every worker starts with it.
     assert await _root_log_level.remote() == logging.ERROR  # Ray's own default is WARNING
 
 

@@ -180,6 +180,20 @@ async def _router_serves_with_the_key(actor: RouterActor) -> None:
                 assert r.status == 200, await r.text()
     finally:
         await actor.stop()
+        await close_router(actor)
+
+
+async def close_router(actor: RouterActor) -> None:
+    """Close what the actor's `start` built and its `stop` leaves to the actor's process ending: the
+    router's index watch and prediction reports, and its metadata client. Here that process is the
+    test worker: a grpc.aio channel left open past this test's event loop later had its cancelled
+    calls' completions delivered to another test's loop, failing that test with "Event loop is
+    closed" (tests/cluster/test_http_api.py's, at setup)."""
+    router = actor._router
+    if router is not None:
+        await router.close()
+        if router.metadata is not None:
+            await router.metadata.close()
 
 
 def test_an_actor_refuses_a_missing_or_shared_key_file(tmp_path: Path) -> None:

@@ -59,6 +59,9 @@ class ExternalEngineConfig:
     """Its prefill rate for the cost model; 0: the router's default."""
     metrics_timeout_s: float = 1.0
     publisher: PublisherConfig = field(default_factory=PublisherConfig)
+    api_key: str = field(default="", repr=False)
+    """The engine's API key (`vllm serve --api-key`), sent as a bearer token on every call to it; "":
+    none. Out of repr: configs are logged."""
 
     def __post_init__(self) -> None:
         if not self.openai_url.startswith(("http://", "https://")):
@@ -71,6 +74,11 @@ class ExternalEngineConfig:
     @property
     def base_url(self) -> str:
         return self.openai_url.rstrip("/")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every request to the engine carries: its API key, when it has one."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
 class LazySession:
@@ -166,7 +174,7 @@ class ExternalEngineNode:
         try:
             session = self._session.get()
             timeout = aiohttp.ClientTimeout(total=self.config.metrics_timeout_s)
-            async with session.get(url, timeout=timeout) as r:
+            async with session.get(url, timeout=timeout, headers=self.config.headers) as r:
                 r.raise_for_status()
                 self.metrics = parse_engine_metrics(await r.text())
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
@@ -255,9 +263,12 @@ class IngestStats:
                                                       "unexpectedly and started again (its blocks forgotten)")
     kv_event_skipped_blocks: dict[str, int] = metric("counter", _SKIPPED_HELP, "reason")  # noqa: RUF009 (a field())
     external_engine_blocks: int = metric("gauge", "Engine blocks indexed as held now")
+    kv_event_dropped_connections: int = metric("counter", "Connections to the engine's KV event socket that "
+                                                          "ended (a frame over the bound, the engine gone)")
 
 
 def ingest_stats(subscriber: KVEventSubscriber, blocks: EngineBlockMap) -> IngestStats:
     s = subscriber.stats
     return IngestStats(s.batches, s.gaps, s.restarts, s.replayed_batches, s.forgets, s.bad_payloads,
-                       s.malformed_messages, subscriber.task.restarts, dict(blocks.skipped), len(blocks))
+                       s.malformed_messages, subscriber.task.restarts, dict(blocks.skipped), len(blocks),
+                       s.dropped_connections)

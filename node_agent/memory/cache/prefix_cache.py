@@ -131,6 +131,11 @@ class PrefixCache:
         have been evicted while its child stays cached; the index keeps such a child unreachable."""
         return list(self._parent.items())
 
+    def blocks(self) -> list[EvictedBlock]:
+        """Every cached block with its hash and parent, in insertion order: what a clean stop writes
+        to the disk tier (memory.tiers.persist_resident)."""
+        return [EvictedBlock(self._table[h], h, p) for h, p in self._parent.items()]
+
     def _emit_stored(self, run: list[BlockHash], parent: BlockHash | None) -> None:
         if run:
             self._events.append(BlockStored(tuple(run), parent, self.tier))

@@ -29,4 +29,7 @@ class DiskStats:
         "counter", "Records found unfit and never served, by reason (torn, corrupt, foreign).", "reason")
     disk_offers_dropped: int = metric("counter", "Blocks not written because the writer was behind.")
     disk_write_errors: int = metric("counter", "Blocks whose write failed (disk full or failing).")
+    disk_skipped_files: int = metric(
+        "gauge", "Entries of the disk tier's directory that are not its segment files (FIFOs, links, other "
+        "names), found at start: skipped, never read or deleted.")
 

@@ -9,7 +9,8 @@ Segments are written once, front to back, in large sequential writes, and never 
 index (block hash -> segment, slot) lives in memory and is rebuilt by `open`, which verifies every
 record and drops (never serves) those that fail. Capacity is a whole number of segments; the
 oldest segment is deleted to make room (FIFO by segment: cheap, and demotions arrive in roughly
-the order the host tier stops wanting them).
+the order the host tier stops wanting them). The directory is checked, locked and read through
+directory.SegmentDirectory: one agent's, never followed through links.
 
 Locking: one lock guards the index and the open files; the bytes of an append are written outside
 it (only the writer thread appends), so reads are never held up behind a large write. A read holds
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from radixmesh.node_agent.memory.disk.directory import SegmentDirectory
 from radixmesh.node_agent.memory.disk.record import (
     HEADER_BYTES,
     DiskBlock,
@@ -37,7 +39,6 @@ from radixmesh.node_agent.memory.disk.record import (
 )
 from radixmesh.proto.block_hash import BlockHash
 
-SUFFIX = ".seg"
 SCAN_BYTES = 8 << 20
 """Bytes read at once re-indexing the segments."""
 READ_BYTES = 1 << 20
@@ -79,7 +80,8 @@ class SegmentStore:
     """Blocks of one DiskIdentity in segment files under `path`, at most `capacity_bytes` of them."""
 
     def __init__(self, path: Path, identity: DiskIdentity, capacity_bytes: int, segment_bytes: int) -> None:
-        """Open (creating) the directory and re-index every segment in it (see `_open`)."""
+        """Open (creating) the directory and re-index every segment in it (see `_open`); the errors
+        of SegmentDirectory when it cannot be trusted or another agent holds it."""
         self.identity = identity
         self.records_per_segment = max(1, segment_bytes // identity.record_bytes)
         self.segment_bytes = self.records_per_segment * identity.record_bytes
@@ -101,10 +103,17 @@ class SegmentStore:
         """Every segment on disk, oldest first (dicts keep insertion order), and the hash in each of
         its slots (None: a record that failed verification)."""
         self._readers: dict[int, int] = {}
+        self._evicted: list[BlockHash] = []
+        """Blocks appends evicted since the last `take_evicted`."""
         self._active: tuple[int, int] | None = None
         """(segment, records written) of the segment appends go to; None: the next append opens one."""
-        path.mkdir(parents=True, exist_ok=True)
-        self._open()
+        self.directory = SegmentDirectory(path)
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+        self._evicted.clear()  # what the re-index dropped was never announced
 
     # --- reads -------------------------------------------------------------------------------
     def __contains__(self, block_hash: BlockHash) -> bool:
@@ -226,9 +235,10 @@ class SegmentStore:
         return reads
 
     # --- writes ------------------------------------------------------------------------------
-    def append(self, blocks: Sequence[DiskBlock]) -> None:
+    def append(self, blocks: Sequence[DiskBlock]) -> list[DiskBlock]:
         """Write `blocks` (hashes already held are skipped), evicting the oldest segments past the
-        capacity; each segment's share is one write. Only one thread may append."""
+        capacity (`take_evicted` says which); each segment's share is one write. Returns the blocks
+        written. Only one thread may append."""
         todo: dict[BlockHash, DiskBlock] = {b.block_hash: b for b in blocks if b.block_hash not in self._index}
         pending = list(todo.values())
         while pending:
@@ -254,14 +264,37 @@ class SegmentStore:
                 self.counters.writes += n
                 self.counters.write_bytes += n * self.identity.block_bytes
                 self.counters.write_seconds += elapsed
+        return list(todo.values())
+
+    def take_evicted(self) -> list[BlockHash]:
+        """The blocks appends evicted since the last call."""
+        with self._lock:
+            evicted, self._evicted = self._evicted, []
+        return evicted
 
     def close(self) -> None:
+        """Close the files and release the directory for another agent. Idempotent."""
         self._reader.shutdown()
         with self._lock:
             for fd in self._readers.values():
                 os.close(fd)
             self._readers.clear()
             self._active = None
+            self.directory.close()
+
+    def clear(self) -> list[BlockHash]:
+        """Delete every segment file and forget every block (a prefix-cache reset); returns the hashes
+        that were held. Only the appending thread's owner may call it, with no append running."""
+        with self._lock:
+            dropped = list(self._index)
+            for segment in list(self._segments):
+                os.close(self._readers.pop(segment))
+                self.directory.unlink(segment)
+            self._segments.clear()
+            self._index.clear()
+            self._parents.clear()
+            self._active = None
+        return dropped
 
     def hashes(self) -> list[BlockHash]:
         """Every block held, oldest segment first."""
@@ -284,10 +317,9 @@ class SegmentStore:
     def _writable(self) -> tuple[int, int, int]:
         """(segment, first free slot, fd) of the segment to append to, starting one if needed."""
         if self._active is None or self._active[1] == self.records_per_segment:
-            segment = max(self._segments, default=0) + 1
             while len(self._segments) >= self.max_segments:
                 self._evict_oldest()
-            fd = os.open(self._file(segment), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+            segment, fd = self.directory.create(max(self._segments, default=0))
             self._segments[segment] = []
             self._readers[segment] = fd
             self._active = (segment, 0)
@@ -310,22 +342,18 @@ class SegmentStore:
             if block_hash is not None and self._index.get(block_hash, (None,))[0] == segment:
                 del self._index[block_hash], self._parents[block_hash]
                 self.counters.evicted += 1
+                self._evicted.append(block_hash)
         os.close(self._readers.pop(segment))
-        self._file(segment).unlink(missing_ok=True)
-
-    def _file(self, segment: int) -> Path:
-        return self.path / f"{segment:08d}{SUFFIX}"
+        self.directory.unlink(segment)
 
     def _open(self) -> None:
         """Re-index the segments already here, oldest first: every record is read and verified;
         failed ones are counted and skipped, a segment with nothing valid is deleted, and appends
         go to a fresh segment (a crash may have torn the last one's tail)."""
-        found = sorted(int(f.stem) for f in self.path.glob(f"*{SUFFIX}") if f.stem.isdigit())
         size = self.identity.record_bytes
         chunk = max(1, SCAN_BYTES // size)
         buffer = memoryview(bytearray(chunk * size))
-        for segment in found:
-            fd = os.open(self._file(segment), os.O_RDONLY)
+        for segment, fd in self.directory.segments():
             whole, tail = divmod(os.fstat(fd).st_size, size)
             if tail:
                 self.counters.dropped[Dropped.TORN] += 1
@@ -346,7 +374,7 @@ class SegmentStore:
                     self._parents[got.block_hash] = got.parent
             if not any(h is not None and self._index.get(h, (None,))[0] == segment for h in held):
                 os.close(fd)
-                self._file(segment).unlink()
+                self.directory.unlink(segment)
                 continue
             self._segments[segment] = held
             self._readers[segment] = fd

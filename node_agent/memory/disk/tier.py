@@ -4,8 +4,14 @@ queued or from disk. `NoDiskTier` is the disk tier of a node without one.
 
 The writer thread is the only one that appends (SegmentStore's contract); the engine thread only
 copies a block's bytes out (it must: the host block is reused as soon as it is evicted) and reads.
-When the disk falls behind, offers past `queue_blocks` are dropped and counted, never waited for:
-a demotion is an optimisation, a stalled engine is not.
+When the disk falls behind, offers past `queue_bytes` are dropped and counted, never waited for:
+a demotion is an optimisation, a stalled engine is not. The bound is in bytes, not blocks: 4,096
+blocks were 8 GiB of memory at Llama-3-8B's 2 MiB blocks (issue 38). `write` waits instead: a clean
+stop uses it to keep what the gpu and host tiers hold (memory.tiers.persist_resident).
+
+What the writer writes and what appends evict become index events (`take_events`, tier disk), so
+the cluster routes to a block the host evicted to disk without waiting for a re-registration
+(issue 40: before, it left the index until the next snapshot).
 """
 
 import logging
@@ -20,10 +26,15 @@ from radixmesh.node_agent.memory.disk.metrics import DiskStats
 from radixmesh.node_agent.memory.disk.record import DiskBlock, DiskIdentity, Dropped
 from radixmesh.node_agent.memory.disk.segments import SegmentStore
 from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import BlockRemoved, BlockStored, CacheEvent, Tier
 
 log = logging.getLogger(__name__)
 
 GB = 1 << 30
+ANNOUNCED_BLOCKS = 1 << 19
+"""Disk blocks a node announces to the index at most: a restarted node's snapshot names its newest
+this many, and arrivals are published only while the tier holds no more (the index refuses a node
+past its declared capacity, which counts at most this many disk blocks)."""
 MEASURED_BYTES = 16 << 20
 """Bytes read before a read rate is trusted: below it, a few small reads measure syscall overhead."""
 
@@ -33,18 +44,24 @@ class DiskConfig:
     """Where one agent keeps its disk tier and how much of it."""
 
     path: Path
-    """Directory of the segment files (one per agent: two agents must not share it)."""
+    """Directory of the segment files: this user's, written by nobody else, one agent's at a time
+    (memory.disk.directory checks and locks it)."""
     capacity_bytes: int
     """Bound on the segment files' size; the oldest segment goes first past it."""
     segment_bytes: int = 64 << 20
     """Size of one segment file: the unit of eviction, and the most one append writes at once."""
-    queue_blocks: int = 4096
-    """Blocks offered but not yet written, at most; offers past it are dropped."""
+    queue_bytes: int = 256 << 20
+    """KV bytes offered but not yet written, at most; offers past it are dropped (one block is always
+    taken into an empty queue, whatever its size)."""
+    persist_s: float = 20.0
+    """Seconds a clean stop spends at most writing the gpu and host tiers' cached blocks that the
+    disk lacks, so a restart finds them (0: none). The launcher waits 30 s for an agent to stop
+    (cluster.launch.reconcile.AGENT_STOP_TIMEOUT_S), and closing writes the queue after this."""
 
     def __post_init__(self) -> None:
-        if self.segment_bytes <= 0 or self.queue_blocks < 1:
-            raise ValueError(f"need segment_bytes > 0 and queue_blocks >= 1, got {self.segment_bytes}, "
-                             f"{self.queue_blocks}")
+        if self.segment_bytes <= 0 or self.queue_bytes < 1 or not 0 <= self.persist_s < float("inf"):
+            raise ValueError(f"need segment_bytes > 0, queue_bytes >= 1 and a finite persist_s >= 0, got "
+                             f"{self.segment_bytes}, {self.queue_bytes}, {self.persist_s}")
         if self.capacity_bytes < 2 * self.segment_bytes:  # one segment being written, one or more to evict
             raise ValueError(f"disk capacity must hold 2 segments of {self.segment_bytes} bytes, "
                              f"got {self.capacity_bytes} bytes")
@@ -59,12 +76,19 @@ class DiskTier:
         scanned, elapsed = self.store.disk_bytes, time.perf_counter() - t0
         self._scan_bytes_per_s = scanned / elapsed if scanned >= MEASURED_BYTES else 0.0
         """The re-index's read rate (every record read and verified): a restarted node's first price."""
-        self._queue: queue.Queue[DiskBlock | None] = queue.Queue(config.queue_blocks)
+        self._queue: queue.Queue[DiskBlock | None] = queue.Queue()  # bounded by _pending_bytes
         self._pending: dict[BlockHash, bytes] = {}
+        self._pending_bytes = 0
+        self._queue_bytes = config.queue_bytes
+        self.persist_s = config.persist_s
         self._lock = threading.Lock()
+        self._written = threading.Condition(self._lock)
+        """Notified whenever the writer frees queue bytes (what `write` waits for)."""
         self._batch_blocks = max(1, self.store.records_per_segment // 4)
         self.offers_dropped = 0
         self.write_errors = 0
+        self._events: list[CacheEvent] = []
+        """Arrivals, evictions and a reset's removals not yet taken (under _lock: two threads add)."""
         self._writer = threading.Thread(target=self._write_loop, name="radixmesh-disk-writer", daemon=True)
         self._writer.start()
 
@@ -77,12 +101,24 @@ class DiskTier:
         with self._lock:
             if block_hash in self._pending or block_hash in self.store:
                 return
-            try:
-                self._queue.put_nowait(DiskBlock(block_hash, payload, parent))
-            except queue.Full:
+            if self._pending and self._pending_bytes + len(payload) > self._queue_bytes:
                 self.offers_dropped += 1
                 return
+            self._queue.put_nowait(DiskBlock(block_hash, payload, parent))
             self._pending[block_hash] = payload
+            self._pending_bytes += len(payload)
+
+    def write(self, block_hash: BlockHash, payload: bytes, *, parent: BlockHash | None,
+              timeout_s: float | None = None) -> bool:
+        """`offer`, but when the queue is full wait (at most `timeout_s`) for the writer to make room
+        rather than drop the block; False if the room never came. Never from the engine thread while
+        it serves (a slow disk would stall it)."""
+        with self._written:
+            if not self._written.wait_for(
+                    lambda: not self._pending or self._pending_bytes + len(payload) <= self._queue_bytes, timeout_s):
+                return False
+        self.offer(block_hash, payload, parent=parent)
+        return True
 
     def get_run(self, hashes: Sequence[BlockHash]) -> list[memoryview]:
         """The KV bytes of the longest prefix of `hashes` held here (still queued, or on disk and
@@ -135,23 +171,30 @@ class DiskTier:
         each chain runs head to tail (a parent held here comes before its children): what a
         restarted node announces. The host demotes a chain tail first, so the disk's own order is
         mostly reversed."""
-        held = self.store.blocks()[-limit:] if limit > 0 else []
-        parents = dict(held)
-        children: dict[BlockHash | None, list[BlockHash]] = {}
-        for h, p in held:
-            # A block whose parent is not held starts a chain of its own here.
-            children.setdefault(p if p in parents else None, []).append(h)
-        out: list[tuple[BlockHash, BlockHash | None]] = []
-        stack = list(reversed(children.get(None, [])))
-        while stack:
-            h = stack.pop()
-            out.append((h, parents[h]))
-            stack += reversed(children.get(h, []))
-        return out
+        return head_to_tail(self.store.blocks()[-limit:] if limit > 0 else [])
 
     def flush(self) -> None:
         """Return once every block offered so far is written (or its write failed)."""
         self._queue.join()
+
+    def clear(self) -> int:
+        """Drop every block held (a prefix-cache reset): what is queued is written first, then every
+        segment is deleted, so nothing survives into a restart. Call it from the thread that offers
+        (the engine's), so no offer races it. Returns the blocks dropped; `take_events` then says
+        which, so the index drops them too (between snapshots the disk publishes nothing else)."""
+        self.flush()
+        dropped = self.store.clear()
+        with self._lock:
+            if dropped:
+                self._events.append(BlockRemoved(tuple(dropped), Tier.DISK))
+        return len(dropped)
+
+    def take_events(self) -> list[CacheEvent]:
+        """What reached the disk (BlockStored), what it evicted or a reset cleared (BlockRemoved)
+        since the last call, in order."""
+        with self._lock:
+            events, self._events = self._events, []
+        return events
 
     def close(self) -> None:
         self._queue.put(None)
@@ -176,6 +219,7 @@ class DiskTier:
             disk_dropped_blocks={r.value: c.dropped[r] for r in Dropped},
             disk_offers_dropped=self.offers_dropped,
             disk_write_errors=self.write_errors,
+            disk_skipped_files=store.directory.skipped,
         )
 
     def _write_loop(self) -> None:
@@ -197,14 +241,22 @@ class DiskTier:
                     self._queue.task_done()
                     break
                 batch.append(item)
+            written: list[DiskBlock] = []
             try:
-                self.store.append(batch)
+                written = self.store.append(batch)
             except OSError as e:  # a full or failing disk loses these blocks, never the agent
                 self.write_errors += len(batch)
                 log.warning("disk tier: writing %d blocks to %s failed: %s", len(batch), self.store.path, e)
+            evicted = self.store.take_evicted()
             with self._lock:
                 for block in batch:
-                    self._pending.pop(block.block_hash, None)
+                    if self._pending.pop(block.block_hash, None) is not None:
+                        self._pending_bytes -= len(block.payload)
+                self._written.notify_all()
+                if evicted:  # before the arrivals: an append evicts only blocks it does not write
+                    self._events.append(BlockRemoved(tuple(evicted), Tier.DISK))
+                if len(self.store) <= ANNOUNCED_BLOCKS:
+                    self._events += stored_chains(head_to_tail([(b.block_hash, b.parent) for b in written]))
             for _ in batch:
                 self._queue.task_done()
 
@@ -224,5 +276,41 @@ class NoDiskTier:
     def get_run_into(self, hashes: Sequence[BlockHash], into: Sequence[memoryview]) -> int:
         return 0
 
+    def take_events(self) -> list[CacheEvent]:
+        return []
+
     def close(self) -> None:
         pass
+
+
+def head_to_tail(held: Sequence[tuple[BlockHash, BlockHash | None]]) -> list[tuple[BlockHash, BlockHash | None]]:
+    """(hash, parent) pairs reordered so that each chain runs head to tail (a parent among them comes
+    before its children); a block whose parent is not among them starts a chain of its own."""
+    parents = dict(held)
+    children: dict[BlockHash | None, list[BlockHash]] = {}
+    for h, p in held:
+        children.setdefault(p if p in parents else None, []).append(h)
+    out: list[tuple[BlockHash, BlockHash | None]] = []
+    stack = list(reversed(children.get(None, [])))
+    while stack:
+        h = stack.pop()
+        out.append((h, parents[h]))
+        stack += reversed(children.get(h, []))
+    return out
+
+
+def stored_chains(pairs: Sequence[tuple[BlockHash, BlockHash | None]]) -> list[CacheEvent]:
+    """Head-to-tail (hash, parent) pairs as disk BlockStored events, one per run of links."""
+    out: list[CacheEvent] = []
+    run: list[BlockHash] = []
+    parent: BlockHash | None = None
+    for h, p in pairs:
+        if run and p == run[-1]:
+            run.append(h)
+            continue
+        if run:
+            out.append(BlockStored(tuple(run), parent, Tier.DISK))
+        run, parent = [h], p
+    if run:
+        out.append(BlockStored(tuple(run), parent, Tier.DISK))
+    return out

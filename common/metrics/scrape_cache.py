@@ -1,4 +1,4 @@
-"""The router's /metrics exposition, rendered at most once per `ttl_s` per scope.
+"""A /metrics exposition rendered at most once per `ttl_s` per scope: the router's and each agent's own.
 
 A render asks every agent for its text, and each agent renders on its engine thread: N scrapers (or
 one client in a loop) must not make N renders. Scrapes that arrive while a render runs wait for it;

@@ -1,0 +1,27 @@
+"""`radixmesh admin-key`: print the router's admin key, derived from the cluster secret.
+
+The admin key opens the prefix-cache reset and /stats' per-tenant table (cluster/api/admin.py). It
+is never stored: whoever holds the secret derives it again, so it is printed where the secret is
+(the head, as the user `up` ran as). Nothing is made here: no secret is an error, not a new one.
+"""
+
+from pathlib import Path
+
+import click
+
+from radixmesh.cluster.api.admin import admin_key
+from radixmesh.cluster.launch.secret_file import SECRET_ENV, node_secret
+
+
+@click.command("admin-key")
+@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=f"Cluster secret (hex, mode 0600) [default: ${SECRET_ENV}, else $RADIXMESH_HOME/secret].")
+def admin_key_command(secret_file: Path | None) -> None:
+    """Print the router's admin key, derived from the cluster secret.
+
+    Send it as `Authorization: Bearer <key>` to /reset_prefix_cache, /flush_cache and /stats."""
+    try:
+        secret = node_secret(secret_file)
+    except ValueError as e:  # missing, readable by others, or not a secret: one line, exit 1
+        raise click.ClickException(f"{e} (`radixmesh up` makes the secret on first use)") from None
+    click.echo(admin_key(secret))

@@ -1,0 +1,108 @@
+"""Each routing decision's prediction beside what happened, and the report over a run: how far each
+price the policy used came true, and what the decisions that left a longer cached prefix behind bought.
+
+Kept per served request (a bounded ring of the latest; `seq` numbers them so a caller can ask for the
+decisions after a point, as a bench does for its measured window):
+
+- TTFT: the policy's estimate vs the router's end-to-end time to first token.
+- Wait (queue + prefill): the estimate's queue and prefill vs the agent's TTFT less its pull time
+  (the agent's clock: what the node spent before the first token that was not the pull).
+- Pull: the estimated pull seconds vs the agent's measured pull (only decisions that planned one).
+- Prefill tokens: the tokens the decision expected to compute vs those the node computed.
+- Left behind: a decision whose reuse (local + pulled) is shorter than the longest prefix some
+  candidate held: the cached tokens it gave up, and the estimated TTFT it bought (the longest
+  holder's estimate minus the chosen one's, when the policy priced it).
+
+Calibration is the ratio realized / predicted, median and p90 (1.0 is a price that came true; a p50
+of 2 means the price was half the truth). Regret in hindsight is the router's `routing_regret_tokens`
+(tokens cached somewhere per the index, recomputed anyway); this report explains it per decision.
+"""
+
+import collections
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+DEFAULT_CAPACITY = 16384
+"""Outcomes kept: a bench cell's window at a few hundred requests a second; memory ~2 MiB."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One served request: what its routing decision predicted and what was measured."""
+
+    seq: int
+    predicted_ttft_s: float
+    realized_ttft_s: float
+    predicted_wait_s: float
+    """Estimated queue + prefill (+ tier reads): the TTFT less the pull."""
+    realized_wait_s: float
+    predicted_pull_s: float
+    realized_pull_s: float
+    predicted_computed: int
+    """Prompt tokens the decision expected the node to prefill."""
+    realized_computed: int
+    left_tokens: int
+    """Cached prompt tokens on some candidate beyond what this decision reused (0: it took the longest)."""
+    bought_s: float | None
+    """Estimated TTFT at the longest holder minus at the chosen node (None: not priced, or not left)."""
+
+
+def _quantiles(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    values = sorted(values)
+    p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
+    return {"n": len(values), "p50": statistics.median(values), "p90": p90}
+
+
+def _ratios(pairs: Iterable[tuple[float, float]]) -> dict[str, float] | None:
+    """realized / predicted over the pairs whose prediction is > 0."""
+    return _quantiles([r / p for p, r in pairs if p > 0])
+
+
+class Calibration:
+    """The latest outcomes and their report."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self._outcomes: collections.deque[Outcome] = collections.deque(maxlen=capacity)
+        self.seq = 0
+        """The last outcome's number (0: none yet)."""
+
+    def add(self, *, predicted_ttft_s: float, realized_ttft_s: float, predicted_pull_s: float,
+            realized_pull_s: float, agent_ttft_s: float, predicted_computed: int, realized_computed: int,
+            left_tokens: int, bought_s: float | None) -> None:
+        self.seq += 1
+        self._outcomes.append(Outcome(
+            self.seq, predicted_ttft_s, realized_ttft_s, max(0.0, predicted_ttft_s - predicted_pull_s),
+            max(0.0, agent_ttft_s - realized_pull_s), predicted_pull_s, realized_pull_s, predicted_computed,
+            realized_computed, left_tokens, bought_s))
+
+    def report(self, after: int = 0) -> dict[str, object]:
+        """The report over the outcomes numbered > `after` still held (`first_seq` says where they
+        start: later than after + 1 when the ring dropped some)."""
+        kept = [o for o in self._outcomes if o.seq > after]
+        left = [o for o in kept if o.left_tokens > 0]
+        return {
+            "decisions": len(kept),
+            "first_seq": kept[0].seq if kept else None,
+            "last_seq": self.seq,
+            "calibration": {
+                "ttft": _ratios((o.predicted_ttft_s, o.realized_ttft_s) for o in kept),
+                "wait": _ratios((o.predicted_wait_s, o.realized_wait_s) for o in kept),
+                "pull": _ratios((o.predicted_pull_s, o.realized_pull_s) for o in kept if o.predicted_pull_s > 0),
+                "prefill_tokens": _ratios((o.predicted_computed, o.realized_computed) for o in kept),
+            },
+            "ttft_abs_error_s": _quantiles([abs(o.realized_ttft_s - o.predicted_ttft_s) for o in kept]),
+            "prefill_tokens": {"predicted": sum(o.predicted_computed for o in kept),
+                               "realized": sum(o.realized_computed for o in kept)},
+            "left_behind": {
+                "decisions": len(left),
+                "share": len(left) / len(kept) if kept else 0.0,
+                "tokens": sum(o.left_tokens for o in left),
+                "bought_s": _quantiles([o.bought_s for o in left if o.bought_s is not None]),
+                "realized_ttft_s": _quantiles([o.realized_ttft_s for o in left]),
+            },
+        }

@@ -1,0 +1,49 @@
+"""`radixmesh admin-key` prints the admin key derived from the secret `up` runs with (flag,
+RADIXMESH_SECRET, $RADIXMESH_HOME/secret), and never makes a secret: none, or one others can read,
+is one line and exit 1."""
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from radixmesh.cluster.api.admin import admin_key
+from radixmesh.cluster.cli.main import main
+from radixmesh.cluster.launch.secret_file import create_secret
+from radixmesh.common.secret import ClusterSecret
+
+SECRET = "5" * 64
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RADIXMESH_HOME", str(tmp_path))
+    for name in [n for n in os.environ if n.startswith("RADIXMESH_") and n != "RADIXMESH_HOME"]:
+        monkeypatch.delenv(name)
+    return tmp_path
+
+
+def test_it_prints_the_key_of_the_secret_up_uses(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = create_secret(home / "secret")  # what `up` made on first use
+    result = CliRunner().invoke(main, ["admin-key"])
+    assert (result.exit_code, result.output) == (0, admin_key(made) + "\n")
+    given = create_secret(home / "given")
+    assert CliRunner().invoke(main, ["admin-key", "--secret-file", str(home / "given")]).output.strip() == \
+        admin_key(given)
+    monkeypatch.setenv("RADIXMESH_SECRET", SECRET)
+    assert CliRunner().invoke(main, ["admin-key"]).output.strip() == admin_key(ClusterSecret.from_hex(SECRET))
+
+
+def test_without_a_secret_it_says_so_and_makes_none(home: Path) -> None:
+    result = CliRunner().invoke(main, ["admin-key"])
+    assert result.exit_code == 1 and "the cluster secret: cannot read" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (home / "secret").exists()
+
+
+def test_a_secret_others_can_read_is_refused(home: Path) -> None:
+    create_secret(home / "secret")
+    os.chmod(home / "secret", 0o644)
+    result = CliRunner().invoke(main, ["admin-key"])
+    assert result.exit_code == 1 and "accessible to other users" in result.output

@@ -1,0 +1,52 @@
+"""The router's calibration report (cluster/router/calibration.py) against an oracle: ratios and
+quantiles recomputed from the outcomes added, the window after a decision number, the ring's bound."""
+
+import statistics
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from radixmesh.cluster.router.calibration import Calibration
+
+outcome = st.fixed_dictionaries({
+    "predicted_ttft_s": st.floats(0.0, 10.0), "realized_ttft_s": st.floats(0.0, 10.0),
+    "predicted_pull_s": st.floats(0.0, 1.0), "realized_pull_s": st.floats(0.0, 1.0),
+    "agent_ttft_s": st.floats(0.0, 10.0), "predicted_computed": st.integers(0, 4096),
+    "realized_computed": st.integers(0, 4096), "left_tokens": st.integers(0, 512),
+    "bought_s": st.none() | st.floats(-5.0, 5.0)})
+
+
+@given(st.lists(outcome, max_size=40), st.integers(0, 45), st.integers(1, 50))
+def test_the_report_matches_an_oracle_over_the_kept_window(added: list[dict], after: int, capacity: int) -> None:  # type: ignore[type-arg]
+    cal = Calibration(capacity)
+    for o in added:
+        cal.add(**o)
+    report = cal.report(after)
+    numbered = list(enumerate(added, start=1))[-capacity:]  # the ring keeps the latest `capacity`
+    kept = [o for seq, o in numbered if seq > after]
+    assert report["decisions"] == len(kept) and report["last_seq"] == len(added)
+    assert report["first_seq"] == (next(seq for seq, _ in numbered if seq > after) if kept else None)
+    ratios = [o["realized_ttft_s"] / o["predicted_ttft_s"] for o in kept if o["predicted_ttft_s"] > 0]
+    ttft = report["calibration"]["ttft"]  # type: ignore[index]
+    if ratios:
+        assert ttft["n"] == len(ratios) and ttft["p50"] == statistics.median(ratios)
+        assert ttft["p90"] == sorted(ratios)[min(len(ratios) - 1, int(0.9 * len(ratios)))] >= min(ratios)
+    else:
+        assert ttft is None
+    pulls = [o for o in kept if o["predicted_pull_s"] > 0]
+    assert (report["calibration"]["pull"] or {"n": 0})["n"] == len(pulls)  # type: ignore[index]
+    assert report["prefill_tokens"] == {"predicted": sum(o["predicted_computed"] for o in kept),
+                                        "realized": sum(o["realized_computed"] for o in kept)}
+    left = [o for o in kept if o["left_tokens"] > 0]
+    behind = report["left_behind"]
+    assert behind["decisions"] == len(left) and behind["tokens"] == sum(o["left_tokens"] for o in left)  # type: ignore[index]
+    bought = [o["bought_s"] for o in left if o["bought_s"] is not None]
+    assert (behind["bought_s"] or {"n": 0})["n"] == len(bought)  # type: ignore[index]
+
+
+def test_wait_is_the_ttft_less_the_pull_on_each_side() -> None:
+    cal = Calibration()
+    cal.add(predicted_ttft_s=1.0, realized_ttft_s=1.5, predicted_pull_s=0.2, realized_pull_s=0.3, agent_ttft_s=1.3,
+            predicted_computed=100, realized_computed=100, left_tokens=0, bought_s=None)
+    wait = cal.report()["calibration"]["wait"]  # type: ignore[index]
+    assert wait["p50"] == (1.3 - 0.3) / (1.0 - 0.2)

@@ -14,6 +14,10 @@ Scores add two prices to the TTFT, both for work a node does that another candid
   or pulls beyond the cheapest candidate's work holds up the requests queued there. Own TTFT alone
   made a move to a modestly shorter queue look free, and on a busy cluster everyone paid for the
   recompute (docs/routing.md). An idle node is charged nothing: a busy holder still loses to one.
+
+A candidate that would leave part of the longest cached prefix behind (reusing fewer blocks, local
+and pulled, than the longest holder has) is also charged the view's `move_margin_s`: the router's
+recent median TTFT error, so a move must buy more than the estimates' own noise.
 """
 
 import random
@@ -93,10 +97,12 @@ class _Scored(NamedTuple):
     """Work beyond the cheapest candidate's."""
     delay_s: float
     """What `extra_s` costs the requests queued behind it (delay_to_others)."""
+    margin_s: float
+    """The view's move margin when this candidate leaves cached blocks behind, else 0."""
 
     @property
     def score(self) -> float:
-        return self.own_s + self.delay_s
+        return self.own_s + self.delay_s + self.margin_s
 
 
 def _delay(s: _Scored) -> str:
@@ -129,7 +135,13 @@ class CostPolicy:
             own = est.total_s + duplicate * request.block_tokens / v.prefill_tokens_per_s
             priced.append((own, est, v, holder, duplicate))
         least = min(p[1].work_s for p in priced)
-        scored = [_Scored(*p, p[1].work_s - least, delay_to_others(p[2], p[1].work_s - least)) for p in priced]
+        longest = max(min(p[2].local_blocks, request.num_blocks) for p in priced)
+
+        def margin(est: TTFTEstimate, v: NodeView) -> float:
+            return cluster.move_margin_s if min(v.local_blocks, request.num_blocks) + est.pull_blocks < longest else 0.0
+
+        scored = [_Scored(*p, p[1].work_s - least, delay_to_others(p[2], p[1].work_s - least), margin(p[1], p[2]))
+                  for p in priced]
         best = min((s.score, s.view.inflight) for s in scored)
         tied = [s for s in scored if (s.score, s.view.inflight) == best]
         pick = tied[0] if len(tied) == 1 else self._rng.choice(tied)
@@ -151,10 +163,11 @@ class CostPolicy:
         if faster.own_s < pick.own_s:
             reason += (f"; not {faster.view.node} (ttft {faster.est.total_s * 1e3:.1f} ms): "
                        f"{faster.extra_s * 1e3:.1f} ms more work there, {_delay(faster)}")
-        longest = max(scored, key=lambda s: min(s.view.local_blocks, request.num_blocks))
-        left = min(longest.view.local_blocks, request.num_blocks) > local + est.pull_blocks
+        if pick.margin_s:
+            reason += f", beat the longest prefix by more than the {pick.margin_s * 1e3:.1f} ms margin"
+        holder_of_longest = max(scored, key=lambda s: min(s.view.local_blocks, request.num_blocks))
         return RouteDecision(view.node, local, peer, est.pull_blocks, est.total_s, reason, est.pull_s,
-                             longest.est.total_s if left else None)
+                             holder_of_longest.est.total_s if local + est.pull_blocks < longest else None)
 
 
 @register("cost")

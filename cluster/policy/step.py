@@ -90,6 +90,8 @@ class RoutingStep:
         self.default_prefill_tokens_per_s = default_prefill_tokens_per_s
         self.least_loaded = least_loaded
         """Narrow candidates: how many least-loaded nodes join the prefix holders."""
+        self.move_margin_s = 0.0
+        """ClusterView.move_margin_s of the next decisions: the router sets it from its calibration."""
 
     def route(
         self,
@@ -125,7 +127,7 @@ class RoutingStep:
         if not candidates:
             raise NoNodeAvailable("no candidate node left")
         view = build_view(candidates, match, pending, self.loads, self.default_prefill_tokens_per_s, fleet,
-                          computed=self.pending.match(hashes, computed=True))
+                          computed=self.pending.match(hashes, computed=True), move_margin_s=self.move_margin_s)
         policy = self.policy if match is not None else self.fallback
         decision = policy.route(RouteRequest(prompt_tokens, len(hashes), self.block_tokens), view.cluster)
         hold = self.pending.hold(decision.node, hashes) if record else None

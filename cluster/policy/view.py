@@ -105,6 +105,10 @@ class ClusterView:
     fleet: FleetLoad | None = None
     """Set when `nodes` are a subset (the prefix holders and the least loaded): bounded load then
     compares with the fleet's mean, not the candidates'. None: the candidates are the fleet."""
+    move_margin_s: float = 0.0
+    """How far apart two TTFT estimates must be before the difference is believed: the router's
+    recent median absolute TTFT error (Calibration.move_margin_s); 0 where estimates are exact (the
+    simulator). The cost policy leaves a longer cached prefix behind only for a gain beyond it."""
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -147,6 +151,7 @@ def build_view(
     fleet: FleetLoad | None = None,
     *,
     computed: Mapping[NodeId, int] | None = None,
+    move_margin_s: float = 0.0,
 ) -> CandidateView:
     """Views of `candidates` (in the given order), sorted nowhere else so round robin is stable.
 
@@ -193,5 +198,5 @@ def build_view(
                 if seconds > 0:
                     latency[(node, NodeId(peer))] = seconds
     addresses = {n: found[n].transfer_address for n in candidates if n in found}
-    cluster = ClusterView(tuple(views), bandwidth, latency, fleet)
+    cluster = ClusterView(tuple(views), bandwidth, latency, fleet, move_margin_s)
     return CandidateView(cluster, addresses, match.cluster_blocks if match else 0)

@@ -435,6 +435,7 @@ class Router:
             agent_ttft_s=stats.ttft_s, predicted_computed=prompt - reused * bs, realized_computed=stats.tokens.computed,
             left_tokens=max(0, longest - reused) * bs,
             bought_s=d.longest_ttft_s - d.est_ttft_s if d.longest_ttft_s is not None else None)
+        self._step.move_margin_s = self.metrics.calibration.move_margin_s()
 
     async def _serve(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None, pin: NodeId | None,
                      session: str | None) -> AsyncGenerator[RouterItem, None]:

@@ -284,8 +284,10 @@ def _oracle_ttft(v: NodeView, nodes: tuple[NodeView, ...], bw: float, latency: f
 
 
 @settings(max_examples=300, deadline=None)
-@given(nodes=views_st, bw=st.sampled_from([1e3, 1e5, 1e7]), latency=st.sampled_from([0.0, 0.025, 0.3]))
-def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float, latency: float) -> None:
+@given(nodes=views_st, bw=st.sampled_from([1e3, 1e5, 1e7]), latency=st.sampled_from([0.0, 0.025, 0.3]),
+       margin=st.sampled_from([0.0, 0.05, 0.7]))
+def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float, latency: float, margin: float
+                                         ) -> None:
     config = dataclasses.replace(CFG, pull_bytes_per_s=bw, pull_latency_s=latency)
 
     eligible = within_load_cap(nodes, CFG.load_eps, REQ.prompt_tokens, CFG.load_floor_s)
@@ -297,6 +299,7 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float,
             v.prefill_tokens_per_s)
 
     least = min(work(v) for v in eligible)
+    longest = max(min(v.local_blocks, 5) for v in eligible)
 
     def score(v: NodeView) -> float:
         ttft, pulled, _ = _oracle_ttft(v, nodes, bw, latency)
@@ -305,9 +308,11 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float,
         duplicate = max(0, min(computing, 5) - min(v.local_blocks, 5) - pulled)
         # The extra work's delay to the requests queued there: n (n + 1) x the extra seconds.
         n = max(0, v.inflight - v.running_decodes)
-        return ttft + duplicate * 10 / v.prefill_tokens_per_s + (work(v) - least) * n * (n + 1)
+        # Leaving part of the longest cached prefix behind must buy more than the margin.
+        left = min(v.local_blocks, 5) + pulled < longest
+        return ttft + duplicate * 10 / v.prefill_tokens_per_s + (work(v) - least) * n * (n + 1) + margin * left
 
-    d = make_policy("cost", config).route(REQ, ClusterView(nodes))
+    d = make_policy("cost", config).route(REQ, ClusterView(nodes, move_margin_s=margin))
     best = min(score(v) for v in eligible)
     chosen = next(v for v in eligible if v.node == d.node)
     assert score(chosen) == pytest.approx(best)
@@ -360,6 +365,25 @@ def test_the_second_request_of_a_prefix_goes_where_the_first_computes_it() -> No
     d = make_policy("cost", CFG).route(REQ, ClusterView((pending, view(B))))
     assert (d.node, d.local_blocks, d.pull_from) == (A, 4, None)
     assert d.est_ttft_s == pytest.approx(0.6)
+
+
+def test_a_move_off_the_longest_prefix_must_buy_more_than_the_margin() -> None:
+    # a holds 3 of 5 blocks behind 20 queued tokens: 0.2 + 0.2 s there; idle b computes all 5: 0.5 s;
+    # c holds 3 blocks behind 5 tokens: 0.05 + 0.2 = 0.25 s. With no pulls (NoPulls) c buys 0.15 s
+    # over a by queue alone, without leaving anything behind (both hold 3 blocks): no margin applies.
+    nodes = (view(A, 3, queued=20, inflight=1), view(B), view(C, 3, queued=5, inflight=1))
+    assert make_policy("cost_no_pull", CFG).route(REQ, ClusterView(nodes, move_margin_s=1.0)).node == C
+    # b's 5-block recompute (0.5 s) would beat a holder 0.35 s behind its queue by 0.05 s: without a
+    # margin the router leaves the holder, with a margin above the gain it stays.
+    busy, idle = view(A, 3, queued=35, inflight=1), view(B)
+    gone = make_policy("cost_no_pull", CFG).route(REQ, ClusterView((busy, idle)))
+    assert gone.node == B and gone.longest_ttft_s == pytest.approx(0.55)
+    kept = make_policy("cost_no_pull", CFG).route(REQ, ClusterView((busy, idle), move_margin_s=0.06))
+    assert (kept.node, kept.local_blocks, kept.longest_ttft_s) == (A, 3, None)
+    # A gain beyond the margin still moves, and says so.
+    moved = make_policy("cost_no_pull", CFG).route(REQ, ClusterView((view(A, 3, queued=100, inflight=1), idle),
+                                                                    move_margin_s=0.06))
+    assert moved.node == B and "60.0 ms margin" in moved.reason
 
 
 def test_running_decodes_delay_the_queue_by_one_pass_per_step() -> None:

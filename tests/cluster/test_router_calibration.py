@@ -6,7 +6,7 @@ import statistics
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixmesh.cluster.router.calibration import Calibration
+from radixmesh.cluster.router.calibration import MARGIN_MIN_OUTCOMES, MARGIN_WINDOW, Calibration
 
 outcome = st.fixed_dictionaries({
     "predicted_ttft_s": st.floats(0.0, 10.0), "realized_ttft_s": st.floats(0.0, 10.0),
@@ -50,3 +50,14 @@ def test_wait_is_the_ttft_less_the_pull_on_each_side() -> None:
             predicted_computed=100, realized_computed=100, left_tokens=0, bought_s=None)
     wait = cal.report()["calibration"]["wait"]  # type: ignore[index]
     assert wait["p50"] == (1.3 - 0.3) / (1.0 - 0.2)
+
+
+@given(st.lists(st.tuples(st.floats(0.0, 10.0), st.floats(0.0, 10.0)), max_size=300))
+def test_the_move_margin_is_the_median_error_of_the_latest_window(pairs: list[tuple[float, float]]) -> None:
+    cal = Calibration()
+    for predicted, realized in pairs:
+        cal.add(predicted_ttft_s=predicted, realized_ttft_s=realized, predicted_pull_s=0.0, realized_pull_s=0.0,
+                agent_ttft_s=realized, predicted_computed=0, realized_computed=0, left_tokens=0, bought_s=None)
+    errors = [abs(r - p) for p, r in pairs][-MARGIN_WINDOW:]
+    expected = statistics.median(errors) if len(pairs) >= MARGIN_MIN_OUTCOMES else 0.0
+    assert cal.move_margin_s() == expected

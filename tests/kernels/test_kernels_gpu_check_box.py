@@ -100,9 +100,9 @@ def test_kernels_and_engine_run_there_on_the_carried_wheels_alone(box: tuple[Pat
     run = run_on_box(python, "--smoke", "--wheels", str(wheels), "--out", str(tmp_path))
     assert run.returncode == 0, run.stdout + run.stderr
     got = result(tmp_path)
-    assert got["smoke"] and got["correct"]
+    assert got["smoke"] and got["correct"], got["steps"]
     assert {name: s["status"] for name, s in got["steps"].items()} == {
-        "kernels": "ok", "engine": "ok", "cluster": "skipped"}
+        "kernels": "ok", "engine": "ok", "cluster": "skipped"}, got["steps"]
     assert set(got["environment"]["carried"]) == set(CARRIED)
     # Everything the engine step imported was on the box or carried.
     assert set(got["steps"]["engine"]["summary"]["imported"]) <= dists | set(CARRIED)

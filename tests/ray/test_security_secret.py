@@ -3,6 +3,7 @@ serve a non-loopback address without one, the CLI's one-line errors for hostile 
 shared secret file, a busy port, dead URLs, a dead Redis, a recorded pid reused), and `up` with TLS."""
 
 import os
+import re
 import socket
 import ssl
 import stat
@@ -87,8 +88,9 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str], fragment: str) -> None:
+    """One error line on stderr; `up`'s progress lines ("[HH:MM:SS] phase") may come before it."""
     assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not re.match(r"\[\d\d:\d\d:\d\d\] ", line)]
     assert len(lines) == 1 and fragment in lines[0], proc.stderr
 
 
@@ -118,7 +120,8 @@ def test_down_never_signals_a_process_that_is_not_radixmesh(home: Path) -> None:
         try:
             cluster_record.save(cluster_record.ClusterRecord("http://127.0.0.1:9", "127.0.0.1:9", None, other.pid))
             result = CliRunner().invoke(main, ["down"])
-            assert result.exit_code != 0 and "is not the `radixmesh up`" in result.output
+            # `down` is idempotent: a record it cannot tie to a running `up` is cleared, nothing signalled.
+            assert result.exit_code == 0 and "nothing signalled" in result.output, result.output
             assert other.poll() is None  # not signalled
             assert cluster_record.load() is None
         finally:

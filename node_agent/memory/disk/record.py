@@ -37,9 +37,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple, Protocol
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.poly1305 import Poly1305
-
 from radixmesh.proto.block_hash import HASH_BYTES, BlockHash
 
 MAGIC = b"RMKV"
@@ -170,12 +167,20 @@ def verify(identity: DiskIdentity, head: memoryview, payload: memoryview) -> Dec
     return Decoded(BlockHash(bytes(block_hash)), BlockHash(bytes(parent)) if flags & _HAS_PARENT else None, payload)
 
 
+# cryptography is imported where a record is sealed or opened, not with the module: the engine
+# imports the disk tier's types on every node, and the GPU check's box runs the engine without the
+# cryptography wheel (bench/gpu_check.py carries only pure-Python ones).
 def _tag(identity: DiskIdentity, head: bytes | memoryview, payload: memoryview) -> bytes:
+    from cryptography.hazmat.primitives.poly1305 import Poly1305
+
     one_time = hmac.new(identity.record_key, head[: _HEAD.size], hashlib.sha256).digest()
     return Poly1305.generate_tag(one_time, payload)
 
 
 def _tag_ok(identity: DiskIdentity, head: memoryview, payload: memoryview) -> bool:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.poly1305 import Poly1305
+
     one_time = hmac.new(identity.record_key, head[: _HEAD.size], hashlib.sha256).digest()
     try:
         Poly1305.verify_tag(one_time, payload, bytes(head[_HEAD.size: HEADER_BYTES]))

@@ -11,6 +11,7 @@ router's one application (cluster/api/app.py), `POST /radixmesh/route` included.
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -135,5 +136,11 @@ def make_router_actor(config: LauncherConfig, metadata_address: str, node_ip: st
     return ray.remote(RouterActor).options(
         name=ROUTER_ACTOR, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0,
         resources={f"node:{node_ip}": 0.001},
-    ).remote(replace(config, secret=ClusterSecret.generate(), api_key="", tls=None), metadata_address, secret,
-             api_key, tls)
+    ).remote(replace(config, secret=ClusterSecret.generate(), api_key=_stand_in(config.api_key), tls=None),
+             metadata_address, secret, api_key, tls)
+
+
+def _stand_in(api_key: str) -> str:
+    """What the actor's arguments carry in the API key's place: a random key that opens nothing (the
+    actor reads the real one from its node), never "", which LauncherConfig refuses beyond loopback."""
+    return secrets.token_urlsafe(32) if api_key else ""

@@ -33,7 +33,8 @@ from radixmesh.cluster.metadata.server import (
     serve_until_signalled,
     tune_gc_for_serving,
 )
-from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig, ServiceLimits
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import ServiceConfig, ServiceLimits
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
 from radixmesh.proto.ids import NodeId

@@ -22,7 +22,8 @@ from typing import Any
 
 from radixmesh.cluster.fleet.agent_client import AgentClient
 from radixmesh.cluster.metadata.server import ServerOptions, create_server
-from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.index_watch import IndexWatcher
 from radixmesh.cluster.router.router import Router

@@ -15,7 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from radixmesh.cluster.sim.simulator import SimConfig, SimRequest, Simulator, prepare
+from radixmesh.cluster.sim.config import SimConfig
+from radixmesh.cluster.sim.simulator import SimRequest, Simulator, prepare
 from radixmesh.cluster.sim.trace import read_trace
 
 TRACE = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces" / "synthetic_trace.jsonl"

@@ -32,7 +32,8 @@ import matplotlib.pyplot as plt
 from route_paths import bench_lag, bench_routes
 
 from radixmesh.cluster.metadata.index import GlobalIndex
-from radixmesh.cluster.sim.simulator import SimConfig, SimRequest, Simulator, prepare
+from radixmesh.cluster.sim.config import SimConfig
+from radixmesh.cluster.sim.simulator import SimRequest, Simulator, prepare
 from radixmesh.cluster.sim.trace import read_trace
 from radixmesh.proto.events import Tier
 

@@ -25,7 +25,8 @@ from rich.console import Console
 from rich.table import Table
 from workload_hit_rate import HELD_OUT, MEMORY, TRACES, TUNING, _requests, capacity
 
-from radixmesh.cluster.sim.simulator import SimConfig, Simulator
+from radixmesh.cluster.sim.config import SimConfig
+from radixmesh.cluster.sim.simulator import Simulator
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

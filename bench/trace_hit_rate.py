@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 
 from radixmesh.cluster.sim.balance import offline_max_over_mean, online_max_over_mean
-from radixmesh.cluster.sim.simulator import SimConfig, Simulator, prepare
+from radixmesh.cluster.sim.config import SimConfig
+from radixmesh.cluster.sim.simulator import Simulator, prepare
 from radixmesh.cluster.sim.trace import read_trace
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"

@@ -46,7 +46,6 @@ description. Run: ``python bench/transfer.py [--max-bytes N] [--trials T] [--mac
 import argparse
 import asyncio
 import importlib
-import itertools
 import json
 import logging
 import multiprocessing as mp
@@ -55,10 +54,8 @@ import platform
 import socket
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -67,200 +64,32 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings transfer_agents, transfer_peer, run as a script
 
-from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig, allocate_up_to
-from radixmesh.node_agent.engine.request import Request, RequestId
-from radixmesh.node_agent.engine.runner import EngineRunner, Finished
-from radixmesh.node_agent.memory.tiers import TierMemory
-from radixmesh.node_agent.transfer.plane import TransferPlane, make_transfer_plane
-from radixmesh.proto.block_hash import BlockHash, hash_blocks
-from radixmesh.proto.ids import BlockId, NodeId
-from radixmesh.proto.serve.sampling import SamplingParams
-from tests.support.tiny_model import SOURCE
-from tests.support.transfer_owner import SECRET
+from transfer_agents import (
+    BLOCK_BYTES,
+    OWNER,
+    SPARE_BLOCKS,
+    BusyAgent,
+    busy_since,
+    busy_state,
+    hashes_for,
+    land,
+    owner_main,
+)
+from transfer_peer import peer_main
+
+from radixmesh.node_agent.engine.paged_memory import allocate_up_to
+from radixmesh.node_agent.transfer.plane import TransferPlane
+from radixmesh.proto.ids import NodeId
 
 SIZES = (64 << 10, 1 << 20, 16 << 20, 256 << 20)
 COLUMNS = ("socket", "mooncake", "raw_ucxx", "pull", "pull_mac")
 PULLS = ("pull", "pull_mac")
-BLOCK_BYTES = 64 << 10
 BUSY_REQUESTS = 2
 """Requests the engine of each agent keeps decoding while pulls run (--busy)."""
-SPARE_BLOCKS = 64
-"""Pool blocks beyond the largest pull: room for the busy requests."""
-OWNER = NodeId("bench-owner")
 REQUESTER = NodeId("bench-requester")
 CTX = mp.get_context("spawn")
-
-
-def hashes_for(n: int) -> list[BlockHash]:
-    return hash_blocks(np.arange(n * 16), 16)
-
-
-# --- the pull: two agents' planes over busy engines ----------------------------------------------
-@dataclass
-class BusyAgent:
-    """An engine on its runner, kept decoding, with the transfer plane the agent would build on it."""
-
-    engine: Engine
-    runner: EngineRunner
-    plane: TransferPlane
-    busy: list[asyncio.Task[None]]
-    mac_plane: TransferPlane | None = None
-    """The plane of the same agent with --transfer-mac (pulls only: nothing serves from it)."""
-
-    @classmethod
-    async def start(cls, node: NodeId, num_blocks: int, busy: int, mac: bool = False) -> "BusyAgent":
-        """`mac`: also build `mac_plane`."""
-        model = await asyncio.to_thread(SOURCE.load)
-        probe = EngineConfig(block_size=1, model_id=SOURCE.identity())
-        per_token = Engine(model, probe).layout.block_bytes  # tiny: a throwaway engine of 1-token blocks
-        memory = MemoryConfig(num_gpu_blocks=num_blocks)
-        engine = Engine(model, EngineConfig(block_size=BLOCK_BYTES // per_token, model_id=SOURCE.identity(),
-                                            memory=memory))
-        assert engine.layout.block_bytes == BLOCK_BYTES, engine.layout.block_bytes
-        runner = EngineRunner(engine)
-        config = AgentConfig(node, model=SOURCE, engine=engine.config, transfer="ucx", secret=SECRET,
-                             pull_timeout_s=120.0)
-        plane = make_transfer_plane(engine.memory.gpu, engine.layout, config, runner.call)
-        await plane.start()
-        mac_plane = make_transfer_plane(engine.memory.gpu, engine.layout, replace(config, transfer_mac=True),
-                                        runner.call) if mac else None
-        return cls(engine, runner, plane, [asyncio.create_task(keep_busy(runner, i)) for i in range(busy)],
-                   mac_plane)
-
-    def check(self) -> None:
-        """Raise what stopped a busy request loop: a bench whose engine went idle measures nothing."""
-        for t in self.busy:
-            if t.done():
-                t.result()
-                raise RuntimeError("a busy request loop ended")
-
-    async def stop(self) -> None:
-        for t in self.busy:
-            t.cancel()
-        await asyncio.gather(*self.busy, return_exceptions=True)
-        await self.plane.stop()
-        if self.mac_plane is not None:
-            await self.mac_plane.stop()
-        await self.runner.close()
-
-
-async def keep_busy(runner: EngineRunner, worker: int) -> None:
-    """Decode requests one after the other (the same prompt each time: its blocks stay cached, so the
-    busy engine never evicts the blocks a pull reads)."""
-    tokens = tuple((worker * 31 + i * 7) % 250 for i in range(200))
-    params = SamplingParams(max_tokens=48, ignore_eos=True)
-    for i in itertools.count():
-        queue = await runner.submit(Request(RequestId(f"busy-{worker}-{i}"), tokens, params))
-        while not isinstance(item := await queue.get(), Finished):
-            if isinstance(item, BaseException):
-                raise item
-
-
-def busy_state(agent: BusyAgent) -> tuple[int, int, float]:
-    c = agent.engine.counters
-    return c.steps, c.generated_tokens, time.perf_counter()
-
-
-def busy_since(agent: BusyAgent, start: tuple[int, int, float]) -> dict[str, float]:
-    """How busy the engine was since `start`: its steps and decoded tokens per second."""
-    agent.check()
-    steps, tokens, at = busy_state(agent)
-    seconds = at - start[2]
-    return {"steps_per_s": round((steps - start[0]) / seconds, 1),
-            "tokens_per_s": round((tokens - start[1]) / seconds, 1), "seconds": round(seconds, 1)}
-
-
-def seed(agent: BusyAgent, n: int) -> None:
-    """On the engine thread: cache hashes_for(n) in n contiguous blocks of random bytes."""
-    tier = agent.engine.memory.gpu
-    blocks = tier.pool.allocate(n, contiguous=True)
-    tier.kv[blocks[0] : blocks[0] + n].view(-1).view(torch.uint8).random_(0, 256)
-    tier.cache.insert(hashes_for(n), blocks)
-    tier.cache.release(blocks)
-
-
-def land(tier: TierMemory, hashes: list[BlockHash], blocks: list[BlockId], received: int) -> None:
-    """On the engine thread: what arrived becomes cached (and evictable: the next pull's allocation
-    reuses it), the rest goes back to the pool."""
-    tier.cache.insert(hashes[:received], blocks[:received])
-    tier.cache.release(blocks)
-    tier.cache.take_events()  # nobody publishes them here
-
-
-def owner_main(conn: Connection, n: int, busy: int) -> None:
-    asyncio.run(_owner(conn, n, busy))
-
-
-async def _owner(conn: Connection, n: int, busy: int) -> None:
-    torch.set_num_threads(1)
-    agent = await BusyAgent.start(OWNER, n + SPARE_BLOCKS, busy)
-    await agent.runner.call(seed, agent, n)
-    conn.send(agent.plane.address)
-    loop = asyncio.get_running_loop()
-    busy_from = busy_state(agent)
-    await loop.run_in_executor(None, conn.recv)  # until told to stop
-    conn.send(busy_since(agent, busy_from))
-    await agent.stop()
-
-
-# --- the baselines' peer: socket sender, Mooncake TE segment, ucxx sender ------------------------
-def peer_main(conn: Connection, max_bytes: int) -> None:
-    buf = np.random.default_rng(1).integers(0, 256, max_bytes, dtype=np.uint8)
-    listener = socket.create_server(("127.0.0.1", 0))
-    threading.Thread(target=_socket_sender, args=(listener, buf), daemon=True).start()
-    mooncake = _mooncake_segment(buf)
-    conn.send((listener.getsockname()[1], mooncake))
-    asyncio.run(_ucxx_sender(conn, buf))
-
-
-def _socket_sender(listener: socket.socket, buf: np.ndarray) -> None:
-    s, _ = listener.accept()
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    view = buf.data
-    head = bytearray(8)
-    while True:
-        if s.recv_into(head, 8, socket.MSG_WAITALL) < 8:
-            return
-        s.sendall(view[: int.from_bytes(head, "little")])
-
-
-_MOONCAKE: list[Any] = []
-"""Keeps the peer's Mooncake engine alive."""
-
-
-def _mooncake_segment(buf: np.ndarray) -> tuple[int, int] | str:
-    """(rpc port, buffer address) of a Mooncake TE serving `buf` over tcp, or why there is none."""
-    try:
-        # By name: an optional, bench-only peer that mypy must not need installed.
-        mooncake: Any = importlib.import_module("mooncake.engine")
-    except ImportError as e:
-        return f"mooncake-transfer-engine-non-cuda is not installed ({e})"
-    engine = mooncake.TransferEngine()
-    if (rc := engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")) != 0:
-        return f"TransferEngine.initialize(tcp, P2PHANDSHAKE) returned {rc}"
-    if (rc := engine.register_memory(buf.ctypes.data, buf.nbytes)) != 0:
-        return f"register_memory returned {rc}"
-    _MOONCAKE.append(engine)
-    return engine.get_rpc_port(), buf.ctypes.data
-
-
-async def _ucxx_sender(conn: Connection, buf: np.ndarray) -> None:
-    from radixmesh.node_agent.transfer import ucx_progress
-    from radixmesh.node_agent.transfer.ucx_transport import import_ucxx
-
-    ucxx = import_ucxx(loopback=True)
-    loop = asyncio.get_running_loop()
-    address = await loop.run_in_executor(None, conn.recv)
-    ep = await ucxx.create_endpoint_from_worker_address(ucxx.get_ucx_address_from_buffer(address))
-    ucx_progress.nudge(ucxx)
-    conn.send("ready")
-    while (cmd := await loop.run_in_executor(None, conn.recv)) is not None:
-        nbytes, tag = cmd
-        await ucx_progress.post_send(ucxx, ep, buf[:nbytes], tag)
-    await ep.close()
 
 
 # --- the requester: one transfer of each column ----------------------------------------------

@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from radixmesh.cluster.sim.simulator import SimConfig, SimRequest, Simulator, prepare
+from radixmesh.cluster.sim.config import SimConfig
+from radixmesh.cluster.sim.simulator import SimRequest, Simulator, prepare
 from radixmesh.cluster.sim.trace import read_trace
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"

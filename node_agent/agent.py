@@ -15,16 +15,15 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metadata.publisher import (
     EventPublisher,
-    HitReportStats,
     PendingHits,
     PublisherConfig,
+    PublisherStats,
     chains,
 )
 from radixmesh.common.metrics.exposition import render_prometheus
@@ -34,17 +33,15 @@ from radixmesh.common.secret import is_loopback
 from radixmesh.node_agent.compute_group import compute_group
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine
-from radixmesh.node_agent.engine.gpu_budget import measure_gpu_budget
 from radixmesh.node_agent.engine.request import PendingPrefix, Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished, NewTokens
+from radixmesh.node_agent.engine_setup import build_engine
 from radixmesh.node_agent.kv_events.publisher import KVEventsOut, NoKVEvents, ZmqKVEventPublisher
 from radixmesh.node_agent.kv_events.token_book import TokenBook
 from radixmesh.node_agent.memory.disk.tier import ANNOUNCED_BLOCKS
 from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.node_agent.memory.tiers import persist_resident
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
-from radixmesh.node_agent.model.base import CausalLM
-from radixmesh.node_agent.placement import place_model, set_torch_threads
 from radixmesh.node_agent.transfer.endpoint import parse_address
 from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
@@ -108,41 +105,15 @@ class NodeAgent:
         """Build the model and engine (off the event loop), then start the transfer plane. When a
         part cannot start (ValueError: e.g. transfer="ray" outside an agent actor) the parts already
         started are stopped again before the error propagates."""
-        source, modeled = self.config.model, self.config.modeled
-        placement = place_model("cpu" if modeled else self.config.device, self.config.dtype)
-        threads = set_torch_threads()
-        model: CausalLM
-        identity = await asyncio.to_thread(source.identity)
-        tokenizer = await asyncio.to_thread(source.tokenizer)
-        if modeled is None:
-            model = await asyncio.to_thread(source.load, dtype=placement.dtype, device=placement.device)
-        else:  # the seam: only the forward is modeled (model.modeled); its KV never meets a real one's
-            model, identity = modeled.model(source.config, source.seed, tokenizer), f"{modeled.label}-{identity}"
-        engine_config = replace(self.config.engine, model_id=identity,
-                                eos_token_ids=source.eos_token_ids(),
-                                memory=replace(self.config.engine.memory, disk=self.config.disk))
-        if self.config.host_cache_bytes:  # a size in bytes: the model's KV bytes per block make it blocks
-            layout = model.config.kv_layout(identity, engine_config.block_size,
-                                            str(next(model.parameters()).dtype).removeprefix("torch."))
-            host_blocks = self.config.host_blocks_of(layout.block_bytes if modeled is None
-                                                     else modeled.wire_block_bytes(layout.block_size))
-            engine_config = replace(engine_config, memory=replace(engine_config.memory, num_host_blocks=host_blocks))
-        if self.config.gpu_memory_utilization is not None:
-            budget = await asyncio.to_thread(measure_gpu_budget, model, engine_config, placement.device,
-                                             self.config.gpu_memory_utilization)
-            if budget.num_blocks < 1:
-                raise ValueError(f"agent {self.node}: no room for KV blocks: {budget.describe()}")
-            logger.info("agent %s gpu tier: %s", self.node, budget.describe())
-            engine_config = replace(engine_config, memory=replace(engine_config.memory, num_gpu_blocks=budget.num_blocks))
         hooks = PoolHooks(recalled=self._recalled.take) if self.config.recall_blocks else None
-        engine = Engine(model, engine_config, device=placement.device, clock=self._clock, tokenizer=tokenizer,
-                        gpu_hooks=hooks)
+        built = await build_engine(self.config, self._clock, hooks)
+        engine = built.engine
         self._runner = EngineRunner(engine, clock=self._clock)
         try:
             self._transfer = make_transfer_plane(engine.memory.gpu, engine.layout, self.config, self._runner.call)
             await self._transfer.start()
             if self.config.kv_events_endpoint is not None:  # before the metadata publisher drains events
-                book = TokenBook(engine.layout.block_size, engine_config.memory.hash_key,
+                book = TokenBook(engine.layout.block_size, engine.config.memory.hash_key,
                                  max_unheld=2 * sum(t.pool.num_blocks for t in engine.memory.tiers))
                 self.kv_events = ZmqKVEventPublisher(self.config.kv_events_endpoint, book,
                                                      token_ids=self.config.kv_events_token_ids)
@@ -169,10 +140,10 @@ class NodeAgent:
             await self.stop()
             raise
         logger.info("agent %s epoch %d up: %s on %s (torch threads %d), layout %s, transfer %s at %s "
-                    "(memory path %s), eviction %s, hand-off %s, engine %s", self.node, self.epoch, source.name,
-                    placement.device, threads, engine.layout.fingerprint(), self._transfer.transport,
-                    self.transfer_address or "-", self._transfer.memory_path or "-",
-                    engine_config.memory.pool.eviction, "on" if self.config.handoff else "off",
+                    "(memory path %s), eviction %s, hand-off %s, engine %s", self.node, self.epoch,
+                    self.config.model.name, built.device, built.threads, engine.layout.fingerprint(),
+                    self._transfer.transport, self.transfer_address or "-", self._transfer.memory_path or "-",
+                    engine.config.memory.pool.eviction, "on" if self.config.handoff else "off",
                     self.config.engine_label)
 
     async def stop(self) -> None:
@@ -453,10 +424,11 @@ class NodeAgent:
             self.counters.background_errors = self.publisher.loop_errors
         peers = self._transfer.peer_stats()
         dropped = self._hits.dropped + (self.publisher.hits_dropped if self.publisher is not None else 0)
+        expiries = self.publisher.lease_expiries if self.publisher is not None else 0
         return (text + render_agent_metrics(self.node, self.counters, peers, self._transfer.memory_path, labels,
                                             eviction=self.config.engine.memory.pool.eviction,
                                             handoff=self.config.handoff, engine=self.config.engine_label)
-                + render_prometheus([HitReportStats(self.node, dropped)], labels))
+                + render_prometheus([PublisherStats(self.node, dropped, expiries)], labels))
 
     def scrape_target(self) -> ScrapeTarget | None:
         """Where Prometheus scrapes this agent itself (None: it serves no /metrics of its own)."""

@@ -34,8 +34,9 @@ from radixmesh.cluster.fleet.reports import agent_metrics, cluster_stats
 from radixmesh.cluster.observability.endpoints import merge_expositions, stats_document
 from radixmesh.cluster.observability.file_sd import ROUTER_SCOPE
 from radixmesh.cluster.router.admission import Overloaded
+from radixmesh.cluster.router.cache_reset import RequestsRunning
 from radixmesh.cluster.router.results import NoNodeAvailable
-from radixmesh.cluster.router.router import RequestsRunning, Router
+from radixmesh.cluster.router.router import Router
 from radixmesh.proto.metadata.limits import MAX_TENANT_CHARS
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.plan import ServePlan

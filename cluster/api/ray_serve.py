@@ -31,7 +31,7 @@ is the approximation that Ray's own PrefixCacheAffinityRouter makes too.
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -132,8 +132,3 @@ class RadixmeshRequestRouter(RequestRouter):
         ticket = self._tickets.pop(internal_request_id, None)
         if ticket is not None:
             self._inflight.finish(ticket)
-
-    def replica_prefix(self, replica: str, tokens: Sequence[int], tenant: str = "") -> int:
-        """Leading blocks of `tokens` this router believes `replica` holds."""
-        hashes = hash_blocks(tokens, self._block_size, salt=tenant_salt(tenant))
-        return self._holders.match(hashes).get(NodeId(replica), 0)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import aiohttp
 
@@ -67,6 +67,19 @@ class BenchPlan:
     def rate_cells(self, i: int, rate: float) -> list[tuple[float, Arm]]:
         """The arms of the `i`-th rate run, rotated to start at arm i."""
         return [(rate, self.arms[(i + k) % len(self.arms)]) for k in range(len(self.arms))]
+
+    def expected_s(self) -> "ExpectedDuration":
+        """Seconds the bench's arrivals take, before it starts (cluster starts and warm-ups come on top).
+        Shortest: every given cell's ramp and window with no drain; longest: every rate the ladder may add,
+        each cell also waiting its whole drain."""
+        cell = self.ramp_s + self.duration_s
+        rates = max(self.ladder.max_rates, len(self.rates)) if self.ladder is not None else len(self.rates)
+        return ExpectedDuration(len(self.cells()) * cell, len(self.arms) * rates * (cell + self.drain_s))
+
+
+class ExpectedDuration(NamedTuple):
+    shortest_s: float
+    longest_s: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,15 +163,16 @@ def results_table(doc: dict[str, Any]) -> Table:
                    "--engine modeled, the profile's device].")
 @click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
               help="Tokens per KV block (--local sets it; with --url, the deployment's).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
-              show_default=True, help="Folder of bench.json and bench.png.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder of bench.json and bench.png [default: a new bench/results/run-YYYYmmdd-HHMMSS under "
+                   "the current folder, so a run never overwrites an earlier one].")
 @cache_options
 @engine_options
 def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], trace_path: Path | None,
           arms: tuple[Arm, ...], rates: tuple[float, ...], duration: float, ramp: float, drain: float, warmup: int,
           ttft_slo: float, itl_slo: float, knee_attainment: float, find_knee: bool, rate_factor: float,
           past_knee: int, max_rates: int, max_tokens: int, prompt_scale: float, seed: int, model_spec: str,
-          gpu_blocks: int | None, block_size: int, out_dir: Path, eviction: str, handoff: bool, engine: str,
+          gpu_blocks: int | None, block_size: int, out_dir: Path | None, eviction: str, handoff: bool, engine: str,
           speedup: float) -> None:
     """Compare the arms on live clusters: goodput and latency against offered load."""
     if (local_nodes is None) == (url is None):
@@ -230,6 +231,8 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
         "knee_attainment": knee_attainment,
     }
     console = Console(width=None if sys.stdout.isatty() else 150)  # a log file gets the whole table
+    out_dir = out_dir or fresh_out_dir(Path("bench/results"), datetime.datetime.now())
+    console.print(f"results go to {out_dir}; {_expected(plans)}")
     if local_nodes is not None:
         with console.status(f"starting Ray for {local_nodes} simulated node(s) ..."):
             launcher.init_local_ray(base)
@@ -272,6 +275,30 @@ def _one_workload(plan: BenchPlan, clusters: Clusters, console: Console, setting
     console.print(f"wrote {json_path}" + (f" and {png_path}" if png_path else "")
                   + (" (interrupted: what was measured)" if interrupted else ""))
     return interrupted
+
+
+def fresh_out_dir(root: Path, now: datetime.datetime) -> Path:
+    """`root`/run-YYYYmmdd-HHMMSS (as vLLM's benchmark scripts stamp their result files), a suffix added
+    when a run in the same second took that name: the committed figures in bench/results stay as they are."""
+    base = root / f"run-{now:%Y%m%d-%H%M%S}"
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
+def _expected(plans: list[BenchPlan]) -> str:
+    """The arrivals' duration, told before the bench starts: the given rates alone up to every rate the
+    knee search may add, each cell draining in full."""
+    shortest = sum(p.expected_s().shortest_s for p in plans)
+    longest = sum(p.expected_s().longest_s for p in plans)
+    span = f"{_minutes(shortest)}" if shortest == longest else f"{_minutes(shortest)} to {_minutes(longest)}"
+    return f"expect {span} of arrivals, plus a cluster start and warm-up per cell"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 async def deployment_engine(url: str) -> str:

@@ -27,6 +27,7 @@ from radixmesh.cluster.cli.options import (
 )
 from radixmesh.cluster.launch import cluster_record, launcher, worker_logging
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
+from radixmesh.cluster.launch.ray_auth import AUTH_MODE_ENV, check_token, token_refusal
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, default_secret_path, deployment_secret
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import policy_names
@@ -43,9 +44,14 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
     """Join the Ray cluster at `address`; with `config`, as the job whose actors log at its level."""
     runtime_env = launcher.job_runtime_env(config) if config is not None else None
     try:
+        check_token(address)
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False,
                  runtime_env=runtime_env)
-    except ConnectionError as e:  # no Ray cluster at `address`: one line, not a traceback
+    except (ConnectionError, ray.exceptions.AuthenticationError) as e:
+        refusal = token_refusal(e, os.environ.get(AUTH_MODE_ENV))
+        if refusal is not None:  # a cluster is there, it refused us: "no Ray cluster" would mislead
+            raise click.ClickException(f"the Ray cluster at {address!r} {refusal}") from None
+        # no Ray cluster at `address`: one line, not a traceback
         raise click.ClickException(f"no Ray cluster at {address!r} ({e}); start one (`ray up`, `ray start "
                                    "--head`) or run `radixmesh up --local N`") from None
 

@@ -7,7 +7,8 @@ import json
 import click
 
 from radixmesh.cluster.policy.base import policy_names
-from radixmesh.cluster.sim.simulator import SimConfig, SimReport, Simulator, prepare
+from radixmesh.cluster.sim.config import SimConfig
+from radixmesh.cluster.sim.simulator import SimReport, Simulator, prepare
 from radixmesh.cluster.sim.trace import read_trace
 from radixmesh.node_agent import EVICTION_ORDERS
 

@@ -29,7 +29,8 @@ from radixmesh.cluster.metadata.server import (
     create_server,
     tune_gc_for_serving,
 )
-from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.metadata.store import open_store
 from radixmesh.common.secret import ClusterSecret
 

@@ -4,7 +4,7 @@ Chained hashes make a block's hash name its whole prefix, so `match` is a walk o
 dict `hash -> holder mask` (O(len(query)) dict lookups done in C, plus Python work only where the
 set of holders changes along the query), never a tree descent from the root.
 
-The radix tree is kept as parent links, per node (`_Holder.parents[hash]`): a block's parent is
+The radix tree is kept as parent links, per node (`Holder.parents[hash]`): a block's parent is
 fixed while the node holds it, and `check_chains` refuses any event of that node that contradicts
 its own links. Links are per node, not per layout, because a node's events are its word only: one
 node declaring a false parent for a hash must not get another node's true events refused (with
@@ -12,10 +12,8 @@ chained hashes two honest nodes never disagree, so a disagreement means one of t
 broken, and the index cannot tell which). Child links are derived, not stored: only `node_chains`
 walks downwards, and it builds them for one node's blocks in O(its blocks).
 
-Holders are bit masks over per-layout node slots: a node in slot s holds a block on gpu when bit
-2s is set, on host when bit 2s+1 is. Masks are plain ints, so an entry is two dict values and no
-Python object of its own: no per-block allocation for the garbage collector to track or traverse.
-Each node keeps the set of hashes it holds, so `drop_node` costs only that node's blocks.
+Holders are bit masks over per-layout node slots (holder_masks). Each node keeps the set of hashes it
+holds, so `drop_node` costs only that node's blocks.
 
 With `recall_blocks`, each layout also keeps the cluster's ghost (`RecallWindow`): its latest
 `recall_blocks` last-copy evictions (a BlockRemoved that left no holder; a node that leaves or clears
@@ -23,23 +21,25 @@ evicts nothing), recalled while nobody holds the block again.
 """
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from itertools import groupby, islice, repeat, takewhile
 from operator import eq, or_
 from typing import NamedTuple, cast
 
+from radixmesh.cluster.metadata.holder_masks import (
+    SLOT_BITS,
+    SLOT_MASK,
+    TIER_SHIFT,
+    Holder,
+    Partition,
+    bits,
+    fold,
+    fold_fast,
+)
 from radixmesh.common.recall import RecallWindow
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import NodeId
-
-SLOT_BITS = 3
-"""Bits per node slot in a block's holder mask: one per tier."""
-TIER_SHIFT: dict[Tier, int] = {Tier.GPU: 0, Tier.HOST: 1, Tier.DISK: 2}
-"""Offset of a tier's bit inside a node slot's bits. Disk has its own: a block both on host and on disk
-stays held when either tier drops it, and the router prices a disk read apart from a host copy."""
-_SLOT_MASK = (1 << SLOT_BITS) - 1
 
 Chain = tuple[Sequence[BlockHash], BlockHash | None]
 
@@ -61,46 +61,6 @@ class IndexMatch(NamedTuple):
     """Every node holding block 0 on some tier."""
 
 
-@dataclass(slots=True)
-class _Partition:
-    """One layout's blocks: `masks` has one key per indexed block, held by some node of the layout."""
-
-    masks: dict[BlockHash, int] = field(default_factory=dict)
-    slots: list[NodeId | None] = field(default_factory=list)
-    """Node of each slot; None for a slot freed by `drop_node`, reused by the next node."""
-    gpu_bits: int = 0
-    """Bit SLOT_BITS x s set for every slot s ever used: folds a mask to one 'some tier' bit per node."""
-    lost: RecallWindow = field(default_factory=lambda: RecallWindow(0))
-    """Blocks the layout's last holder evicted recently."""
-
-    def take_slot(self, node: NodeId) -> int:
-        slot = next((s for s, n in enumerate(self.slots) if n is None), len(self.slots))
-        if slot == len(self.slots):
-            self.slots.append(node)
-            self.gpu_bits |= 1 << (SLOT_BITS * slot)
-        else:
-            self.slots[slot] = node
-        return slot
-
-
-@dataclass(slots=True)
-class _Holder:
-    """A node's place in its layout partition, and the blocks it holds."""
-
-    layout: str
-    part: _Partition
-    slot: int
-    parents: dict[BlockHash, BlockHash | None] = field(default_factory=dict)
-    """Every block the node holds on some tier, with the parent the node declared for it."""
-
-    @property
-    def all_bits(self) -> int:
-        return _SLOT_MASK << (SLOT_BITS * self.slot)
-
-    def bit(self, tier: Tier) -> int:
-        return 1 << (SLOT_BITS * self.slot + TIER_SHIFT[tier])
-
-
 class GlobalIndex:
     """The cluster's radix index of prefix blocks. Not thread-safe: one event loop owns it."""
 
@@ -108,8 +68,8 @@ class GlobalIndex:
         """`recall_blocks`: last-copy evictions remembered per layout (0: none; see `recalled`)."""
         if recall_blocks < 0:
             raise ValueError(f"recall_blocks must be >= 0, got {recall_blocks}")
-        self._parts: dict[str, _Partition] = {}
-        self._holders: dict[NodeId, _Holder] = {}
+        self._parts: dict[str, Partition] = {}
+        self._holders: dict[NodeId, Holder] = {}
         self._recall_blocks = recall_blocks
 
     def add_node(self, node: NodeId, layout: str) -> None:
@@ -123,8 +83,8 @@ class GlobalIndex:
             raise ValueError("layout fingerprint must be non-empty")
         part = self._parts.get(layout)
         if part is None:
-            part = self._parts[layout] = _Partition(lost=RecallWindow(self._recall_blocks))
-        self._holders[node] = _Holder(layout, part, part.take_slot(node))
+            part = self._parts[layout] = Partition(lost=RecallWindow(self._recall_blocks))
+        self._holders[node] = Holder(layout, part, part.take_slot(node))
 
     def nodes(self) -> list[NodeId]:
         return list(self._holders)
@@ -195,10 +155,6 @@ class GlobalIndex:
         """`node` no longer holds `hashes` on `tier`; blocks it does not hold there are skipped."""
         self._remove(self._holder(node), hashes, tier)
 
-    def clear_node(self, node: NodeId) -> None:
-        """Forget every block of `node`, keeping it attached to its layout."""
-        self._clear(self._holder(node))
-
     def drop_node(self, node: NodeId) -> None:
         """Forget `node` entirely; O(blocks it holds). Unknown nodes are a no-op."""
         holder = self._holders.pop(node, None)
@@ -220,7 +176,7 @@ class GlobalIndex:
         found = cast(list[int], list(takewhile(bool, map(masks.get, hashes))))
         depth = len(found)
         gpu_bits = part.gpu_bits
-        firsts = (first & gpu_bits, _fold_fast(first, gpu_bits), _fold(first, gpu_bits))
+        firsts = (first & gpu_bits, fold_fast(first, gpu_bits), fold(first, gpu_bits))
         # Where a node's prefix on gpu, on gpu or host, on some tier ends early, keyed by its slot's
         # gpu bit. Along a chain the holders rarely change: most queries see one mask (counted in C)
         # and skip this; otherwise the walk goes run by run of equal masks, not block by block.
@@ -229,15 +185,15 @@ class GlobalIndex:
             alive = list(firsts)
             pos = 0
             for mask, run in groupby(found):
-                for i, held in enumerate((mask & gpu_bits, _fold_fast(mask, gpu_bits), _fold(mask, gpu_bits))):
+                for i, held in enumerate((mask & gpu_bits, fold_fast(mask, gpu_bits), fold(mask, gpu_bits))):
                     lost = alive[i] & ~held
                     if lost:
-                        ends[i].update(dict.fromkeys(_bits(lost), pos))
+                        ends[i].update(dict.fromkeys(bits(lost), pos))
                         alive[i] ^= lost
                 pos += len(list(run))
         slots = part.slots
         prefixes = {}
-        for b in _bits(firsts[2]):
+        for b in bits(firsts[2]):
             prefixes[slots[b // SLOT_BITS]] = PrefixLengths(
                 *(ends[i].get(b, depth) if firsts[i] >> b & 1 else 0 for i in range(3)))
         return IndexMatch(depth, prefixes)  # type: ignore[arg-type]
@@ -298,7 +254,7 @@ class GlobalIndex:
                 continue
             bit = 1 << TIER_SHIFT[e.tier]
             for h in e.hashes:
-                old = tiers[h] if h in tiers else 0 if cleared else masks.get(h, 0) >> shift & _SLOT_MASK
+                old = tiers[h] if h in tiers else 0 if cleared else masks.get(h, 0) >> shift & SLOT_MASK
                 new = old | bit if isinstance(e, BlockStored) else old & ~bit
                 tiers[h] = new
                 held += (new != 0) - (old != 0)
@@ -314,7 +270,7 @@ class GlobalIndex:
                 assert n is None or (m is not None and m.slot == s and m.part is part), f"slot {s}: {n}"
             for h, mask in part.masks.items():
                 assert mask > 0, f"entry {h.hex()} in {layout} has holder mask {mask}"
-                for slot in (b // SLOT_BITS for b in _bits(_fold(mask, part.gpu_bits))):
+                for slot in (b // SLOT_BITS for b in bits(fold(mask, part.gpu_bits))):
                     n = part.slots[slot] if slot < len(part.slots) else None
                     assert n is not None, f"{h.hex()} held by free slot {slot} in {layout}"
                     assert h in self._holders[n].parents, f"{h.hex()} missing from {n}'s block set"
@@ -325,14 +281,14 @@ class GlobalIndex:
             assert counted[n] == len(holder.parents), f"{n}: {counted[n]} holder marks, {len(holder.parents)} held"
             assert all(h != p for h, p in holder.parents.items()), f"{n}: a block is its own parent"
 
-    def _holder(self, node: NodeId) -> _Holder:
+    def _holder(self, node: NodeId) -> Holder:
         holder = self._holders.get(node)
         if holder is None:
             raise ValueError(f"node {node} is not in the index: add_node first")
         return holder
 
     @staticmethod
-    def _insert(holder: _Holder, hashes: Sequence[BlockHash], parent: BlockHash | None, tier: Tier) -> None:
+    def _insert(holder: Holder, hashes: Sequence[BlockHash], parent: BlockHash | None, tier: Tier) -> None:
         if not hashes:
             return
         part, bit = holder.part, holder.bit(tier)
@@ -342,7 +298,7 @@ class GlobalIndex:
         masks.update(zip(hashes, map(or_, map(masks.get, hashes, repeat(0)), repeat(bit))))
 
     @staticmethod
-    def _remove(holder: _Holder, hashes: Iterable[BlockHash], tier: Tier) -> None:
+    def _remove(holder: Holder, hashes: Iterable[BlockHash], tier: Tier) -> None:
         part, bit, every = holder.part, holder.bit(tier), holder.all_bits
         masks, held = part.masks, holder.parents
         for h in hashes:
@@ -359,7 +315,7 @@ class GlobalIndex:
                 del held[h]
 
     @staticmethod
-    def _clear(holder: _Holder) -> None:
+    def _clear(holder: Holder) -> None:
         part, keep = holder.part, ~holder.all_bits
         masks = part.masks
         for h in holder.parents:
@@ -411,23 +367,3 @@ def _chains(parents: dict[BlockHash, BlockHash | None], masks: Mapping[BlockHash
         if len(seen) < len(on_tier):
             out.extend(BlockStored((h,), parents[h], tier) for h in on_tier if h not in seen)
     return out
-
-
-def _fold_fast(mask: int, gpu_bits: int) -> int:
-    """`mask` with each node's gpu and host bits folded onto its gpu bit: set where the node holds the
-    block without its disk."""
-    return (mask | mask >> 1) & gpu_bits
-
-
-def _fold(mask: int, gpu_bits: int) -> int:
-    """`mask` with each node's slot folded onto its gpu bit: set where the node holds the block on
-    some tier."""
-    return (mask | mask >> 1 | mask >> 2) & gpu_bits
-
-
-def _bits(mask: int) -> Iterable[int]:
-    """Positions of the set bits of `mask`, lowest first."""
-    while mask:
-        low = mask & -mask
-        yield low.bit_length() - 1
-        mask ^= low

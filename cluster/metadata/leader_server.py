@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from radixmesh.cluster.metadata.leader import LeaderLease, serve_while_leader
 from radixmesh.cluster.metadata.server import MetadataServer, ServerOptions, create_server
-from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.metadata.store import open_store
 from radixmesh.common.secret import ClusterSecret
 

@@ -25,7 +25,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from radixmesh.cluster.metadata.authenticator import Authenticator
 from radixmesh.cluster.metadata.feed import FeedClosed
 from radixmesh.cluster.metadata.membership import StaleEpoch, UnknownNode
-from radixmesh.cluster.metadata.service import LimitExceeded, MetadataService
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import LimitExceeded
 from radixmesh.common.secret import ClusterSecret, check_bind
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc

@@ -22,23 +22,19 @@ owns the service.
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 
 from radixmesh.cluster.metadata.feed import IndexFeed, Subscription
 from radixmesh.cluster.metadata.hit_accounting import HitAccounting, Prediction
 from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.cluster.metadata.membership import Member, Membership, SeqVerdict
+from radixmesh.cluster.metadata.service_config import LimitExceeded, ServiceConfig, check_hashes, check_limit
 from radixmesh.cluster.metadata.store import IndexPart, MemoryStore, StateStore
-from radixmesh.common.cache_sharing import DEFAULT_RECALL_BLOCKS
-from radixmesh.proto.block_hash import HASH_BYTES
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.codec import decode_stored_index, encode_stored_index
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.limits import (
-    MAX_HASHES_PER_QUERY,
-    MAX_HITS_PER_HEARTBEAT,
     MAX_REQUEST_ID_CHARS,
     check_text,
 )
@@ -60,53 +56,6 @@ from radixmesh.proto.metadata.messages import (
 from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
 
 logger = logging.getLogger(__name__)
-
-_WRONG_HASH_LENGTH = HASH_BYTES.__ne__
-
-
-class LimitExceeded(ValueError):
-    """A request is well-formed but larger than the service accepts."""
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceLimits:
-    max_hashes_per_query: int = MAX_HASHES_PER_QUERY
-    max_queries_per_request: int = 256
-    max_blocks_per_batch: int = 16384
-    """Hashes across all events of one EventBatch."""
-    max_snapshot_blocks: int = 1 << 20
-    """Hashes across the chains of one NodeSnapshot; also what a node that declares no capacity
-    (capacity_blocks 0) may hold."""
-    capacity_slack_blocks: int = 512
-    """Blocks a node may hold beyond its declared capacity_blocks: a node that publishes a request's
-    new blocks before the evictions they caused may be that far over between two batches (one long
-    prompt's worth; bench/metadata.py's trace peaks 240 over). An agent evicts before it stores, so
-    it needs none. A margin, not a second budget."""
-    max_hits_per_heartbeat: int = MAX_HITS_PER_HEARTBEAT
-    max_predictions_per_report: int = 4096
-    max_epoch_ahead_s: float = 300.0
-    """Epochs are microseconds of wall time (agent.new_epoch); one further ahead of the service's
-    clock than this is refused, so no caller can fence a node name off for good with a huge epoch."""
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceConfig:
-    lease_ttl_s: float = 10.0
-    """A node vanishes this long after its last register/heartbeat."""
-    max_predictions: int = 8192
-    """Match predictions kept for hit accounting (newest request ids). A prediction waits only for its
-    request's hits in the serving node's next heartbeat, so this bounds requests in flight across the
-    routers, not history; with one live node per entry it stays near 30 bytes a prediction per node."""
-    limits: ServiceLimits = field(default_factory=ServiceLimits)
-    watch_backlog: int = 65536
-    """Updates queued per WatchIndex stream; a watcher further behind is sent a fresh snapshot."""
-    recall_blocks: int = DEFAULT_RECALL_BLOCKS
-    """Last-copy evictions the index remembers per layout (the cluster's ghost, GlobalIndex.recalled;
-    about 10 MB at the default); 0 turns the ghost off. In the simulator a ghost as large as the
-    cluster's capacity moved synthetic-8 from 0.927 to 1.025 x global LRU (s3fifo alone vs with the ghost, docs/benchmarks.md)."""
-    max_recalled_per_lease: int = 8192
-    """Ghost entries one heartbeat's lease carries at most (the newest), 128 KiB of hashes."""
-
 
 class MetadataService:
     """Global index, membership and hit accounting behind one validated API."""
@@ -162,7 +111,7 @@ class MetadataService:
 
     def heartbeat(self, node: NodeId, epoch: int, load: NodeLoad, hits: Sequence[RequestHits] = ()) -> Lease:
         """Renew the lease, record load and realized hits (counted once per call)."""
-        _check_limit("hits per heartbeat", len(hits), self.config.limits.max_hits_per_heartbeat)
+        check_limit("hits per heartbeat", len(hits), self.config.limits.max_hits_per_heartbeat)
         self._expire()
         known = self.membership.get(node)
         before = known.load if known is not None else None
@@ -185,14 +134,14 @@ class MetadataService:
     def publish(self, batch: EventBatch) -> PublishAck:
         """Apply one batch in sequence order; duplicates are acknowledged, a gap asks for RESYNC."""
         blocks = sum(len(e.hashes) for e in batch.events if not isinstance(e, AllCleared))
-        _check_limit("blocks per batch", blocks, self.config.limits.max_blocks_per_batch)
+        check_limit("blocks per batch", blocks, self.config.limits.max_blocks_per_batch)
         if batch.seq < 1:
             raise ValueError(f"seq counts from 1, got {batch.seq}")
         for e in batch.events:
             if isinstance(e, BlockStored | BlockRemoved):
-                _check_hashes(e.hashes)
+                check_hashes(e.hashes)
             if isinstance(e, BlockStored) and e.parent is not None:
-                _check_hashes((e.parent,))
+                check_hashes((e.parent,))
         self._expire()
         member = self.membership.current(batch.node_id, batch.epoch)
         verdict = self.membership.verdict(member, batch.seq)
@@ -210,9 +159,9 @@ class MetadataService:
     def sync_snapshot(self, snapshot: NodeSnapshot) -> PublishAck:
         """Replace the node's block set; a snapshot older than the applied events is ignored."""
         blocks = sum(len(c.hashes) for c in snapshot.chains)
-        _check_limit("blocks per snapshot", blocks, self.config.limits.max_snapshot_blocks)
+        check_limit("blocks per snapshot", blocks, self.config.limits.max_snapshot_blocks)
         for c in snapshot.chains:
-            _check_hashes(c.hashes if c.parent is None else (*c.hashes, c.parent))
+            check_hashes(c.hashes if c.parent is None else (*c.hashes, c.parent))
         self._expire()
         member = self.membership.current(snapshot.node_id, snapshot.epoch)
         if snapshot.seq >= member.last_seq:
@@ -227,19 +176,19 @@ class MetadataService:
     def match(self, queries: Sequence[MatchQuery]) -> list[MatchResult]:
         """Answer each query; remember predictions of queries that carry a request id."""
         limits = self.config.limits
-        _check_limit("queries per request", len(queries), limits.max_queries_per_request)
+        check_limit("queries per request", len(queries), limits.max_queries_per_request)
         for q in queries:
-            _check_limit("hashes per query", len(q.hashes), limits.max_hashes_per_query)
+            check_limit("hashes per query", len(q.hashes), limits.max_hashes_per_query)
             if not q.layout:
                 raise ValueError("layout fingerprint must be non-empty")
-            _check_hashes(q.hashes)
+            check_hashes(q.hashes)
         self._expire()
         return [self._match_one(q) for q in queries]
 
     def record_predictions(self, predictions: Sequence[MatchPrediction], router_id: str = "") -> None:
         """Remember predictions a router made on its own replica, as `match` does for a request id, and
         pass where it routed them on to every watcher (the other routers' load tables)."""
-        _check_limit("predictions per report", len(predictions), self.config.limits.max_predictions_per_report)
+        check_limit("predictions per report", len(predictions), self.config.limits.max_predictions_per_report)
         check_text("router id", router_id, MAX_REQUEST_ID_CHARS)
         for p in predictions:
             # Hit accounting reads the serving node's entry only: a routed prediction keeps just its
@@ -413,15 +362,3 @@ def _encode_part(node: NodeId, epoch: int, seq: int, chains: Callable[[], list[B
 def _watched(m: Member) -> WatchedNode:
     i = m.info
     return WatchedNode(i.node_id, i.layout, i.transfer_address, i.block_size, m.load)
-
-
-def _check_limit(what: str, n: int, limit: int) -> None:
-    if n > limit:
-        raise LimitExceeded(f"{what}: {n} > limit {limit}")
-
-
-def _check_hashes(hashes: Sequence[bytes]) -> None:
-    # In C: this runs over every hash of every Match and event batch.
-    if any(map(_WRONG_HASH_LENGTH, map(len, hashes))):
-        bad = next(n for n in map(len, hashes) if n != HASH_BYTES)
-        raise ValueError(f"block hashes are {HASH_BYTES} bytes, got one of {bad}")

@@ -1,32 +1,14 @@
 """The global router: one request in, the node where it starts fastest chosen, its tokens streamed back.
 
-Per request: hash the prompt's full blocks with the tenant salt, match them against the router's
-own replica of the global index (IndexWatcher keeps it in step with the metadata service; the
-prediction goes to hit accounting in the background) or, while the replica is not in sync, ask the
-metadata service `Match` (short deadline); merge the answer with the router's own in-flight table
-and pending holders into a ClusterView, let the policy decide, hold the decision as pending (all
-in policy.step.RoutingStep, the step the simulator and the Ray Serve router run too), and
-send the agent the ServePlan (with a PullPlan when the decision pulls from a peer that has a transfer
-address). On the replica the candidates are the prefix holders plus a few least-loaded nodes (cost
-independent of the node count); on Match every live node. The pending hold stands while the
-agent has not answered (however long its queue), and for `pending_ttl_s` after its first token.
-
-Degraded mode: when Match fails or times out, requests are routed by the fallback policy
-(least_loaded over the router's own in-flight counts) and the metadata service is probed again
-after `metadata_retry_s`; the first answer resumes prefix routing. Both transitions are logged and
-`metadata_available` says which mode is on.
-
-Retries: an agent that becomes unavailable before or during the stream is excluded and the request
-is routed again. Every request carries a seed fixed here, so the retry reproduces the same tokens;
-the ones already sent are skipped.
-
-Sessions: a request with a session key goes where the session's last request went while that node
-is a candidate within the load bound (session_affinity); otherwise the policy's choice stands and
-the session follows it.
-
-Reset: `reset_prefix_cache` drops the cached blocks of every agent (each publishes the removals,
-so the index drops them too) and the router's pending holders; it is refused while requests run
-here, or waits for them to end.
+Per request: hash the prompt's full blocks with the tenant salt, match them on the router's index
+replica or, while it is not in sync, by `Match` (match_source, with the degraded mode), and run the
+one routing step (policy.step.RoutingStep) over that answer, the in-flight table and the pending
+holders; send the agent the ServePlan (with a PullPlan when the decision pulls from a peer). The
+pending hold stands while the agent has not answered, and for `pending_ttl_s` after its first token.
+Retries: an agent unavailable before or during the stream is excluded and the request routed again;
+the seed fixed here reproduces the same tokens, and the ones already sent are skipped. Sessions: a
+request with a session key follows its session's node while that node is a candidate within the
+load bound (session_affinity). Reset: cache_reset. docs/routing.md tells the whole story.
 """
 
 import asyncio
@@ -37,19 +19,17 @@ import random
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
 
-import grpc
-
-from radixmesh.cluster.fleet.agent_client import AgentDirectory, AgentUnavailable, CacheResettable
-from radixmesh.cluster.fleet.reports import why_failed
+from radixmesh.cluster.fleet.agent_client import AgentDirectory, AgentUnavailable
 from radixmesh.cluster.policy.base import RoutePolicy, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.step import Routed, RoutingStep
 from radixmesh.cluster.router.admission import Admission, Overloaded
+from radixmesh.cluster.router.cache_reset import CacheReset, RequestsRunning, reset_agents
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.index_watch import IndexWatcher
+from radixmesh.cluster.router.match_source import MatchSource
 from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.prediction_report import PredictionReporter
 from radixmesh.cluster.router.results import NoNodeAvailable, RoutedPlan, RouterItem, RouterResult
@@ -59,28 +39,12 @@ from radixmesh.common.text.chat_template import ChatTemplate, PlainChatTemplate
 from radixmesh.common.text.tokenizer import ByteTokenizer, Tokenizer
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
-from radixmesh.proto.metadata.messages import IndexUpdate, MatchQuery, MatchResult, NodeMatch
+from radixmesh.proto.metadata.messages import IndexUpdate, MatchResult, NodeMatch
 from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult, ServeStats, TokenDelta
 from radixmesh.proto.serve.sampling import draw_seed
 
 logger = logging.getLogger(__name__)
-
-
-class RequestsRunning(Exception):
-    """A prefix-cache reset was refused, nothing dropped: requests are running on this router."""
-
-
-@dataclass(frozen=True, slots=True)
-class CacheReset:
-    """What a prefix-cache reset did on each agent."""
-
-    dropped: dict[NodeId, dict[str, int]]
-    """Per node that reset: the cached blocks it dropped, per tier."""
-    busy: dict[NodeId, str]
-    """Per node that refused because requests run on it (another router's): why."""
-    failed: dict[NodeId, str]
-    """Per node that could not be reset (gone, or an engine that cannot drop its cache): why."""
 
 
 class Router:
@@ -125,8 +89,6 @@ class Router:
         """Requests in `generate` now (validated, admitted or waiting for admission)."""
         self._idle = asyncio.Event()
         self._idle.set()
-        self._down_since: float | None = None if metadata is not None else clock()
-        self.metrics.metadata_available = metadata is not None
         self.router_id = f"router-{uuid.uuid4().hex[:12]}"
         """Names this router's routed work in the metadata stream (router replicas share load)."""
         replica_source = metadata if config.index_replica else None
@@ -134,8 +96,8 @@ class Router:
                         if replica_source is not None else None)
         """Keeps the router's index replica; started by the first request (it needs the loop)."""
         self._reporter = PredictionReporter(replica_source, self.router_id) if replica_source is not None else None
-        self.replica_decisions = 0
-        """Decisions made on the replica (the rest asked Match or had no prefix knowledge)."""
+        self._source = MatchSource(config, metadata, self.watcher, self.metrics, clock,
+                                   policy=self._policy.name, fallback=self._fallback.name)
         self.scraped_nodes: frozenset[NodeId] = frozenset()
         """Agents Prometheus scrapes directly (file_sd keeps it): `/metrics?scope=router` leaves them out."""
 
@@ -146,7 +108,12 @@ class Router:
     @property
     def metadata_available(self) -> bool:
         """False while requests are routed without prefix knowledge."""
-        return self._down_since is None
+        return self._source.available
+
+    @property
+    def replica_decisions(self) -> int:
+        """Decisions made on the replica (the rest asked Match or had no prefix knowledge)."""
+        return self._source.replica_decisions
 
     @property
     def active_policy(self) -> str:
@@ -207,8 +174,8 @@ class Router:
         no candidate is left."""
         hashes = self.block_hashes(request)[: self.config.max_match_blocks]
         tokens = len(request.prompt_token_ids)
-        replicated = self._replica_match(hashes)
-        match = await self._match(hashes, request) if replicated is None else None
+        replicated = self._source.replica_match(hashes)
+        match = await self._source.match(hashes, request) if replicated is None else None
         sticky = self._sessions.node(session) if session is not None and node is None else None
         try:
             # With a sticky node the policy's choice is recorded only once it stands.
@@ -271,46 +238,6 @@ class Router:
         for w in update.work:
             if w.router_id != self.router_id:
                 self._inflight.record_routed(w.node_id, w.tokens)
-
-    def _replica_match(self, hashes: list[BlockHash]) -> MatchResult | None:
-        """The replica's answer (holders only), or None while it is not in sync."""
-        if self.watcher is None:
-            return None
-        self.watcher.start()
-        replica = self.watcher.replica
-        if not replica.in_sync:
-            return None
-        result = replica.match(self.config.layout, hashes)
-        if self._down_since is not None:
-            logger.info("index replica in sync: routing by %s", self._policy.name)
-            self._down_since = None
-            self.metrics.metadata_available = True
-        self.replica_decisions += 1
-        return result
-
-    async def _match(self, hashes: list[BlockHash], request: ServePlan) -> MatchResult | None:
-        """Match's answer, or None while the service is (considered) unreachable."""
-        if self.metadata is None:
-            return None
-        now = self._clock()
-        if self._down_since is not None and now - self._down_since < self.config.metadata_retry_s:
-            return None
-        query = MatchQuery(self.config.layout, tuple(hashes), request.tenant, request.request_id,
-                           include_all_nodes=True)
-        try:
-            [result] = await asyncio.wait_for(self.metadata.match([query]), self.config.match_timeout_s)
-        except (grpc.aio.AioRpcError, TimeoutError) as e:
-            if self._down_since is None:
-                logger.warning("metadata service unreachable (%s): routing by %s until it answers",
-                               why_failed(e), self._fallback.name)
-                self.metrics.metadata_available = False
-            self._down_since = now
-            return None
-        if self._down_since is not None:
-            logger.info("metadata service answers again: routing by %s", self._policy.name)
-            self._down_since = None
-            self.metrics.metadata_available = True
-        return result
 
     # --- serving ------------------------------------------------------------------------------
     def validate(self, request: ServePlan) -> None:
@@ -392,31 +319,10 @@ class Router:
                 await asyncio.wait_for(self._idle.wait(), wait_s)
             except TimeoutError:
                 raise RequestsRunning(f"{self._running} request(s) still running after {wait_s:g} s") from None
-        nodes = self.directory.nodes()
-        outcomes = await asyncio.gather(*(self._reset_agent(n) for n in nodes))
+        reset = await reset_agents(self.directory)
         self._pending = self._new_pending()
         self._step.pending = self._pending
-        reset = CacheReset({n: o for n, o in zip(nodes, outcomes, strict=True) if isinstance(o, dict)},
-                           {n: str(o) for n, o in zip(nodes, outcomes, strict=True) if isinstance(o, AgentBusy)},
-                           {n: o for n, o in zip(nodes, outcomes, strict=True) if isinstance(o, str)})
-        logger.info("prefix cache reset: %d node(s) dropped %d cached block(s); busy %s, failed %s",
-                    len(reset.dropped), sum(sum(d.values()) for d in reset.dropped.values()),
-                    sorted(reset.busy) or "none", sorted(reset.failed) or "none")
         return reset
-
-    async def _reset_agent(self, node: NodeId) -> dict[str, int] | AgentBusy | str:
-        """One agent's reset: what it dropped, its refusal, or why it could not be reset."""
-        client = self.directory.get(node)
-        if client is None:
-            return "the agent left"
-        if not isinstance(client, CacheResettable):
-            return "its engine cannot drop its cache through radixmesh"
-        try:
-            return await client.reset_prefix_cache()
-        except AgentBusy as e:
-            return e
-        except AgentUnavailable as e:
-            return str(e)
 
     def _with_seed(self, request: ServePlan) -> ServePlan:
         if request.sampling.seed is not None:

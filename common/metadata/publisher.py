@@ -30,8 +30,9 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Protocol
@@ -88,13 +89,16 @@ class PendingHits:
 
 
 @dataclass(frozen=True, slots=True)
-class HitReportStats:
-    """What a node dropped of its realized-hit reports; every sample labelled `node`."""
+class PublisherStats:
+    """What a node's publisher dropped or had to redo; every sample labelled `node`."""
 
     node: str
     hit_reports_dropped: int = metric(
         "counter", "Hit reports of finished requests dropped (the oldest first) while no heartbeat took "
         "them: standalone, a metadata outage or a stale publisher.")
+    lease_expiries: int = metric(
+        "counter", "Times the metadata service forgot this node's lease (no heartbeat within its TTL: a "
+        "partition, a stalled agent) and the node registered again as a new incarnation.")
 
 
 class PublishedNode(Protocol):
@@ -160,9 +164,10 @@ class EventPublisher:
     """Publishes one node's events and heartbeats through `client` (which it closes on stop)."""
 
     def __init__(self, node: PublishedNode, client: MetadataClient, config: PublisherConfig,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._node = node
         self._rng = rng or random.Random()
+        self._clock = clock
         self._client = client
         self.config = config
         info = node.node_info()
@@ -184,6 +189,10 @@ class EventPublisher:
         """Failed calls since the last successful one (what the backoff grows with)."""
         self.loop_errors = 0
         """Rounds that raised unexpectedly (the loop went on)."""
+        self.lease_expiries = 0
+        """Times the service forgot the lease and the node registered again."""
+        self._renewed_at: float | None = None
+        """When the lease was last granted or renewed (`clock`): how long a lost lease went unrenewed."""
 
     @property
     def lease(self) -> Lease | None:
@@ -243,6 +252,7 @@ class EventPublisher:
                 load = await self._node.load()
                 send = self._hits.first(MAX_HITS_PER_HEARTBEAT)
                 self._lease = await self._client.heartbeat(self.node_id, self.epoch, load, send)
+                self._renewed_at = self._clock()
                 self._hits.remove_first(len(send))
                 if self._lease.recalled:
                     await self._node.recall(self._lease.recalled)
@@ -256,6 +266,7 @@ class EventPublisher:
         if self._lease is not None:
             return
         self._lease = await self._client.register(self._node.node_info())
+        self._renewed_at = self._clock()
         self.registrations += 1
         logger.info("node %s registered (epoch %d, snapshot required: %s)", self.node_id, self.epoch,
                     self._lease.snapshot_required)
@@ -289,13 +300,7 @@ class EventPublisher:
             self.failures += 1
             code = e.code()
             if code is grpc.StatusCode.NOT_FOUND:
-                self.epoch = self._node.next_epoch()
-                logger.info("node %s: lease unknown to the service, registering again as epoch %d",
-                            self.node_id, self.epoch)
-                self._lease = None
-                self._seq = 0
-                self._pending.clear()
-                self._resync = True
+                self._lease_expired()
             elif code is grpc.StatusCode.FAILED_PRECONDITION:
                 logger.error("node %s epoch %d is stale (a newer incarnation exists): %s", self.node_id,
                              self.epoch, e.details())
@@ -307,6 +312,22 @@ class EventPublisher:
                 self._resync = True
             else:
                 logger.warning("%s to the metadata service failed: %s %s", what, code, e.details())
+
+    def _lease_expired(self) -> None:
+        """A warning, not info: the index dropped this node's blocks meanwhile, so routing missed them
+        until the snapshot that follows; repeated, it points at a partition or a stalled agent."""
+        self.lease_expiries += 1
+        ttl = f"{self._lease.ttl_s:g} s" if self._lease is not None else "unknown"
+        since = (f"{self._clock() - self._renewed_at:.1f} s ago" if self._renewed_at is not None
+                 else "never")
+        self.epoch = self._node.next_epoch()
+        logger.warning("node %s: its lease expired at the metadata service (last heartbeat renewed it %s, "
+                       "lease TTL %s); registering again as epoch %d with a full snapshot", self.node_id, since,
+                       ttl, self.epoch)
+        self._lease = None
+        self._seq = 0
+        self._pending.clear()
+        self._resync = True
 
     async def _every(self, interval_s: float, fn: "_Round") -> None:
         while True:

@@ -37,15 +37,12 @@ class SequenceState:
     stats: RequestStats
     table: BlockTable
     """Tokens (prompt, then sampled), gpu block table, block hashes and how many are committed."""
-    admit_order: int = -1
     num_computed: int = 0
     host_block_ids: list[BlockId] = field(default_factory=list)
     pulling: PendingPrefix | None = None
     """The pull this sequence waits for: it is not admitted before the pull lands (Engine.land_pull)."""
     external_hashes: frozenset[BlockHash] = frozenset()
     """Hashes handed in through Request.external_prefix (stats attribute their hits to "external")."""
-    host_hit_blocks: int = 0
-    """Blocks of the latest prefix match that were promoted from the host tier."""
     logits: list[torch.Tensor] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     """One per output token when the request asked for log-probabilities."""
@@ -119,7 +116,6 @@ class Scheduler:
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
         self.num_preemptions: dict[PreemptMode, int] = {m: 0 for m in PreemptMode}
-        self._admissions = 0
         self.idle = False
         """The last schedule() ran nothing and preempted nobody: until a request arrives, a pull lands
         or blocks are given back, another step would not either (EngineRunner sleeps instead)."""
@@ -161,8 +157,6 @@ class Scheduler:
             if n == 0:
                 break
             self.waiting.remove(ready)
-            ready.admit_order = self._admissions
-            self._admissions += 1
             self.running.append(ready)
             plan.append(ScheduledChunk(ready, n))
             budget -= n

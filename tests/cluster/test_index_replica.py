@@ -15,7 +15,8 @@ from radixmesh.cluster.metadata.feed import Subscription
 from radixmesh.cluster.metadata.membership import StaleEpoch, UnknownNode
 from radixmesh.cluster.metadata.replica import IndexReplica, ReplicaGap
 from radixmesh.cluster.metadata.server import MetadataServer
-from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.router.index_watch import IndexWatcher
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixmesh.cluster.metadata.index import GlobalIndex
-from radixmesh.cluster.metadata.service import LimitExceeded, MetadataService, ServiceConfig, ServiceLimits
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import LimitExceeded, ServiceConfig, ServiceLimits
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.block_hash import BlockHash

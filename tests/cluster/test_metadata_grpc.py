@@ -15,7 +15,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixmesh.cluster.metadata.server import TlsFiles
-from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig, ServiceLimits
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import ServiceConfig, ServiceLimits
 from radixmesh.cluster.metadata.store import MemoryStore
 from radixmesh.common.metadata.auth import NO_CREDENTIALS, CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient

@@ -9,7 +9,8 @@ import redis
 
 from radixmesh.cluster.metadata import service as service_module
 from radixmesh.cluster.metadata.index import GlobalIndex
-from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.metadata.store import MemoryStore, RedisStore
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier

@@ -7,7 +7,8 @@ from dataclasses import asdict
 import pytest
 
 from radixmesh.cluster.metadata.membership import StaleEpoch
-from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.metadata.store import RedisStore, open_store
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.proto.block_hash import BlockHash

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.metadata.store import RedisStore
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.proto.ids import NodeId

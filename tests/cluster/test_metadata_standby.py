@@ -11,7 +11,8 @@ import redis.asyncio
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.metadata.leader import LeaderLease, serve_while_leader
 from radixmesh.cluster.metadata.server import MetadataServer
-from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.metadata.store import RedisStore
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.proto.block_hash import BlockHash

@@ -9,7 +9,8 @@ import pytest
 from radixmesh.cluster.policy.base import PolicyConfig, RouteRequest, make_policy
 from radixmesh.cluster.policy.cost_model import delay_to_others
 from radixmesh.cluster.policy.view import ClusterView, NodeView
-from radixmesh.cluster.sim.simulator import SimConfig, Simulator
+from radixmesh.cluster.sim.config import SimConfig
+from radixmesh.cluster.sim.simulator import Simulator
 from radixmesh.proto.ids import NodeId
 from tests.cluster.test_sim_pending import conversations
 

@@ -13,7 +13,8 @@ from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.step import NoNodeAvailable, RoutingStep
 from radixmesh.cluster.router.results import NoNodeAvailable as RouterNoNode
-from radixmesh.cluster.sim.simulator import SimConfig, Simulator
+from radixmesh.cluster.sim.config import SimConfig
+from radixmesh.cluster.sim.simulator import Simulator
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch

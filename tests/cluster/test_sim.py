@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from radixmesh.cluster.cli.sim import sim
 from radixmesh.cluster.policy.base import RouteDecision
+from radixmesh.cluster.sim.config import SimConfig
 from radixmesh.cluster.sim.node import SimJob, SimNode
-from radixmesh.cluster.sim.simulator import SimConfig, SimReport, SimRequest, Simulator, percentile, prepare
+from radixmesh.cluster.sim.simulator import SimReport, SimRequest, Simulator, percentile, prepare
 from radixmesh.cluster.sim.trace import TraceRequest
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId

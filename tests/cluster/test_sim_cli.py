@@ -12,10 +12,9 @@ from click.testing import CliRunner
 
 from radixmesh.cluster.cli.sim import sim
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.cluster.metadata.service import ServiceConfig
-from radixmesh.cluster.sim.simulator import SimConfig
-from radixmesh.node_agent import EVICTION_ORDERS
-from radixmesh.node_agent import agent as agent_module
+from radixmesh.cluster.metadata.service_config import ServiceConfig
+from radixmesh.cluster.sim.config import SimConfig
+from radixmesh.node_agent import EVICTION_ORDERS, engine_setup
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.proto.ids import NodeId
@@ -51,13 +50,13 @@ async def test_an_agent_of_up_builds_its_pool_as_the_simulator_runs_its_nodes(mo
     """What the agent hands its gpu pool (PoolHooks): the eviction order, the cluster's recall, and no
     cluster-aware eviction, which no agent setting turns on."""
     built: list[PoolHooks | None] = []
-    engine = agent_module.Engine
+    engine = engine_setup.Engine
 
     def recording_engine(*args: Any, gpu_hooks: PoolHooks | None = None, **kw: Any) -> Any:
         built.append(gpu_hooks)
         return engine(*args, gpu_hooks=gpu_hooks, **kw)
 
-    monkeypatch.setattr(agent_module, "Engine", recording_engine)
+    monkeypatch.setattr(engine_setup, "Engine", recording_engine)
     # The tiny model, no transfer plane and no metadata service, so the agent starts in-process.
     config = dataclasses.replace(_up_agent(), model=SOURCE, transfer="none", metadata_address=None)
     agent = NodeAgent(config)

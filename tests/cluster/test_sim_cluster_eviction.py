@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixmesh.cluster.sim.config import SimConfig
 from radixmesh.cluster.sim.holders import HolderCount
-from radixmesh.cluster.sim.simulator import SimConfig, Simulator, prepare
+from radixmesh.cluster.sim.simulator import Simulator, prepare
 from radixmesh.cluster.sim.trace import TraceRequest
 from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.memory.pool.block_pool import BlockPool

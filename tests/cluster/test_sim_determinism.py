@@ -20,7 +20,8 @@ TRACE = Path(__file__).parents[1] / "data" / "traces" / "chat.jsonl"
 CHILD = """
 import json, sys
 from radixmesh.cluster.metadata.index import GlobalIndex
-from radixmesh.cluster.sim.simulator import SimConfig, Simulator, prepare
+from radixmesh.cluster.sim.config import SimConfig
+from radixmesh.cluster.sim.simulator import Simulator, prepare
 from radixmesh.cluster.sim.trace import read_trace
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier

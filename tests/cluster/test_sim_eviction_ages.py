@@ -11,8 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixmesh.cluster.sim.balance import offline_max_over_mean, online_max_over_mean
+from radixmesh.cluster.sim.config import SimConfig
 from radixmesh.cluster.sim.eviction_ages import EvictionSummary
-from radixmesh.cluster.sim.simulator import SimConfig, SimReport, Simulator, prepare
+from radixmesh.cluster.sim.simulator import SimReport, Simulator, prepare
 from radixmesh.cluster.sim.trace import TraceRequest
 
 

@@ -5,7 +5,8 @@ in a queue longer than the ttl finds that turn's node pending."""
 import dataclasses
 import random
 
-from radixmesh.cluster.sim.simulator import SimConfig, SimRequest, Simulator, prepare
+from radixmesh.cluster.sim.config import SimConfig
+from radixmesh.cluster.sim.simulator import SimRequest, Simulator, prepare
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TraceRequest
 
 

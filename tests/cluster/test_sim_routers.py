@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from radixmesh.cluster.sim.simulator import SimConfig, SimRequest, Simulator, prepare
+from radixmesh.cluster.sim.config import SimConfig
+from radixmesh.cluster.sim.simulator import SimRequest, Simulator, prepare
 from radixmesh.cluster.sim.trace import TraceRequest
 
 BASE = SimConfig(nodes=6, capacity_blocks=40, prefill_tokens_per_s=512.0, kv_bytes_per_token=1,

@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixmesh.cluster.cli.sim import sim
+from radixmesh.cluster.sim.config import SimConfig
 from radixmesh.cluster.sim.node import SecondChance
-from radixmesh.cluster.sim.simulator import SimConfig, SimReport, SimRequest, Simulator, prepare
+from radixmesh.cluster.sim.simulator import SimReport, SimRequest, Simulator, prepare
 from radixmesh.cluster.sim.trace import TraceRequest, read_trace
 from radixmesh.node_agent import EvictedBlock
 from radixmesh.proto.block_hash import BlockHash

@@ -1,6 +1,7 @@
 """EventPublisher against a real in-process metadata gRPC server on 127.0.0.1: registration, batched
 events, RESYNC and re-registration with snapshots, heartbeats with load and realized hits."""
 
+import logging
 import random
 import time
 from collections.abc import AsyncIterator
@@ -10,7 +11,8 @@ import pytest
 from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig, ExternalEngineNode
 from radixmesh.cluster.fleet.ingest.subscriber import SubscriberConfig
 from radixmesh.cluster.metadata.server import MetadataServer
-from radixmesh.cluster.metadata.service import MetadataService, ServiceConfig
+from radixmesh.cluster.metadata.service import MetadataService
+from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.metadata.store import MemoryStore
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metadata.publisher import EventPublisher, PublisherConfig, chains
@@ -218,6 +220,40 @@ async def test_an_external_engine_reregisters_after_its_lease_ended(metadata: Me
         assert member is not None and member.info.epoch == node.epoch
     finally:
         await pub.stop()
+
+
+async def test_a_lease_expiry_is_a_warning_with_the_silence_and_the_ttl(
+        metadata: Metadata, caplog: pytest.LogCaptureFixture) -> None:
+    config = ExternalEngineConfig(NodeId("e"), "http://127.0.0.1:1", SubscriberConfig("tcp://127.0.0.1:1"), "l",
+                                  "m", block_size=BS, capacity_blocks=8)
+    node = ExternalEngineNode(config)
+    beats = Clock()  # the publisher's own clock, apart from the service's
+    pub = EventPublisher(node, MetadataClient(metadata.address, timeout_s=5.0), PublisherConfig(), clock=beats)
+    try:
+        await pub.heartbeat()  # register, beat: renewed now
+        beats.now += 42.5  # the node stalls
+        metadata.clock.now += 60  # past the 10 s lease
+        with caplog.at_level(logging.WARNING, logger="radixmesh.common.metadata.publisher"):
+            await pub.heartbeat()  # NOT_FOUND
+        [record] = [r for r in caplog.records if "lease expired" in r.getMessage()]
+        assert record.levelno == logging.WARNING
+        assert record.getMessage().startswith("node e: its lease expired at the metadata service (last "
+                                              "heartbeat renewed it 42.5 s ago, lease TTL 10 s)")
+        assert pub.lease_expiries == 1
+    finally:
+        await pub.stop()
+
+
+async def test_lease_expiries_are_counted_in_the_agents_metrics(metadata: Metadata) -> None:
+    agent = await new_agent("a", metadata)
+    try:
+        assert 'radixmesh_lease_expiries_total{model_name="tiny-test",node="a"} 0.0' in await agent.prometheus_text()
+        metadata.clock.now += 60  # the lease ends
+        await publisher(agent).heartbeat()  # NOT_FOUND
+        await publisher(agent).heartbeat()  # registered again
+        assert 'radixmesh_lease_expiries_total{model_name="tiny-test",node="a"} 1.0' in await agent.prometheus_text()
+    finally:
+        await agent.stop()
 
 
 async def test_older_incarnation_goes_stale(metadata: Metadata) -> None:

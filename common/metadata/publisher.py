@@ -97,8 +97,8 @@ class PublisherStats:
         "counter", "Hit reports of finished requests dropped (the oldest first) while no heartbeat took "
         "them: standalone, a metadata outage or a stale publisher.")
     lease_expiries: int = metric(
-        "counter", "Times the metadata service forgot this node's lease (no heartbeat within its TTL: a "
-        "partition, a stalled agent) and the node registered again as a new incarnation.")
+        "counter", "Leases of this node the metadata service forgot (no heartbeat within its TTL: a "
+        "partition, a stalled agent), each followed by registering again as a new incarnation.")
 
 
 class PublishedNode(Protocol):

@@ -400,7 +400,7 @@ class NodeAgent:
 
     async def load(self) -> NodeLoad:
         """Queue, running tokens, free blocks, and the prices the router's cost model reads: measured
-        prefill rate, per-peer pull bandwidth and fixed cost, the disk tier's read rate, and the compute
+        step floor and prefill rate beyond it, per-peer pull bandwidth and fixed cost, the disk tier's read rate, and the compute
         group (who shares our cores)."""
         def snapshot() -> tuple[int, int, int]:
             sched, pool = self.engine.scheduler, self.engine.memory.gpu.pool
@@ -414,7 +414,7 @@ class NodeAgent:
         # cluster's nodes twice as slow as they were: TTFT realized / estimated 0.56 at p50).
         group = "" if self.config.modeled is not None else compute_group(self.engine.device)
         return NodeLoad(queued, running, free, self.runner.prefill_tokens_per_s, gbps, fixed,
-                        group, disk.read_bytes_per_s() / 1e9 if disk is not None else 0.0)
+                        group, disk.read_bytes_per_s() / 1e9 if disk is not None else 0.0, self.runner.step_floor_s)
 
     async def prometheus_text(self) -> str:
         """Memory of both tiers, the engine, the transfer plane and the agent's own counters."""

@@ -14,6 +14,14 @@ a datacenter link promises); the holder's wait is the rest of its current engine
 per engine step, so it delays the queue and the prefill by ``steps x (decode_pass_tokens + decodes)``
 prefill tokens' time, ``steps = ceil(tokens / step_tokens)``.
 
+Steps: where the node measured its step floor (NodeView.step_floor_s: a decode-only step's time;
+its prefill rate is then the rate beyond it), every step costs the floor plus its prefill tokens, so
+``steps x floor`` replaces the decode passes, a request waits for the node's step in progress (half a
+step), and at least one step runs even when the whole prompt is cached. Priced per token alone, a
+modeled H100 node's ~7 ms steps looked like 1 ms for a short uncached tail: on a workload of cached
+documents, TTFT estimates were 1.3-1.9x optimistic and every queue looked empty. Without a floor (the
+simulator's engine, which has no steps) the per-token prices stand.
+
 Sharing: agents of one compute group run on the same cores, each measuring its rate as if they were
 its own. Under processor sharing a stream of work x next to streams w_j finishes after
 ``x + sum_j min(w_j, x)``: an idle neighbour costs nothing, a busy one up to x.
@@ -64,20 +72,26 @@ class TTFTEstimate(NamedTuple):
         return self.swap_s + self.pull_s + self.prefill_s
 
 
+def step_time(view: NodeView, config: PolicyConfig) -> float:
+    """Seconds of `view`'s node's next engine step: a chunk of up to `step_tokens` of its queued
+    prefill, plus its measured floor, or, with none measured, the decode pass of its running requests
+    priced in prefill tokens."""
+    tokens = min(config.step_tokens, view.queued_tokens)
+    if view.step_floor_s:
+        return view.step_floor_s + tokens / view.prefill_tokens_per_s
+    decode = config.decode_pass_tokens + view.running_decodes if view.running_decodes else 0.0
+    return (tokens + decode) / view.prefill_tokens_per_s
+
+
 def holder_wait(view: NodeView, config: PolicyConfig) -> float:
     """Expected seconds a pull from `view`'s node waits for its engine thread: the owner pins (and
     later unpins) the blocks as jobs between engine steps, so a busy holder answers after the rest of
-    its current step, half a step on average. A step is a chunk of up to `step_tokens` of its queued
-    prefill plus the decode pass of its running requests; an idle holder answers at once.
+    its current step, half a step on average (`step_time`); an idle holder answers at once.
 
     Unpriced, a pull from a busy holder looked as cheap as one from an idle one, and the calibration
     report showed it: on the modeled H100 cluster (slowed 20x) realized pulls took 3.6x their price at
     p90, where holders stepped in 0.4-0.6 s chunks."""
-    if view.inflight == 0:
-        return 0.0
-    tokens = min(config.step_tokens, view.queued_tokens)
-    decode = config.decode_pass_tokens + view.running_decodes if view.running_decodes else 0.0
-    return 0.5 * (tokens + decode) / view.prefill_tokens_per_s
+    return 0.5 * step_time(view, config) if view.inflight else 0.0
 
 
 def delay_to_others(view: NodeView, extra_s: float) -> float:
@@ -117,19 +131,24 @@ class CostModel:
         fixed = c.pull_latency_s if latency_s is None else latency_s
         return fixed + blocks * c.block_bytes / (c.pull_bytes_per_s if bytes_per_s is None else bytes_per_s)
 
-    def decode_time(self, view: NodeView, tokens: int) -> float:
-        """Seconds the running requests' decode passes add to `tokens` of prefill on `view`'s node
-        (one pass per engine step, at least one step)."""
+    def steps_time(self, view: NodeView, tokens: int) -> float:
+        """Seconds `view`'s node's steps take beyond their prefill tokens while it computes `tokens`
+        of prefill (one step per `step_tokens`, at least one): the measured floor of each, or, with
+        none measured, the running requests' decode passes (none when nothing runs)."""
+        steps = max(1, math.ceil(tokens / self.config.step_tokens))
+        if view.step_floor_s:
+            return steps * view.step_floor_s
         if view.running_decodes == 0:
             return 0.0
-        steps = max(1, math.ceil(tokens / self.config.step_tokens))
         return steps * (self.config.decode_pass_tokens + view.running_decodes) / view.prefill_tokens_per_s
 
     def queue_time(self, view: NodeView, tokens: int = 0) -> float:
-        """Seconds of work ahead on `view`'s node: waiting prefill, pulls in progress, and the decode
-        passes during that prefill and `tokens` more of a new request's."""
+        """Seconds of work ahead on `view`'s node: waiting prefill, pulls in progress, the steps during
+        that prefill and `tokens` more of a new request's, and (with a measured floor) the step in
+        progress."""
+        current = holder_wait(view, self.config) if view.step_floor_s else 0.0
         return (view.queued_tokens / view.prefill_tokens_per_s + view.pulling_s
-                + self.decode_time(view, view.queued_tokens + tokens))
+                + self.steps_time(view, view.queued_tokens + tokens) + current)
 
     def estimate(self, request: RouteRequest, view: NodeView, holder: Holder | None,
                  shared: Sequence[float] = ()) -> TTFTEstimate:

@@ -2,8 +2,8 @@
 router builds it: the metadata service's Match answer, the router's own in-flight table and its
 speculative (pending) holders, merged.
 
-Load comes from the router itself (policy.inflight), not from heartbeats. Measured prices (prefill
-tokens/s, per peer pull bandwidth and fixed cost) and who shares cores (the compute group) do come
+Load comes from the router itself (policy.inflight), not from heartbeats. Measured prices (step
+floor, prefill tokens/s, per peer pull bandwidth and fixed cost) and who shares cores (the compute group) do come
 from heartbeats, since only agents see them; what no agent measured yet is priced by the cost
 model's conservative defaults (PolicyConfig), not here.
 """
@@ -34,7 +34,7 @@ class NodeView:
     """Requests routed to this node and not finished: a tie-break for least_loaded and cost, not a
     load cap (see `within_load_cap`)."""
     prefill_tokens_per_s: float = 1.0
-    """Measured prefill rate."""
+    """Measured prefill rate (beyond the step floor, when one is measured)."""
     recent_tokens: float = 0.0
     """Prompt tokens routed to this node, exponentially decayed (`RecentWork`); bounds load over time."""
     held_blocks: int = 0
@@ -52,6 +52,9 @@ class NodeView:
     """The tail of the local prefix past its gpu and host runs: read from the node's disk tier."""
     disk_bytes_per_s: float = 0.0
     """The node's measured disk read rate (0: not measured, the configured default applies)."""
+    step_floor_s: float = 0.0
+    """Measured seconds of an engine step before its prefill tokens (NodeLoad.step_floor_s; 0: not
+    measured, the cost model prices a step's decode pass in prefill tokens instead)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.gpu_blocks <= self.local_blocks:
@@ -66,6 +69,8 @@ class NodeView:
             raise ValueError(f"need 0 <= held_blocks <= local_blocks, got {self.held_blocks}, {self.local_blocks}")
         if self.queued_tokens < 0 or self.inflight < 0 or self.running_decodes < 0:
             raise ValueError("queued_tokens, inflight and running_decodes must be >= 0")
+        if not (math.isfinite(self.step_floor_s) and self.step_floor_s >= 0):
+            raise ValueError(f"step_floor_s must be finite and >= 0, got {self.step_floor_s}")
         if not (math.isfinite(self.pulling_s) and self.pulling_s >= 0):
             raise ValueError(f"pulling_s must be finite and >= 0, got {self.pulling_s}")
         if not (math.isfinite(self.recent_tokens) and self.recent_tokens >= 0):
@@ -184,6 +189,7 @@ def build_view(
                 inflight=table.inflight(node),
                 recent_tokens=table.recent_tokens(node),
                 prefill_tokens_per_s=rate,
+                step_floor_s=m.load.step_floor_s if m else 0.0,
                 held_blocks=held,
                 running_decodes=table.running_decodes(node),
                 pulling_s=table.pulling_s(node),

@@ -5,10 +5,10 @@ replica or, while it is not in sync, by `Match` (match_source, with the degraded
 one routing step (policy.step.RoutingStep) over that answer, the in-flight table and the pending
 holders; send the agent the ServePlan (with a PullPlan when the decision pulls from a peer). The
 pending hold stands while the agent has not answered, and for `pending_ttl_s` after its first token.
-Retries: an agent unavailable before or during the stream is excluded and the request routed again;
-the seed fixed here reproduces the same tokens, and the ones already sent are skipped. Sessions: a
-request with a session key follows its session's node while that node is a candidate within the
-load bound (session_affinity). Reset: cache_reset. docs/routing.md tells the whole story.
+Retries (attempts): an agent unavailable before or during the stream is excluded and the request
+routed again; the seed fixed here reproduces the same tokens, and those already sent are skipped.
+Sessions: a request with a session key follows its session's node while that node is a candidate
+within the load bound (session_affinity). Reset: cache_reset. docs/routing.md tells the whole story.
 """
 
 import asyncio
@@ -20,12 +20,13 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 
-from radixmesh.cluster.fleet.agent_client import AgentDirectory, AgentUnavailable
+from radixmesh.cluster.fleet.agent_client import AgentDirectory
 from radixmesh.cluster.policy.base import RoutePolicy, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.step import Routed, RoutingStep
 from radixmesh.cluster.router.admission import Admission, Overloaded
+from radixmesh.cluster.router.attempts import Attempts
 from radixmesh.cluster.router.cache_reset import CacheReset, RequestsRunning, reset_agents
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.index_watch import IndexWatcher
@@ -40,8 +41,8 @@ from radixmesh.common.text.tokenizer import ByteTokenizer, Tokenizer
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import IndexUpdate, MatchResult, NodeMatch
-from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest, usable_prefix_blocks
-from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult, ServeStats, TokenDelta
+from radixmesh.proto.serve.limits import InvalidRequest
+from radixmesh.proto.serve.plan import PullPlan, ServePlan, TokenDelta
 from radixmesh.proto.serve.sampling import draw_seed
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class Router:
                                  default_prefill_tokens_per_s=config.default_prefill_tokens_per_s,
                                  least_loaded=config.least_loaded_candidates, fallback=self._fallback)
         self._sessions = SessionAffinity(sessions or SessionConfig(), clock)
+        self._attempts = Attempts(config, directory, self.plan, self._step, self._inflight, self.metrics, clock)
         self._running = 0
         """Requests in `generate` now (validated, admitted or waiting for admission)."""
         self._idle = asyncio.Event()
@@ -264,7 +266,7 @@ class Router:
             self.validate(request)
             async with self.admission.slot():
                 self.metrics.queue.observe(self._clock() - arrival)
-                served = self._serve(self._with_seed(request), on_routed, node, session)
+                served = self._attempts.serve(self._with_seed(request), on_routed, node, session)
                 async with contextlib.aclosing(served) as items:
                     last: float | None = None
                     async for item in items:
@@ -329,99 +331,3 @@ class Router:
             return request
         sampling = dataclasses.replace(request.sampling, seed=draw_seed(self._rng))
         return dataclasses.replace(request, sampling=sampling)
-
-    def _record_outcome(self, routed: RoutedPlan, stats: ServeStats, usable: int, reused: int, prompt: int,
-                        ttft_s: float) -> None:
-        """The decision's prediction beside what the agent and the router measured (calibration.py)."""
-        d, bs = routed.decision, self.config.block_size
-        longest = max((min(v.local_blocks, usable) for v in routed.view.nodes), default=0)
-        self.metrics.calibration.add(
-            predicted_ttft_s=d.est_ttft_s, realized_ttft_s=ttft_s,
-            predicted_pull_s=d.pull_s if routed.plan.pull is not None else 0.0, realized_pull_s=stats.pull_seconds,
-            agent_ttft_s=stats.ttft_s, predicted_computed=prompt - reused * bs, realized_computed=stats.tokens.computed,
-            left_tokens=max(0, longest - reused) * bs,
-            bought_s=d.longest_ttft_s - d.est_ttft_s if d.longest_ttft_s is not None else None)
-        self._step.move_margin_s = self.metrics.calibration.move_margin_s()
-
-    async def _serve(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None, pin: NodeId | None,
-                     session: str | None) -> AsyncGenerator[RouterItem, None]:
-        arrival = self._clock()
-        first_token_at: float | None = None
-        sent: list[int] = []
-        exclude: set[NodeId] = set()
-        busy: set[NodeId] = set()
-        for attempt in range(1, self.config.max_attempts + 1):
-            try:
-                routed = await self.plan(request, frozenset(exclude), pin, session)
-            except NoNodeAvailable:
-                if busy:
-                    raise Overloaded(f"every node left is busy ({sorted(busy)}): retry later",
-                                     self.config.admission.retry_after_s) from None
-                raise
-            node = routed.decision.node
-            if on_routed is not None:
-                on_routed(node)
-            client = self.directory.get(node)
-            if client is None:
-                if routed.hold is not None:
-                    self._step.abandon(routed.hold)
-                exclude.add(node)
-                continue
-            usable = usable_prefix_blocks(len(request.prompt_token_ids), self.config.block_size)
-            reused = min(routed.decision.local_blocks + routed.decision.pull_blocks, usable)
-            expected_local = min(routed.decision.local_blocks, usable) * self.config.block_size
-            ticket = self._inflight.start(node, len(request.prompt_token_ids) - reused * self.config.block_size,
-                                          routed.decision.pull_s if routed.plan.pull is not None else 0.0)
-            self._inflight.record_routed(node, len(request.prompt_token_ids))
-            stream = client.serve(routed.plan)
-            produced = 0
-            answered = False
-            try:
-                async for item in stream:
-                    if not answered:  # its prefill is done: a peer may pull this prompt from it now
-                        answered = True
-                        if routed.hold is not None:
-                            self._step.answered(routed.hold)
-                    self._inflight.prefilled(ticket)
-                    if isinstance(item, TokenDelta):
-                        tokens, logprobs = item.token_ids, item.logprobs
-                    else:
-                        tokens, logprobs = item.output_token_ids[produced:], item.output_logprobs[produced:]
-                    # This attempt's tokens [produced, produced + len) overlap what was sent up to len(sent).
-                    new = tokens[max(0, len(sent) - produced):]
-                    if tokens[: len(tokens) - len(new)] != tuple(sent[produced : produced + len(tokens) - len(new)]):
-                        logger.warning("request %s: retry on %s diverged from the tokens already sent",
-                                       request.request_id, node)
-                    produced += len(tokens)
-                    if new:
-                        first_token_at = first_token_at if first_token_at is not None else self._clock()
-                        sent.extend(new)
-                        yield TokenDelta(request.request_id, tuple(new), logprobs[len(tokens) - len(new):])
-                    if isinstance(item, ServeResult):
-                        ttft = (first_token_at if first_token_at is not None else self._clock()) - arrival
-                        self.metrics.record_served(node, item.stats, self.config.block_size,
-                                                   routed.cluster_tokens, expected_local, ttft)
-                        self._record_outcome(routed, item.stats, usable, reused, len(request.prompt_token_ids), ttft)
-                        yield RouterResult(item, routed, attempt, ttft)
-                        return
-                raise AgentUnavailable(f"agent {node} ended the stream without a result")
-            except AgentBusy as e:  # refused before anything ran: another node may take it
-                logger.info("request %s: %s; trying another node", request.request_id, e)
-                busy.add(node)
-                exclude.add(node)
-            except AgentUnavailable as e:
-                logger.warning("request %s: agent %s unavailable (%s); %d token(s) already sent, retrying",
-                               request.request_id, node, e, len(sent))
-                self.metrics.record_failed_attempt(node)
-                exclude.add(node)
-                if routed.hold is not None:  # answered or not, the node is not to be counted on
-                    self._step.abandon(routed.hold)
-            finally:
-                if not answered and routed.hold is not None:  # refused or given up before its answer
-                    self._step.abandon(routed.hold)
-                self._inflight.finish(ticket)
-                # Close the agent's stream now (not at garbage collection) so it frees the request's blocks.
-                await stream.aclose()
-        if busy and busy == exclude:
-            raise Overloaded(f"every node tried is busy ({sorted(busy)}): retry later", self.config.admission.retry_after_s)
-        raise NoNodeAvailable(f"request {request.request_id}: {len(exclude)} node(s) failed: {sorted(exclude)}")

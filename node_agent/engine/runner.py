@@ -26,7 +26,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 RATE_SMOOTHING = 0.2
-"""Weight of the newest step in the prefill-rate average."""
+"""Weight of the newest step in the prefill-rate and step-floor averages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +63,14 @@ class EngineRunner:
         self.pending_calls = 0
         """Jobs queued on or running on the engine thread (steps, submits, the transfer plane's pins)."""
         self.prefill_tokens_per_s = 0.0
-        """Measured: tokens computed per second of the steps that ran a prefill chunk, the decodes that
-        shared their forward included (EWMA)."""
+        """Measured (EWMA), over the steps that ran a prefill chunk: their tokens per second of step
+        time beyond `step_floor_s` (the whole step's time while no floor is measured), the decodes
+        that shared their forward included."""
+        self.step_floor_s = 0.0
+        """Measured (EWMA): seconds of a step that decodes only (0: none seen yet). What every step
+        costs before its prefill tokens (launch, sampling, streaming the weights once, the running
+        decodes' attention): on an H100 serving Llama-3-8B ~7 ms, the time of ~220 prefill tokens,
+        so a price per token alone made a request with a short uncached tail look almost free."""
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn` on the engine thread. The job completes even if the caller is cancelled, so a
@@ -161,6 +167,26 @@ class EngineRunner:
                 on_refused()
             raise
 
+    def _measure(self, tokens: int, running: int, seconds: float) -> None:
+        """Fold one step into the floor (a decode-only step) or the prefill rate. A step of more
+        tokens than one per running sequence ran a prefill chunk in the same forward as the decodes:
+        its time beyond the floor (which holds the decodes) is the chunk's; with no floor yet, the
+        whole step is, the decodes' tokens counting with it."""
+        if seconds <= 0:
+            return
+        if 0 < tokens <= running:
+            old = self.step_floor_s
+            self.step_floor_s = seconds if old == 0.0 else old + RATE_SMOOTHING * (seconds - old)
+        elif tokens > running:
+            # A step no longer than the floor (noise, or a floor measured at a larger batch) says
+            # nothing about the marginal rate.
+            beyond = seconds - self.step_floor_s
+            if beyond <= 0:
+                return
+            rate = (tokens - running if self.step_floor_s else tokens) / beyond
+            old = self.prefill_tokens_per_s
+            self.prefill_tokens_per_s = rate if old == 0.0 else old + RATE_SMOOTHING * (rate - old)
+
     def _abort(self, request_id: RequestId) -> bool:
         return self.engine.abort(request_id)
 
@@ -172,12 +198,7 @@ class EngineRunner:
         step = self.engine.step()
         seconds = self._clock() - t0
         tokens = self.engine.counters.computed_tokens - computed
-        # More tokens than one per running sequence: a prefill chunk ran, in the same forward as the
-        # decodes, so the step's time is theirs too and their tokens count with it.
-        if tokens > running and seconds > 0:
-            rate = tokens / seconds
-            old = self.prefill_tokens_per_s
-            self.prefill_tokens_per_s = rate if old == 0.0 else old + RATE_SMOOTHING * (rate - old)
+        self._measure(tokens, running, seconds)
         new: dict[RequestId, NewTokens] = {}
         for rid, token, logprob in step.tokens:
             fresh = new.setdefault(rid, NewTokens([], []))

@@ -73,13 +73,16 @@ class NodeLoad:
     with nobody."""
     disk_read_gbps: float = 0.0
     """Measured read rate of the node's disk tier, GB/s, verification included (0: none measured)."""
+    step_floor_s: float = 0.0
+    """Measured seconds of an engine step that decodes only, what every step costs before its prefill
+    tokens (0: none measured); `prefill_tokens_per_s` is then the rate beyond it."""
 
     def __post_init__(self) -> None:
         # NaN compares false with everything: `not 0 <= x` (not `x < 0`) is what refuses it.
         figures = (self.queued_requests, self.running_tokens, self.free_blocks, self.prefill_tokens_per_s,
-                   self.disk_read_gbps, *self.pull_gbps.values(), *self.pull_latency_s.values())
+                   self.disk_read_gbps, self.step_floor_s, *self.pull_gbps.values(), *self.pull_latency_s.values())
         if not all(math.isfinite(v) and 0 <= v <= MAX_LOAD_COUNT for v in figures):
-            raise ValueError(f"load figures must be finite numbers in [0, 2^53], got {figures[:8]}")
+            raise ValueError(f"load figures must be finite numbers in [0, 2^53], got {figures[:9]}")
         for what, peers in (("bandwidth", self.pull_gbps), ("fixed cost", self.pull_latency_s)):
             if len(peers) > MAX_PEERS_PER_LOAD:
                 raise ValueError(f"pull {what} of at most {MAX_PEERS_PER_LOAD} peers, got {len(peers)}")

@@ -194,18 +194,19 @@ views_st = st.lists(
     st.tuples(
         st.integers(0, 5), st.integers(0, 4), st.sampled_from([0, 0, 20, 60, 2000]),
         st.sampled_from([50.0, 100.0, 400.0]), st.integers(0, 5), st.sampled_from([0, 0, 3]),
-        st.sampled_from([0.0, 0.0, 0.3]), st.sampled_from(["", "", "h1", "h2"]),
+        st.sampled_from([0.0, 0.0, 0.3]), st.sampled_from(["", "", "h1", "h2"]), st.sampled_from([0.0, 0.0, 0.02, 0.4]),
     ),
     min_size=1,
     max_size=6,
 ).map(
     lambda rows: tuple(
         NodeView(NodeId(f"n{i}"), loc, loc, q, inf, r, held_blocks=min(held, loc), running_decodes=dec, pulling_s=pull,
-                 compute_group=group)
-        for i, (loc, inf, q, r, held, dec, pull, group) in enumerate(rows)
+                 compute_group=group, step_floor_s=floor)
+        for i, (loc, inf, q, r, held, dec, pull, group, floor) in enumerate(rows)
     )
 )
-"""Nodes with computed and pending prefixes, queues, decodes, pulls in progress and shared cores."""
+"""Nodes with computed and pending prefixes, queues, decodes, pulls in progress, shared cores and
+measured step floors."""
 
 
 @settings(max_examples=60, deadline=None)
@@ -254,6 +255,14 @@ def test_every_policy_decides_within_the_view(nodes: tuple[NodeView, ...], bw: f
             assert d.local_blocks + d.pull_blocks <= holder.held_blocks
 
 
+def _oracle_step(u: NodeView) -> float:
+    """One engine step of `u` for CFG (step_tokens 10, decode pass 32 tokens)."""
+    chunk = min(10, u.queued_tokens) / u.prefill_tokens_per_s
+    if u.step_floor_s:
+        return u.step_floor_s + chunk
+    return chunk + ((32 + u.running_decodes) / u.prefill_tokens_per_s if u.running_decodes else 0.0)
+
+
 def _oracle_ttft(v: NodeView, nodes: tuple[NodeView, ...], bw: float, latency: float) -> tuple[float, int, float]:
     """The cost model written out by hand for REQ (block_tokens 10, block_bytes 1000, no host tier
     part): (TTFT, blocks pulled, pull seconds) of REQ on `v`, pulling from the other node that
@@ -265,9 +274,9 @@ def _oracle_ttft(v: NodeView, nodes: tuple[NodeView, ...], bw: float, latency: f
     if others:
         best = max(others, key=lambda o: o.held_blocks)  # first of the longest
         k = min(best.held_blocks, 5) - local
-        # the holder serves the pull between its steps: half a step of its queue and decodes when busy
-        step = min(10, best.queued_tokens) + (32 + best.running_decodes if best.running_decodes else 0)
-        wait = 0.5 * step / best.prefill_tokens_per_s if best.inflight else 0.0
+        # the holder serves the pull between its steps: half a step (its floor, or its decodes priced
+        # in tokens, and a chunk of its queue) when busy
+        wait = 0.5 * _oracle_step(best) if best.inflight else 0.0
         if k > 0 and latency + k * 1000 / bw + wait < k * 10 / rate:
             pulled = k
     pull_s = latency + pulled * 1000 / bw + wait if pulled else 0.0
@@ -275,8 +284,12 @@ def _oracle_ttft(v: NodeView, nodes: tuple[NodeView, ...], bw: float, latency: f
 
     def ahead(u: NodeView, own: int) -> float:
         steps = max(1, -(-(u.queued_tokens + own) // 10))
-        decode = steps * (32 + u.running_decodes) / u.prefill_tokens_per_s if u.running_decodes else 0.0
-        return u.queued_tokens / u.prefill_tokens_per_s + u.pulling_s + decode
+        if u.step_floor_s:
+            # every step's floor, and the step in progress when the node is busy
+            fixed = steps * u.step_floor_s + (0.5 * _oracle_step(u) if u.inflight else 0.0)
+        else:
+            fixed = steps * (32 + u.running_decodes) / u.prefill_tokens_per_s if u.running_decodes else 0.0
+        return u.queued_tokens / u.prefill_tokens_per_s + u.pulling_s + fixed
 
     work = ahead(v, tokens) + pull_s + tokens / rate
     mates = [u for u in nodes if v.compute_group and u.compute_group == v.compute_group and u.node != v.node]
@@ -365,6 +378,21 @@ def test_the_second_request_of_a_prefix_goes_where_the_first_computes_it() -> No
     d = make_policy("cost", CFG).route(REQ, ClusterView((pending, view(B))))
     assert (d.node, d.local_blocks, d.pull_from) == (A, 4, None)
     assert d.est_ttft_s == pytest.approx(0.6)
+
+
+def test_a_measured_step_floor_prices_every_step_a_request_waits_for() -> None:
+    """A busy holder of the whole prompt, four short requests queued: per token alone its queue was
+    40 tokens (40 ms here), so it looked nearly idle; with its floor measured each of those steps costs
+    50 ms more, and the request waits for the step in progress too."""
+    holder = NodeView(A, 5, 5, queued_tokens=40, inflight=4, prefill_tokens_per_s=1000.0, held_blocks=5)
+    model = CostModel(CFG)
+    assert model.estimate(REQ, holder, None).total_s == pytest.approx(0.04)
+    measured = dataclasses.replace(holder, step_floor_s=0.05)
+    # 4 steps of 10 queued tokens (CFG.step_tokens) and their floors, half the step in progress.
+    assert model.estimate(REQ, measured, None).total_s == pytest.approx(0.04 + 4 * 0.05 + 0.5 * (0.05 + 0.01))
+    # An idle node with the prompt cached still runs one step to give the first token.
+    idle = NodeView(B, 5, 5, prefill_tokens_per_s=1000.0, held_blocks=5, step_floor_s=0.05)
+    assert model.estimate(REQ, idle, None).total_s == pytest.approx(0.05)
 
 
 def test_a_move_off_the_longest_prefix_must_buy_more_than_the_margin() -> None:

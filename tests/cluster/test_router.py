@@ -110,7 +110,7 @@ def test_inflight_table_refuses_negative_tokens_and_changes_nothing() -> None:
 
 
 def test_view_merges_index_pending_and_own_load() -> None:
-    load = NodeLoad(prefill_tokens_per_s=500.0, pull_gbps={"a": 2.0, "c": 0.0})
+    load = NodeLoad(prefill_tokens_per_s=500.0, pull_gbps={"a": 2.0, "c": 0.0}, step_floor_s=0.007)
     match = MatchResult(5, (NodeMatch(A, "127.0.0.1:1", 3, 5, 5, NodeLoad()),
                             NodeMatch(B, "127.0.0.1:2", 0, 0, 0, load)))
     table = InflightTable()
@@ -118,7 +118,7 @@ def test_view_merges_index_pending_and_own_load() -> None:
     view = build_view([A, B, C], match, {C: 2, A: 1}, table, 100.0)
     assert view.cluster.nodes == (
         NodeView(A, gpu_blocks=3, local_blocks=5, prefill_tokens_per_s=100.0, held_blocks=3),  # 3..4 on host
-        NodeView(B, queued_tokens=40, inflight=1, prefill_tokens_per_s=500.0),
+        NodeView(B, queued_tokens=40, inflight=1, prefill_tokens_per_s=500.0, step_floor_s=0.007),
         NodeView(C, gpu_blocks=2, local_blocks=2, prefill_tokens_per_s=100.0),  # pending: not held
     )
     assert dict(view.cluster.pull_bytes_per_s) == {(B, A): 2e9}

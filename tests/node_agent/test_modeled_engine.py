@@ -15,6 +15,7 @@ from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
+from radixmesh.node_agent.engine.runner import EngineRunner, Finished
 from radixmesh.node_agent.model.modeled.forward import ModeledModel
 from radixmesh.node_agent.model.modeled.profile import PROFILES_DIR, Figures
 from radixmesh.node_agent.model.modeled.time_model import PrefillChunk, StepTimeModel
@@ -179,6 +180,41 @@ def test_the_forward_waits_the_profile_time_divided_by_speedup() -> None:
     expected = [t.prefill_s(64), t.step_s([], [65]), t.step_s([], [66])]
     assert waits == pytest.approx([s / 4.0 for s in expected])
     assert model.modeled_s == pytest.approx(sum(expected))
+
+
+def test_the_runner_measures_the_step_floor_and_the_prefill_rate_beyond_it() -> None:
+    """On a virtual clock the modeled forward advances by the profile's step time: the runner's floor
+    is the decode-only steps' time, and its prefill rate counts a later prefill's time beyond it."""
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    model = modeled(speedup=1.0, clock=lambda: now[0], sleep=sleep)
+
+    async def scenario() -> EngineRunner:
+        runner = EngineRunner(engine(model, caching=False), clock=lambda: now[0])
+        for rid, tokens in (("a", prompt(6, 64)), ("b", prompt(7, 200))):
+            queue = await runner.submit(Request(RequestId(rid), tokens, SamplingParams(max_tokens=3, ignore_eos=True)))
+            while not isinstance(item := await queue.get(), Finished):
+                assert not isinstance(item, BaseException)
+        await runner.close()
+        return runner
+
+    runner = asyncio.run(scenario())
+    t = StepTimeModel(H100.figures)
+    # a: its prefill (no floor yet: the whole step), two decodes (contexts 65, 66); b: its prefill, then
+    # two decodes (201, 202); each an EWMA step of 0.2.
+    floor = t.step_s([], [65])
+    floor += 0.2 * (t.step_s([], [66]) - floor)
+    rate = 64 / t.prefill_s(64)
+    rate += 0.2 * (200 / (t.prefill_s(200) - floor) - rate)
+    floor += 0.2 * (t.step_s([], [201]) - floor)
+    floor += 0.2 * (t.step_s([], [202]) - floor)
+    assert runner.step_floor_s == pytest.approx(floor)
+    assert runner.prefill_tokens_per_s == pytest.approx(rate)
+    # A short prefill costs about the floor: priced per token at a full chunk's rate it looked ~6x cheaper.
+    assert t.prefill_s(32) > 5 * 32 / (512 / t.prefill_s(512))
 
 
 # --- agents ----------------------------------------------------------------------------------------

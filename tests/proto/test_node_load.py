@@ -20,10 +20,12 @@ peers = st.dictionaries(st.sampled_from(["a", "node-b", "c.1"]), st.floats(0, 1e
     gbps=peers,
     latency=peers,
     group=st.text("abc/-0123456789", max_size=40),
+    disk=st.floats(0, 1e3, allow_nan=False),
+    floor=st.floats(0, 10, allow_nan=False),
 )
 def test_load_survives_the_wire(counts: tuple[int, int, int], rate: float, gbps: dict[str, float],
-                                latency: dict[str, float], group: str) -> None:
-    load = NodeLoad(*counts, rate, gbps, latency, group)
+                                latency: dict[str, float], group: str, disk: float, floor: float) -> None:
+    load = NodeLoad(*counts, rate, gbps, latency, group, disk, floor)
     wire = load_to_pb(load).SerializeToString()
     assert load_from_pb(pb.NodeLoad.FromString(wire)) == load
 
@@ -34,6 +36,8 @@ def test_load_survives_the_wire(counts: tuple[int, int, int], rate: float, gbps:
     {"pull_latency_s": {"bad id": 0.01}},
     {"pull_latency_s": {f"n{i}": 0.01 for i in range(1025)}},
     {"compute_group": "x" * (MAX_GROUP_CHARS + 1)},
+    {"step_floor_s": -0.001},
+    {"step_floor_s": math.inf},
 ])
 def test_bad_prices_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):

@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 
 from radixmesh.node_agent.memory.pool.config import EvictionListener, PoolConfig, PoolHooks
 from radixmesh.node_agent.memory.pool.counters import OOMReason, OutOfBlocks, PoolCounters
-from radixmesh.node_agent.memory.pool.eviction import ClusterPreference, make_eviction_order
+from radixmesh.node_agent.memory.pool.eviction import make_eviction_order
+from radixmesh.node_agent.memory.pool.evictor import Evictor
 from radixmesh.node_agent.memory.pool.free_runs import FreeRuns, cheapest_window
 from radixmesh.node_agent.memory.pool.lru import read_many
 from radixmesh.proto.block_hash import BlockHash
@@ -30,10 +31,10 @@ class BlockPool:
     Every method that raises leaves the pool unchanged.
 
     `hooks` (PoolHooks) are what the pool calls out to as it evicts: a listener, the cluster's
-    copies for cluster-aware eviction, its recently evicted hashes. They are fixed at construction;
-    the one link made later is a PrefixCache's, which becomes the listener of the pool it is built
-    over (`attach_cache`). The zone caps (`set_zone_limits`) are state, not a hook: the zone
-    governor moves them every engine step.
+    copies for cluster-aware eviction (both held by its `Evictor`), its recently evicted hashes.
+    They are fixed at construction; the one link made later is a PrefixCache's, which becomes the
+    listener of the pool it is built over (`attach_cache`). The zone caps (`set_zone_limits`) are
+    state, not a hook: the zone governor moves them every engine step.
     """
 
     def __init__(
@@ -67,12 +68,9 @@ class BlockPool:
         self._num_in_use = 0
         self._last_gc = clock()
         hooks = hooks or PoolHooks()
-        self._listener: EvictionListener | None = hooks.on_evict
+        self._evictor = Evictor(self._order, self._hash, self.counters, hooks)
         self._kv_limit: int | None = None
         self._prefix_limit: int | None = None
-        self._preference: ClusterPreference | None = None
-        if hooks.copies_elsewhere is not None:
-            self._preference = ClusterPreference(hooks.copies_elsewhere, hooks.eviction_window)
         if hooks.recalled is not None:
             self._order.set_recall(hooks.recalled)
 
@@ -136,7 +134,7 @@ class BlockPool:
         elif n <= free.num_free:
             ids = free.take(n)
         else:
-            victims = self._evict(n - free.num_free)
+            victims = self._evictor.take(n - free.num_free)
             ids = (free.take(free.num_free) if free.num_free else []) + victims
         ref = self._ref
         for b in ids:
@@ -249,9 +247,9 @@ class BlockPool:
         """The PrefixCache built over this pool hears its evictions (see PoolHooks.on_evict): called
         once, by the cache's constructor. Raises ValueError when the pool already has a listener
         (its hooks' or another cache's)."""
-        if self._listener is not None:
+        if self._evictor.listener is not None:
             raise ValueError(f"this {self.tier} pool already has an eviction listener")
-        self._listener = listener
+        self._evictor.listener = listener
 
     def set_zone_limits(self, kv_blocks: int | None, prefix_blocks: int | None) -> int:
         """Cap the blocks in use (the kv zone: allocate refuses past it with ``zone_limit``) and the
@@ -285,28 +283,20 @@ class BlockPool:
         """Evict up to n cached blocks, in the eviction order, into the free runs."""
         if n < 0:
             raise ValueError(f"cannot evict a negative number of blocks ({n})")
-        victims = self._evict(min(n, self.num_cached))
+        victims = self._evictor.take(min(n, self.num_cached))
         self._free.add(victims)
         return len(victims)
 
     def gc(self) -> int:
-        """Two-phase GC; returns the number of blocks evicted.
-
-        Phase 1 marks cached blocks released more than ``idle_ttl_s`` ago as candidates. Phase 2
-        evicts only candidates that border a free run, growing runs outward from it (an eviction
-        makes its candidate neighbours border a run too), so contiguous free space forms while
-        isolated idle blocks stay matchable until an allocation needs them.
-        """
+        """Two-phase GC (Evictor.idle) of blocks released more than ``idle_ttl_s`` ago; returns the
+        number of blocks evicted."""
         now = self._clock()
         self._last_gc = now
         self.counters.gc_runs += 1
-        evicted = self._free.growth_order(self._order.released_before(now - self.config.idle_ttl_s))
-        for b in evicted:
-            self._drop_cached([b])
-            self._free.add_run(b, 1)
+        evicted = self._evictor.idle(self._free, now - self.config.idle_ttl_s)
         if evicted:
-            logger.debug("gc on %s evicted %d idle blocks", self.tier, len(evicted))
-        return len(evicted)
+            logger.debug("gc on %s evicted %d idle blocks", self.tier, evicted)
+        return evicted
 
     def _maybe_auto_gc(self) -> None:
         trigger = self.gc_trigger_blocks
@@ -326,33 +316,6 @@ class BlockPool:
         order.demote(cached)
         return len(cached)
 
-    def _evict(self, k: int) -> list[int]:
-        pref = self._preference
-        if pref is None or k == 0:
-            victims = self._order.pop_oldest(k)
-        else:
-            victims = pref.choose(self._order, self._hash, k)
-        self._forget(victims)
-        return victims
-
-    def _drop_cached(self, blocks: list[int]) -> None:
-        self._order.discard(blocks)
-        self._forget(blocks)
-
-    def _forget(self, blocks: list[int]) -> None:
-        """Clear the hashes of blocks just taken out of the LRU and tell the listener."""
-        if not blocks:
-            return
-        pairs = []
-        for b in blocks:
-            h = self._hash[b]
-            assert h is not None, f"evicted block {b} had no hash"
-            pairs.append((BlockId(b), h))
-            self._hash[b] = None
-        self.counters.evictions += len(blocks)
-        if self._listener is not None:
-            self._listener(pairs)
-
     def _carve_window(self, n: int, seq_len: int | None) -> list[int]:
         """A run of n blocks that are free or cached, evicting its cached ones; O(num_blocks), which
         is acceptable because it only runs when no free run fits a contiguous request."""
@@ -360,7 +323,7 @@ class BlockPool:
         if best_start is None:
             raise self._oom(n, seq_len, "no_contiguous_block")
         window = [b for b in range(best_start, best_start + n) if b in self._order]
-        self._drop_cached(window)
+        self._evictor.drop(window)
         self._free.add(window)
         return self._free.take_range(best_start, n)
 

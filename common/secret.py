@@ -44,6 +44,8 @@ class KeyPurpose(Enum):
     """Bearer token of agents' /metrics off loopback (Prometheus' credentials file)."""
     HTTP_ADMIN = b"http-admin-key"
     """Bearer token of the router's admin endpoints (prefix-cache reset, per-tenant /stats)."""
+    TLS_CA = b"tls-ca-key"
+    """Seeds the cluster CA's private key (common.cluster_ca): whoever holds the secret can mint certificates."""
 
     @property
     def per_node(self) -> bool:

@@ -8,7 +8,7 @@ and optionally an event publisher to the metadata service. `serve` executes a Se
                               (recomputed on failure)
 
 `local` is what this node still holds when the request is queued (it may differ from the router's
-view); the request waits in the engine's queue while [local, end) streams in (see `serve`).
+view); the request waits in the engine's queue while [local, end) streams in (see `serve`, plan_pull.py).
 """
 
 import asyncio
@@ -19,39 +19,33 @@ from typing import Any
 
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
-from radixmesh.common.metadata.publisher import (
-    EventPublisher,
-    PendingHits,
-    PublisherConfig,
-    PublisherStats,
-    chains,
-)
+from radixmesh.common.metadata.publisher import EventPublisher, PendingHits, PublisherConfig, PublisherStats
 from radixmesh.common.metrics.exposition import render_prometheus
 from radixmesh.common.metrics.scrape import MetricsServer, ScrapeTarget, metrics_token
 from radixmesh.common.recall import RecallWindow
 from radixmesh.common.secret import is_loopback
+from radixmesh.node_agent.announcement import announced_capacity, cached_chains, take_cache_events
 from radixmesh.node_agent.compute_group import compute_group
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine
-from radixmesh.node_agent.engine.request import PendingPrefix, Request, RequestId
+from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished, NewTokens
 from radixmesh.node_agent.engine_setup import build_engine
 from radixmesh.node_agent.kv_events.publisher import KVEventsOut, NoKVEvents, ZmqKVEventPublisher
 from radixmesh.node_agent.kv_events.token_book import TokenBook
-from radixmesh.node_agent.memory.disk.tier import ANNOUNCED_BLOCKS
 from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.node_agent.memory.tiers import persist_resident
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
-from radixmesh.node_agent.transfer.endpoint import parse_address
+from radixmesh.node_agent.plan_pull import check_pull, pending_prefix, pull_prefix, unpulled
 from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
-from radixmesh.proto.events import BlockStored, CacheEvent, Tier
+from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.limits import MAX_HITS_PER_HEARTBEAT
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
-from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest, usable_prefix_blocks
+from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest
 from radixmesh.proto.serve.plan import ServeItem, ServePlan, ServeResult, ServeStats, TokenDelta
 
 logger = logging.getLogger(__name__)
@@ -59,9 +53,6 @@ logger = logging.getLogger(__name__)
 
 FIRST_ROUND_S = 5.0
 """How long `start` waits for the publisher's first round (registration and snapshot) at most."""
-MAX_ANNOUNCED_DISK_BLOCKS = ANNOUNCED_BLOCKS
-"""Disk blocks a node announces at most, the newest: the metadata service refuses a snapshot past its
-max_snapshot_blocks (1 << 20 by default) whole, and the gpu and host tiers need their share."""
 
 
 def new_epoch() -> int:
@@ -215,7 +206,7 @@ class NodeAgent:
         # table all use these (Request.prompt_hashes).
         hashes = hash_blocks(plan.prompt_token_ids, self.layout.block_size, salt=salt,
                              key=self.engine.memory.config.hash_key)
-        pending = self._pending_prefix(plan)
+        pending = pending_prefix(plan, self.layout.block_size, self._transfer)
         rid = RequestId(plan.request_id)
         request = Request(rid, plan.prompt_token_ids, plan.sampling, salt, prompt_hashes=tuple(hashes),
                           pending_prefix=pending)
@@ -225,7 +216,8 @@ class NodeAgent:
         try:
             queue = await self.runner.submit(request)
             if pending is not None and pending.block_ids:
-                pull = asyncio.create_task(self._pull(plan, pending), name=f"pull-{plan.request_id}")
+                pull = asyncio.create_task(pull_prefix(plan, pending, self._transfer, self.runner),
+                                           name=f"pull-{plan.request_id}")
                 self._pulls.add(pull)
                 pull.add_done_callback(self._pulls.discard)
             while True:
@@ -238,7 +230,7 @@ class NodeAgent:
                         if self.publisher is None:  # standalone: nobody drains the events, so they would pile up
                             await self.runner.call(self._drain_events)
                         # Admitted only after its pull landed, so the pull is over here.
-                        pulled = await pull if pull is not None else self._unpulled(plan, pending)
+                        pulled = await pull if pull is not None else unpulled(plan, pending)
                         yield self._result(plan, done, pulled, t0)
                         return
                     case error:
@@ -273,51 +265,12 @@ class NodeAgent:
 
     def _check(self, plan: ServePlan) -> None:
         """Refuse, before anything is pulled, what the engine would refuse (it checks again)."""
-        prompt = plan.prompt_token_ids
-        self.engine.limits.check(prompt, plan.sampling.max_tokens)
+        self.engine.limits.check(plan.prompt_token_ids, plan.sampling.max_tokens)
         if self.runner.active_requests >= self.config.max_requests:
             raise AgentBusy(f"agent {self.node} holds {self.runner.active_requests} requests already")
         if self.runner.is_active(RequestId(plan.request_id)):
             raise InvalidRequest(f"request id {plan.request_id!r} is already being served")
-        if plan.pull is not None:
-            full = len(prompt) // self.layout.block_size
-            if plan.pull.first_block + plan.pull.num_blocks > full:
-                raise InvalidRequest(f"pull of blocks [{plan.pull.first_block}, "
-                                     f"{plan.pull.first_block + plan.pull.num_blocks}) runs past the "
-                                     f"prompt's {full} full blocks")
-            if plan.pull.peer == self.node:
-                raise InvalidRequest("a plan cannot pull from the serving node itself")
-            try:
-                parse_address(plan.pull.peer, plan.pull.address)
-            except ValueError as e:
-                raise InvalidRequest(str(e)) from None
-
-    def _pending_prefix(self, plan: ServePlan) -> PendingPrefix | None:
-        """What the engine should pull for `plan`: its planned blocks up to the last usable one (the
-        engine skips those held here by then); None without a pull our plane can make."""
-        if plan.pull is None or not self._transfer.reaches(plan.pull.peer, plan.pull.address):
-            return None
-        end = plan.pull.first_block + plan.pull.num_blocks
-        return PendingPrefix(min(end, usable_prefix_blocks(len(plan.prompt_token_ids), self.layout.block_size)))
-
-    async def _pull(self, plan: ServePlan, pending: PendingPrefix) -> Pulled:
-        """Stream `pending`'s blocks from the planned peer, then land them, however the stream ended
-        (cancelled included: its channel is closed by then, so nothing writes the blocks any more)."""
-        assert plan.pull is not None
-        pulled = Pulled.nothing(failed=True)
-        try:
-            pulled = await self._transfer.receive(plan.pull.peer, plan.pull.address, list(pending.hashes),
-                                                  list(pending.block_ids))
-        finally:
-            await self.runner.call(self.engine.land_pull, pending, len(pulled.block_ids))
-        return pulled
-
-    @staticmethod
-    def _unpulled(plan: ServePlan, pending: PendingPrefix | None) -> Pulled:
-        """A planned pull that moved nothing: failed unless the blocks were here already."""
-        if plan.pull is None:
-            return Pulled.nothing()
-        return Pulled.nothing(failed=pending is None or pending.start < pending.end_block)
+        check_pull(plan, self.node, self.layout.block_size)
 
     def _result(self, plan: ServePlan, done: Finished, pulled: Pulled, t0: float) -> ServeResult:
         out = done.output
@@ -342,14 +295,9 @@ class NodeAgent:
         return self.epoch
 
     def node_info(self) -> NodeInfo:
-        """What RegisterNode declares for this incarnation. Its capacity counts every tier's blocks (the
-        disk's up to what it announces): the index holds what any tier caches, and refuses a node
-        holding more than it declared."""
-        disk = self.engine.memory.disk
-        capacity = (sum(t.pool.num_blocks for t in self.engine.memory.tiers)
-                    + (min(disk.capacity_blocks, MAX_ANNOUNCED_DISK_BLOCKS) if disk is not None else 0))
+        """What RegisterNode declares for this incarnation (its capacity: announcement.announced_capacity)."""
         return NodeInfo(self.node, self.epoch, self.layout.fingerprint(), self.layout.block_size,
-                        self.block_bytes, self.transfer_address, capacity)
+                        self.block_bytes, self.transfer_address, announced_capacity(self.engine.memory))
 
     @property
     def block_bytes(self) -> int:
@@ -363,29 +311,16 @@ class NodeAgent:
         return await self.runner.call(self._drain_events)
 
     async def snapshot(self) -> tuple[BlockStored, ...]:
-        """Every cached block of the gpu and host tiers as chains, and the disk tier's (its newest
-        MAX_ANNOUNCED_DISK_BLOCKS); pending events are drained in the same engine step, so the
-        snapshot covers exactly what they said.
-
-        The snapshot that follows each registration is how a restarted node's disk blocks (re-indexed
-        when the tier opened) reach the index under its new epoch, so the cluster routes to them
-        again. Between snapshots the disk publishes its own changes as events (DiskTier.take_events:
-        what it wrote and evicted, while it holds at most ANNOUNCED_BLOCKS)."""
+        """Every cached block as chains (announcement.cached_chains); pending events are drained in the
+        same engine step, so the snapshot covers exactly what they said."""
         def every_tier() -> tuple[BlockStored, ...]:
             self._drain_events()
-            stored = [c for t in self.engine.memory.tiers for c in chains(t.cache.snapshot(), t.cache.tier)]
-            disk = self.engine.memory.disk
-            if disk is not None:
-                stored += chains(disk.chains(MAX_ANNOUNCED_DISK_BLOCKS), Tier.DISK)
-            return tuple(stored)
+            return cached_chains(self.engine.memory)
         return await self.runner.call(every_tier)
 
     def _drain_events(self) -> list[CacheEvent]:
-        """The one drain of both tiers' events (gpu first): the vLLM-format publisher sees each too."""
-        events = [e for t in self.engine.memory.tiers for e in t.cache.take_events()]
-        disk = self.engine.memory.disk
-        if disk is not None:  # what reached or left the disk, a reset's removals
-            events += disk.take_events()
+        """The one drain of every tier's events: the vLLM-format publisher sees each too."""
+        events = take_cache_events(self.engine.memory)
         self.kv_events.offer(events)
         return events
 

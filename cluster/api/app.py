@@ -192,8 +192,8 @@ async def start_http(router: Router, host: str, port: int, *, api_key: str = "",
     await site.start()
     bound = int(runner.addresses[0][1])
     if publisher is not None:
-        await publisher.listen_at(f"{host}:{bound}")
-    logger.info("router HTTP API on http://%s:%d", host, bound)
+        await publisher.listen_at(f"{host}:{bound}", "https" if tls is not None else "http")
+    logger.info("router HTTP API on %s://%s:%d", "https" if tls is not None else "http", host, bound)
     return runner, bound
 
 

@@ -26,6 +26,7 @@ from radixmesh.cluster.cli.options import (
     engine_options,
 )
 from radixmesh.cluster.launch import cluster_record, launcher, worker_logging
+from radixmesh.cluster.launch.cluster_record import ca_file_path
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.ray_auth import AUTH_MODE_ENV, check_token, token_refusal
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, default_secret_path, deployment_secret
@@ -33,6 +34,7 @@ from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.cluster.router.config import DEFAULT_POLICY
+from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.node_agent import DTYPES, NAMED_CONFIGS, SMOLLM2
 
 
@@ -102,6 +104,12 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
               help="PEM certificate (valid for --host) the metadata service and the HTTP API serve TLS with.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Its PEM private key.")
+@click.option("--tls-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="An operator's CA (ca.pem, ca.key mode 0600) to mint the servers' certificate from, instead of "
+                   "the CA derived from the cluster secret.")
+@click.option("--no-tls", is_flag=True,
+              help="Serve plain text even beyond loopback (TLS is on by default there): bearer tokens and "
+                   "prompts then cross the network readable.")
 @click.option("--max-running-per-node", default=AdmissionLimits().max_running_per_node, show_default=True,
               type=click.IntRange(min=1), help="Requests the router runs at once per node; past them they wait.")
 @click.option("--max-waiting", default=AdmissionLimits().max_waiting, show_default=True, type=click.IntRange(min=0),
@@ -127,7 +135,7 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
        port: int, model_spec: str, served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
        host_blocks: int, host_cache: int | None, disk_cache: Path | None, disk_cache_gb: float,
        lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, tls_cert: Path | None,
-       tls_key: Path | None, max_running_per_node: int, max_waiting: int, access_log: bool,
+       tls_key: Path | None, tls_dir: Path | None, no_tls: bool, max_running_per_node: int, max_waiting: int, access_log: bool,
        prometheus_dir: Path | None, no_prometheus: bool, kv_events_endpoint: str | None, kv_events_allow_remote: bool,
        kv_events_token_ids: bool,
        eviction: str, handoff: bool, engine: str, speedup: float) -> None:
@@ -135,6 +143,8 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
     _refuse_a_live_record()
     if (tls_cert is None) != (tls_key is None):
         raise click.UsageError("--tls-cert and --tls-key go together")
+    if sum((tls_cert is not None, tls_dir is not None, no_tls)) > 1:
+        raise click.UsageError("--tls-cert/--tls-key, --tls-dir and --no-tls exclude each other")
     tls = TlsFiles(tls_cert.read_bytes(), tls_key.read_bytes()) if tls_cert and tls_key else None
     modeled, model = chosen_engine(engine, speedup, model_spec)
     try:
@@ -151,7 +161,7 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
                                 lease_ttl_s=lease_ttl, secret=deployment_secret(secret_file),
                                 secret_file=secret_file.absolute() if secret_file else None,  # read on every node
                                 api_key=api_key,
-                                transfer_mac=transfer_mac, tls=tls,
+                                transfer_mac=transfer_mac, tls=tls, tls_default=not no_tls, tls_dir=tls_dir,
                                 admission=AdmissionLimits(max_running_per_node=max_running_per_node,
                                                           max_waiting=max_waiting),
                                 log_level=chosen_log_level(),
@@ -159,6 +169,8 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
                                 prometheus_dir=None if no_prometheus else prometheus_dir or _prometheus_dir(),
                                 kv_events_endpoint=kv_events_endpoint, kv_events_allow_remote=kv_events_allow_remote,
                                 kv_events_token_ids=kv_events_token_ids)
+        if tls_dir is not None:
+            ClusterCa.load(tls_dir)  # refused now, not after Ray's start; `up` loads it again to mint
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     check_port_free(config.host, port)  # before Ray's 20-50 s start, not after it
@@ -185,6 +197,9 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
     click.echo(f"radixmesh is up: {len(deployment.nodes)} agent(s) ({config.engine_label} engine), "
                f"metadata service {deployment.metadata_address}")
     click.echo(f"router: {deployment.router_url}   (OpenAI API at {deployment.router_url}/v1)", nl=True)
+    if deployment.router_url.startswith("https:"):
+        _progress(f"TLS: clients verify the router and the metadata service against {ca_file_path()} "
+                  "(`radixmesh stats` and `route` do; `radixmesh ca-cert` prints it on any host with the secret)")
     logs = worker_logging.logs_dir()
     where = f" in {logs} (worker-*.err)" if logs is not None else ""
     shown = "printed here too" if local_nodes is not None else "not printed here"

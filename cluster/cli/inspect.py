@@ -8,6 +8,7 @@ Neither needs Ray, torch or the router's code: a command that only asks the rout
 
 import json
 import os
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +21,7 @@ from rich.table import Table
 
 from radixmesh.cluster.api.explain import ROUTE_PATH, format_report
 from radixmesh.cluster.launch import cluster_record
+from radixmesh.cluster.launch.cluster_record import ca_file_path
 
 API_KEY_ENV = "RADIXMESH_API_KEY"
 
@@ -46,7 +48,7 @@ def route(prompt: str, max_tokens: int, cache_salt: str, url: str | None) -> Non
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "cache_salt": cache_salt}).encode()
     req = urllib.request.Request(f"{base}{ROUTE_PATH}", body, {"Content-Type": "application/json", **auth_header()})
     try:
-        with urllib.request.urlopen(req, timeout=120) as r:
+        with urllib.request.urlopen(req, timeout=120, context=client_tls()) as r:
             doc = json.load(r)
     except urllib.error.HTTPError as e:
         error = json.load(e).get("error") or {}  # OpenAI's error object
@@ -86,9 +88,19 @@ def auth_header() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
+def client_tls() -> ssl.SSLContext:
+    """What an https router is verified against: the system's roots (and SSL_CERT_FILE), and the CA
+    certificate `up` wrote ($RADIXMESH_HOME/tls/ca.pem) when there is one."""
+    context = ssl.create_default_context()
+    if ca_file_path().is_file():
+        context.load_verify_locations(cafile=ca_file_path())
+    return context
+
+
 def _fetch(base: str) -> dict[str, Any]:
     try:
-        with urllib.request.urlopen(urllib.request.Request(f"{base}/stats", headers=auth_header()), timeout=10) as r:
+        request = urllib.request.Request(f"{base}/stats", headers=auth_header())
+        with urllib.request.urlopen(request, timeout=10, context=client_tls()) as r:
             body: dict[str, Any] = json.load(r)
             return body
     except (urllib.error.URLError, OSError) as e:

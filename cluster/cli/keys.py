@@ -1,4 +1,5 @@
-"""`radixmesh admin-key`: print the router's admin key, derived from the cluster secret.
+"""`radixmesh admin-key` / `ca-cert`: print the router's admin key, or the cluster CA's certificate,
+both derived from the cluster secret.
 
 The admin key opens the prefix-cache reset and /stats' per-tenant table (cluster/api/admin.py). It
 is never stored: whoever holds the secret derives it again, so it is printed where the secret is
@@ -11,6 +12,8 @@ import click
 
 from radixmesh.cluster.api.admin import admin_key
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, node_secret
+from radixmesh.common.cluster_ca import ClusterCa
+from radixmesh.common.secret import ClusterSecret
 
 
 @click.command("admin-key")
@@ -20,8 +23,22 @@ def admin_key_command(secret_file: Path | None) -> None:
     """Print the router's admin key, derived from the cluster secret.
 
     Send it as `Authorization: Bearer <key>` to /reset_prefix_cache, /flush_cache and /stats."""
+    click.echo(admin_key(_secret(secret_file)))
+
+
+@click.command("ca-cert")
+@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=f"Cluster secret (hex, mode 0600) [default: ${SECRET_ENV}, else $RADIXMESH_HOME/secret].")
+def ca_cert_command(secret_file: Path | None) -> None:
+    """Print the cluster CA's certificate (PEM), derived from the cluster secret.
+
+    Clients of a deployment `up` served over TLS with it trust this file (Prometheus' ca_file, curl's
+    --cacert); it is public, the same on every host that holds the secret."""
+    click.echo(ClusterCa.derive(_secret(secret_file)).certificate.decode(), nl=False)
+
+
+def _secret(secret_file: Path | None) -> ClusterSecret:
     try:
-        secret = node_secret(secret_file)
+        return node_secret(secret_file)
     except ValueError as e:  # missing, readable by others, or not a secret: one line, exit 1
         raise click.ClickException(f"{e} (`radixmesh up` makes the secret on first use)") from None
-    click.echo(admin_key(secret))

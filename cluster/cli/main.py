@@ -28,6 +28,8 @@ COMMANDS = {
              "Stop the recorded deployment (nothing to stop is not an error)."),
     "admin-key": ("radixmesh.cluster.cli.keys:admin_key_command",
                   "Print the router's admin key, derived from the cluster secret."),
+    "ca-cert": ("radixmesh.cluster.cli.keys:ca_cert_command",
+                "Print the cluster CA's certificate (PEM), derived from the cluster secret."),
     "route": ("radixmesh.cluster.cli.inspect:route", "Serve PROMPT once and print where it went and why."),
     "stats": ("radixmesh.cluster.cli.inspect:stats", "The cluster table: global hit rate by source, per-node hits."),
     "bench": ("radixmesh.cluster.cli.bench:bench",

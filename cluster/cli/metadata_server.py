@@ -20,7 +20,8 @@ from radixmesh.cluster.metadata.server import (
 from radixmesh.cluster.metadata.service import MetadataService
 from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.metadata.store import open_store
-from radixmesh.common.secret import check_bind
+from radixmesh.common.cluster_ca import ClusterCa, served_names
+from radixmesh.common.secret import check_bind, is_loopback
 
 
 @click.command("metadata-server")
@@ -31,6 +32,9 @@ from radixmesh.common.secret import check_bind
               help=f"Cluster secret (hex, mode 0600); default ${SECRET_ENV}. Required unless --host is loopback.")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
+@click.option("--no-tls", is_flag=True,
+              help="Serve plain text beyond loopback too (TLS with a certificate of the cluster CA is the default "
+                   "there): node tokens then cross the network readable.")
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option("--grace", default=5.0, show_default=True, type=click.FloatRange(min=0), help="Seconds to drain.")
 @click.option("--leader-lease", is_flag=True,
@@ -43,6 +47,7 @@ def metadata_server(
     secret_file: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
+    no_tls: bool,
     lease_ttl: float,
     grace: float,
     leader_lease: bool,
@@ -55,6 +60,10 @@ def metadata_server(
     tls = TlsFiles(tls_cert.read_bytes(), tls_key.read_bytes()) if tls_cert and tls_key else None
     try:
         secret = given_secret(secret_file)
+        if tls is None and not no_tls and secret is not None and not is_loopback(host):
+            # A wildcard host is reached by this machine's name; clients trust `radixmesh ca-cert`.
+            served = ClusterCa.derive(secret).issue(served_names(host, socket.getfqdn()))
+            tls = TlsFiles(served.cert_chain, served.private_key, served.ca)
         options = ServerOptions(host=host, port=port, secret=secret, tls=tls)
         check_bind("metadata-server", host, secret)
         store = open_store(state)
@@ -77,7 +86,8 @@ def metadata_server(
             raise click.ClickException(f"could not bind {host}:{port}")
 
         def ready() -> None:
-            click.echo(f"metadata-server listening on {host}:{bound} (state: {store.describe()})")
+            over = "TLS, clients trust `radixmesh ca-cert`" if tls is not None and tls.ca else "TLS" if tls else "plain text"
+            click.echo(f"metadata-server listening on {host}:{bound} ({over}; state: {store.describe()})")
 
         await serve_until_signalled(server, grace, ready)
 

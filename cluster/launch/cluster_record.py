@@ -24,6 +24,12 @@ def record_path() -> Path:
     return Path(os.environ.get("RADIXMESH_HOME", Path.home() / ".radixmesh")) / "cluster.json"
 
 
+def ca_file_path() -> Path:
+    """Where `up` writes the CA certificate its servers' TLS certificates verify against (launch.tls);
+    `radixmesh stats` and `route` trust it."""
+    return record_path().parent / "tls" / "ca.pem"
+
+
 def save(record: ClusterRecord) -> None:
     path = record_path()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -103,7 +103,15 @@ class LauncherConfig:
     """Agents verify a keyed MAC of every pulled chunk."""
     tls: TlsFiles | None = None
     """Certificate (PEM, valid for `host`) and key that the metadata service and the router's HTTP API
-    serve TLS with; agents and the router then verify the metadata service against it."""
+    serve TLS with; agents and the router then verify the metadata service against `tls.trust`.
+    None: `up` mints one when `tls_default` says so (launch.tls.with_tls)."""
+    tls_default: bool = True
+    """With no `tls` and a `host` beyond loopback, `up` serves the metadata service and the API over
+    TLS with a certificate it mints from the cluster CA (`tls_dir`'s, else the secret's). False:
+    plain text (`up --no-tls`): bearer tokens and prompts cross the network readable."""
+    tls_dir: Path | None = None
+    """An operator's CA (`ca.pem`, `ca.key` mode 0600: common.cluster_ca.ClusterCa.load) to mint the
+    certificate from, instead of the CA derived from the secret (`up --tls-dir`)."""
     heartbeat_interval_s: float = 1.0
     publish_interval_s: float = 0.05
     metadata_retry_s: float = 1.0
@@ -163,6 +171,8 @@ class LauncherConfig:
             self.agent_config(NodeId("node-0"), "", "")
         # host "": the Ray node's address, never loopback. Refused here, not after Ray has started.
         check_api_bind(self.host, self.api_key)
+        if self.tls_dir is not None and not self.tls_default:
+            raise ValueError("tls_dir mints certificates for TLS, which tls_default=False (--no-tls) turns off")
         if self.kv_events_endpoint is not None:  # refused here, not when the first agent starts
             node = NodeId("node-0")
             AgentConfig(node, kv_events_endpoint=self.kv_events_endpoint_of(node),
@@ -195,7 +205,7 @@ class LauncherConfig:
                            engine=EngineConfig(block_size=self.block_size, memory=memory), host=host,
                            transfer=self.transfer, secret=self.secret, transfer_mac=self.transfer_mac,
                            handoff=self.handoff,
-                           metadata_root_certificates=self.tls.cert_chain if self.tls else None,
+                           metadata_root_certificates=self.tls.trust if self.tls else None,
                            # Without caching there is nothing to publish: agents stay standalone.
                            metadata_address=metadata_address if self.prefix_caching else None,
                            heartbeat_interval_s=self.heartbeat_interval_s,

@@ -39,6 +39,7 @@ from radixmesh.cluster.launch.ray_auth import require_ray_token
 from radixmesh.cluster.launch.reconcile import AGENT_RESOURCE, node_slots
 from radixmesh.cluster.launch.router_actor import ROUTER_ACTOR, make_router_actor
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, NodeSecret
+from radixmesh.cluster.launch.tls import with_tls
 from radixmesh.node_agent import node_resource
 from radixmesh.proto.ids import NodeId, agent_actor_name
 from radixmesh.proto.metadata.nodes import NodeInfo
@@ -132,6 +133,7 @@ async def up(config: LauncherConfig, progress: Callable[[str], None] | None = No
     check_room_for_agents(config)
     # Both servers bind `config.host`, an address of this node: their actors must run here.
     here = this_node_address()
+    config = with_tls(config, here)  # before any actor: they are given the certificate it mints
     try:
         standby = config.metadata_standby
         secret = NodeSecret.of(config.secret, config.secret_file)  # never the secret itself (secret_file.py)

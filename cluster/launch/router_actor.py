@@ -27,6 +27,7 @@ from radixmesh.cluster.launch.reconcile import AgentReconciler, RayAgents
 from radixmesh.cluster.launch.secret_file import NodeKey, NodeSecret, NodeTls, api_key_path
 from radixmesh.cluster.observability.file_sd import TARGETS_FILE, FileSdConfig
 from radixmesh.cluster.router.router import Router
+from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metrics.scrape import metrics_token
@@ -89,12 +90,15 @@ class RouterActor:
         await self._reconciler.until_any(RECONCILE_INTERVAL_S)
         layout, block_bytes = deployment_layout(list(self._reconciler.infos.values()))
         metadata = MetadataClient(self._metadata_address, credentials=CallerCredentials.cluster(cfg.secret),
-                                  root_certificates=cfg.tls.cert_chain if cfg.tls else None, timeout_s=5.0)
+                                  root_certificates=cfg.tls.trust if cfg.tls else None, timeout_s=5.0)
         tokenizer, template = await asyncio.to_thread(lambda: (cfg.model.tokenizer(), cfg.model.chat_template()))
         router = Router(cfg.router_config(layout, block_bytes), self._reconciler.directory, metadata,
                         tokenizer=tokenizer, chat_template=template)
         tls = server_tls_pem(cfg.tls.cert_chain, cfg.tls.private_key) if cfg.tls else None
-        file_sd = (FileSdConfig(cfg.prometheus_dir / TARGETS_FILE, metrics_token=metrics_token(cfg.secret))
+        # The CA is written even without TLS: deploy/prometheus.yml names the file either way.
+        ca = cfg.tls.trust if cfg.tls else ClusterCa.derive(cfg.secret).certificate
+        file_sd = (FileSdConfig(cfg.prometheus_dir / TARGETS_FILE, metrics_token=metrics_token(cfg.secret),
+                                ca_certificate=ca)
                    if cfg.prometheus_dir is not None else None)
         runner, port = await start_http(router, cfg.host, cfg.http_port, api_key=cfg.api_key, tls=tls,
                                         log_access=cfg.log_access, file_sd=file_sd,

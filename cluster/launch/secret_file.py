@@ -187,11 +187,13 @@ class NodeTls:
 
     cert_chain: bytes
     private_key: NodeKey
+    ca: bytes | None = None
 
     @classmethod
     def staged(cls, tls: TlsFiles) -> "NodeTls":
         """The loader of `tls`, its key written (0600) to tls_key_path() on this node first."""
-        return cls(tls.cert_chain, NodeKey.staged(tls_key_path(), tls.private_key.decode(), "the TLS private key"))
+        return cls(tls.cert_chain, NodeKey.staged(tls_key_path(), tls.private_key.decode(), "the TLS private key"),
+                   tls.ca)
 
     def __call__(self) -> TlsFiles:
-        return TlsFiles(self.cert_chain, self.private_key().encode())
+        return TlsFiles(self.cert_chain, self.private_key().encode(), self.ca)

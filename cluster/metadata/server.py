@@ -68,10 +68,18 @@ async def cancel_and_wait(*tasks: "asyncio.Future[Any]") -> None:
 
 @dataclass(frozen=True, slots=True)
 class TlsFiles:
-    """PEM files for server-side TLS."""
+    """PEM files for server-side TLS, and what its clients trust."""
 
     cert_chain: bytes
     private_key: bytes
+    ca: bytes | None = None
+    """PEM of the CA clients verify the server against (common.cluster_ca); None: `cert_chain` itself
+    (a self-signed certificate, `up --tls-cert`)."""
+
+    @property
+    def trust(self) -> bytes:
+        """The root certificates a client of this server is given."""
+        return self.ca or self.cert_chain
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ The router's target asks `/metrics?scope=router`: its own metrics and those of a
 no target (external engines' ingestion), so no agent sample is scraped twice. The file is replaced
 atomically (written aside, then renamed): Prometheus rereads it on change and must never read half.
 Next to it, `metrics_token` (0600) holds the bearer token agents off loopback require
-(common.metrics.scrape); deploy/prometheus.yml reads both.
+(common.metrics.scrape) and `ca.pem` the CA an https router is verified against; deploy/prometheus.yml
+reads all three.
 """
 
 import asyncio
@@ -33,6 +34,8 @@ ROUTER_SCOPE = "router"
 TARGETS_FILE = "targets.json"
 """The list's file name in the folder `up` writes it to (deploy/prometheus.yml reads both there)."""
 TOKEN_FILE = "metrics_token"
+CA_FILE = "ca.pem"
+"""The CA certificate https targets verify against (Prometheus' tls_config.ca_file), beside the list."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,8 @@ class FileSdConfig:
     interval_s: float = 5.0
     metrics_token: str | None = None
     """Written to `TOKEN_FILE` beside `path` (0600) for Prometheus' credentials_file; None: not written."""
+    ca_certificate: bytes | None = None
+    """PEM written to `CA_FILE` beside `path` (public) for Prometheus' tls_config; None: not written."""
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -58,6 +63,8 @@ def file_sd_groups(targets: Iterable[ScrapeTarget]) -> list[dict[str, object]]:
         if t.node is not None:
             labels["node"] = t.node
         labels.update((f"__param_{k}", v) for k, v in t.params)
+        if t.scheme != "http":
+            labels["__scheme__"] = t.scheme
         groups.append({"targets": [t.address], "labels": labels})
     return groups
 
@@ -101,9 +108,9 @@ class FileSdPublisher:
         self._listening = asyncio.Event()
         self._written: list[dict[str, object]] | None = None
 
-    async def listen_at(self, address: str) -> None:
+    async def listen_at(self, address: str, scheme: str = "http") -> None:
         """The router's HTTP address (host:port) is known: write the list now, refresh it from then on."""
-        self._own = ScrapeTarget(address, None, params=(("scope", ROUTER_SCOPE),))
+        self._own = ScrapeTarget(address, None, params=(("scope", ROUTER_SCOPE),), scheme=scheme)
         await self.refresh()
         self._listening.set()
 
@@ -120,6 +127,8 @@ class FileSdPublisher:
         if groups != self._written:
             if self._written is None and self._config.metrics_token is not None:
                 write_atomically(self._config.path.with_name(TOKEN_FILE), self._config.metrics_token, 0o600)
+            if self._written is None and self._config.ca_certificate is not None:
+                write_atomically(self._config.path.with_name(CA_FILE), self._config.ca_certificate.decode())
             write_atomically(self._config.path, json.dumps(groups, indent=1) + "\n")
             self._written = groups
             logger.info("Prometheus targets in %s: the router and %d agent(s)", self._config.path, len(agents))

@@ -17,7 +17,7 @@ Scores add two prices to the TTFT, both for work a node does that another candid
 
 A candidate that would leave part of the longest cached prefix behind (reusing fewer blocks, local
 and pulled, than the longest holder has) is also charged the view's `move_margin_s`: the router's
-recent median TTFT error, so a move must buy more than the estimates' own noise.
+recent 90th-percentile TTFT error, so a move must buy more than the estimates' own noise.
 """
 
 import random

@@ -45,7 +45,7 @@ class MetadataClient:
     ) -> None:
         """`root_certificates` (PEM) switches to TLS; `credentials` are sent with every call. `target`
         may list an active and a standby service (`ipv4:h:p1,h:p2`): calls go to whichever listens."""
-        options = [
+        options: list[tuple[str, int | str]] = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             # Reconnect within ~0.1 s, not gRPC's default 1 s then doubling: a standby service
@@ -60,6 +60,9 @@ class MetadataClient:
             self._channel = grpc.aio.insecure_channel(target, options=options)
         else:
             creds = grpc.ssl_channel_credentials(root_certificates)
+            if target.startswith(("ipv4:", "ipv6:")):  # an address list: verify the certificate against its first host
+                first = target.split(":", 1)[1].split(",")[0]
+                options.append(("grpc.ssl_target_name_override", first.rsplit(":", 1)[0].strip("[]")))
             self._channel = grpc.aio.secure_channel(target, creds, options=options)
         self._stub = pb_grpc.MetadataServiceStub(self._channel)
         self._metadata = credentials.metadata

@@ -41,6 +41,8 @@ class ScrapeTarget:
     """The Ray node's availability zone ("": unknown)."""
     params: tuple[tuple[str, str], ...] = field(default=())
     """URL parameters of the scrape (file-SD labels __param_<name>)."""
+    scheme: str = "http"
+    """"https" for an endpoint that serves TLS (file-SD label __scheme__)."""
 
 
 class MetricsServer:

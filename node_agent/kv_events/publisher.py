@@ -1,4 +1,5 @@
-"""ZmqKVEventPublisher: the agent's cache events, published as vLLM publishes its own (vllm_wire.py).
+"""ZmqKVEventPublisher: the agent's cache events, published as vLLM publishes its own
+(proto/vllm_kv_events.py holds the schema and framing; this module its sockets and translation).
 
 One source of events: the agent hands over every batch it drains from its tiers' prefix caches (the
 same batches the metadata publisher sends, NodeAgent._drain_events), from the engine thread, through
@@ -48,21 +49,25 @@ import zmq.asyncio
 
 from radixmesh.node_agent.kv_events.endpoint import check_ipc_directory, replay_endpoint
 from radixmesh.node_agent.kv_events.token_book import BookEntry, Ticket, TokenBook
-from radixmesh.node_agent.kv_events.vllm_wire import (
-    END_OF_REPLAY,
+from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, CacheEvent
+from radixmesh.proto.vllm_kv_events import (
     FULL_ATTENTION,
     MEDIUM,
+    REPLAY_END,
     SEQ_BYTES,
+    EventDecodeError,
     VllmAllBlocksCleared,
     VllmBlockRemoved,
     VllmBlockStored,
     VllmEvent,
+    VllmEventBatch,
+    decode_replay_request,
     encode_batch,
-    seq_frame,
+    pub_frames,
+    replay_frames,
     wire_hash,
 )
-from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, CacheEvent
 
 logger = logging.getLogger(__name__)
 
@@ -203,26 +208,27 @@ class ZmqKVEventPublisher:
     async def _send(self, events: list[VllmEvent]) -> None:
         assert self._pub is not None
         seq, self.published = self.published, self.published + 1
-        payload = encode_batch(self._clock(), events)
+        payload = encode_batch(VllmEventBatch(self._clock(), tuple(events), data_parallel_rank=0))
         self._ring.append((seq, payload))
-        await self._pub.send_multipart((self.topic.encode(), seq_frame(seq), payload))
+        await self._pub.send_multipart(pub_frames(self.topic, seq, payload))
 
     async def _serve_replay(self) -> None:
         assert self._router is not None
         while True:
-            frames = await self._router.recv_multipart()
-            if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != SEQ_BYTES:
-                logger.warning("KV events replay: a request of %d frames, not (b'', seq): ignored", len(frames) - 1)
+            client, *request = await self._router.recv_multipart()
+            try:
+                start = decode_replay_request(request)
+            except EventDecodeError as e:
+                logger.warning("KV events replay: %s: ignored", e)
                 continue
-            client, start = frames[0], int.from_bytes(frames[2], "big")
             sent = 0
             for seq, payload in list(self._ring):
                 if seq >= start:
                     if sent and sent + len(payload) > self._max_replay_bytes:
                         break  # the consumer asks again from the next seq it misses
                     sent += len(payload)
-                    await self._router.send_multipart((client, b"", seq_frame(seq), payload))
-            await self._router.send_multipart((client, b"", seq_frame(END_OF_REPLAY), b""))
+                    await self._router.send_multipart((client, *replay_frames(seq, payload)))
+            await self._router.send_multipart((client, *REPLAY_END))
 
     async def _watch_subscriptions(self) -> None:
         assert self._pub is not None

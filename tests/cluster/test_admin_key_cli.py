@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from radixmesh.cluster.api.admin import admin_key
 from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.launch.secret_file import create_secret
+from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.common.secret import ClusterSecret
 
 SECRET = "5" * 64
@@ -47,3 +48,10 @@ def test_a_secret_others_can_read_is_refused(home: Path) -> None:
     os.chmod(home / "secret", 0o644)
     result = CliRunner().invoke(main, ["admin-key"])
     assert result.exit_code == 1 and "accessible to other users" in result.output
+
+
+def test_ca_cert_prints_the_cluster_cas_certificate_and_never_makes_a_secret(home: Path) -> None:
+    assert CliRunner().invoke(main, ["ca-cert"]).exit_code == 1 and not (home / "secret").exists()
+    made = create_secret(home / "secret")
+    result = CliRunner().invoke(main, ["ca-cert"])
+    assert (result.exit_code, result.output.encode()) == (0, ClusterCa.derive(made).certificate)

@@ -21,9 +21,11 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 
 from radixmesh.cluster.api.app import start_http
 from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
-from radixmesh.cluster.observability.file_sd import TARGETS_FILE, TOKEN_FILE
+from radixmesh.cluster.observability.file_sd import CA_FILE, TARGETS_FILE, TOKEN_FILE
 from radixmesh.cluster.policy.base import PolicyConfig
 from radixmesh.cluster.router.router import Router
+from radixmesh.common.cluster_ca import ClusterCa
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
@@ -99,6 +101,7 @@ def test_prometheus_scrapes_the_targets_the_router_lists() -> None:
     # The file and token names the router's file_sd writes, in the folder `up` writes them to.
     assert sd["files"] == [f"radixmesh/{TARGETS_FILE}"]
     assert job["authorization"]["credentials_file"] == f"radixmesh/{TOKEN_FILE}"
+    assert job["tls_config"]["ca_file"] == f"radixmesh/{CA_FILE}"  # the router's https target verifies against it
 
 
 def test_promtool_accepts_the_prometheus_config(tmp_path: Path) -> None:
@@ -109,6 +112,7 @@ def test_promtool_accepts_the_prometheus_config(tmp_path: Path) -> None:
         shutil.copy(DEPLOY / name, tmp_path / name)
     (tmp_path / "radixmesh").mkdir()
     (tmp_path / "radixmesh" / TOKEN_FILE).write_text("t")
+    (tmp_path / "radixmesh" / CA_FILE).write_bytes(ClusterCa.derive(ClusterSecret.generate()).certificate)
     run = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
                          text=True, timeout=60, check=False)
     assert run.returncode == 0, run.stdout + run.stderr

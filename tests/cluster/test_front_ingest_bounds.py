@@ -13,7 +13,7 @@ import zmq
 import zmq.asyncio
 
 from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig
-from radixmesh.cluster.fleet.ingest.vllm_events import EngineEventBatch
+from radixmesh.proto.vllm_kv_events import VllmEventBatch
 from tests.support.poll import until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -57,7 +57,7 @@ def ctx() -> Iterator[zmq.asyncio.Context]:
 
 async def test_a_frame_past_the_bound_is_never_read_and_counts_as_a_gap(ctx: zmq.asyncio.Context) -> None:
     engine = Engine(ctx, "tcp://127.0.0.1:*")
-    batches: list[EngineEventBatch] = []
+    batches: list[VllmEventBatch] = []
     forgets: list[None] = []
     sub = KVEventSubscriber(SubscriberConfig(engine.endpoint, max_message_bytes=LIMIT), batches.append,
                             lambda: forgets.append(None), context=ctx)
@@ -98,7 +98,7 @@ async def test_an_ipc_source_in_a_private_folder_is_followed(tmp_path: Path, ctx
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     engine = Engine(ctx, f"ipc://{private}/engine.sock")
-    batches: list[EngineEventBatch] = []
+    batches: list[VllmEventBatch] = []
     sub = KVEventSubscriber(SubscriberConfig(engine.endpoint), batches.append, lambda: None, context=ctx)
     assert sub.config.authenticated and not SubscriberConfig("tcp://127.0.0.1:5557").authenticated
     await sub.start()

@@ -1,5 +1,6 @@
-"""KV-event ingestion from external engines: vLLM's frames decoded (golden bytes from vLLM's own
-publisher), translated into our chained hashes, followed in sequence order over real ZMQ sockets."""
+"""KV-event ingestion from external engines: vLLM's events (golden bytes from vLLM's own publisher,
+decoded by proto/vllm_kv_events.py, tested in tests/proto) translated into our chained hashes,
+followed in sequence order over real ZMQ sockets."""
 
 import asyncio
 import contextlib
@@ -11,95 +12,30 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
-from hypothesis import given
-from hypothesis import strategies as st
 
 from radixmesh.cluster.fleet.ingest.block_map import EngineBlockMap
 from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig, ExternalEngineNode
 from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig
-from radixmesh.cluster.fleet.ingest.vllm_events import (
-    EngineAllCleared,
-    EngineBlockRemoved,
-    EngineBlockStored,
-    EngineEventBatch,
-    EventDecodeError,
-    decode_batch,
-    decode_seq,
-)
 from radixmesh.proto.block_hash import hash_blocks, tenant_salt
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.vllm_kv_events import (
+    EventDecodeError,
+    VllmBlockRemoved,
+    VllmBlockStored,
+    decode_batch,
+    decode_seq,
+)
 from tests.support.poll import until
 
 DATA = Path(__file__).parents[1] / "data" / "vllm_kv_events"
 GOLDEN = json.loads((DATA / "v0.11.0_frames.json").read_text())
 PUB = [[bytes.fromhex(f) for f in frames] for frames in GOLDEN["pub"]]
-REPLAY = [[bytes.fromhex(f) for f in frames] for frames in GOLDEN["replay"]]
 MAIN_PAYLOAD = bytes.fromhex(json.loads((DATA / "main_map_batch.json").read_text())["payload"])
 
 
 def h(i: int) -> bytes:
     return bytes([i]) * 32
-
-
-# --- decoding: golden bytes ---------------------------------------------------------------------
-def test_decodes_the_frames_of_vllm_0_11_publisher() -> None:
-    assert [f[0] for f in PUB] == [b"kv-events"] * 5
-    assert [decode_seq(f[1]) for f in PUB] == [0, 1, 2, 3, 4]
-    batches = [decode_batch(f[2]) for f in PUB]
-    assert batches == [
-        EngineEventBatch(1700000000.0, (EngineBlockStored((h(1), h(2)), None, tuple(range(8)), 4, None, "GPU"),), 0),
-        EngineEventBatch(1700000001.0, (EngineBlockStored((h(3),), h(2), (8, 9, 10, 11), 4, None, "GPU"),
-                                        EngineBlockStored((h(4),), None, (100, 101, 102, 103), 4, None, "CPU")), 0),
-        EngineEventBatch(1700000002.0, (EngineBlockRemoved((h(3),), "GPU"),), 0),
-        EngineEventBatch(1700000003.0, (EngineAllCleared(),), 0),
-        EngineEventBatch(1700000004.0, (EngineBlockStored((12345678901234,), None, (0, 1, 2, 3), 4, 7, None),), 0),
-    ]
-
-
-def test_decodes_vllm_replay_frames() -> None:
-    # A DEALER receives (b"", seq, payload) per batch from seq 1 on, then (b"", -1, b"").
-    assert [decode_seq(f[1]) for f in REPLAY] == [1, 2, 3, 4, -1]
-    assert all(f[0] == b"" for f in REPLAY) and REPLAY[-1][2] == b""
-    assert [f[2] for f in REPLAY[:-1]] == [f[2] for f in PUB[1:]]
-
-
-def test_decodes_the_map_encoding_of_vllm_main() -> None:
-    batch = decode_batch(MAIN_PAYLOAD)
-    assert batch == EngineEventBatch(1700000100.5, (
-        EngineBlockStored((h(11), h(12)), None, tuple(range(8)), 4, None, "GPU", None, (("tenant-a",), None), 0),
-        EngineBlockStored((h(13),), None, (5, 6, 7, 8), 4, None, "GPU", None, ((["img-1", 0],),), None),
-        EngineBlockRemoved((h(12),), "GPU", 0),
-        EngineAllCleared(),
-    ), 0)
-
-
-@pytest.mark.parametrize("payload", [
-    b"\xc1",  # not msgpack
-    msgpack.packb("batch"),
-    msgpack.packb([1.0]),
-    msgpack.packb([1.0, [["BlockEvicted", [b"x"]]]]),
-    msgpack.packb([1.0, [["BlockStored", [b"x"], None, [1, 2], 2, None, "GPU", None, [None, None]]]]),
-    msgpack.packb([1.0, [["BlockStored", [b"x"], None, [1, 2]]]]),
-    msgpack.packb([1.0, [["BlockStored", [1.5], None, [1, 2], 2]]]),
-    msgpack.packb([1.0, [["BlockStored", [b"x"], None, [1, "2"], 2]]]),
-    msgpack.packb([1.0, [["BlockStored", [b"x"], None, [1, 2], 0]]]),
-    msgpack.packb([1.0, [["BlockRemoved", [b"x"], "GPU", None, "extra"]]]),
-    msgpack.packb({"ts": 1.0, "events": [{"block_hashes": []}]}),
-    msgpack.packb({"ts": "now", "events": []}),
-])
-def test_malformed_payloads_are_refused(payload: bytes) -> None:
-    with pytest.raises(EventDecodeError):
-        decode_batch(payload)
-
-
-@given(st.binary(max_size=64))
-def test_any_bytes_decode_or_raise_decode_error(payload: bytes) -> None:
-    try:
-        batch = decode_batch(payload)
-    except EventDecodeError:
-        return
-    assert isinstance(batch, EngineEventBatch)
 
 
 # --- translation into our hashes ----------------------------------------------------------------
@@ -121,9 +57,9 @@ def test_engine_blocks_span_several_of_ours() -> None:
     m = EngineBlockMap(2)
     ours = hash_blocks(range(12), 2)
     assert m.apply(decode_batch(PUB[0][2]).events) == [BlockStored(tuple(ours[:4]), None, Tier.GPU)]
-    assert m.stored(EngineBlockStored((h(3),), h(2), (8, 9, 10, 11), 4)) == [
+    assert m.stored(VllmBlockStored((h(3),), h(2), (8, 9, 10, 11), 4)) == [
         BlockStored(tuple(ours[4:6]), ours[3], Tier.GPU)]
-    assert m.removed(EngineBlockRemoved((h(2),), "GPU")) == [BlockRemoved((ours[2], ours[3]), Tier.GPU)]
+    assert m.removed(VllmBlockRemoved((h(2),), "GPU")) == [BlockRemoved((ours[2], ours[3]), Tier.GPU)]
     assert EngineBlockMap(3).apply(decode_batch(PUB[0][2]).events) == []
     m.check_invariants()
 
@@ -143,7 +79,7 @@ def test_a_child_reasserts_its_forgotten_ancestors_on_the_gpu() -> None:
     m.apply(decode_batch(PUB[0][2]).events)
     assert m.forget_holdings() == [AllCleared()] and len(m) == 0
     # The request that filled the child holds its prefix: both ancestors are on the gpu again.
-    assert m.stored(EngineBlockStored((h(5),), h(2), (20, 21, 22, 23), 4, medium="GPU")) == [
+    assert m.stored(VllmBlockStored((h(5),), h(2), (20, 21, 22, 23), 4, medium="GPU")) == [
         BlockStored((ours[0], ours[1]), None, Tier.GPU), BlockStored((ours[2],), ours[1], Tier.GPU)]
     assert len(m) == 3
     assert m.chains() == [BlockStored(tuple(ours), None, Tier.GPU)]
@@ -152,19 +88,19 @@ def test_a_child_reasserts_its_forgotten_ancestors_on_the_gpu() -> None:
 
 def test_unknown_parents_media_and_groups_are_skipped() -> None:
     m = EngineBlockMap(4)
-    assert m.stored(EngineBlockStored((h(9),), h(8), (1, 2, 3, 4), 4)) == []
-    assert m.stored(EngineBlockStored((h(9),), None, (1, 2, 3, 4), 4, medium="DISK")) == []
-    assert m.stored(EngineBlockStored((h(9),), None, (1, 2, 3, 4), 4, group_idx=1)) == []
-    assert m.stored(EngineBlockStored((h(9),), None, (1, 2, 3), 4)) == []
+    assert m.stored(VllmBlockStored((h(9),), h(8), (1, 2, 3, 4), 4)) == []
+    assert m.stored(VllmBlockStored((h(9),), None, (1, 2, 3, 4), 4, medium="DISK")) == []
+    assert m.stored(VllmBlockStored((h(9),), None, (1, 2, 3, 4), 4, group_idx=1)) == []
+    assert m.stored(VllmBlockStored((h(9),), None, (1, 2, 3), 4)) == []
     assert dict(m.skipped) == {"unknown_parent": 1, "medium": 1, "kv_group": 1, "malformed": 1}
-    assert m.removed(EngineBlockRemoved((h(9),), "GPU")) == []
+    assert m.removed(VllmBlockRemoved((h(9),), "GPU")) == []
     m.check_invariants()
 
 
 def test_translations_of_unheld_blocks_are_bounded() -> None:
     m = EngineBlockMap(4, max_unheld=1)
     m.apply(decode_batch(PUB[0][2]).events)
-    m.removed(EngineBlockRemoved((h(1), h(2)), "GPU"))
+    m.removed(VllmBlockRemoved((h(1), h(2)), "GPU"))
     m.check_invariants()
     assert m.our_hashes(h(1)) is None and m.our_hashes(h(2)) is not None  # oldest forgotten first
 
@@ -318,7 +254,7 @@ def test_sglang_events_with_metadata_and_pinned_host_memory() -> None:
         ["BlockRemoved", [12], "GPU"],
     ], 0])
     batch = decode_batch(body)
-    assert batch.events[0] == EngineBlockStored((11, 12), None, tuple(range(8)), 4, None, "GPU", cache_salt="acme")
+    assert batch.events[0] == VllmBlockStored((11, 12), None, tuple(range(8)), 4, None, "GPU", cache_salt="acme")
     salted = hash_blocks(range(8), 4, salt=tenant_salt("acme"))
     assert EngineBlockMap(4).apply(batch.events) == [
         BlockStored(tuple(salted), None, Tier.GPU),

@@ -10,17 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixmesh.cluster.fleet.ingest.block_map import EngineBlockMap
-from radixmesh.cluster.fleet.ingest.vllm_events import (
-    EngineAllCleared,
-    EngineBlockRemoved,
-    EngineBlockStored,
-    EngineEvent,
-    EngineHash,
-)
 from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.vllm_kv_events import (
+    EngineHash,
+    VllmAllBlocksCleared,
+    VllmBlockRemoved,
+    VllmBlockStored,
+    VllmEvent,
+)
 
 BS = 2
 NODE = NodeId("engine")
@@ -41,7 +41,7 @@ class FakeVllmCache:
             cur = self.held[cur][0]
         return True
 
-    def store(self, parent: bytes | None, tokens: list[int]) -> list[EngineEvent]:
+    def store(self, parent: bytes | None, tokens: list[int]) -> list[VllmEvent]:
         """A request with prefix `parent` + `tokens` finishes its prefill: one BlockStored of every
         block after its cache hit, under the last block hit.
 
@@ -64,10 +64,10 @@ class FakeVllmCache:
             prev = h
         return [self._stored(run, run_parent)] if run else []
 
-    def _stored(self, run: list[bytes], parent: bytes | None) -> EngineEvent:
+    def _stored(self, run: list[bytes], parent: bytes | None) -> VllmEvent:
         depth = len(self.held[parent][1]) if parent is not None else 0
         tokens = self.held[run[-1]][1][depth:]
-        return EngineBlockStored(tuple(run), parent, tuple(tokens), BS, medium="GPU")
+        return VllmBlockStored(tuple(run), parent, tuple(tokens), BS, medium="GPU")
 
     def ours(self) -> set[BlockHash]:
         return {hash_blocks(path, BS)[-1] for _, path in self.held.values()}
@@ -89,7 +89,7 @@ def test_index_follows_the_engine_exactly_or_conservatively_after_a_loss(data: s
     request: list[int] = []
     for _ in range(data.draw(st.integers(1, 30))):
         action = data.draw(st.sampled_from(["store", "store", "store", "evict", "clear", "lose"]))
-        events: list[EngineEvent] = []
+        events: list[VllmEvent] = []
         if action == "store":
             roots = [h for h in engine.held if engine.reachable(h)]
             parent = data.draw(st.sampled_from([None, *roots]))
@@ -101,10 +101,10 @@ def test_index_follows_the_engine_exactly_or_conservatively_after_a_loss(data: s
             victims = data.draw(st.lists(st.sampled_from(sorted(engine.held)), min_size=1, max_size=3, unique=True))
             for v in victims:
                 del engine.held[v]
-            events = [EngineBlockRemoved(tuple(victims), "GPU")]
+            events = [VllmBlockRemoved(tuple(victims), "GPU")]
         elif action == "clear":
             engine.held.clear()
-            events = [EngineAllCleared()]
+            events = [VllmAllBlocksCleared()]
         if not events:
             continue
         if data.draw(st.integers(0, 9)) == 0:  # this batch is lost: the subscriber sees a gap and forgets
@@ -114,7 +114,7 @@ def test_index_follows_the_engine_exactly_or_conservatively_after_a_loss(data: s
         # Recall after a loss needs the translations of the request's prefix (never dropped here).
         known, seen = max_unheld == 1 << 20, set[EngineHash]()
         for e in events:
-            if isinstance(e, EngineBlockStored):
+            if isinstance(e, VllmBlockStored):
                 p = e.parent_block_hash
                 known = known and (p is None or p in seen or blocks.our_hashes(p) is not None)
                 seen.update(e.block_hashes)
@@ -137,7 +137,7 @@ def test_the_fake_engine_stores_every_block_after_the_first_miss() -> None:
     a, c, d, e = engine.held
     del engine.held[c], engine.held[d]  # E stays: vLLM evicts a block whatever its children
     assert engine.store(a, [2, 1, 0, 0, 0, 2]) == [
-        EngineBlockStored((c, d, e), a, (2, 1, 0, 0, 0, 2), BS, medium="GPU")]
+        VllmBlockStored((c, d, e), a, (2, 1, 0, 0, 0, 2), BS, medium="GPU")]
 
 
 def test_a_request_stored_again_after_lost_evictions_is_indexed_whole() -> None:
@@ -147,9 +147,9 @@ def test_a_request_stored_again_after_lost_evictions_is_indexed_whole() -> None:
     blocks = EngineBlockMap(BS)
     index = GlobalIndex()
     index.add_node(NODE, "layout")
-    index.apply(NODE, blocks.apply([EngineBlockStored((b"A", b"C", b"D", b"E"), None, tokens, BS, medium="GPU")]))
+    index.apply(NODE, blocks.apply([VllmBlockStored((b"A", b"C", b"D", b"E"), None, tokens, BS, medium="GPU")]))
     index.apply(NODE, blocks.forget_holdings())
-    index.apply(NODE, blocks.apply([EngineBlockStored((b"C", b"D", b"E"), b"A", tokens[BS:], BS, medium="GPU")]))
+    index.apply(NODE, blocks.apply([VllmBlockStored((b"C", b"D", b"E"), b"A", tokens[BS:], BS, medium="GPU")]))
     assert index_blocks(index) == set(hash_blocks(tokens, BS))
     blocks.check_invariants()
     index.check_invariants()

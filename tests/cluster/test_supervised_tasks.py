@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from radixmesh.cluster.fleet.ingest.block_map import EngineBlockMap
 from radixmesh.cluster.fleet.ingest.engine import ingest_stats
 from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig
-from radixmesh.cluster.fleet.ingest.vllm_events import EngineEventBatch, EventDecodeError, decode_batch
 from radixmesh.cluster.fleet.supervisor import Backoff, SupervisedTask
 from radixmesh.cluster.router.index_watch import IndexWatcher, IndexWatchStats
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metrics.exposition import render_prometheus
 from radixmesh.proto.metadata.messages import IndexUpdate
+from radixmesh.proto.vllm_kv_events import EventDecodeError, VllmEventBatch, decode_batch
 from tests.cluster.test_kv_events import Engine, payload
 from tests.support.poll import until
 
@@ -137,7 +137,7 @@ def test_any_msgpack_decodes_or_raises_decode_error(body: bytes) -> None:
         batch = decode_batch(body)
     except EventDecodeError:
         return
-    assert isinstance(batch, EngineEventBatch)
+    assert isinstance(batch, VllmEventBatch)
 
 
 ARRAY_KEY = map_([(array([msgpack.packb(1)]), msgpack.packb(2))])
@@ -164,7 +164,7 @@ class Holdings:
         self.forgets = 0
         self.fail_on = fail_on
 
-    def on_batch(self, batch: EngineEventBatch) -> None:
+    def on_batch(self, batch: VllmEventBatch) -> None:
         if batch.ts == self.fail_on:
             self.fail_on = None
             raise RuntimeError("an event this engine version never sent")

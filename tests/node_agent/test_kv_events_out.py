@@ -1,8 +1,8 @@
-"""An agent's cache events in vLLM's ZMQ format (node_agent/kv_events): byte-exact against vLLM's golden
-frames, followed by radixmesh's own vLLM ingest into the very blocks the agent holds, replayed."""
+"""An agent's cache events in vLLM's ZMQ format (node_agent/kv_events; the wire itself is tested against
+vLLM's golden frames in tests/proto/test_vllm_kv_events.py), followed by radixmesh's own vLLM ingest
+into the very blocks the agent holds, replayed."""
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,13 +16,6 @@ from hypothesis import strategies as st
 from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.fleet.ingest.block_map import EngineBlockMap
 from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig
-from radixmesh.cluster.fleet.ingest.vllm_events import (
-    EngineBlockRemoved,
-    EngineBlockStored,
-    EngineEventBatch,
-    decode_batch,
-    decode_seq,
-)
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
@@ -31,59 +24,27 @@ from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.kv_events.endpoint import check_endpoint, replay_endpoint
 from radixmesh.node_agent.kv_events.publisher import ZmqKVEventPublisher
 from radixmesh.node_agent.kv_events.token_book import TokenBook
-from radixmesh.node_agent.kv_events.vllm_wire import (
-    FULL_ATTENTION,
-    VllmAllBlocksCleared,
-    VllmBlockRemoved,
-    VllmBlockStored,
-    VllmEvent,
-    encode_batch,
-    seq_frame,
-    wire_hash,
-)
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.vllm_kv_events import (
+    FULL_ATTENTION,
+    REPLAY_END,
+    VllmBlockRemoved,
+    VllmBlockStored,
+    VllmEventBatch,
+    decode_batch,
+    decode_seq,
+    replay_request,
+    wire_hash,
+)
 from tests.support.agents import SECRET, collect, plan, prompt
 from tests.support.poll import until
 from tests.support.tiny_model import BS, SOURCE
 
 pytestmark = pytest.mark.anyio
 
-DATA = Path(__file__).parents[1] / "data" / "vllm_kv_events"
-GOLDEN = json.loads((DATA / "v0.11.0_frames.json").read_text())
-PUB = [[bytes.fromhex(f) for f in frames] for frames in GOLDEN["pub"]]
-REPLAY = [[bytes.fromhex(f) for f in frames] for frames in GOLDEN["replay"]]
-MAIN_PAYLOAD = bytes.fromhex(json.loads((DATA / "main_map_batch.json").read_text())["payload"])
 KEY = b"cluster-hash-key"
-
-
-def h(i: int) -> bytes:
-    return bytes([i]) * 32
-
-
-# --- the wire format against vLLM's golden bytes --------------------------------------------------
-def test_the_encoder_writes_vllm_mains_golden_payload_byte_for_byte() -> None:
-    events: list[VllmEvent] = [
-        VllmBlockStored((h(11), h(12)), None, tuple(range(8)), 4, None, "GPU", None, (("tenant-a",), None), 0,
-                        FULL_ATTENTION),
-        VllmBlockStored((h(13),), None, (5, 6, 7, 8), 4, None, "GPU", None, ((("img-1", 0),),)),
-        VllmBlockRemoved((h(12),), "GPU", 0),
-        VllmAllBlocksCleared(),
-    ]
-    assert encode_batch(1700000100.5, events, 0) == MAIN_PAYLOAD
-
-
-def test_sequence_frames_are_vllms() -> None:
-    assert [seq_frame(i) for i in range(5)] == [f[1] for f in PUB]
-    assert REPLAY[-1] == [b"", seq_frame(-1), b""]
-
-
-def test_block_hashes_go_out_as_vllms_int_hashes() -> None:
-    # vLLM: int.from_bytes(digest, "big") & (2**64 - 1), the last 8 bytes, unsigned.
-    digest = BlockHash(bytes(range(16)))
-    assert wire_hash(digest) == 0x08090A0B0C0D0E0F
-    assert wire_hash(BlockHash(b"\xff" * 16)) == 2**64 - 1
 
 
 # --- endpoints ------------------------------------------------------------------------------------
@@ -167,7 +128,7 @@ class Ingest:
         self.raw.setsockopt(zmq.SUBSCRIBE, b"")
         self.raw.connect(publisher.endpoint)
 
-    def _apply(self, batch: EngineEventBatch) -> None:
+    def _apply(self, batch: VllmEventBatch) -> None:
         self.map.apply(batch.events)
 
     def _forget(self) -> None:
@@ -259,11 +220,11 @@ async def test_the_published_frames_decode_as_vllm_batches() -> None:
     assert [f[0] for f in frames] == [b""] * len(frames)  # vLLM's default topic
     assert [decode_seq(f[1]) for f in frames] == list(range(publisher.published))
     batches = [decode_batch(f[2]) for f in frames]
-    assert all(isinstance(b, EngineEventBatch) and b.data_parallel_rank == 0 for b in batches)
+    assert all(isinstance(b, VllmEventBatch) and b.data_parallel_rank == 0 for b in batches)
     events = [e for b in batches for e in b.events]
-    stored = [e for e in events if isinstance(e, EngineBlockStored)]
+    stored = [e for e in events if isinstance(e, VllmBlockStored)]
     assert {e.medium for e in stored} == {"GPU", "CPU"}
-    assert any(isinstance(e, EngineBlockRemoved) and e.medium == "GPU" for e in events)
+    assert any(isinstance(e, VllmBlockRemoved) and e.medium == "GPU" for e in events)
     for e in stored:
         assert all(isinstance(x, int) and 0 <= x < 2**64 for x in e.block_hashes)
         assert (e.block_size, e.lora_id, e.lora_name, e.group_idx) == (BS, None, None, 0)
@@ -308,9 +269,9 @@ async def replay(publisher: ZmqKVEventPublisher, start: int) -> list[list[bytes]
     dealer = ctx.socket(zmq.DEALER)
     try:
         dealer.connect(publisher.replay_endpoint)
-        await dealer.send_multipart((b"", seq_frame(start)))
+        await dealer.send_multipart(replay_request(start))
         replies: list[list[bytes]] = []
-        while not replies or replies[-1][1] != seq_frame(-1):
+        while not replies or replies[-1] != list(REPLAY_END):
             replies.append(await dealer.recv_multipart())
         return replies
     finally:
@@ -318,9 +279,9 @@ async def replay(publisher: ZmqKVEventPublisher, start: int) -> list[list[bytes]
         ctx.term()
 
 
-def stored(reply: list[bytes]) -> EngineBlockStored:
+def stored(reply: list[bytes]) -> VllmBlockStored:
     (event,) = decode_batch(reply[2]).events
-    assert isinstance(event, EngineBlockStored)
+    assert isinstance(event, VllmBlockStored)
     return event
 
 
@@ -373,8 +334,10 @@ async def test_blocks_whose_tokens_never_came_are_left_out_once_their_requests_e
         (reply, _) = await replay(publisher, 0)
     events = decode_batch(reply[2]).events
     assert events == (
-        EngineBlockStored((wire_hash(hashes[0]),), None, tokens[:BS], BS, None, "GPU", None, None, 0),
-        EngineBlockStored((wire_hash(hashes[1]),), wire_hash(hashes[0]), tokens[BS:], BS, None, "GPU", None, None, 0),
+        VllmBlockStored((wire_hash(hashes[0]),), None, tokens[:BS], BS, None, "GPU", None, None, 0,
+                        FULL_ATTENTION),
+        VllmBlockStored((wire_hash(hashes[1]),), wire_hash(hashes[0]), tokens[BS:], BS, None, "GPU", None, None, 0,
+                        FULL_ATTENTION),
     )
     assert publisher.left_out_blocks == 1
 

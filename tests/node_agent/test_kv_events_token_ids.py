@@ -5,10 +5,10 @@ counts why), which is why it takes `kv_events_token_ids` (`up --kv-events-token-
 
 import pytest
 
-from radixmesh.cluster.fleet.ingest.vllm_events import EngineBlockStored, decode_batch
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.vllm_kv_events import VllmBlockStored, decode_batch
 from tests.node_agent.test_kv_events_out import holdings, ingesting, publishing_agent
 from tests.support.agents import collect, plan, prompt
 from tests.support.poll import until
@@ -32,7 +32,7 @@ async def test_by_default_the_events_name_blocks_and_never_prompts_or_salts() ->
         held = await holdings(agent)
         await until(lambda: ingest.subscriber.last_seq == publisher.published - 1, "every batch")
         frames = await ingest.frames()
-    stored = [e for f in frames for e in decode_batch(f[2]).events if isinstance(e, EngineBlockStored)]
+    stored = [e for f in frames for e in decode_batch(f[2]).events if isinstance(e, VllmBlockStored)]
     assert sum(len(e.block_hashes) for e in stored) >= len(held) > 0  # every held block is named
     assert all(e.token_ids == () and e.extra_keys is None for e in stored)
     assert all(e.medium in ("GPU", "CPU") for e in stored)

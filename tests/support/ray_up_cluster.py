@@ -1,6 +1,6 @@
 """A radixmesh cluster brought up by `ray up deploy/local-cluster.yaml` on namespace hosts.
 
-Host 0 is the head (Ray head, Redis, metadata service, router at http://198.18.0.1:8000), hosts
+Host 0 is the head (Ray head, Redis, metadata service, router at https://198.18.0.1:8000), hosts
 1..N are workers (one CPU agent each, through the YAML's `radixmesh_agent` resource). The YAML is
 the repository's, with only its host list (provider head_ip / worker_ips) and the SSH login (root,
 the key made here) substituted.
@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import shlex
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -65,7 +66,7 @@ class RayUpCluster:
 
     @property
     def router_url(self) -> str:
-        return f"http://{self.head.address}:{ROUTER_PORT}"
+        return f"https://{self.head.address}:{ROUTER_PORT}"  # TLS by default beyond loopback
 
     def add_host(self) -> Host:
         """A new host with sshd running (not yet in the cluster: `ray_up` after it)."""
@@ -157,16 +158,21 @@ class RayUpCluster:
         headers = {"Authorization": f"Bearer {key}", **({"Content-Type": "application/json"} if body else {})}
         return urllib.request.Request(f"{self.router_url}{path}", body, headers)
 
+    def tls(self) -> ssl.SSLContext:
+        """Trusts the CA whose certificate the head's `up` wrote (~/.radixmesh/tls/ca.pem, shared home)."""
+        return ssl.create_default_context(cafile=str(self.home / ".radixmesh" / "tls" / "ca.pem"))
+
     def get(self, path: str, timeout_s: float = 10) -> Any:
-        with urllib.request.urlopen(self._authorized(path), timeout=timeout_s) as r:
+        with urllib.request.urlopen(self._authorized(path), timeout=timeout_s, context=self.tls()) as r:
             return json.load(r)
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 120) -> Any:
-        with urllib.request.urlopen(self._authorized(path, json.dumps(body).encode()), timeout=timeout_s) as r:
+        with urllib.request.urlopen(self._authorized(path, json.dumps(body).encode()), timeout=timeout_s,
+                                    context=self.tls()) as r:
             return json.load(r)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(self._authorized("/metrics"), timeout=10) as r:
+        with urllib.request.urlopen(self._authorized("/metrics"), timeout=10, context=self.tls()) as r:
             text: str = r.read().decode()
             return text
 

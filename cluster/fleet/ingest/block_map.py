@@ -34,21 +34,18 @@ import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from radixmesh.cluster.fleet.ingest.vllm_events import (
-    EngineAllCleared,
-    EngineBlockRemoved,
-    EngineBlockStored,
-    EngineEvent,
-    EngineHash,
-)
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, CacheEvent, Tier
+from radixmesh.proto.vllm_kv_events import (
+    MEDIUM_TIERS,
+    EngineHash,
+    VllmAllBlocksCleared,
+    VllmBlockRemoved,
+    VllmBlockStored,
+    VllmEvent,
+)
 
 logger = logging.getLogger(__name__)
-
-MEDIUM_TIERS = {"GPU": Tier.GPU, "CPU": Tier.HOST, "CPU_PINNED": Tier.HOST}
-"""vLLM's medium names, and SGLang's for host memory (None means GPU: events from before `medium`)."""
-
 
 @dataclass(slots=True)
 class _Block:
@@ -85,19 +82,19 @@ class EngineBlockMap:
         b = self._blocks.get(engine_hash)
         return b.ours if b is not None else None
 
-    def apply(self, events: tuple[EngineEvent, ...] | list[EngineEvent]) -> list[CacheEvent]:
+    def apply(self, events: tuple[VllmEvent, ...] | list[VllmEvent]) -> list[CacheEvent]:
         out: list[CacheEvent] = []
         for e in events:
-            if isinstance(e, EngineBlockStored):
+            if isinstance(e, VllmBlockStored):
                 out += self.stored(e)
-            elif isinstance(e, EngineBlockRemoved):
+            elif isinstance(e, VllmBlockRemoved):
                 out += self.removed(e)
             else:
-                assert isinstance(e, EngineAllCleared)
+                assert isinstance(e, VllmAllBlocksCleared)
                 out += self.forget_holdings()
         return out
 
-    def stored(self, e: EngineBlockStored) -> list[CacheEvent]:
+    def stored(self, e: VllmBlockStored) -> list[CacheEvent]:
         n = len(e.block_hashes)
         tier = self._tier(e.medium, e.group_idx, n)
         if tier is None or n == 0:
@@ -150,7 +147,7 @@ class EngineBlockMap:
             out.append(BlockStored(tuple(new), first_parent, tier))
         return out
 
-    def removed(self, e: EngineBlockRemoved) -> list[CacheEvent]:
+    def removed(self, e: VllmBlockRemoved) -> list[CacheEvent]:
         tier = self._tier(e.medium, e.group_idx, len(e.block_hashes))
         if tier is None:
             return []

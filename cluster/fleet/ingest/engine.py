@@ -22,7 +22,6 @@ import aiohttp
 from radixmesh.cluster.fleet.ingest.block_map import EngineBlockMap
 from radixmesh.cluster.fleet.ingest.engine_metrics import EngineMetrics, parse_engine_metrics
 from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig
-from radixmesh.cluster.fleet.ingest.vllm_events import EngineEventBatch
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metadata.publisher import EventPublisher, PublisherConfig
 from radixmesh.common.metrics.exposition import metric, render_prometheus
@@ -31,6 +30,7 @@ from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
+from radixmesh.proto.vllm_kv_events import VllmEventBatch
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class ExternalEngineNode:
         self._session = LazySession(session)
 
     # --- fed by the subscriber and the engine client -------------------------------------------
-    def on_batch(self, batch: EngineEventBatch) -> None:
+    def on_batch(self, batch: VllmEventBatch) -> None:
         events = self.blocks.apply(batch.events)
         if self._publishing:
             self._events += events

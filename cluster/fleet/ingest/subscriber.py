@@ -1,4 +1,5 @@
-"""KVEventSubscriber: follows one engine's ZMQ event stream in sequence order.
+"""KVEventSubscriber: follows one engine's ZMQ event stream in sequence order (its sockets; the
+schema and framing are proto/vllm_kv_events.py).
 
 vLLM numbers its batches 0, 1, 2, ... per publisher (`vllm/distributed/kv_events.py`,
 ZmqEventPublisher) and keeps the last `buffer_steps` of them for replay on a ROUTER socket. For each
@@ -43,15 +44,16 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from radixmesh.cluster.fleet.ingest.vllm_events import (
-    END_OF_REPLAY,
-    SEQ_BYTES,
-    EngineEventBatch,
-    EventDecodeError,
-    decode_batch,
-    decode_seq,
-)
 from radixmesh.cluster.fleet.supervisor import SupervisedTask
+from radixmesh.proto.vllm_kv_events import (
+    END_OF_REPLAY,
+    EventDecodeError,
+    VllmEventBatch,
+    decode_batch,
+    decode_pub,
+    decode_replay,
+    replay_request,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +132,7 @@ class KVEventSubscriber:
     costs the engine's holdings (the following task restarts, see the module docstring).
     """
 
-    def __init__(self, config: SubscriberConfig, on_batch: Callable[[EngineEventBatch], None],
+    def __init__(self, config: SubscriberConfig, on_batch: Callable[[VllmEventBatch], None],
                  on_gap: Callable[[], None], *, context: zmq.asyncio.Context | None = None) -> None:
         self.config = config
         self._on_batch = on_batch
@@ -189,19 +191,13 @@ class KVEventSubscriber:
     async def _run(self) -> None:
         assert self._sub is not None
         while True:
-            frames = await self._sub.recv_multipart()
-            if len(frames) != 3:
-                logger.warning("%s: a message of %d frames, not (topic, seq, payload): dropped",
-                               self.config.endpoint, len(frames))
-                self.stats.malformed_messages += 1
-                continue
             try:
-                seq = decode_seq(frames[1])
+                seq, payload = decode_pub(await self._sub.recv_multipart())
             except EventDecodeError as e:
                 logger.warning("%s: %s: dropped", self.config.endpoint, e)
                 self.stats.malformed_messages += 1
                 continue
-            await self.receive(seq, frames[2])
+            await self.receive(seq, payload)
 
     def _restart(self, error: Exception) -> None:
         """The following task failed mid-batch: what it applied is in doubt, so forget it all and take
@@ -263,19 +259,13 @@ class KVEventSubscriber:
         out: list[tuple[int, bytes]] = []
         try:
             dealer.connect(self.config.replay_endpoint)
-            # ROUTER sees (identity, b"", start): the empty frame is the REQ-style delimiter vLLM expects.
-            await dealer.send_multipart((b"", start.to_bytes(SEQ_BYTES, "big")))
+            await dealer.send_multipart(replay_request(start))
             async with asyncio.timeout(self.config.replay_timeout_s):
                 while True:
-                    frames = await dealer.recv_multipart()
-                    if frames and frames[0] == b"":
-                        frames = frames[1:]
-                    if len(frames) != 2:
-                        raise EventDecodeError(f"a replay message of {len(frames)} frames")
-                    s = decode_seq(frames[0])
+                    s, payload = decode_replay(await dealer.recv_multipart())
                     if s == END_OF_REPLAY:
                         break
-                    out.append((s, frames[1]))
+                    out.append((s, payload))
         except (TimeoutError, EventDecodeError) as e:
             logger.warning("%s: replay from %d failed (%s)", self.config.replay_endpoint, start,
                            type(e).__name__ if isinstance(e, TimeoutError) else e)

@@ -1,4 +1,4 @@
-"""Writes the golden KV-event frames that tests/test_kv_events.py decodes.
+"""Writes the golden KV-event frames that tests/proto/test_vllm_kv_events.py decodes.
 
     python tests/data/vllm_kv_events/generate.py /path/to/vllm-0.11.0-*.whl
 

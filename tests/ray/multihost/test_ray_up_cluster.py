@@ -5,19 +5,26 @@ workload and pulls across hosts, the listening sockets of every host, a host joi
 partitioned and healed, a host killed. Every wait polls observable state with a deadline.
 """
 
+import asyncio
 import concurrent.futures
+import http.client
 import json
 import threading
 import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixmesh.cluster.api.explain import ROUTE_PATH
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.secret import ClusterSecret
 from tests.support.netns_hosts import Host, listening_sockets
 from tests.support.poll import wait_for
 from tests.support.ray_up_cluster import RayUpCluster
@@ -194,6 +201,26 @@ def test_every_host_listens_only_where_it_should(ray_up_cluster: RayUpCluster) -
         mine = [row for row in table if row[0] == worker.address and row[3] == "ray::AgentActor"
                 and row[2].startswith(f"{worker.address}:")]
         assert len(mine) >= 2, mine
+
+
+def test_the_head_serves_tls_by_default_and_refuses_plain_text(ray_up_cluster: RayUpCluster) -> None:
+    """Router and metadata service bind the head's address: TLS with a certificate of the cluster CA,
+    without any TLS flag in the YAML's `up`; plain text gets no answer."""
+    c = ray_up_cluster
+    assert c.router_url.startswith("https://") and c.get("/healthz")
+    with pytest.raises((OSError, http.client.HTTPException)):
+        urllib.request.urlopen(f"http://{c.head.address}:8000/healthz", timeout=5).read()
+    target = json.loads((c.home / ".radixmesh" / "cluster.json").read_text())["metadata_address"]
+    credentials = CallerCredentials.cluster(ClusterSecret.from_hex((c.home / ".radixmesh" / "secret").read_text()))
+    ca = (c.home / ".radixmesh" / "tls" / "ca.pem").read_bytes()
+
+    async def ask(roots: bytes | None) -> int:
+        async with MetadataClient(target, credentials=credentials, root_certificates=roots, timeout_s=5) as client:
+            return (await client.stats()).live_nodes
+
+    assert asyncio.run(ask(ca)) >= 2
+    with pytest.raises(grpc.aio.AioRpcError):
+        asyncio.run(ask(None))
 
 
 def test_a_host_that_joins_gets_an_agent_and_traffic(ray_up_cluster: RayUpCluster) -> None:

@@ -1,0 +1,113 @@
+"""TLS by default beyond loopback (issue 38, item 16): `up` mints the servers' certificate from the
+cluster CA; a server with it refuses plain text and clients of other CAs, while clients that trust
+the CA (agents, the router, `radixmesh stats`) get through."""
+
+import asyncio
+import ssl
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+
+from radixmesh.cluster.api.app import server_tls_pem, start_http
+from radixmesh.cluster.cli.inspect import _fetch
+from radixmesh.cluster.launch.cluster_record import ca_file_path
+from radixmesh.cluster.launch.config import LauncherConfig
+from radixmesh.cluster.launch.tls import with_tls
+from radixmesh.cluster.metadata.server import TlsFiles
+from radixmesh.cluster.observability.file_sd import file_sd_groups
+from radixmesh.common.cluster_ca import ClusterCa
+from radixmesh.common.metadata.auth import CallerCredentials
+from radixmesh.common.metadata.client import MetadataClient
+from radixmesh.common.metrics.scrape import ScrapeTarget
+from radixmesh.common.secret import ClusterSecret
+from radixmesh.proto.ids import NodeId
+from tests.common.test_cluster_ca import operator_ca, verify
+from tests.support.router_cluster import local_cluster
+from tests.support.servers import start_metadata_server
+
+pytestmark = pytest.mark.anyio
+SECRET = ClusterSecret(bytes(range(32)))
+HEAD = "198.18.0.1"
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RADIXMESH_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def minted(address: str, secret: ClusterSecret = SECRET) -> TlsFiles:
+    served = ClusterCa.derive(secret).issue([address])
+    return TlsFiles(served.cert_chain, served.private_key, served.ca)
+
+
+def test_up_beyond_loopback_serves_tls_with_a_certificate_of_the_secrets_ca() -> None:
+    config = with_tls(LauncherConfig(host=HEAD, api_key="sk-k", secret=SECRET), HEAD)
+    assert config.tls is not None and config.tls.trust == ClusterCa.derive(SECRET).certificate
+    verify(ClusterCa.derive(SECRET).issue([HEAD])._replace(cert_chain=config.tls.cert_chain), config.tls.trust)
+    assert config.agent_config(config.node_ids(1)[0], "m:1", HEAD).metadata_root_certificates == config.tls.trust
+    assert ca_file_path().read_bytes() == config.tls.trust  # what `radixmesh stats` trusts
+
+
+def test_loopback_and_no_tls_stay_plain_text() -> None:
+    assert with_tls(LauncherConfig(host="127.0.0.1", secret=SECRET), "127.0.0.1").tls is None
+    assert with_tls(LauncherConfig(host=HEAD, api_key="sk-k", secret=SECRET, tls_default=False), HEAD).tls is None
+    assert not ca_file_path().exists()
+
+
+def test_a_tls_dir_mints_from_the_operators_ca(tmp_path: Path) -> None:
+    pem = operator_ca(tmp_path)
+    config = with_tls(LauncherConfig(host=HEAD, api_key="sk-k", secret=SECRET, tls_dir=tmp_path), HEAD)
+    assert config.tls is not None and config.tls.trust == pem
+    leaf = config.tls.cert_chain
+    verify(ClusterCa.derive(SECRET).issue([HEAD])._replace(cert_chain=leaf), pem)
+
+
+async def test_the_metadata_service_refuses_plain_text_and_other_cas() -> None:
+    tls = minted("127.0.0.1")
+    server, port = await start_metadata_server(secret=SECRET, tls=tls)
+    cluster = CallerCredentials.cluster(SECRET)
+    try:
+        for target in (f"127.0.0.1:{port}", f"ipv4:127.0.0.1:{port}"):  # one address, and a failover list
+            async with MetadataClient(target, credentials=cluster, root_certificates=tls.trust) as trusting:
+                assert (await trusting.stats()).live_nodes == 0
+        others = minted("127.0.0.1", ClusterSecret(bytes(range(1, 33)))).trust
+        for roots in (None, others):  # plain text; a client of another cluster's CA
+            async with MetadataClient(f"127.0.0.1:{port}", credentials=cluster, root_certificates=roots,
+                                      timeout_s=2) as refused:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await refused.stats()
+                assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await server.stop(None)
+
+
+async def test_the_api_refuses_plain_text_and_radixmesh_stats_trusts_the_ca_up_wrote() -> None:
+    tls = with_tls(LauncherConfig(host="127.0.0.1", secret=SECRET, tls=minted("127.0.0.1")), "127.0.0.1").tls
+    assert tls is not None
+    async with local_cluster(1) as c:
+        runner, port = await start_http(c.router, "127.0.0.1", 0, tls=server_tls_pem(tls.cert_chain, tls.private_key))
+        try:
+            assert "router" in await _fetch_off_loop(f"https://127.0.0.1:{port}")
+            async with aiohttp.ClientSession() as http:
+                with pytest.raises(aiohttp.ClientError):  # plain HTTP gets no answer from a TLS port
+                    await http.get(f"http://127.0.0.1:{port}/healthz")
+                with pytest.raises(aiohttp.ClientConnectorCertificateError):  # nor a client of the system's roots
+                    await http.get(f"https://127.0.0.1:{port}/healthz", ssl=ssl.create_default_context())
+        finally:
+            await runner.cleanup()
+
+
+async def _fetch_off_loop(base: str) -> dict[str, object]:
+    """`radixmesh stats --json`'s fetch (blocking urllib), off the loop that serves the router."""
+    return await asyncio.to_thread(_fetch, base)
+
+
+def test_prometheus_is_told_the_router_serves_https() -> None:
+    router = ScrapeTarget("198.18.0.1:8000", None, params=(("scope", "router"),), scheme="https")
+    agent = ScrapeTarget("198.18.0.2:41877", NodeId("n"))
+    [r, a] = file_sd_groups([router, agent])
+    assert r["labels"]["__scheme__"] == "https"  # type: ignore[index]
+    assert "__scheme__" not in a["labels"]  # type: ignore[operator]  # agents' /metrics stay http

@@ -68,7 +68,11 @@ async def serve_forced(node: NodeId, plan: ServePlan) -> ServeResult:
 
 
 async def test_cached_on_one_agent_pulled_by_another_outputs_exact(local_ray: None, redis_url: str) -> None:
-    async with deployed(replace(CONFIG, state=redis_url)) as d:
+    # prefix_affinity: every repeat goes back to its prompt's holder, so what it reuses is known. Under
+    # cost, a holder whose measured step floor read slower than a peer's (a loaded box) may lose a
+    # repeat to a peer holding only the shared system prompt: right by its prices, not what this
+    # test counts.
+    async with deployed(replace(CONFIG, state=redis_url, policy="prefix_affinity")) as d:
         assert d.nodes == ("node-0", "node-1", "node-2")
         sampling = SamplingParams(max_tokens=6)
         prompts = [f"{s} User {u} asks: what is a prefix cache?" for s in SYSTEMS for u in range(2)]

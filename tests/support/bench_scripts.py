@@ -18,6 +18,8 @@ worker that runs every Ray test one after another; tests/bench/test_bench_smoke.
 
 SMOKE_TIMEOUT_S = 240
 """A smoke run takes seconds on an idle 2-core box; the bound only stops one that hangs."""
+SMOKE_TIMEOUT_S_OF = {"modeled_fidelity": 600}
+"""Smokes that start two clusters one after another (~2 min on an idle box, 4+ under the suite)."""
 
 
 def load_bench(name: str) -> ModuleType:
@@ -43,7 +45,7 @@ def run_smoke(name: str, out: Path) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
     run = subprocess.run(
         [sys.executable, str(BENCH / f"{name}.py"), "--smoke", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S, check=False,
+        cwd=ROOT, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S_OF.get(name, SMOKE_TIMEOUT_S), check=False,
     )
     assert run.returncode == 0, f"bench/{name}.py --smoke exited {run.returncode}\n{run.stdout}\n{run.stderr}"
     results = [json.loads(p.read_text()) for p in sorted(out.rglob("*.json"))]

@@ -4,9 +4,7 @@ followed in sequence order over real ZMQ sockets."""
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import msgpack
 import pytest
@@ -27,11 +25,7 @@ from radixmesh.proto.vllm_kv_events import (
     decode_seq,
 )
 from tests.support.poll import until
-
-DATA = Path(__file__).parents[1] / "data" / "vllm_kv_events"
-GOLDEN = json.loads((DATA / "v0.11.0_frames.json").read_text())
-PUB = [[bytes.fromhex(f) for f in frames] for frames in GOLDEN["pub"]]
-MAIN_PAYLOAD = bytes.fromhex(json.loads((DATA / "main_map_batch.json").read_text())["payload"])
+from tests.support.vllm_golden import MAIN_PAYLOAD, PUB
 
 
 def h(i: int) -> bytes:

@@ -2,8 +2,6 @@
 vLLM main's golden payload encoded byte for byte, malformed input refused, and every event type and
 frame round-tripped."""
 
-import json
-from pathlib import Path
 
 import msgpack
 import pytest
@@ -33,11 +31,6 @@ from radixmesh.proto.vllm_kv_events import (
     wire_hash,
 )
 
-DATA = Path(__file__).parents[1] / "data" / "vllm_kv_events"
-GOLDEN = json.loads((DATA / "v0.11.0_frames.json").read_text())
-PUB = [[bytes.fromhex(f) for f in frames] for frames in GOLDEN["pub"]]
-REPLAY = [[bytes.fromhex(f) for f in frames] for frames in GOLDEN["replay"]]
-MAIN_PAYLOAD = bytes.fromhex(json.loads((DATA / "main_map_batch.json").read_text())["payload"])
 MAIN_BATCH = VllmEventBatch(1700000100.5, (
     VllmBlockStored((b"\x0b" * 32, b"\x0c" * 32), None, tuple(range(8)), 4, None, "GPU", None, (("tenant-a",), None),
                     0, FULL_ATTENTION),
@@ -46,6 +39,7 @@ MAIN_BATCH = VllmEventBatch(1700000100.5, (
     VllmAllBlocksCleared(),
 ), 0)
 """main_map_batch.json, decoded (msgpack reads the multimodal key's inner array back as a list)."""
+from tests.support.vllm_golden import MAIN_PAYLOAD, PUB, REPLAY
 
 
 def h(i: int) -> bytes:

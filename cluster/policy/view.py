@@ -5,12 +5,15 @@ speculative (pending) holders, merged.
 Load comes from the router itself (policy.inflight), not from heartbeats. Measured prices (step
 floor, prefill tokens/s, per peer pull bandwidth and fixed cost) and who shares cores (the compute group) do come
 from heartbeats, since only agents see them; what no agent measured yet is priced by the cost
-model's conservative defaults (PolicyConfig), not here.
+model's conservative defaults (PolicyConfig), not here, except the step floor: a node that has not
+yet run a decode-only step (new, or idle since it joined) borrows its fleet's median floor. Priced
+without one, it looked a whole step cheaper than every node that had served, so a request whose
+cached prefix saved less than a step went to a cold node instead of its cache.
 """
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from radixmesh.proto.ids import NodeId
@@ -203,6 +206,10 @@ def build_view(
             for peer, seconds in m.load.pull_latency_s.items():
                 if seconds > 0:
                     latency[(node, NodeId(peer))] = seconds
+    floors = sorted(v.step_floor_s for v in views if v.step_floor_s)
+    if floors:
+        borrowed = floors[len(floors) // 2]
+        views = [v if v.step_floor_s else replace(v, step_floor_s=borrowed) for v in views]
     addresses = {n: found[n].transfer_address for n in candidates if n in found}
     cluster = ClusterView(tuple(views), bandwidth, latency, fleet, move_margin_s)
     return CandidateView(cluster, addresses, match.cluster_blocks if match else 0)

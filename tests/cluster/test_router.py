@@ -3,6 +3,7 @@ never repeat a token, bad input that changes nothing, metrics merging, the chat 
 
 import asyncio
 import dataclasses
+import random
 import threading
 from collections import Counter
 
@@ -17,6 +18,7 @@ from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.launch.router_actor import deployment_layout
 from radixmesh.cluster.observability.endpoints import merge_expositions
 from radixmesh.cluster.observability.stats_log import StatsLogger
+from radixmesh.cluster.policy.base import PolicyConfig, RouteRequest, make_policy
 from radixmesh.cluster.policy.cost_model import CostModel
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.view import NodeView, build_view
@@ -36,7 +38,7 @@ from tests.support.router_cluster import BS, local_cluster, reference, start_met
 
 pytestmark = pytest.mark.anyio
 
-A, B, C = NodeId("a"), NodeId("b"), NodeId("c")
+A, B, C, D = NodeId("a"), NodeId("b"), NodeId("c"), NodeId("d")
 
 
 def request(rid: str, tokens: tuple[int, ...], max_tokens: int = 6, **kw: object) -> ServePlan:
@@ -117,14 +119,30 @@ def test_view_merges_index_pending_and_own_load() -> None:
     table.start(B, 40)
     view = build_view([A, B, C], match, {C: 2, A: 1}, table, 100.0)
     assert view.cluster.nodes == (
-        NodeView(A, gpu_blocks=3, local_blocks=5, prefill_tokens_per_s=100.0, held_blocks=3),  # 3..4 on host
+        # 3..4 on host; no floor measured: the fleet's (B's) is borrowed.
+        NodeView(A, gpu_blocks=3, local_blocks=5, prefill_tokens_per_s=100.0, held_blocks=3, step_floor_s=0.007),
         NodeView(B, queued_tokens=40, inflight=1, prefill_tokens_per_s=500.0, step_floor_s=0.007),
-        NodeView(C, gpu_blocks=2, local_blocks=2, prefill_tokens_per_s=100.0),  # pending: not held
+        NodeView(C, gpu_blocks=2, local_blocks=2, prefill_tokens_per_s=100.0, step_floor_s=0.007),  # pending: not held
     )
     assert dict(view.cluster.pull_bytes_per_s) == {(B, A): 2e9}
     assert view.addresses == {A: "127.0.0.1:1", B: "127.0.0.1:2"} and view.cluster_blocks == 5
     with pytest.raises(ValueError, match="no candidate"):
         build_view([], match, {}, table, 100.0)
+
+
+def test_a_node_without_a_measured_floor_borrows_the_fleet_median_and_keeps_a_short_prefix_home() -> None:
+    floors = {A: 0.009, B: 0.0, C: 0.003, D: 0.005}
+    match = MatchResult(1, tuple(NodeMatch(n, f"127.0.0.1:{i}", 1 if n == A else 0, 0, 1 if n == A else 0,
+                                           NodeLoad(prefill_tokens_per_s=2000.0, step_floor_s=f))
+                                 for i, (n, f) in enumerate(floors.items())))
+    view = build_view(list(floors), match, {}, InflightTable(), 2000.0)
+    assert [v.step_floor_s for v in view.cluster.nodes] == [0.009, 0.005, 0.003, 0.005]
+    # A's one cached block saves 16 tokens (8 ms): unpriced, B's missing floor (9 ms at A) won it.
+    request = RouteRequest(17, 1, 16)
+    assert make_policy("cost", PolicyConfig(), random.Random(0)).route(request, view.cluster).node == A
+    unmeasured = build_view(list(floors), dataclasses.replace(match, nodes=tuple(
+        dataclasses.replace(m, load=NodeLoad(prefill_tokens_per_s=2000.0)) for m in match.nodes)), {}, InflightTable(), 2000.0)
+    assert all(v.step_floor_s == 0.0 for v in unmeasured.cluster.nodes)  # nothing measured: nothing to borrow
 
 
 def test_the_view_reads_a_prefix_tail_past_gpu_and_host_from_disk_at_the_node_s_rate() -> None:

@@ -255,6 +255,7 @@ def test_a_run_read_stops_at_the_first_damaged_record_like_the_oracle(
 _WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
+    from radixmesh.node_agent.memory.disk import segments
     from radixmesh.node_agent.memory.disk.record import DiskIdentity
     from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier
 
@@ -263,11 +264,26 @@ _WRITER = textwrap.dedent("""
     SIZE = IDENTITY.block_bytes
     h = lambda i: i.to_bytes(16, "little")
     kv = lambda i: (i.to_bytes(8, "little") * (SIZE // 8 + 1))[:SIZE]
-    start = int(sys.argv[2])
+    start, tear_at = int(sys.argv[2]), int(sys.argv[3])
+    writes = 0
+    whole = segments._write_all
+
+    def tearing(fd, buffer):
+        # The tear_at-th write stops inside a record and waits to be killed there: a kill that
+        # certainly lands mid-write, whatever the box's timing (the seeded kills may all miss).
+        global writes
+        writes += 1
+        if writes != tear_at:
+            return whole(fd, buffer)
+        whole(fd, memoryview(buffer)[: len(buffer) // 2 + 7])
+        print("torn", flush=True)
+        sys.stdin.readline()
+
+    segments._write_all = tearing
     tier = DiskTier(DiskConfig(Path(sys.argv[1]), capacity_bytes=1 << 30, segment_bytes=128 * RECORD), IDENTITY)
     i = start
     while True:
-        for _ in range(64):  # 4 MiB: the kill often lands inside a write
+        for _ in range(64):  # 4 MiB: a seeded kill often lands inside a write
             tier.offer(h(i), kv(i), parent=None)
             i += 1
         tier.flush()
@@ -277,38 +293,44 @@ _WRITER = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_a_writer_killed_mid_write_never_serves_a_bad_block(tmp_path: Path) -> None:
-    """SIGKILL at seeded instants of a writer that never stops writing; each restart reopens the
-    directory (and goes on writing after what it holds), so later kills land among older segments."""
+    """SIGKILL of a writer that never stops writing, at seeded instants and (every other kill)
+    inside a write; each restart reopens the directory (and goes on writing after what it holds),
+    so later kills land among older segments."""
     rng = random.Random(29)
     identity = DiskIdentity.of(BIG, b"cluster-key")
     segment_bytes = 128 * identity.record_bytes
     acknowledged = 0
     torn_files: set[str] = set()
     root = Path(__file__).resolve().parents[2]
-    kills = 0
-    while len(torn_files) < 3 and kills < 40:  # until three kills tore a write (timing decides which do)
-        kills += 1
+    for kill in range(12):
         torn = {f.name for f in tmp_path.glob("*.seg") if f.stat().st_size % identity.record_bytes}
         with_store = SegmentStore(tmp_path, identity, 1 << 30, segment_bytes)
         assert set(served(with_store)) >= {h(i) for i in range(acknowledged)}
         assert with_store.counters.dropped == ({Dropped.TORN: len(torn)} if torn else {})
         torn_files |= torn
         with_store.close()
+        writes = rng.randrange(1, 4)
+        tear_at = writes + 1 if kill % 2 else 0
         script = f"FIELDS = {asdict(identity)!r}\n{_WRITER}"
-        child = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(acknowledged)],
-                                 stdout=subprocess.PIPE, text=True, cwd=root)
+        child = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), str(acknowledged), str(tear_at)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=root)
         assert child.stdout is not None
-        for _ in range(rng.randrange(1, 4)):
-            acknowledged = int(child.stdout.readline())
-        # Not a wait for anything: a seeded instant to kill at, within the next 4 MiB write or two.
-        time.sleep(rng.uniform(0, 0.004))
+        if tear_at:  # a flush may span two segments (two writes): acknowledgements until the tear
+            while (line := child.stdout.readline().strip()) != "torn":
+                acknowledged = int(line)
+        else:
+            for _ in range(writes):
+                acknowledged = int(child.stdout.readline())
+            # Not a wait for anything: a seeded instant to kill at, within the next 4 MiB write or two.
+            time.sleep(rng.uniform(0, 0.004))
         child.kill()
         child.wait()
+    torn_files |= {f.name for f in tmp_path.glob("*.seg") if f.stat().st_size % identity.record_bytes}
     final = SegmentStore(tmp_path, identity, 1 << 30, segment_bytes)
     assert set(served(final)) >= {h(i) for i in range(acknowledged)}
     # Torn tails are the only damage a kill can do; each is counted once per reopen that finds it.
     assert set(final.counters.dropped) <= {Dropped.TORN}
-    assert torn_files, f"none of {kills} kills landed inside a write: the test did not test it"
+    assert len(torn_files) >= 6, f"only {len(torn_files)} torn segments after 6 kills inside a write"
 
 
 def test_the_disk_tier_renders_its_metrics(tmp_path: Path) -> None:

@@ -83,7 +83,8 @@ class PrehashedRouter(Router):
         routed = await self.plan(request)
         # What serving would record (recent work drives the least-loaded candidates); nothing is served,
         # so no first token will end the request's pending hold: drop it, as a failed attempt would.
-        self._inflight.record_routed(routed.decision.node, len(request.prompt_token_ids))
+        d = routed.decision
+        self._inflight.record_routed(d.node, len(request.prompt_token_ids) - (d.local_blocks + d.pull_blocks) * BLOCK)
         if routed.hold is not None:
             self._step.abandon(routed.hold)
         return routed.decision.node

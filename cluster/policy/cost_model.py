@@ -120,7 +120,9 @@ class CostModel:
         groups: dict[str, list[tuple[NodeId, float]]] = {}
         for v in nodes:
             if v.compute_group:
-                groups.setdefault(v.compute_group, []).append((v.node, self.queue_time(v)))
+                # An idle mate takes nothing from the cores (queue_time's one step is a new request's).
+                busy = v.inflight or v.queued_tokens or v.running_decodes or v.pulling_s
+                groups.setdefault(v.compute_group, []).append((v.node, self.queue_time(v) if busy else 0.0))
         return lambda v: [w for node, w in groups.get(v.compute_group, ()) if node != v.node] if v.compute_group else []
 
     def pull_time(self, blocks: int, bytes_per_s: float | None = None, latency_s: float | None = None) -> float:

@@ -78,9 +78,13 @@ class InflightTable:
         self._decoding[ticket.node] -= 1
         self._open.remove(ticket)
 
-    def record_routed(self, node: NodeId, prompt_tokens: int) -> None:
-        """`node` was sent a request of `prompt_tokens` (each attempt counts: each is work there)."""
-        self._recent.add(node, prompt_tokens)
+    def record_routed(self, node: NodeId, tokens: int) -> None:
+        """`node` was sent a request whose prefill computes `tokens` there (each attempt counts: each
+        is work there). Its prompt's reused part is not work: counted, a node that served a burst of
+        cached prompts (a restarted agent reading its disk) reached the load cap, whose floor is half
+        a second of prefill, on a few tokens' computing, and its next requests went to a node that
+        recomputed them."""
+        self._recent.add(node, tokens)
 
     def forget_recent(self, node: NodeId) -> None:
         """`node` left the cluster: its recent work no longer counts against it (RecentWork.forget)."""

@@ -62,9 +62,9 @@ class Attempts:
             usable = usable_prefix_blocks(len(request.prompt_token_ids), self.config.block_size)
             reused = min(routed.decision.local_blocks + routed.decision.pull_blocks, usable)
             expected_local = min(routed.decision.local_blocks, usable) * self.config.block_size
-            ticket = self._inflight.start(node, len(request.prompt_token_ids) - reused * self.config.block_size,
-                                          routed.decision.pull_s if routed.plan.pull is not None else 0.0)
-            self._inflight.record_routed(node, len(request.prompt_token_ids))
+            computed = len(request.prompt_token_ids) - reused * self.config.block_size
+            ticket = self._inflight.start(node, computed, routed.decision.pull_s if routed.plan.pull is not None else 0.0)
+            self._inflight.record_routed(node, computed)
             stream = client.serve(routed.plan)
             produced = 0
             answered = False

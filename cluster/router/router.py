@@ -41,7 +41,7 @@ from radixmesh.common.text.tokenizer import ByteTokenizer, Tokenizer
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import IndexUpdate, MatchResult, NodeMatch
-from radixmesh.proto.serve.limits import InvalidRequest
+from radixmesh.proto.serve.limits import InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, TokenDelta
 from radixmesh.proto.serve.sampling import draw_seed
 
@@ -194,7 +194,10 @@ class Router:
             self._sessions.remember(session, routed.decision.node)
         decision, view = routed.decision, routed.view
         if replicated is not None and self._reporter is not None and self.watcher is not None:
-            self._reporter.add(self.watcher.replica.prediction(request.request_id, replicated, decision.node, tokens))
+            # The work it brings there, as the recent-work measure counts it (Attempts.serve).
+            computed = tokens - min(decision.local_blocks + decision.pull_blocks,
+                                    usable_prefix_blocks(tokens, self.config.block_size)) * self.config.block_size
+            self._reporter.add(self.watcher.replica.prediction(request.request_id, replicated, decision.node, computed))
         self.metrics.record_decision(routed.policy, decision.node)
         pull = None
         address = view.addresses.get(decision.pull_from) if decision.pull_from is not None else None

@@ -231,9 +231,9 @@ class Simulator:
         routed = router.route(r.hashes, r.prompt_tokens, match, self._node_ids, narrow=self.config.candidates > 0)
         self._route_s += time.perf_counter() - t0
         decision = routed.decision
-        router.table.record_routed(decision.node, r.prompt_tokens)
         reused = decision.local_blocks + decision.pull_blocks
         est = r.prompt_tokens - reused * TRACE_BLOCK_TOKENS
+        router.table.record_routed(decision.node, est)
         node = self.nodes[decision.node]
         node.enqueue(SimJob(i, r.arrival_s, r.prompt_tokens, r.hashes, decision, est, routed.hold))
         if node.current is None:

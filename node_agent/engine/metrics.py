@@ -41,6 +41,9 @@ class EngineCounters:
     preemptions: dict[str, int] = field(default_factory=dict)
     swapped_out_bytes: int = 0
     swapped_in_bytes: int = 0
+    moved_in_seconds: float = 0.0
+    """Seconds steps spent reading blocks into the gpu tier (promotions from host or disk, swap-ins):
+    the part of a step's time that is not its forward (EngineRunner's rate measures the rest)."""
     promoted_blocks: int = 0
     demoted_blocks: int = 0
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))

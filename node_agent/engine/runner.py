@@ -27,6 +27,12 @@ T = TypeVar("T")
 
 RATE_SMOOTHING = 0.2
 """Weight of the newest step in the prefill-rate and step-floor averages."""
+RATE_MIN_CHUNK = 32
+"""Prefill chunks shorter than this (tokens) do not measure the rate: their time beyond the floor is
+mostly noise, and with no floor yet it is all floor. A restarted agent whose prompts were cached on
+its disk ran 2-token chunks only, read ~100-250 tokens/s where it computes 2,000, and the router's
+load cap, which exempts half a second of a node's prefill, then sent requests away from their
+prefix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +69,7 @@ class EngineRunner:
         self.pending_calls = 0
         """Jobs queued on or running on the engine thread (steps, submits, the transfer plane's pins)."""
         self.prefill_tokens_per_s = 0.0
-        """Measured (EWMA), over the steps that ran a prefill chunk: their tokens per second of step
+        """Measured (EWMA), over the steps that ran a prefill chunk of RATE_MIN_CHUNK tokens or more: their tokens per second of step
         time beyond `step_floor_s` (the whole step's time while no floor is measured), the decodes
         that shared their forward included."""
         self.step_floor_s = 0.0
@@ -183,6 +189,8 @@ class EngineRunner:
             beyond = seconds - self.step_floor_s
             if beyond <= 0:
                 return
+            if tokens - running < RATE_MIN_CHUNK:
+                return
             rate = (tokens - running if self.step_floor_s else tokens) / beyond
             old = self.prefill_tokens_per_s
             self.prefill_tokens_per_s = rate if old == 0.0 else old + RATE_SMOOTHING * (rate - old)
@@ -192,13 +200,17 @@ class EngineRunner:
 
     def _step(self) -> tuple[list[tuple[RequestId, StreamItem]], bool]:
         """This step's stream items, and whether it was idle (Scheduler.idle)."""
-        computed = self.engine.counters.computed_tokens
+        counters = self.engine.counters
+        computed, moving = counters.computed_tokens, counters.moved_in_seconds
         running = len(self.engine.scheduler.running)
         t0 = self._clock()
         step = self.engine.step()
-        seconds = self._clock() - t0
-        tokens = self.engine.counters.computed_tokens - computed
-        self._measure(tokens, running, seconds)
+        # Less the time the step spent reading blocks into the gpu tier (a promotion from disk, a
+        # swap-in), which the router prices apart (its swap time): counted in, a restarted agent's
+        # disk-loading steps read as a prefill rate of ~100 tokens/s where it computes 2,000, and
+        # the router's load cap then kept requests from the disk that held their prefix.
+        seconds = self._clock() - t0 - (counters.moved_in_seconds - moving)
+        self._measure(counters.computed_tokens - computed, running, seconds)
         new: dict[RequestId, NewTokens] = {}
         for rid, token, logprob in step.tokens:
             fresh = new.setdefault(rid, NewTokens([], []))
@@ -208,3 +220,4 @@ class EngineRunner:
         items: list[tuple[RequestId, StreamItem]] = list(new.items())
         items += [(out.request_id, Finished(out)) for out in step.finished]
         return items, self.engine.scheduler.idle
+

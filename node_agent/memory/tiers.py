@@ -73,6 +73,7 @@ class TierMoves(Protocol):
     demoted_blocks: int
     swapped_out_bytes: int
     swapped_in_bytes: int
+    moved_in_seconds: float
 
 
 class SwapObserver(Protocol):
@@ -123,6 +124,13 @@ class HostTier(TierMemory):
         cache and held once by the caller); when the host misses, the disk tier's run is read into
         the host first (and stays cached there), and the result says so. No blocks when both miss
         or the gpu has no room."""
+        t0 = self._clock()
+        try:
+            return self._promote(gpu, hashes, start)
+        finally:
+            self._counters.moved_in_seconds += self._clock() - t0
+
+    def _promote(self, gpu: TierMemory, hashes: list[BlockHash], start: int) -> Promoted:
         host_ids = self.cache.match(hashes[start:])
         from_disk = 0
         if not host_ids:
@@ -159,7 +167,9 @@ class HostTier(TierMemory):
 
     def swap_in(self, gpu: TierMemory, host_ids: list[BlockId], gpu_ids: list[BlockId]) -> None:
         """Copy a swapped sequence's blocks back into its new gpu blocks and drop its host copies."""
+        t0 = self._clock()
         copy_blocks(self, host_ids, gpu, gpu_ids)
+        self._counters.moved_in_seconds += self._clock() - t0
         self.cache.release(host_ids)
         self._counters.swapped_in_bytes += len(host_ids) * self._block_bytes
 

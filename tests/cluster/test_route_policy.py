@@ -293,7 +293,9 @@ def _oracle_ttft(v: NodeView, nodes: tuple[NodeView, ...], bw: float, latency: f
 
     work = ahead(v, tokens) + pull_s + tokens / rate
     mates = [u for u in nodes if v.compute_group and u.compute_group == v.compute_group and u.node != v.node]
-    return work + sum(min(ahead(u, 0), work) for u in mates), pulled, pull_s
+    # an idle mate shares nothing (its one step in `ahead` would be a new request's)
+    return work + sum(min(ahead(u, 0), work) for u in mates
+               if u.inflight or u.queued_tokens or u.running_decodes or u.pulling_s), pulled, pull_s
 
 
 @settings(max_examples=300, deadline=None)
@@ -433,6 +435,16 @@ def test_nodes_sharing_cores_are_priced_as_sharing_them() -> None:
     assert d.node == C
     alone = make_policy("cost_no_pull", CFG).route(REQ, ClusterView(nodes[:2]))
     assert alone.node == B and alone.est_ttft_s == pytest.approx(1.0) and "cores shared" in alone.reason
+
+
+def test_an_idle_mate_with_a_measured_floor_shares_nothing() -> None:
+    # Both measured a 0.1 s floor; an idle mate's queue_time is one step (a new request's), which
+    # it does not run: charged as sharing, it made every node of a host look a step slower.
+    idle = [dataclasses.replace(view(n, group="host"), step_floor_s=0.1) for n in (A, B)]
+    model = CostModel(CFG)
+    assert model.mates_work(idle)(idle[0]) == [0.0]
+    busy = dataclasses.replace(idle[1], inflight=1, queued_tokens=10)
+    assert model.mates_work([idle[0], busy])(idle[0]) == [pytest.approx(model.queue_time(busy))]
 
 
 def test_pending_index_prefix_and_expiry() -> None:

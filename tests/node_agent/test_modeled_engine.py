@@ -12,7 +12,7 @@ import yaml
 from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.node_agent import ModeledEngine, ProfileError, load_profile, parse_engine, profile_names
 from radixmesh.node_agent.agent import NodeAgent
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.engine import Engine, EngineConfig, StepOutput
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
@@ -215,6 +215,36 @@ def test_the_runner_measures_the_step_floor_and_the_prefill_rate_beyond_it() -> 
     assert runner.prefill_tokens_per_s == pytest.approx(rate)
     # A short prefill costs about the floor: priced per token at a full chunk's rate it looked ~6x cheaper.
     assert t.prefill_s(32) > 5 * 32 / (512 / t.prefill_s(512))
+
+
+def test_a_chunk_of_a_few_tokens_does_not_measure_the_prefill_rate() -> None:
+    now = [0.0]
+    runner = EngineRunner(engine(modeled(speedup=1.0), caching=False), clock=lambda: now[0])
+    runner._measure(1, 1, 0.010)  # a decode-only step: the floor
+    runner._measure(257, 1, 0.010 + 256 / 2000)  # 2,000 tokens/s beyond the floor
+    runner._measure(3, 1, 0.010 + 0.004)  # 2 tokens in 4 ms beyond the floor: noise, not 500 tokens/s
+    assert runner.prefill_tokens_per_s == pytest.approx(2000.0)
+    runner._measure(33, 1, 0.010 + 32 / 1000)  # a chunk of RATE_MIN_CHUNK does
+    assert runner.prefill_tokens_per_s == pytest.approx(2000 + 0.2 * (1000 - 2000))
+
+
+def test_a_step_s_reads_into_the_gpu_tier_are_not_its_prefill_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A promotion from disk inside a step is the router's swap time, priced apart: the rate counts
+    the step's time less its reads (EngineCounters.moved_in_seconds)."""
+    now = [0.0]
+    runner = EngineRunner(engine(modeled(speedup=1.0), caching=False), clock=lambda: now[0])
+    counters = runner.engine.counters
+
+    def step(computed: int, forward_s: float, read_s: float) -> StepOutput:
+        now[0] += forward_s + read_s
+        counters.computed_tokens += computed
+        counters.moved_in_seconds += read_s
+        return StepOutput([], [])
+
+    for computed, forward_s, read_s in ((64, 0.032, 0.0), (40, 0.020, 0.019), (64, 0.032, 0.0)):
+        monkeypatch.setattr(runner.engine, "step", lambda c=computed, f=forward_s, r=read_s: step(c, f, r))
+        runner._step()
+    assert runner.prefill_tokens_per_s == pytest.approx(2000.0)
 
 
 # --- agents ----------------------------------------------------------------------------------------

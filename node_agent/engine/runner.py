@@ -27,8 +27,8 @@ T = TypeVar("T")
 
 RATE_SMOOTHING = 0.2
 """Weight of the newest step in the prefill-rate and step-floor averages."""
-RATE_MIN_CHUNK = 32
-"""Prefill chunks shorter than this (tokens) do not measure the rate: their time beyond the floor is
+RATE_MIN_CHUNK = 16
+"""Prefill chunks shorter than this (tokens, a block) do not measure the rate: their time beyond the floor is
 mostly noise, and with no floor yet it is all floor. A restarted agent whose prompts were cached on
 its disk ran 2-token chunks only, read ~100-250 tokens/s where it computes 2,000, and the router's
 load cap, which exempts half a second of a node's prefill, then sent requests away from their

@@ -224,7 +224,7 @@ def test_a_chunk_of_a_few_tokens_does_not_measure_the_prefill_rate() -> None:
     runner._measure(257, 1, 0.010 + 256 / 2000)  # 2,000 tokens/s beyond the floor
     runner._measure(3, 1, 0.010 + 0.004)  # 2 tokens in 4 ms beyond the floor: noise, not 500 tokens/s
     assert runner.prefill_tokens_per_s == pytest.approx(2000.0)
-    runner._measure(33, 1, 0.010 + 32 / 1000)  # a chunk of RATE_MIN_CHUNK does
+    runner._measure(17, 1, 0.010 + 16 / 1000)  # a chunk of RATE_MIN_CHUNK does
     assert runner.prefill_tokens_per_s == pytest.approx(2000 + 0.2 * (1000 - 2000))
 
 

@@ -256,7 +256,11 @@ def test_a_partitioned_host_keeps_requests_succeeding_and_serves_again_after_hea
     before = router_nodes(c)[node]
 
     def served_again() -> bool:
-        complete(c, f"After the heal, conversation {router_nodes(c)[node]['routed']}", max_tokens=2)
+        # Prompts of their own from the first block (nothing cached anywhere) and long enough to be
+        # work: a short one is cheapest where a peer caches a shared start, and brings that peer too
+        # little work for the load cap (which counts computed tokens) to send the next one elsewhere.
+        n = sum(v["requests"] for v in router_nodes(c).values())
+        complete(c, f"{n:06d}: after the heal, a conversation of its own. " + "Tell me more. " * 40, max_tokens=2)
         return router_nodes(c)[node]["requests"] > before["requests"]
 
     wait_for(f"{node} serving after the heal", served_again, 120,

@@ -3,7 +3,7 @@ the metadata service and Redis are restarted on a schedule; every answer checked
 engine. The same workload without faults, in the same run, is the baseline; both start from caches that
 hold every prompt once (a warm-up pass).
 
-    python bench/chaos.py [--nodes 3] [--rate 8] [--duration 40] [--model tiny] [--out bench/results] [--smoke]
+    python bench/chaos.py [--nodes 3] [--rate 8] [--duration 40] [--model random-tiny] [--out bench/results] [--smoke]
 
 A local cluster as `radixmesh up --local N` makes it (Ray, agents as actors that Ray restarts, UCX
 on 127.0.0.1), its metadata service on a Redis this script runs. Faults, spread over the churn run:
@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--rate", type=float, default=8.0, help="requests per second (Poisson arrivals)")
     p.add_argument("--duration", type=float, default=40.0, help="seconds of each run (steady, then churn)")
-    p.add_argument("--model", default="tiny")
+    p.add_argument("--model", default="random-tiny")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder of chaos.json")
     p.add_argument("--smoke", action="store_true", help="a tiny run, so the bench cannot rot (not a measurement)")
     args = p.parse_args(argv)

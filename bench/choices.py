@@ -29,7 +29,6 @@ from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
-from radixmesh.node_agent.model.config import DEFAULT_CONFIG
 from radixmesh.node_agent.model.source import resolve_model
 from radixmesh.proto.ids import NodeId
 
@@ -103,7 +102,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=DEFAULT_CONFIG, help="model SPEC (see radixmesh up --help)")
+    parser.add_argument("--model", default="random-tiny", help="model SPEC (see radixmesh up --help)")
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=8)

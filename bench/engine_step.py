@@ -49,7 +49,7 @@ from radixmesh.proto.serve.sampling import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
-SMOKE = {"model": "tiny", "batches": [1, 2], "attention_batches": [1, 2], "context": 64, "prompt": 32,
+SMOKE = {"model": "random-tiny", "batches": [1, 2], "attention_batches": [1, 2], "context": 64, "prompt": 32,
          "max_tokens": 4, "trials": 1, "repeats": 5}
 
 

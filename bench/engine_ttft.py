@@ -1,6 +1,6 @@
 """TTFT with a cached 1,024-token prefix vs the same requests with prefix caching off.
 
-Same run, same model (--model SPEC: "tiny" by default, or e.g. smollm2-135m-instruct), same requests:
+Same run, same model (--model SPEC: "random-tiny" by default, or e.g. smollm2-135m-instruct), same requests:
 each is the shared prefix plus
 its own 32-token suffix, served one at a time (so TTFT is prefill, not queueing). The cached engine
 is warmed by one request carrying the prefix; the baseline engine has caching disabled. Prints the
@@ -20,12 +20,12 @@ import torch
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
-from radixmesh.node_agent.model.config import DEFAULT_CONFIG
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.source import resolve_model
 from radixmesh.proto.serve.sampling import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
+DEFAULT_MODEL = "random-tiny"
 SMOKE = {"requests": 2, "prefix": 64, "suffix": 16}
 
 
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--prefix", type=int, default=1024)
     parser.add_argument("--suffix", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on shared cores)")
-    parser.add_argument("--model", default=DEFAULT_CONFIG, help="model SPEC (see radixmesh up --help)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="model SPEC (see radixmesh up --help)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON result")
     parser.add_argument("--smoke", action="store_true", help=f"tiny run: {SMOKE}")
     args = parser.parse_args()
@@ -86,7 +86,7 @@ def main() -> None:
     }
     if args.smoke:
         result["smoke"] = True
-    result_file = args.out / ("engine_ttft.json" if args.model == DEFAULT_CONFIG else f"engine_ttft_{source.name}.json")
+    result_file = args.out / ("engine_ttft.json" if args.model == DEFAULT_MODEL else f"engine_ttft_{source.name}.json")
     result_file.parent.mkdir(parents=True, exist_ok=True)
     result_file.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))

@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny model, 2 trials of 128 tokens, 16 decode tokens")
     args = p.parse_args(argv)
     if args.smoke:  # smaller defaults; sizes given on the command line still win
-        p.set_defaults(model="tiny", trials=2, prefix_tokens=128, decode_tokens=16)
+        p.set_defaults(model="random-tiny", trials=2, prefix_tokens=128, decode_tokens=16)
         args = p.parse_args(argv)
     return args
 

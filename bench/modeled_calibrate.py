@@ -136,7 +136,7 @@ def main() -> None:
     args = p.parse_args()
     prefills, decodes = (SMOKE_PREFILLS, SMOKE_DECODES) if args.smoke else (PREFILLS, DECODES)
     if args.smoke:
-        args.model, args.trials = "tiny", 1
+        args.model, args.trials = "random-tiny", 1
     torch.set_num_threads(1)
     source = resolve_model(args.model)
     model = source.load()

@@ -89,7 +89,7 @@ def compare(real: dict[str, Any], modeled: dict[str, Any]) -> list[dict[str, Any
 def tiny_profile(out: Path) -> Path:
     """cpu-smollm2's figures serving the tiny model (the smoke's modeled side), written under `out`."""
     doc = yaml.safe_load((PROFILES_DIR / f"{PROFILE}.yaml").read_text())
-    doc.update(name="smoke-tiny", model="tiny")
+    doc.update(name="smoke-tiny", model="random-tiny")
     path = out / "tiny-profile.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.smoke:
-        sides = {"real": ["--model", "tiny"], "modeled": ["--engine", f"modeled:{tiny_profile(args.out)}"]}
+        sides = {"real": ["--model", "random-tiny"], "modeled": ["--engine", f"modeled:{tiny_profile(args.out)}"]}
     else:
         sides = {"real": ["--engine", "real", "--model", "smollm2-135m-instruct"],
                  "modeled": ["--engine", f"modeled:{PROFILE}", "--speedup", "1"]}

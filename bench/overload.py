@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--duration", type=float, default=20.0, help="seconds of each run")
     p.add_argument("--factor", type=float, default=4.0, help="overload as a multiple of the sustainable rate")
-    p.add_argument("--model", default="tiny")
+    p.add_argument("--model", default="random-tiny")
     # Sized for the tiny model on 2 shared cores: 4 at once per node is where its throughput levels
     # off; a GPU engine batches far more (AdmissionLimits' defaults).
     p.add_argument("--running-per-node", type=int, default=4)

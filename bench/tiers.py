@@ -55,7 +55,7 @@ from radixmesh.proto.block_hash import HASH_BYTES, BlockHash
 from radixmesh.proto.serve.sampling import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
-SMOKE = {"model": "tiny", "prefix": 128, "rounds": 2, "bandwidth_mb": 4}
+SMOKE = {"model": "random-tiny", "prefix": 128, "rounds": 2, "bandwidth_mb": 4}
 CASES = ("gpu", "host", "disk", "recompute")
 SOURCE_OF = {"gpu": "local_gpu", "host": "local_host", "disk": "local_disk", "recompute": "computed"}
 GOAL_DISK_OVER_PLAIN = 0.5

@@ -157,7 +157,8 @@ def results_table(doc: dict[str, Any]) -> Table:
               help="Multiply the generators' prompt lengths (system prompts, documents, turns).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--model", "model_spec", default=SMOLLM2, show_default=True,
-              help=f"{SMOLLM2}, tiny (seeded random), a local Hugging Face directory or a .gguf file (--local).")
+              help=f"{SMOLLM2}, random-tiny (seeded random weights), a local Hugging Face directory or a .gguf "
+                   "file (--local).")
 @click.option("--gpu-blocks", default=None, type=click.IntRange(min=1),
               help="KV blocks of each agent (--local): the same memory for every arm [default: 1024; with "
                    "--engine modeled, the profile's device].")

@@ -69,9 +69,10 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
 @click.option("--host", default=None,
               help="Address router and metadata bind [default: 127.0.0.1 with --local, else this Ray node's address].")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Router HTTP port.")
-@click.option("--model", "model_spec", default="tiny", show_default=True,
-              help=f"{', '.join(sorted(NAMED_CONFIGS))} (seeded random), {SMOLLM2}, a local Hugging Face "
-                   "directory or a .gguf file.")
+@click.option("--model", "model_spec", default="random-tiny", show_default=True,
+              help=f"{SMOLLM2} (a real model), a local Hugging Face directory, a .gguf file, or "
+                   f"{', '.join('random-' + shape for shape in sorted(NAMED_CONFIGS))} (seeded random weights of "
+                   "that shape: for tests and sizing, their text is noise).")
 @click.option("--served-model-name", default="", help="Model id clients name (default: the model's name).")
 @click.option("--dtype", type=click.Choice(["auto", *DTYPES]), default="auto", show_default=True,
               help="auto: bfloat16 on a GPU, float32 on the CPU.")

@@ -57,7 +57,7 @@ def comparison_table(on: DemoRun, off: DemoRun, engine: str = "real") -> Table:
 @click.option("--chats", default=DemoWorkload().chats, show_default=True, type=click.IntRange(min=1))
 @click.option("--turns", default=DemoWorkload().turns, show_default=True, type=click.IntRange(min=1))
 @click.option("--model", "model_spec", default=SMOLLM2, show_default=True,
-              help=f"{SMOLLM2} (the real model), tiny (seeded random: fast, its text is noise), a local "
+              help=f"{SMOLLM2} (the real model), random-tiny (seeded random weights: fast, its text is noise), a local "
                    "Hugging Face directory or a .gguf file.")
 @click.option("--order", type=click.Choice(ORDERS), default="off-first", show_default=True,
               help="Which half runs first. The uncached half salts every request, so neither half can "

@@ -102,7 +102,7 @@ def _set_log_level(ctx: click.Context, _: click.Parameter, level: str | None) ->
         logging.getLogger().setLevel(level.upper())
 
 
-CONFIG_HELP = "YAML file of defaults per command, e.g. `up: {model: tiny, gpu-blocks: 2048}`."
+CONFIG_HELP = "YAML file of defaults per command, e.g. `up: {model: random-tiny, gpu-blocks: 2048}`."
 LOG_LEVEL_HELP = "Logging level of this process and, through Ray, of every actor `up` starts."
 LEVELS = click.Choice(LOG_LEVELS, case_sensitive=False)
 

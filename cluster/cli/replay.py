@@ -60,7 +60,7 @@ def served_model(url: str) -> str:
 @click.option("--max-prompt-blocks", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
               help="The deployment's tokens per block (one trace block = one cluster block).")
-@click.option("--model", "model_spec", default="tiny", show_default=True,
+@click.option("--model", "model_spec", default="random-tiny", show_default=True,
               help="With --local: the agents' model, as `up --model` names it.")
 @click.option("--served-model-name", default="",
               help="Model id the requests name [default: with --url, the router's own (its /v1/models); with "

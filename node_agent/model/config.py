@@ -215,7 +215,6 @@ NAMED_CONFIGS: dict[str, LlamaConfig] = {
                               max_position_embeddings=8192, rope_theta=500000.0,
                               bos_token_id=128000, eos_token_id=128001),
 }
-DEFAULT_CONFIG = "tiny"
 
 
 def named_config(name: str, **overrides: Any) -> LlamaConfig:

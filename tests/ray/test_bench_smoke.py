@@ -18,7 +18,7 @@ def test_gpu_cluster_smoke_serves_identical_tokens_through_a_pull(tmp_path: Path
     """gpu_check's cluster step (bench/gpu_cluster.py) end to end on the CPU, with the tiny model: two
     agent actors, an uncached, a local and a pulled serve of each prompt, baselines measured."""
     [result] = run_smoke("gpu_cluster", tmp_path)
-    assert result["model"] == "tiny" and result["trials"] == 2
+    assert result["model"] == "random-tiny" and result["trials"] == 2
     assert result["outputs_identical"] and result["pulls_failed"] == 0 and result["device"] == "cpu"
     assert all(r["pull_bytes"] > 0 for r in result["rows"])  # the pulled serve really pulled
     assert result["copy_gbps"] > 0 and result["pull_over_copy"] > 0 and result["decode_tokens_per_s"] > 0

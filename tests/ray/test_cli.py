@@ -58,7 +58,8 @@ def test_bad_input_is_one_line_and_nonzero(home: Path, args: list[str], message:
 
 
 def test_replay_model_means_the_agents_model_as_in_up(home: Path) -> None:
-    result = CliRunner().invoke(main, ["replay", str(TRACE), "--url", "http://127.0.0.1:9", "--model", "tiny"])
+    result = CliRunner().invoke(main, ["replay", str(TRACE), "--url", "http://127.0.0.1:9",
+                                       "--model", "random-tiny"])
     assert result.exit_code == 2 and "--model names the agents' model of --local" in result.output
 
 

@@ -78,7 +78,8 @@ async def test_modeled_outputs_equal_a_second_run_with_caching_off(local_ray: No
 @pytest.mark.parametrize(("args", "message"), [
     (["--engine", "modeled:a100"], "unknown profile 'a100'; valid:"),
     (["--engine", "mocked"], "unknown engine 'mocked'; valid: real, modeled, modeled:PROFILE"),
-    (["--engine", "modeled:h100-llama3-8b", "--model", "tiny"], "models llama3-8b; leave out --model tiny"),
+    (["--engine", "modeled:h100-llama3-8b", "--model", "random-tiny"],
+     "models random-llama3-8b; leave out --model random-tiny"),
     (["--engine", "modeled", "--speedup", "0"], "--speedup"),
 ])
 def test_bad_engine_options_are_usage_errors_before_ray_starts(args: list[str], message: str) -> None:

@@ -4,7 +4,7 @@ Profiles are YAML files (the `profiles/` folder beside this module holds the pac
 names any other). Every figure carries its source::
 
     name: h100-llama3-8b
-    model: llama3-8b                 # the model SPEC whose config (vocab, context, eos) requests see
+    model: random-llama3-8b          # the model SPEC whose config (vocab, context, eos) requests see
     hardware: 1x H100 SXM 80GB, bf16
     figures:
       linear_s_per_token: {value: 3.3e-5, source: "2 * 8.03e9 FLOP / (989 TFLOPS * 0.5 MFU)"}

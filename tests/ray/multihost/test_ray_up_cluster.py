@@ -31,7 +31,7 @@ from tests.support.ray_up_cluster import RayUpCluster
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
 
-MODEL = "tiny"  # the YAML's `radixmesh up` serves the default, seeded `tiny` model
+MODEL = "random-tiny"  # the YAML's `radixmesh up` serves the default, seeded random `tiny` shape
 PREFIX = "".join(f"Rule {i}: be precise about topic {i % 7}. " for i in range(100))
 """~3.5 kB (tokens, with the byte tokenizer) shared by the workload's prompts: 220 blocks."""
 

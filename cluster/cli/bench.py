@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 import click
 import ray
+from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
@@ -99,9 +100,11 @@ class _ArmBars:
 
 
 def results_table(doc: dict[str, Any]) -> Table:
+    """Every cell a row. Requests that never finished are a column of their own, and a cell whose router
+    saw no prompt token has no hit rate ("-", not 0%): a busy box's empty cell must not read as a cold cache."""
     table = Table(title=f"radixmesh bench: {doc['settings']['workload']['name']}, {doc['settings']['cluster']}")
     for name in ("arm", "rate/s", "goodput/s", "SLO met", "TTFT p50", "TTFT p99", "ITL p99", "hit rate",
-                 "429", "failed", "vs round_robin", "vs off", "TTFT real/est p50", "left behind"):
+                 "429", "failed", "unfinished", "vs round_robin", "vs off", "TTFT real/est p50", "left behind"):
         table.add_column(name, justify="left" if name == "arm" else "right")
 
     def ratio(v: float | None) -> str:
@@ -110,7 +113,8 @@ def results_table(doc: dict[str, Any]) -> Table:
     for c in sorted(doc["cells"], key=lambda c: (c["rate_rps"], c["arm"])):
         table.add_row(c["arm"], f"{c['rate_rps']:g}", f"{c['goodput_rps']:.3f}", f"{c['slo_attainment']:.0%}",
                       f"{c['ttft_s']['p50']:.2f} s", f"{c['ttft_s']['p99']:.2f} s", f"{c['itl_s']['p99'] * 1e3:.0f} ms",
-                      f"{c['hit_rate']:.1%}", str(c["requests"]["refused"]), str(c["requests"]["failed"]),
+                      f"{c['hit_rate']:.1%}" if c["prompt_tokens"] else "-", str(c["requests"]["refused"]),
+                      str(c["requests"]["failed"]), str(c["requests"]["unfinished"]),
                       ratio(c["ratios"].get("goodput_over_round_robin")), ratio(c["ratios"].get("goodput_over_off")),
                       *_decisions(c.get("decisions")))
     return table
@@ -180,6 +184,9 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
         raise click.UsageError("give exactly one of --local N and --url URL")
     if url is not None and (eviction != DEFAULT_EVICTION or handoff or engine != "real"):
         raise click.UsageError("--eviction, --handoff and --engine set up the agents of --local")
+    if url is not None and click.get_current_context().get_parameter_source("model_spec") is not ParameterSource.DEFAULT:
+        raise click.UsageError("--model names the agents' model of --local; against --url, the router says which "
+                               "model it serves (its /v1/models)")
     if ("trace" in workloads) != (trace_path is not None):
         raise click.UsageError("--trace FILE goes with --workload trace, and only with it")
     try:

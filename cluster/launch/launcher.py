@@ -164,17 +164,27 @@ PROGRESS_POLL_S = 0.5
 
 
 async def _start_reporting_agents(router: Any, report: Callable[[str], None]) -> str:
-    """Run the router's `start`, reporting each agent as it joins; the router's URL."""
+    """Run the router's `start`, reporting each agent as it joins and each node whose agent could not
+    start (once per cause: when some start and others fail, `up` serves without those, and the user
+    must hear which and why, not find it in a Ray log); the router's URL."""
     start: asyncio.Future[str] = asyncio.ensure_future(router.start.remote())
     shown = 0
-    while not start.done():
+    told: dict[NodeId, str] = {}
+    while True:
         await asyncio.wait([start], timeout=PROGRESS_POLL_S)
         joined: list[NodeInfo] = await router.joined.remote()
         for info in joined[shown:]:
             report(f"agent {info.node_id} ready: KV pool {info.capacity_blocks} blocks of {info.block_size} "
                    f"tokens ({gib(info.capacity_blocks * info.block_bytes)}), transfer {info.transfer_address}")
         shown = len(joined)
-    return start.result()
+        failed: dict[NodeId, str] = await router.failed.remote()
+        for node, cause in sorted(failed.items()):
+            if told.get(node) != cause:
+                report(f"warning: agent {node} could not start: {cause} (retried every reconcile round; "
+                       "the cluster serves without it meanwhile)")
+        told.update(failed)
+        if start.done():
+            return start.result()
 
 
 def gib(n_bytes: int) -> str:

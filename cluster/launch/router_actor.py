@@ -5,7 +5,7 @@ for every slot a joining node offers and drops those of nodes that left (reconci
 Owning the agents keeps them alive after the `radixmesh up` driver exits (an actor lives as long
 as its owner) and makes `down` one kill away. What survives a restart: nothing; Ray does not
 restart this actor (max_restarts=0). Agent actors restart on their own (a new epoch, empty cache).
-Idempotent calls: `start` (returns the same URL), `url`, `nodes`, `joined`, `stop`. The HTTP server is the
+Idempotent calls: `start` (returns the same URL), `url`, `nodes`, `joined`, `failed`, `stop`. The HTTP server is the
 router's one application (cluster/api/app.py), `POST /radixmesh/route` included.
 """
 
@@ -114,6 +114,11 @@ class RouterActor:
     def joined(self) -> list[NodeInfo]:
         """Every agent that has joined so far, in order (callable while `start` runs)."""
         return list(self._joined)
+
+    def failed(self) -> dict[NodeId, str]:
+        """Why each node whose agent could not start failed (one line each), until it joins: `up` names
+        them while it starts and once it serves without them (callable while `start` runs)."""
+        return dict(self._reconciler.failures)
 
     def nodes(self) -> list[NodeId]:
         return self._router.directory.nodes() if self._router is not None else []

@@ -2,21 +2,28 @@
 series written to trip it and keeps it quiet on series just short of that, and every metric a rule
 reads is one radixmesh really exports (or Prometheus' own `up`)."""
 
+import json
+import math
 import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import aiohttp
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
+from radixmesh.cluster.api.app import start_http
 from radixmesh.cluster.router.metrics import RouterStats
 from radixmesh.node_agent.engine.metrics import EngineStats
 from radixmesh.node_agent.memory.disk.metrics import DiskStats
 from radixmesh.node_agent.memory.metrics import MemoryStats
 from radixmesh.node_agent.memory.zones.metrics import ZoneStats
 from radixmesh.node_agent.metrics import AgentStats
+from tests.support.router_cluster import MODEL_NAME, local_cluster
 
 ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "alerts.yml"
 
@@ -149,15 +156,56 @@ def alert_of(case: str) -> str:
 def test_promtool_test_rules(promtool: str, case: str, tmp_path: Path) -> None:
     series, at, firing = CASES[case]
     alert = alert_of(case)
+    promtool_test(promtool, tmp_path, series, [{
+        "eval_time": at, "alertname": alert,
+        "exp_alerts": [{"exp_labels": {**labels, "severity": severity(alert)}} for labels in firing]}])
+
+
+@pytest.mark.anyio
+@pytest.mark.integration
+async def test_no_alert_fires_on_a_real_idle_clusters_scrape(promtool: str, tmp_path: Path) -> None:
+    # issue 40: the shipped rules fired on a healthy idle cluster (the weights zone, always full by design;
+    # the prefix zone once traffic had filled it). Here the rules run for an hour over what a real cluster
+    # exports after traffic filled its pools, held still as an idle cluster's would be.
+    async with local_cluster(2, publish=True, gpu_blocks=64) as c:
+        runner, port = await start_http(c.router, "127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{port}"
+                for i in range(24):  # 24 distinct ~100-token prompts: more than two 64-block pools hold
+                    body = {"model": MODEL_NAME, "prompt": f"Prompt {i}: " + "words to cache " * 6, "max_tokens": 2}
+                    async with http.post(f"{url}/v1/completions", json=body) as r:
+                        assert r.status == 200
+                async with http.get(f"{url}/metrics") as r:
+                    text = await r.text()
+        finally:
+            await runner.cleanup()
+    held = {_series(s): f"{s.value:f}+0x60" for f in text_string_to_metric_families(text) for s in f.samples
+            if math.isfinite(s.value)}
+    assert any(k.startswith("radixmesh_zone_watermark{") and 'zone="weights"' in k for k in held)
+    assert any(k.startswith("radixmesh_pool_utilization{") for k in held)
+    held['up{job="radixmesh",role="router",instance="r:8000"}'] = "1x60"
+    held.update({f'up{{job="radixmesh",role="agent",node="{a.config.node_id}",instance="{a.config.node_id}:9000"}}':
+                 "1x60" for a in c.agents})
+    promtool_test(promtool, tmp_path, held, [{"eval_time": "60m", "alertname": alert, "exp_alerts": []}
+                                             for alert in sorted(rules())])
+
+
+def _series(sample: Sample) -> str:
+    labels = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(sample.labels.items()))
+    return f"{sample.name}{{{labels}}}"
+
+
+def promtool_test(promtool: str, tmp_path: Path, series: dict[str, str], alert_tests: list[dict[str, object]]) -> None:
+    """`promtool test rules` on the shipped rules: `series` (1-minute samples from time 0) and the alerts
+    expected at each evaluation time."""
     test = {
         "rule_files": [str(ALERTS)],
         "evaluation_interval": "1m",
         "tests": [{
             "interval": "1m",
             "input_series": [{"series": s, "values": v} for s, v in series.items()],
-            "alert_rule_test": [{"eval_time": at, "alertname": alert,
-                                 "exp_alerts": [{"exp_labels": {**labels, "severity": severity(alert)}}
-                                                for labels in firing]}],
+            "alert_rule_test": alert_tests,
         }],
     }
     # promtool compares annotations too, which would make each case restate the rule's summary text;

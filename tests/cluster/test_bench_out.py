@@ -6,11 +6,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from rich.console import Console
 
 from radixmesh.cluster.bench.arms import ARMS
+from radixmesh.cluster.bench.client import Outcome, RequestResult
+from radixmesh.cluster.bench.metrics import Slo, summarise
 from radixmesh.cluster.bench.runner import BenchPlan, RateLadder
 from radixmesh.cluster.bench.workloads import ChatWorkload
-from radixmesh.cluster.cli.bench import fresh_out_dir
+from radixmesh.cluster.cli.bench import fresh_out_dir, results_table
 from radixmesh.cluster.cli.main import main
 
 NOON = datetime.datetime(2026, 3, 4, 12, 0, 5)
@@ -45,3 +48,27 @@ def test_bench_says_where_results_go_and_leaves_bench_results_alone(tmp_path: Pa
     assert "results go to bench/results/run-" in result.output
     assert "expect 60 s of arrivals" in result.output  # 2 arms x 1 rate x 30 s
     assert committed.read_text() == "the README's figures"
+
+
+def test_a_cell_whose_requests_all_stayed_unfinished_says_so_and_shows_no_hit_rate() -> None:
+    # issue 40: on a busy box every request was unfinished, yet the table read "hit rate 0.0%, failed 0".
+    slo = Slo(ttft_s=2.0, itl_s=0.5)
+    stuck = [RequestResult(i, Outcome.UNFINISHED, ttft_s=30.0, ttft_censored=True) for i in range(5)]
+    served = [RequestResult(i, Outcome.OK, ttft_s=0.1, gaps_s=(0.01,), e2e_s=0.2, output_tokens=2) for i in range(4)]
+    cells = [{**summarise(stuck, 5, slo, 10.0, {}), "arm": "cost", "rate_rps": 2.0, "ratios": {}},
+             {**summarise(served, 4, slo, 10.0, {"prompt_tokens": 100, "computed": 25}), "arm": "cost",
+              "rate_rps": 1.0, "ratios": {}}]
+    console = Console(width=400, record=True)
+    console.print(results_table({"settings": {"workload": {"name": "chat"}, "cluster": "2 agents"}, "cells": cells}))
+    header, rows = _table_lines(console.export_text())
+    by_rate = {row[header.index("rate/s")]: row for row in rows}
+    assert by_rate["2"][header.index("unfinished")] == "5" and by_rate["2"][header.index("failed")] == "0"
+    assert by_rate["2"][header.index("hit rate")] == "-"  # nothing measured, not a cold cache
+    assert by_rate["1"][header.index("unfinished")] == "0" and by_rate["1"][header.index("hit rate")] == "75.0%"
+
+
+def _table_lines(text: str) -> tuple[list[str], list[list[str]]]:
+    """A rich table's header and rows, its cells split on the box's vertical bars."""
+    lines = [[cell.strip() for cell in line.strip("│┃ ").split("│" if "│" in line else "┃")]
+             for line in text.splitlines() if ("│" in line or "┃" in line)]
+    return lines[0], lines[1:]

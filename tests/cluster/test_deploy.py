@@ -196,6 +196,15 @@ def test_dashboard_shows_every_disk_tier_metric() -> None:
     assert exported - shown == {"radixmesh_disk_blocks"}
 
 
+def test_every_disk_panel_says_it_is_empty_without_a_disk_tier() -> None:
+    # issue 40: the disk panels showed nothing on a cluster without --disk-cache, unexplained.
+    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    disk_panels = [p for p in dash["panels"] if disk_names([t["expr"] for t in p.get("targets", [])])]
+    assert len(disk_panels) >= 4
+    for panel in disk_panels:
+        assert "Empty unless the agents run with --disk-cache" in panel["description"], panel["title"]
+
+
 def test_hit_rate_by_tier_panel_is_each_hit_sources_share_of_all_tokens() -> None:
     [[expr]] = [e for t, e in dashboard_exprs().items() if "hit rate by tier" in t.lower()]
     model = re.escape(MODEL_MATCHER)

@@ -3,11 +3,13 @@ nodes offer, and the reconcile rounds as nodes join, leave, fail to start or dis
 
 import asyncio
 import pickle
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from types import SimpleNamespace
 
 import pytest
 
 from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
+from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.interface import interface_of
 from radixmesh.cluster.launch.reconcile import (
     AGENT_RESOURCE,
@@ -214,3 +216,43 @@ def test_a_failure_is_one_line_naming_the_innermost_cause() -> None:
     # Unpickled across Ray from its message alone, it keeps that message.
     error = AgentsDidNotStart.of({NodeId("a"): line})
     assert str(pickle.loads(pickle.dumps(error))) == str(error)
+
+
+class _Call:
+    """A Ray actor method's stand-in: `.remote()` gives an awaitable of what `fn` returns now."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self._fn = fn
+
+    def remote(self) -> "asyncio.Future[object]":
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        future.set_result(self._fn())
+        return future
+
+
+@pytest.mark.anyio
+async def test_up_names_each_node_whose_agent_could_not_start_while_others_serve(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 40: a worker without the secret failed to start while the head's agent ran; `up` said it was
+    # up and named nothing (the cause was only in the router actor's log). Now each failed node is named
+    # with its cause, once per cause, while the start goes on and after it.
+    monkeypatch.setattr(launcher, "PROGRESS_POLL_S", 0.0)
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    asked = 0
+
+    def failed() -> dict[NodeId, str]:
+        nonlocal asked
+        asked += 1
+        if asked == 3:  # the start ends after a few polls, with node b still failing
+            done.set_result("http://127.0.0.1:8000")
+        return {NodeId("b"): "PermissionError: the cluster secret is missing on this node"}
+
+    a = NodeInfo(NodeId("a"), 1, "layout", 16, 4096, "127.0.0.1:1", 8)
+    router = SimpleNamespace(start=SimpleNamespace(remote=lambda: done), joined=_Call(lambda: [a]), failed=_Call(failed))
+    lines: list[str] = []
+    assert await launcher._start_reporting_agents(router, lines.append) == "http://127.0.0.1:8000"
+    assert lines == [
+        "agent a ready: KV pool 8 blocks of 16 tokens (0.0 MiB), transfer 127.0.0.1:1",
+        ("warning: agent b could not start: PermissionError: the cluster secret is missing on this node (retried "
+         "every reconcile round; the cluster serves without it meanwhile)"),
+    ]

@@ -57,9 +57,10 @@ def test_bad_input_is_one_line_and_nonzero(home: Path, args: list[str], message:
     assert not (home / "cluster.json").exists()
 
 
-def test_replay_model_means_the_agents_model_as_in_up(home: Path) -> None:
-    result = CliRunner().invoke(main, ["replay", str(TRACE), "--url", "http://127.0.0.1:9",
-                                       "--model", "random-tiny"])
+@pytest.mark.parametrize("command", [["replay", str(TRACE)], ["bench"]])
+def test_model_means_the_agents_model_as_in_up(home: Path, command: list[str]) -> None:
+    # issue 40: against --url, --model meant the served name in replay and was silently ignored by bench.
+    result = CliRunner().invoke(main, [*command, "--url", "http://127.0.0.1:9", "--model", "random-tiny"])
     assert result.exit_code == 2 and "--model names the agents' model of --local" in result.output
 
 

@@ -17,12 +17,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-import aiohttp
-
 from radixmesh.cluster.bench.client import served_model
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.cluster.sim.replay import router_stats
+from radixmesh.cluster.sim.router_client import KEYLESS, ClientAccess, router_stats
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +46,11 @@ AGENTS_TIMEOUT_S = 300.0
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A cluster serving one arm: where its router listens and what it calls the model."""
+    """A cluster serving one arm: where its router listens, what it calls the model, how to reach it."""
 
     url: str
     model: str
+    access: ClientAccess = KEYLESS
 
 
 class Clusters(Protocol):
@@ -91,18 +90,19 @@ class LocalClusters:
 class RunningCluster:
     """The deployment at `url`, for the arm of its policy and for `off`."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, access: ClientAccess = KEYLESS) -> None:
         self.url = url.rstrip("/")
+        self.access = access
 
     async def policy(self) -> str:
         """The policy the deployment routes with (its /stats)."""
-        return str((await router_stats(self.url))["policy"])
+        return str((await router_stats(self.url, self.access))["policy"])
 
     @contextlib.asynccontextmanager
     async def cluster(self, arm: Arm) -> AsyncIterator[Target]:
         if arm.caching and arm.policy != await self.policy():
             raise ValueError(f"the deployment at {self.url} routes with {await self.policy()!r}, not "
                              f"{arm.policy!r} (arm {arm.name!r})")
-        async with aiohttp.ClientSession() as http:
+        async with self.access.session() as http:
             model = await served_model(http, self.url)
-        yield Target(self.url, model)
+        yield Target(self.url, model, self.access)

@@ -25,7 +25,7 @@ from radixmesh.cluster.bench.client import Outcome, RequestResult, complete
 from radixmesh.cluster.bench.metrics import Slo, summarise
 from radixmesh.cluster.bench.schedule import BenchRequest, Workload, count_sessions, random_tokens, schedule
 from radixmesh.cluster.bench.workloads import VOCAB
-from radixmesh.cluster.sim.replay import router_decisions, router_stats
+from radixmesh.cluster.sim.router_client import router_decisions, router_stats
 from radixmesh.proto.serve.tokens import SOURCES
 
 WARMUP_PROMPT_TOKENS = 128
@@ -161,10 +161,10 @@ async def run_cell(plan: BenchPlan, arm: Arm, rate: float, requests: Sequence[Be
                    clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """One arm at one rate against `target`: warm it, send `requests` open-loop (those of the ramp
     unmeasured), drain, summarise."""
-    connector = aiohttp.TCPConnector(limit=0)  # open loop: the client never holds a request back
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as http:
+    # open loop: the session's connector has no limit, so the client never holds a request back
+    async with target.access.session(timeout=aiohttp.ClientTimeout(total=None)) as http:
         await _warm(http, target, plan, rate)
-        before = await router_stats(target.url)
+        before = await router_stats(target.url, target.access)
 
         async def one(r: BenchRequest) -> RequestResult:
             # `off` salts each request apart: no prefix is shared, even on a deployment that caches
@@ -177,15 +177,15 @@ async def run_cell(plan: BenchPlan, arm: Arm, rate: float, requests: Sequence[Be
         t0 = clock()
         tasks: list[asyncio.Task[RequestResult]] = []
         opened = plan.ramp_s <= 0
-        before_decisions = await _last_decision(target.url)
+        before_decisions = await _last_decision(target)
         for r in requests:
             if await _stopped(stop, t0 + r.arrival_s - clock()):
                 break
             if not opened and r.arrival_s >= plan.ramp_s:
                 # the window opens: what the router counted so far was the ramp's (some of whose
                 # requests still run, so the window's counters hold a little of the ramp's end)
-                opened, before = True, await router_stats(target.url)
-                before_decisions = await _last_decision(target.url)
+                opened, before = True, await router_stats(target.url, target.access)
+                before_decisions = await _last_decision(target)
             tasks.append(asyncio.create_task(one(r)))
         interrupted = stop.is_set()
         window = max(0.0, clock() - t0 - plan.ramp_s) if interrupted else plan.duration_s
@@ -195,10 +195,11 @@ async def run_cell(plan: BenchPlan, arm: Arm, rate: float, requests: Sequence[Be
         results = [t.result() if not t.cancelled() else
                    RequestResult(i, Outcome.UNFINISHED, end - t0 - requests[i].arrival_s, ttft_censored=True)
                    for i, t in enumerate(tasks) if requests[i].arrival_s >= plan.ramp_s]
-    after = await router_stats(target.url)
+    after = await router_stats(target.url, target.access)
     before = before if opened else after  # stopped during the ramp: nothing was measured
     delta = {k: int(after[k]) - int(before[k]) for k in ("requests", "prompt_tokens", "regret_tokens", *SOURCES)}
-    decisions = await router_decisions(target.url, before_decisions if opened else await _last_decision(target.url))
+    decisions = await router_decisions(target.url, before_decisions if opened else await _last_decision(target),
+                                       target.access)
     measured = [r for r in requests if plan.ramp_s <= r.arrival_s < plan.ramp_s + window]
     return {"interrupted": interrupted or stop.is_set(), "window_s": window,
             "ramp_requests": sum(r.arrival_s < plan.ramp_s for r in requests[:len(tasks)]),
@@ -206,9 +207,9 @@ async def run_cell(plan: BenchPlan, arm: Arm, rate: float, requests: Sequence[Be
             **summarise(results, len(measured), plan.slo, window, delta), "decisions": decisions}
 
 
-async def _last_decision(url: str) -> int:
+async def _last_decision(target: Target) -> int:
     """The number of the router's latest decision: the measured window's report starts after it."""
-    return int((await router_decisions(url, 0))["last_seq"])
+    return int((await router_decisions(target.url, 0, target.access))["last_seq"])
 
 
 async def _stopped(stop: asyncio.Event, delay_s: float) -> bool:

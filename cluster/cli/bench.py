@@ -39,6 +39,7 @@ from radixmesh.cluster.bench.metrics import Slo
 from radixmesh.cluster.bench.runner import BenchPlan, RateLadder, run_bench
 from radixmesh.cluster.bench.schedule import Workload
 from radixmesh.cluster.bench.workloads import GENERATORS, TraceWorkload, workload_settings
+from radixmesh.cluster.cli.inspect import client_access
 from radixmesh.cluster.cli.options import (
     cache_options,
     chosen_engine,
@@ -48,6 +49,7 @@ from radixmesh.cluster.cli.options import (
 )
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
+from radixmesh.cluster.sim.router_client import ClientAccess
 from radixmesh.node_agent import DEFAULT_EVICTION, SMOLLM2
 
 
@@ -213,8 +215,9 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
         where = (f"{local_nodes} local agent(s), {base.served_model_name}, {gpu_blocks} KV blocks each, "
                  f"{engine_label} engine" + (f" at {speedup:g}x" if modeled is not None and speedup != 1 else ""))
     else:
-        clusters = RunningCluster(url or "")
-        engine_label = asyncio.run(deployment_engine(url or ""))
+        access = client_access()
+        clusters = RunningCluster(url or "", access)
+        engine_label = asyncio.run(deployment_engine(url or "", access))
         where = f"the deployment at {url}, {engine_label} engine"
     base_settings = {
         "command": " ".join(["radixmesh", *sys.argv[1:]]),
@@ -309,12 +312,12 @@ def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-async def deployment_engine(url: str) -> str:
+async def deployment_engine(url: str, access: ClientAccess) -> str:
     """The engine label(s) the deployment's agents export (radixmesh_agent_engine in the router's merged
-    /metrics), comma-separated; "unknown" when it does not say (an older deployment, an API key)."""
+    /metrics), comma-separated; "unknown" when it does not say (an older deployment, a refused scrape)."""
     try:
-        async with aiohttp.ClientSession() as http, http.get(f"{url.rstrip('/')}/metrics",
-                                                             timeout=aiohttp.ClientTimeout(total=10)) as r:
+        async with access.session() as http, http.get(f"{url.rstrip('/')}/metrics",
+                                                      timeout=aiohttp.ClientTimeout(total=10)) as r:
             text = await r.text() if r.status == 200 else ""
     except (aiohttp.ClientError, TimeoutError):
         text = ""

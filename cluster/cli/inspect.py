@@ -8,7 +8,6 @@ Neither needs Ray, torch or the router's code: a command that only asks the rout
 
 import json
 import os
-import ssl
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +21,7 @@ from rich.table import Table
 from radixmesh.cluster.api.explain import ROUTE_PATH, format_report
 from radixmesh.cluster.launch import cluster_record
 from radixmesh.cluster.launch.cluster_record import ca_file_path
+from radixmesh.cluster.sim.router_client import ClientAccess
 
 API_KEY_ENV = "RADIXMESH_API_KEY"
 
@@ -46,9 +46,10 @@ def route(prompt: str, max_tokens: int, cache_salt: str, url: str | None) -> Non
     """Serve PROMPT once and print where it went, why, and where its prompt tokens came from."""
     base = url or recorded().router_url
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "cache_salt": cache_salt}).encode()
-    req = urllib.request.Request(f"{base}{ROUTE_PATH}", body, {"Content-Type": "application/json", **auth_header()})
+    access = client_access()
+    req = urllib.request.Request(f"{base}{ROUTE_PATH}", body, {"Content-Type": "application/json", **access.headers()})
     try:
-        with urllib.request.urlopen(req, timeout=120, context=client_tls()) as r:
+        with urllib.request.urlopen(req, timeout=120, context=access.ssl_context()) as r:
             doc = json.load(r)
     except urllib.error.HTTPError as e:
         error = json.load(e).get("error") or {}  # OpenAI's error object
@@ -82,25 +83,18 @@ def stats(url: str | None, watch: bool, interval: float, as_json: bool) -> None:
             pass
 
 
-def auth_header() -> dict[str, str]:
-    """The API key header, when RADIXMESH_API_KEY holds the key of the router's --api-key."""
-    key = os.environ.get(API_KEY_ENV, "")
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def client_tls() -> ssl.SSLContext:
-    """What an https router is verified against: the system's roots (and SSL_CERT_FILE), and the CA
-    certificate `up` wrote ($RADIXMESH_HOME/tls/ca.pem) when there is one."""
-    context = ssl.create_default_context()
-    if ca_file_path().is_file():
-        context.load_verify_locations(cafile=ca_file_path())
-    return context
+def client_access() -> ClientAccess:
+    """How this machine's commands reach a router: the key RADIXMESH_API_KEY holds (the router's
+    --api-key), and trust in the system's roots (and SSL_CERT_FILE) plus the CA certificate `up` wrote
+    ($RADIXMESH_HOME/tls/ca.pem) when there is one."""
+    return ClientAccess(os.environ.get(API_KEY_ENV, ""), ca_file_path() if ca_file_path().is_file() else None)
 
 
 def _fetch(base: str) -> dict[str, Any]:
     try:
-        request = urllib.request.Request(f"{base}/stats", headers=auth_header())
-        with urllib.request.urlopen(request, timeout=10, context=client_tls()) as r:
+        access = client_access()
+        request = urllib.request.Request(f"{base}/stats", headers=access.headers())
+        with urllib.request.urlopen(request, timeout=10, context=access.ssl_context()) as r:
             body: dict[str, Any] = json.load(r)
             return body
     except (urllib.error.URLError, OSError) as e:

@@ -13,7 +13,7 @@ import click
 import ray
 from click.core import ParameterSource
 
-from radixmesh.cluster.cli.inspect import auth_header
+from radixmesh.cluster.cli.inspect import client_access
 from radixmesh.cluster.cli.options import cache_options, chosen_log_level
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
@@ -38,9 +38,10 @@ def format_report(r: ReplayReport) -> str:
 def served_model(url: str) -> str:
     """The model id the router at `url` serves (the first its /v1/models lists); click.ClickException
     when it does not answer. As OpenAI clients do, and as vLLM's benchmarks do without --model."""
-    request = urllib.request.Request(f"{url.rstrip('/')}/v1/models", headers=auth_header())
+    access = client_access()
+    request = urllib.request.Request(f"{url.rstrip('/')}/v1/models", headers=access.headers())
     try:
-        with urllib.request.urlopen(request, timeout=10) as r:
+        with urllib.request.urlopen(request, timeout=10, context=access.ssl_context()) as r:
             models = json.load(r).get("data") or []
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise click.ClickException(f"router at {url} does not answer: {e}") from None
@@ -99,7 +100,7 @@ def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup
                           model=served_model_name, retry_refused=retry_refused, max_retries=max_retries)
     if url is not None:
         try:
-            report = asyncio.run(replay(url, requests, config))
+            report = asyncio.run(replay(url, requests, config, access=client_access()))
         except (aiohttp.ClientError, OSError) as e:
             raise click.ClickException(f"router at {url} does not answer: {e}") from None
     else:

@@ -19,7 +19,7 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixmesh.cluster.sim.replay import router_stats
+from radixmesh.cluster.sim.router_client import router_stats
 from radixmesh.cluster.sim.simulator import percentile
 from radixmesh.proto.serve.tokens import SOURCES
 

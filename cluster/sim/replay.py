@@ -12,12 +12,11 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-import aiohttp
 import openai
 
 from radixmesh.cluster.sim.oracle import infinite_bound
+from radixmesh.cluster.sim.router_client import KEYLESS, ClientAccess, router_stats
 from radixmesh.cluster.sim.simulator import percentile
 from radixmesh.cluster.sim.trace import TokenMapping, TraceRequest
 from radixmesh.proto.serve.tokens import SOURCES
@@ -83,18 +82,19 @@ def fit(trace: Sequence[TraceRequest], config: ReplayConfig) -> list[TraceReques
 
 
 async def replay(base_url: str, trace: Sequence[TraceRequest], config: ReplayConfig,
-                 on_done: Callable[[], None] | None = None) -> ReplayReport:
-    """Replay `fit(trace)` against the router at `base_url`; `on_done` is called per finished request
-    (served or refused). Raises openai.APIError for any other error answer."""
+                 on_done: Callable[[], None] | None = None, access: ClientAccess = KEYLESS) -> ReplayReport:
+    """Replay `fit(trace)` against the router at `base_url` (reached with `access`); `on_done` is called
+    per finished request (served or refused). Raises openai.APIError for any other error answer."""
     requests = fit(trace, config)
     mapping = config.mapping
     prompts = [mapping.tokens(r) for r in requests]
-    before = await router_stats(base_url)
+    before = await router_stats(base_url, access)
     ttfts: list[float] = []
     refused: list[TraceRequest] = []
     retried: list[TraceRequest] = []
     t0 = time.monotonic()
-    async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="-", max_retries=0, timeout=600) as client:
+    async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=access.api_key or "-", max_retries=0, timeout=600,
+                                  http_client=openai.DefaultAsyncHttpxClient(verify=access.ssl_context())) as client:
 
         async def one(r: TraceRequest, prompt: list[int]) -> None:
             if not config.sequential:
@@ -127,7 +127,7 @@ async def replay(base_url: str, trace: Sequence[TraceRequest], config: ReplayCon
         else:
             await asyncio.gather(*(one(r, p) for r, p in zip(requests, prompts)))
     wall = time.monotonic() - t0
-    after = await router_stats(base_url)
+    after = await router_stats(base_url, access)
     hits = {s: after[s] - before[s] for s in SOURCES}
     total = after["prompt_tokens"] - before["prompt_tokens"]
     blocks = sum(len(r.hash_ids) for r in requests)
@@ -147,20 +147,3 @@ def _retry_after_s(header: str | None) -> float:
         return max(0.0, float(header)) if header is not None else 1.0
     except ValueError:
         return 1.0
-
-
-async def router_decisions(base_url: str, after: int) -> dict[str, Any]:
-    """The router's calibration report over its decisions numbered > `after` (GET /stats/decisions)."""
-    async with aiohttp.ClientSession() as http, http.get(f"{base_url}/stats/decisions",
-                                                         params={"after": str(after)}) as r:
-        r.raise_for_status()
-        body: dict[str, Any] = await r.json()
-        return body
-
-
-async def router_stats(base_url: str) -> dict[str, Any]:
-    """The "router" part of the router's /stats."""
-    async with aiohttp.ClientSession() as http, http.get(f"{base_url}/stats") as r:
-        r.raise_for_status()
-        body: dict[str, Any] = (await r.json())["router"]
-        return body

@@ -11,12 +11,16 @@ import grpc
 import pytest
 
 from radixmesh.cluster.api.app import server_tls_pem, start_http
-from radixmesh.cluster.cli.inspect import _fetch
+from radixmesh.cluster.bench.arms import ARMS, RunningCluster, Target
+from radixmesh.cluster.cli.inspect import _fetch, client_access
 from radixmesh.cluster.launch.cluster_record import ca_file_path
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.launch.tls import with_tls
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.observability.file_sd import file_sd_groups
+from radixmesh.cluster.sim.replay import ReplayConfig, replay
+from radixmesh.cluster.sim.router_client import ClientAccess, router_decisions, router_stats
+from radixmesh.cluster.sim.trace import TraceRequest
 from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
@@ -26,6 +30,7 @@ from radixmesh.proto.ids import NodeId
 from tests.common.test_cluster_ca import operator_ca, verify
 from tests.support.router_cluster import local_cluster
 from tests.support.servers import start_metadata_server
+from tests.support.tiny_model import BS, MODEL_NAME
 
 pytestmark = pytest.mark.anyio
 SECRET = ClusterSecret(bytes(range(32)))
@@ -96,6 +101,34 @@ async def test_the_api_refuses_plain_text_and_radixmesh_stats_trusts_the_ca_up_w
                     await http.get(f"http://127.0.0.1:{port}/healthz")
                 with pytest.raises(aiohttp.ClientConnectorCertificateError):  # nor a client of the system's roots
                     await http.get(f"https://127.0.0.1:{port}/healthz", ssl=ssl.create_default_context())
+        finally:
+            await runner.cleanup()
+
+
+async def test_replay_and_bench_reach_a_keyed_tls_router_as_radixmesh_stats_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Beyond loopback a router wants its key and serves TLS from the cluster CA: `replay --url` and
+    # `bench --url` sent neither, so they could only measure loopback deployments. Now every client
+    # command presents RADIXMESH_API_KEY and trusts the CA `up` wrote.
+    tls = with_tls(LauncherConfig(host="127.0.0.1", secret=SECRET, tls=minted("127.0.0.1")), "127.0.0.1").tls
+    assert tls is not None
+    monkeypatch.setenv("RADIXMESH_API_KEY", "sk-k")
+    access = client_access()
+    assert access == ClientAccess("sk-k", ca_file_path())
+    async with local_cluster(1) as c:
+        runner, port = await start_http(c.router, "127.0.0.1", 0, api_key="sk-k",
+                                        tls=server_tls_pem(tls.cert_chain, tls.private_key))
+        base = f"https://127.0.0.1:{port}"
+        try:
+            with pytest.raises(aiohttp.ClientResponseError) as refused:  # the CA alone: no key, no stats
+                await router_stats(base, ClientAccess(ca_file=ca_file_path()))
+            assert refused.value.status == 401
+            trace = [TraceRequest(0.0, 3 * BS, 1, (1, 2, 3)), TraceRequest(0.0, 4 * BS, 1, (1, 2, 3, 4))]
+            report = await replay(base, trace, ReplayConfig(block_size=BS, max_tokens=1, sequential=True,
+                                                            model=MODEL_NAME), access=access)
+            assert report.requests == 2 and report.hits_by_source["local_gpu"] == 3 * BS  # the second reused the first's
+            async with RunningCluster(base, access).cluster(ARMS["off"]) as target:
+                assert target == Target(base, MODEL_NAME, access)  # the served name, read with the key
+            assert (await router_decisions(base, 0, access))["last_seq"] >= 2
         finally:
             await runner.cleanup()
 

@@ -15,7 +15,7 @@ from radixmesh.cluster.cli.bench import deployment_engine
 from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.cluster.sim.replay import router_stats
+from radixmesh.cluster.sim.router_client import router_stats
 from radixmesh.node_agent import parse_engine, resolve_model
 from tests.support.poll import until
 

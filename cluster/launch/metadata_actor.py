@@ -90,7 +90,7 @@ class MetadataActor:
         await server.start()
         tune_gc_for_serving()  # this Ray worker process serves only the metadata service
         self._port = bound  # a restart binds the same port again
-        logger.info("metadata service on %s:%d (state: %s)", self._host, bound, store.describe())
+        logger.debug("metadata service on %s:%d (state: %s)", self._host, bound, store.describe())
         return server
 
     async def _lead(self) -> None:

@@ -106,7 +106,7 @@ class RouterActor:
         self._runner, self._router = runner, router
         self._url = f"{'https' if tls else 'http'}://{cfg.host}:{port}"
         self._reconciler.follow(RECONCILE_INTERVAL_S)
-        logger.info("router on %s over %d agent(s)", self._url, len(router.directory.nodes()))
+        logger.debug("router on %s over %d agent(s)", self._url, len(router.directory.nodes()))
 
     def url(self) -> str:
         return self._url

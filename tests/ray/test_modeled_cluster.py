@@ -15,7 +15,7 @@ from radixmesh.cluster.cli.bench import deployment_engine
 from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.cluster.sim.router_client import router_stats
+from radixmesh.cluster.sim.router_client import KEYLESS, router_stats
 from radixmesh.node_agent import parse_engine, resolve_model
 from tests.support.poll import until
 
@@ -65,7 +65,7 @@ async def test_modeled_outputs_equal_a_second_run_with_caching_off(local_ray: No
     async with deployed(CONFIG) as url:
         cached = await complete_all(url)
         stats = await router_stats(url)
-        assert await deployment_engine(url) == "modeled:cpu-smollm2"  # what `bench --url` labels it with
+        assert await deployment_engine(url, KEYLESS) == "modeled:cpu-smollm2"  # what `bench --url` labels it with
     async with deployed(replace(CONFIG, prefix_caching=False)) as url:
         uncached = await complete_all(url)
     assert [text for text, _ in cached] == [text for text, _ in uncached]

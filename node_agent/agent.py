@@ -25,7 +25,7 @@ from radixmesh.common.metrics.scrape import MetricsServer, ScrapeTarget, metrics
 from radixmesh.common.recall import RecallWindow
 from radixmesh.common.secret import is_loopback
 from radixmesh.node_agent.announcement import announced_capacity, cached_chains, take_cache_events
-from radixmesh.node_agent.compute_group import compute_group
+from radixmesh.node_agent.compute_group import compute_group, compute_share
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId
@@ -349,7 +349,8 @@ class NodeAgent:
         # cluster's nodes twice as slow as they were: TTFT realized / estimated 0.56 at p50).
         group = "" if self.config.modeled is not None else compute_group(self.engine.device)
         return NodeLoad(queued, running, free, self.runner.prefill_tokens_per_s, gbps, fixed,
-                        group, disk.read_bytes_per_s() / 1e9 if disk is not None else 0.0, self.runner.step_floor_s)
+                        group, disk.read_bytes_per_s() / 1e9 if disk is not None else 0.0, self.runner.step_floor_s,
+                        compute_share(self.engine.device) if group else 0.0)
 
     async def prometheus_text(self) -> str:
         """Memory of both tiers, the engine, the transfer plane and the agent's own counters."""

@@ -1,4 +1,5 @@
-"""Which agents share compute: the `compute_group` an agent heartbeats (NodeLoad.compute_group).
+"""Which agents share compute: the `compute_group` an agent heartbeats (NodeLoad.compute_group), and
+how much of it the agent computes on (`compute_share`).
 
 Several agents on one machine run on the same cores unless they were pinned apart, and each
 measures its prefill rate as if the cores were its own; the router prices agents of one group as
@@ -40,3 +41,18 @@ def compute_group(on: str | torch.device) -> str:
     if len(listed) > 64:  # a many-core machine: the set's digest keeps the group within its limit
         listed = hashlib.sha256(listed.encode()).hexdigest()[:16]
     return f"{machine_id()}/cpu-{listed}"
+
+
+def compute_share(on: str | torch.device) -> float:
+    """The share of its group's cores the engine computes on: torch's threads over the CPUs this
+    process may run on, or 1 on an accelerator (each agent on a GPU uses it whole, time-sliced).
+
+    Agents whose busy shares add up to no more than 1 run side by side without slowing each other: two
+    one-thread agents on a 2-core box are not sharing, and priced as if they were, the router's TTFT
+    estimates came out 2x pessimistic whenever both were busy (realized / estimated 0.45-0.49 at p50
+    past the knee, 0.84 with no sharing priced; docs/benchmarks.md).
+    """
+    if torch.device(on).type != "cpu":
+        return 1.0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(1.0, torch.get_num_threads() / cores)

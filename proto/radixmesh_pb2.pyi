@@ -53,7 +53,7 @@ class Lease(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., ttl_s: _Optional[float] = ..., next_seq: _Optional[int] = ..., snapshot_required: _Optional[bool] = ..., recalled: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class NodeLoad(_message.Message):
-    __slots__ = ("queued_requests", "running_tokens", "free_blocks", "prefill_tokens_per_s", "pull_gbps", "pull_latency_s", "compute_group", "disk_read_gbps", "step_floor_s")
+    __slots__ = ("queued_requests", "running_tokens", "free_blocks", "prefill_tokens_per_s", "pull_gbps", "pull_latency_s", "compute_group", "disk_read_gbps", "step_floor_s", "compute_share")
     class PullGbpsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class NodeLoad(_message.Message):
     COMPUTE_GROUP_FIELD_NUMBER: _ClassVar[int]
     DISK_READ_GBPS_FIELD_NUMBER: _ClassVar[int]
     STEP_FLOOR_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SHARE_FIELD_NUMBER: _ClassVar[int]
     queued_requests: int
     running_tokens: int
     free_blocks: int
@@ -86,7 +87,8 @@ class NodeLoad(_message.Message):
     compute_group: str
     disk_read_gbps: float
     step_floor_s: float
-    def __init__(self, queued_requests: _Optional[int] = ..., running_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., pull_gbps: _Optional[_Mapping[str, float]] = ..., pull_latency_s: _Optional[_Mapping[str, float]] = ..., compute_group: _Optional[str] = ..., disk_read_gbps: _Optional[float] = ..., step_floor_s: _Optional[float] = ...) -> None: ...
+    compute_share: float
+    def __init__(self, queued_requests: _Optional[int] = ..., running_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., prefill_tokens_per_s: _Optional[float] = ..., pull_gbps: _Optional[_Mapping[str, float]] = ..., pull_latency_s: _Optional[_Mapping[str, float]] = ..., compute_group: _Optional[str] = ..., disk_read_gbps: _Optional[float] = ..., step_floor_s: _Optional[float] = ..., compute_share: _Optional[float] = ...) -> None: ...
 
 class RequestHits(_message.Message):
     __slots__ = ("request_id", "tenant", "prompt_tokens", "local_gpu_tokens", "local_host_tokens", "remote_tokens", "local_disk_tokens")

@@ -23,8 +23,12 @@ documents, TTFT estimates were 1.3-1.9x optimistic and every queue looked empty.
 simulator's engine, which has no steps) the per-token prices stand.
 
 Sharing: agents of one compute group run on the same cores, each measuring its rate as if they were
-its own. Under processor sharing a stream of work x next to streams w_j finishes after
-``x + sum_j min(w_j, x)``: an idle neighbour costs nothing, a busy one up to x.
+its own. Under processor sharing a stream of work x next to m busy streams w_j finishes after
+``x + f x sum_j min(w_j, x)``: an idle neighbour costs nothing, a busy one up to f x. f is how far the
+busy agents' compute shares (threads over cores, NodeLoad.compute_share) overrun the cores:
+``(max(1, s + sum_j s_j) - 1) / m``, each of them slowed by their total demand; 1 (the whole group)
+where a share is unknown. Two one-thread agents on two cores share nothing (f = 0); two agents each
+using every core, f = 1.
 
 Block ranges of the prompt, for a candidate with local prefix L and a peer that computed H > L::
 
@@ -107,6 +111,17 @@ def delay_to_others(view: NodeView, extra_s: float) -> float:
     return extra_s * n * (n + 1)
 
 
+def sharing(view: NodeView, busy_mates: Sequence[NodeView]) -> float:
+    """The fraction of each busy mate's work that delays `view`'s node's (see the module docstring):
+    0 while their compute shares and its own fit in the cores, 1 where any share is unknown."""
+    if not busy_mates:
+        return 0.0
+    shares = [view.compute_share, *(u.compute_share for u in busy_mates)]
+    if not all(shares):
+        return 1.0
+    return min(1.0, (max(1.0, sum(shares)) - 1.0) / len(busy_mates))
+
+
 class CostModel:
     """Linear time model: prefill and copies cost per token/byte at the measured (or default) rates."""
 
@@ -114,16 +129,21 @@ class CostModel:
         self.config = config
 
     def mates_work(self, nodes: Sequence[NodeView]) -> Callable[[NodeView], list[float]]:
-        """For a node of `nodes`, the work (`queue_time`) of the other nodes of its compute group: the
-        `shared` argument of `estimate` (every policy's estimate prices sharing alike, so their
-        calibration reports compare)."""
-        groups: dict[str, list[tuple[NodeId, float]]] = {}
+        """For a node of `nodes`, the work (`queue_time`) of the other nodes of its compute group, each
+        scaled by how far the busy ones overrun the group's cores with it (`sharing`): the `shared`
+        argument of `estimate` (every policy's estimate prices sharing alike, so their calibration
+        reports compare)."""
+        groups: dict[str, list[NodeView]] = {}
         for v in nodes:
-            if v.compute_group:
-                # An idle mate takes nothing from the cores (queue_time's one step is a new request's).
-                busy = v.inflight or v.queued_tokens or v.running_decodes or v.pulling_s
-                groups.setdefault(v.compute_group, []).append((v.node, self.queue_time(v) if busy else 0.0))
-        return lambda v: [w for node, w in groups.get(v.compute_group, ()) if node != v.node] if v.compute_group else []
+            # An idle mate takes nothing from the cores (queue_time's one step is a new request's).
+            if v.compute_group and (v.inflight or v.queued_tokens or v.running_decodes or v.pulling_s):
+                groups.setdefault(v.compute_group, []).append(v)
+
+        def shared(v: NodeView) -> list[float]:
+            busy = [u for u in groups.get(v.compute_group, ()) if u.node != v.node] if v.compute_group else []
+            f = sharing(v, busy)
+            return [f * self.queue_time(u) for u in busy] if f else []
+        return shared
 
     def pull_time(self, blocks: int, bytes_per_s: float | None = None, latency_s: float | None = None) -> float:
         """Seconds to pull `blocks` blocks in one transfer (0 for none); None prices at the defaults."""
@@ -175,5 +195,5 @@ class CostModel:
         prefill_s = tokens / rate
         queue_s = self.queue_time(view, tokens)
         work = queue_s + swap_s + pull_s + prefill_s
-        shared_s = sum(min(w, work) for w in shared)
+        shared_s = sum(min(w, work) for w in shared)  # each w already scaled by `sharing`
         return TTFTEstimate(work + shared_s, queue_s, swap_s, pull_s, prefill_s, pull_blocks, shared_s)

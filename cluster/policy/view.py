@@ -51,6 +51,9 @@ class NodeView:
     """Estimated seconds of pulls planned to this node and not yet done (they precede those prefills)."""
     compute_group: str = ""
     """Nodes of one non-empty group share cores (NodeLoad.compute_group)."""
+    compute_share: float = 0.0
+    """The share of the group's cores this node computes on (NodeLoad.compute_share; 0: unknown, the
+    whole group)."""
     disk_blocks: int = 0
     """The tail of the local prefix past its gpu and host runs: read from the node's disk tier."""
     disk_bytes_per_s: float = 0.0
@@ -197,6 +200,7 @@ def build_view(
                 running_decodes=table.running_decodes(node),
                 pulling_s=table.pulling_s(node),
                 compute_group=m.load.compute_group if m else "",
+                compute_share=m.load.compute_share if m else 0.0,
             )
         )
         if m is not None:

@@ -106,12 +106,14 @@ def load_to_pb(load: NodeLoad) -> pb.NodeLoad:
         compute_group=load.compute_group,
         disk_read_gbps=load.disk_read_gbps,
         step_floor_s=load.step_floor_s,
+        compute_share=load.compute_share,
     )
 
 
 def load_from_pb(m: pb.NodeLoad) -> NodeLoad:
     return NodeLoad(m.queued_requests, m.running_tokens, m.free_blocks, m.prefill_tokens_per_s, dict(m.pull_gbps),
-                    dict(m.pull_latency_s), m.compute_group, m.disk_read_gbps, m.step_floor_s)
+                    dict(m.pull_latency_s), m.compute_group, m.disk_read_gbps, m.step_floor_s,
+                    m.compute_share)
 
 
 def hits_to_pb(h: RequestHits) -> pb.RequestHits:

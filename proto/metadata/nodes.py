@@ -76,6 +76,10 @@ class NodeLoad:
     step_floor_s: float = 0.0
     """Measured seconds of an engine step that decodes only, what every step costs before its prefill
     tokens (0: none measured); `prefill_tokens_per_s` is then the rate beyond it."""
+    compute_share: float = 0.0
+    """The share of its compute group's cores the engine computes on, in [0, 1] (its threads over its
+    cores; 1 on an accelerator): mates whose busy shares add up to no more than 1 do not slow each
+    other. 0: unknown, priced as using the whole group."""
 
     def __post_init__(self) -> None:
         # NaN compares false with everything: `not 0 <= x` (not `x < 0`) is what refuses it.
@@ -89,6 +93,8 @@ class NodeLoad:
             for peer in peers:
                 check_node_id(peer)
         check_text("compute group", self.compute_group, MAX_GROUP_CHARS)
+        if not 0 <= self.compute_share <= 1:  # NaN fails too
+            raise ValueError(f"compute_share must be in [0, 1], got {self.compute_share}")
 
 
 @dataclass(frozen=True, slots=True)

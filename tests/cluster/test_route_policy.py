@@ -195,18 +195,19 @@ views_st = st.lists(
         st.integers(0, 5), st.integers(0, 4), st.sampled_from([0, 0, 20, 60, 2000]),
         st.sampled_from([50.0, 100.0, 400.0]), st.integers(0, 5), st.sampled_from([0, 0, 3]),
         st.sampled_from([0.0, 0.0, 0.3]), st.sampled_from(["", "", "h1", "h2"]), st.sampled_from([0.0, 0.0, 0.02, 0.4]),
+        st.sampled_from([0.0, 0.5, 1.0]),
     ),
     min_size=1,
     max_size=6,
 ).map(
     lambda rows: tuple(
         NodeView(NodeId(f"n{i}"), loc, loc, q, inf, r, held_blocks=min(held, loc), running_decodes=dec, pulling_s=pull,
-                 compute_group=group, step_floor_s=floor)
-        for i, (loc, inf, q, r, held, dec, pull, group, floor) in enumerate(rows)
+                 compute_group=group, step_floor_s=floor, compute_share=share)
+        for i, (loc, inf, q, r, held, dec, pull, group, floor, share) in enumerate(rows)
     )
 )
-"""Nodes with computed and pending prefixes, queues, decodes, pulls in progress, shared cores and
-measured step floors."""
+"""Nodes with computed and pending prefixes, queues, decodes, pulls in progress, shared cores (with
+unknown, half and whole shares of them) and measured step floors."""
 
 
 @settings(max_examples=60, deadline=None)
@@ -294,8 +295,11 @@ def _oracle_ttft(v: NodeView, nodes: tuple[NodeView, ...], bw: float, latency: f
     work = ahead(v, tokens) + pull_s + tokens / rate
     mates = [u for u in nodes if v.compute_group and u.compute_group == v.compute_group and u.node != v.node]
     # an idle mate shares nothing (its one step in `ahead` would be a new request's)
-    return work + sum(min(ahead(u, 0), work) for u in mates
-               if u.inflight or u.queued_tokens or u.running_decodes or u.pulling_s), pulled, pull_s
+    busy = [u for u in mates if u.inflight or u.queued_tokens or u.running_decodes or u.pulling_s]
+    shares = [v.compute_share, *(u.compute_share for u in busy)]
+    # busy shares that fit the cores slow nobody; beyond them each is slowed by the total demand
+    f = 1.0 if not all(shares) else min(1.0, (max(1.0, sum(shares)) - 1.0) / len(busy)) if busy else 0.0
+    return work + sum(min(f * ahead(u, 0), work) for u in busy), pulled, pull_s
 
 
 @settings(max_examples=300, deadline=None)
@@ -442,9 +446,28 @@ def test_an_idle_mate_with_a_measured_floor_shares_nothing() -> None:
     # it does not run: charged as sharing, it made every node of a host look a step slower.
     idle = [dataclasses.replace(view(n, group="host"), step_floor_s=0.1) for n in (A, B)]
     model = CostModel(CFG)
-    assert model.mates_work(idle)(idle[0]) == [0.0]
+    assert model.mates_work(idle)(idle[0]) == []
     busy = dataclasses.replace(idle[1], inflight=1, queued_tokens=10)
     assert model.mates_work([idle[0], busy])(idle[0]) == [pytest.approx(model.queue_time(busy))]
+
+
+def test_mates_whose_compute_shares_fit_the_cores_share_nothing() -> None:
+    # Two one-thread agents on a 2-core box were priced as sharing: the router's TTFT estimates were
+    # 2x pessimistic whenever both were busy (realized / estimated 0.45-0.49 past the knee).
+    model = CostModel(CFG)
+
+    def busy(n: NodeId, share: float) -> NodeView:
+        return dataclasses.replace(view(n, queued=100, group="host"), inflight=1, compute_share=share)
+
+    halves = [busy(A, 0.5), busy(B, 0.5)]
+    assert model.mates_work(halves)(halves[0]) == []  # 0.5 + 0.5 fit the cores
+    wholes = [busy(A, 1.0), busy(B, 1.0)]
+    assert model.mates_work(wholes)(wholes[0]) == [pytest.approx(model.queue_time(wholes[1]))]
+    unknown = [busy(A, 0.0), busy(B, 0.5)]  # an agent that did not say: priced as the whole group
+    assert model.mates_work(unknown)(unknown[1]) == [pytest.approx(model.queue_time(unknown[0]))]
+    # three half shares on the cores: each stream runs at 1/1.5 speed, x + 0.25 x (w1 + w2) for w >= x
+    thirds = [busy(A, 0.5), busy(B, 0.5), busy(C, 0.5)]
+    assert model.mates_work(thirds)(thirds[0]) == [pytest.approx(0.25 * model.queue_time(u)) for u in thirds[1:]]
 
 
 def test_pending_index_prefix_and_expiry() -> None:

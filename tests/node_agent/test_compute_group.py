@@ -33,3 +33,11 @@ def test_an_operator_names_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cg.ENV_VAR, "  ")  # blank: detected as usual
     assert cg.compute_group("cpu").endswith("/cpu-" + ",".join(
         map(str, sorted(os.sched_getaffinity(0)))))
+
+
+def test_the_compute_share_is_the_engines_threads_over_its_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert cg.compute_share("cpu") == 0.5  # two such agents fit the two cores: neither slows the other
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert cg.compute_share("cpu") == 1.0  # more threads than cores: the whole group, no more

@@ -22,10 +22,11 @@ peers = st.dictionaries(st.sampled_from(["a", "node-b", "c.1"]), st.floats(0, 1e
     group=st.text("abc/-0123456789", max_size=40),
     disk=st.floats(0, 1e3, allow_nan=False),
     floor=st.floats(0, 10, allow_nan=False),
+    share=st.floats(0, 1, allow_nan=False),
 )
 def test_load_survives_the_wire(counts: tuple[int, int, int], rate: float, gbps: dict[str, float],
-                                latency: dict[str, float], group: str, disk: float, floor: float) -> None:
-    load = NodeLoad(*counts, rate, gbps, latency, group, disk, floor)
+                                latency: dict[str, float], group: str, disk: float, floor: float, share: float) -> None:
+    load = NodeLoad(*counts, rate, gbps, latency, group, disk, floor, share)
     wire = load_to_pb(load).SerializeToString()
     assert load_from_pb(pb.NodeLoad.FromString(wire)) == load
 
@@ -38,6 +39,9 @@ def test_load_survives_the_wire(counts: tuple[int, int, int], rate: float, gbps:
     {"compute_group": "x" * (MAX_GROUP_CHARS + 1)},
     {"step_floor_s": -0.001},
     {"step_floor_s": math.inf},
+    {"compute_share": 1.5},
+    {"compute_share": -0.5},
+    {"compute_share": math.nan},
 ])
 def test_bad_prices_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):

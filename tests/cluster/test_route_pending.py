@@ -15,6 +15,7 @@ from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
 from radixmesh.proto.metadata.nodes import NodeLoad
+from tests.support.hashes import h
 
 A, B, C = NodeId("a"), NodeId("b"), NodeId("c")
 CHAIN = [BlockHash(bytes([i + 1]) * 16) for i in range(8)]
@@ -158,3 +159,49 @@ def test_a_turn_arriving_while_its_previous_turn_waits_past_the_ttl_goes_where_t
     clock.now += TTL
     assert step.pending.match(CHAIN) == {node: 6}  # turn 2's hold: still waiting
     step.pending.check_invariants()
+
+
+def test_pending_index_prefix_and_expiry() -> None:
+    now = [0.0]
+    p = PendingIndex(ttl_s=5.0, clock=lambda: now[0])
+    p.add(A, [h(1), h(2), h(3)])
+    now[0] = 2.0
+    p.add(B, [h(1), h(4)])
+    assert p.match([h(1), h(2), h(3), h(9)]) == {A: 3, B: 1}
+    assert p.match([h(2)]) == {A: 1}
+    now[0] = 5.0  # a's records expire exactly at 5.0
+    assert p.match([h(1), h(4)]) == {B: 2}
+    p.check_invariants()
+    now[0] = 7.0
+    assert p.match([h(1)]) == {} and len(p) == 0
+    p.check_invariants()
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from([A, B, C]), st.lists(st.integers(0, 4), max_size=4), st.floats(0, 3)),
+        max_size=15,
+    ),
+    query=st.lists(st.integers(0, 4), min_size=1, max_size=4),
+)
+def test_pending_index_matches_a_dict_model(
+    ops: list[tuple[NodeId, list[int], float]], query: list[int]
+) -> None:
+    now = [0.0]
+    p = PendingIndex(ttl_s=4.0, clock=lambda: now[0])
+    model: dict[tuple[int, NodeId], float] = {}
+    for node, hs, dt in ops:
+        now[0] += dt
+        p.add(node, [h(i) for i in hs])
+        model.update({(i, node): now[0] + 4.0 for i in hs})
+        p.check_invariants()
+    expect = {}
+    for n in (A, B, C):
+        k = 0
+        while k < len(query) and model.get((query[k], n), -1.0) > now[0]:
+            k += 1
+        if k:
+            expect[n] = k
+    assert p.match([h(i) for i in query]) == expect
+    p.check_invariants()

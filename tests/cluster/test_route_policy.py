@@ -1,4 +1,5 @@
-"""Routing policies, the cost model, bounded load, the registry and the pending index."""
+"""Routing policies' choices, bounded load and the registry (the cost model's prices are in
+test_cost_model.py, the pending index in test_route_pending.py)."""
 
 import dataclasses
 import math
@@ -15,65 +16,9 @@ from radixmesh.cluster.policy.base import (
     policy_names,
     within_load_cap,
 )
-from radixmesh.cluster.policy.cost_model import CostModel, Holder
-from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.view import ClusterView, NodeView
 from radixmesh.proto.ids import NodeId
-from tests.support.hashes import h
-
-# 1 s per host block, free pulls apart from bandwidth (1 ms a block unless a pair measured another);
-# 10-token blocks at 100 tokens/s = 0.1 s a block.
-# Steps of 10 tokens (0.1 s at 100 tokens/s): a pull from a busy holder waits half of one (0.05 s) for
-# the holder's engine thread (cost_model.holder_wait).
-CFG = PolicyConfig(block_bytes=1000, host_bytes_per_s=1000.0, pull_latency_s=0.0, pull_bytes_per_s=1e6, step_tokens=10)
-REQ = RouteRequest(prompt_tokens=50, num_blocks=5, block_tokens=10)
-A, B, C, D = (NodeId(x) for x in "abcd")
-
-
-def view(
-    node: NodeId,
-    local: int = 0,
-    *,
-    gpu: int | None = None,
-    queued: int = 0,
-    inflight: int = 0,
-    recent: float = 0.0,
-    held: int | None = None,
-    decodes: int = 0,
-    group: str = "",
-) -> NodeView:
-    """A node at 100 tokens/s whose local prefix is computed (`held`) unless told otherwise."""
-    return NodeView(node, local if gpu is None else gpu, local, queued, inflight, 100.0, recent,
-                    local if held is None else held, decodes, 0.0, group)
-
-
-def test_cost_model_without_pull_when_the_link_is_slow() -> None:
-    est = CostModel(CFG).estimate(REQ, view(A, 2, gpu=1, queued=100), Holder(B, 4, 1000.0))
-    # queue 1 s + host swap-in of 1 block 1 s + no pull (2 s > 0.2 s recompute) + prefill 30 tokens 0.3 s
-    assert est.pull_blocks == 0
-    assert est.total_s == pytest.approx(2.3)
-
-
-def test_cost_model_reads_the_disk_tail_at_the_node_s_disk_rate() -> None:
-    # 4 local blocks: 1 on gpu, 1 from host (1 s), 2 from disk at the node's measured 500 B/s (4 s).
-    measured = dataclasses.replace(view(A, 4, gpu=1), disk_blocks=2, disk_bytes_per_s=500.0)
-    assert CostModel(CFG).estimate(REQ, measured, None).swap_s == pytest.approx(5.0)
-    # Not measured: the configured default (250 B/s: 8 s).
-    default = dataclasses.replace(measured, disk_bytes_per_s=0.0)
-    assert CostModel(dataclasses.replace(CFG, disk_bytes_per_s=250.0)).estimate(REQ, default, None).swap_s == (
-        pytest.approx(9.0))
-    # A request of 3 blocks stops inside the disk tail: 1 host block, 1 disk block.
-    short = RouteRequest(prompt_tokens=30, num_blocks=3, block_tokens=10)
-    assert CostModel(CFG).estimate(short, measured, None).swap_s == pytest.approx(3.0)
-    with pytest.raises(ValueError, match="disk_blocks"):
-        dataclasses.replace(measured, disk_blocks=4)
-
-
-def test_cost_model_pulls_when_cheaper() -> None:
-    est = CostModel(CFG).estimate(REQ, view(A, 2, gpu=1, queued=100), Holder(B, 4, 1e6))
-    assert est.pull_blocks == 2
-    assert (est.queue_s, est.swap_s) == (pytest.approx(1.0), pytest.approx(1.0))
-    assert est.pull_s == pytest.approx(0.002) and est.prefill_s == pytest.approx(0.1)
+from tests.support.policy_views import CFG, REQ, A, B, C, D, view
 
 
 def test_cost_prefers_the_holder_when_idle() -> None:
@@ -386,21 +331,6 @@ def test_the_second_request_of_a_prefix_goes_where_the_first_computes_it() -> No
     assert d.est_ttft_s == pytest.approx(0.6)
 
 
-def test_a_measured_step_floor_prices_every_step_a_request_waits_for() -> None:
-    """A busy holder of the whole prompt, four short requests queued: per token alone its queue was
-    40 tokens (40 ms here), so it looked nearly idle; with its floor measured each of those steps costs
-    50 ms more, and the request waits for the step in progress too."""
-    holder = NodeView(A, 5, 5, queued_tokens=40, inflight=4, prefill_tokens_per_s=1000.0, held_blocks=5)
-    model = CostModel(CFG)
-    assert model.estimate(REQ, holder, None).total_s == pytest.approx(0.04)
-    measured = dataclasses.replace(holder, step_floor_s=0.05)
-    # 4 steps of 10 queued tokens (CFG.step_tokens) and their floors, half the step in progress.
-    assert model.estimate(REQ, measured, None).total_s == pytest.approx(0.04 + 4 * 0.05 + 0.5 * (0.05 + 0.01))
-    # An idle node with the prompt cached still runs one step to give the first token.
-    idle = NodeView(B, 5, 5, prefill_tokens_per_s=1000.0, held_blocks=5, step_floor_s=0.05)
-    assert model.estimate(REQ, idle, None).total_s == pytest.approx(0.05)
-
-
 def test_a_move_off_the_longest_prefix_must_buy_more_than_the_margin() -> None:
     # a holds 3 of 5 blocks behind 20 queued tokens: 0.2 + 0.2 s there; idle b computes all 5: 0.5 s;
     # c holds 3 blocks behind 5 tokens: 0.05 + 0.2 = 0.25 s. With no pulls (NoPulls) c buys 0.15 s
@@ -420,97 +350,3 @@ def test_a_move_off_the_longest_prefix_must_buy_more_than_the_margin() -> None:
     assert moved.node == B and "60.0 ms margin" in moved.reason
 
 
-def test_running_decodes_delay_the_queue_by_one_pass_per_step() -> None:
-    busy, idle = view(A, 4, decodes=8), view(B, 4)
-    model = CostModel(CFG)
-    # 10 tokens to prefill, one step: a pass of 32 + 8 tokens' time at 100 tokens/s.
-    assert model.estimate(REQ, busy, None).queue_s == pytest.approx(0.4)
-    assert model.estimate(REQ, idle, None).queue_s == 0.0
-    assert make_policy("cost", CFG).route(REQ, ClusterView((busy, idle))).node == B
-
-
-def test_nodes_sharing_cores_are_priced_as_sharing_them() -> None:
-    # a is busy (10 s of queue); b and c are idle, b on a's cores. A prefix-less request takes 0.5 s
-    # on c, 0.5 s + min(10 s, 0.5 s) on b.
-    nodes = (view(A, queued=1000, group="host"), view(B, group="host"), view(C))
-    model = CostModel(CFG)
-    assert model.estimate(REQ, nodes[1], None, [10.0]).total_s == pytest.approx(1.0)
-    d = make_policy("cost_no_pull", CFG).route(REQ, ClusterView(nodes))
-    assert d.node == C
-    alone = make_policy("cost_no_pull", CFG).route(REQ, ClusterView(nodes[:2]))
-    assert alone.node == B and alone.est_ttft_s == pytest.approx(1.0) and "cores shared" in alone.reason
-
-
-def test_an_idle_mate_with_a_measured_floor_shares_nothing() -> None:
-    # Both measured a 0.1 s floor; an idle mate's queue_time is one step (a new request's), which
-    # it does not run: charged as sharing, it made every node of a host look a step slower.
-    idle = [dataclasses.replace(view(n, group="host"), step_floor_s=0.1) for n in (A, B)]
-    model = CostModel(CFG)
-    assert model.mates_work(idle)(idle[0]) == []
-    busy = dataclasses.replace(idle[1], inflight=1, queued_tokens=10)
-    assert model.mates_work([idle[0], busy])(idle[0]) == [pytest.approx(model.queue_time(busy))]
-
-
-def test_mates_whose_compute_shares_fit_the_cores_share_nothing() -> None:
-    # Two one-thread agents on a 2-core box were priced as sharing: the router's TTFT estimates were
-    # 2x pessimistic whenever both were busy (realized / estimated 0.45-0.49 past the knee).
-    model = CostModel(CFG)
-
-    def busy(n: NodeId, share: float) -> NodeView:
-        return dataclasses.replace(view(n, queued=100, group="host"), inflight=1, compute_share=share)
-
-    halves = [busy(A, 0.5), busy(B, 0.5)]
-    assert model.mates_work(halves)(halves[0]) == []  # 0.5 + 0.5 fit the cores
-    wholes = [busy(A, 1.0), busy(B, 1.0)]
-    assert model.mates_work(wholes)(wholes[0]) == [pytest.approx(model.queue_time(wholes[1]))]
-    unknown = [busy(A, 0.0), busy(B, 0.5)]  # an agent that did not say: priced as the whole group
-    assert model.mates_work(unknown)(unknown[1]) == [pytest.approx(model.queue_time(unknown[0]))]
-    # three half shares on the cores: each stream runs at 1/1.5 speed, x + 0.25 x (w1 + w2) for w >= x
-    thirds = [busy(A, 0.5), busy(B, 0.5), busy(C, 0.5)]
-    assert model.mates_work(thirds)(thirds[0]) == [pytest.approx(0.25 * model.queue_time(u)) for u in thirds[1:]]
-
-
-def test_pending_index_prefix_and_expiry() -> None:
-    now = [0.0]
-    p = PendingIndex(ttl_s=5.0, clock=lambda: now[0])
-    p.add(A, [h(1), h(2), h(3)])
-    now[0] = 2.0
-    p.add(B, [h(1), h(4)])
-    assert p.match([h(1), h(2), h(3), h(9)]) == {A: 3, B: 1}
-    assert p.match([h(2)]) == {A: 1}
-    now[0] = 5.0  # a's records expire exactly at 5.0
-    assert p.match([h(1), h(4)]) == {B: 2}
-    p.check_invariants()
-    now[0] = 7.0
-    assert p.match([h(1)]) == {} and len(p) == 0
-    p.check_invariants()
-
-
-@settings(max_examples=50, deadline=None)
-@given(
-    ops=st.lists(
-        st.tuples(st.sampled_from([A, B, C]), st.lists(st.integers(0, 4), max_size=4), st.floats(0, 3)),
-        max_size=15,
-    ),
-    query=st.lists(st.integers(0, 4), min_size=1, max_size=4),
-)
-def test_pending_index_matches_a_dict_model(
-    ops: list[tuple[NodeId, list[int], float]], query: list[int]
-) -> None:
-    now = [0.0]
-    p = PendingIndex(ttl_s=4.0, clock=lambda: now[0])
-    model: dict[tuple[int, NodeId], float] = {}
-    for node, hs, dt in ops:
-        now[0] += dt
-        p.add(node, [h(i) for i in hs])
-        model.update({(i, node): now[0] + 4.0 for i in hs})
-        p.check_invariants()
-    expect = {}
-    for n in (A, B, C):
-        k = 0
-        while k < len(query) and model.get((query[k], n), -1.0) > now[0]:
-            k += 1
-        if k:
-            expect[n] = k
-    assert p.match([h(i) for i in query]) == expect
-    p.check_invariants()

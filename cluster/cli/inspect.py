@@ -87,7 +87,8 @@ def client_access() -> ClientAccess:
     """How this machine's commands reach a router: the key RADIXMESH_API_KEY holds (the router's
     --api-key), and trust in the system's roots (and SSL_CERT_FILE) plus the CA certificate `up` wrote
     ($RADIXMESH_HOME/tls/ca.pem) when there is one."""
-    return ClientAccess(os.environ.get(API_KEY_ENV, ""), ca_file_path() if ca_file_path().is_file() else None)
+    ca = ca_file_path()
+    return ClientAccess(os.environ.get(API_KEY_ENV, ""), ca if ca.is_file() else None)
 
 
 def _fetch(base: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from radixmesh.cluster.router.admission import Overloaded
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.results import NoNodeAvailable, RoutedPlan, RouterItem, RouterResult
+from radixmesh.cluster.router.suspects import Suspects
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.limits import AgentBusy, usable_prefix_blocks
 from radixmesh.proto.serve.plan import ServePlan, ServeResult, ServeStats, TokenDelta
@@ -25,13 +26,15 @@ Plan = Callable[[ServePlan, frozenset[NodeId], NodeId | None, str | None], Await
 
 class Attempts:
     """Serves one router's admitted requests. `plan` decides each attempt; `step` and `inflight` are
-    the router's own (each attempt ends its pending hold and its in-flight ticket)."""
+    the router's own (each attempt ends its pending hold and its in-flight ticket); a node whose
+    attempt fails becomes one of `suspects`."""
 
     def __init__(self, config: RouterConfig, directory: AgentDirectory, plan: Plan, step: RoutingStep,
-                 inflight: InflightTable, metrics: RouterMetrics, clock: Callable[[], float]) -> None:
+                 inflight: InflightTable, metrics: RouterMetrics, suspects: Suspects,
+                 clock: Callable[[], float]) -> None:
         self.config = config
         self._directory, self._plan, self._step, self._inflight = directory, plan, step, inflight
-        self._metrics, self._clock = metrics, clock
+        self._metrics, self._suspects, self._clock = metrics, suspects, clock
 
     async def serve(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None, pin: NodeId | None,
                     session: str | None) -> AsyncGenerator[RouterItem, None]:
@@ -105,6 +108,7 @@ class Attempts:
                 logger.warning("request %s: agent %s unavailable (%s); %d token(s) already sent, retrying",
                                request.request_id, node, e, len(sent))
                 self._metrics.record_failed_attempt(node)
+                self._suspects.failed(node)
                 exclude.add(node)
                 if routed.hold is not None:  # answered or not, the node is not to be counted on
                     self._step.abandon(routed.hold)

@@ -7,6 +7,7 @@ holders; send the agent the ServePlan (with a PullPlan when the decision pulls f
 pending hold stands while the agent has not answered, and for `pending_ttl_s` after its first token.
 Retries (attempts): an agent unavailable before or during the stream is excluded and the request
 routed again; the seed fixed here reproduces the same tokens, and those already sent are skipped.
+A node whose attempt failed is avoided for a while (suspects).
 Sessions: a request with a session key follows its session's node while that node is a candidate
 within the load bound (session_affinity). Reset: cache_reset. docs/routing.md tells the whole story.
 """
@@ -35,6 +36,7 @@ from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.prediction_report import PredictionReporter
 from radixmesh.cluster.router.results import NoNodeAvailable, RoutedPlan, RouterItem, RouterResult
 from radixmesh.cluster.router.session_affinity import SessionAffinity, SessionConfig, within_bound
+from radixmesh.cluster.router.suspects import Suspects
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.text.chat_template import ChatTemplate, PlainChatTemplate
 from radixmesh.common.text.tokenizer import ByteTokenizer, Tokenizer
@@ -86,7 +88,10 @@ class Router:
                                  default_prefill_tokens_per_s=config.default_prefill_tokens_per_s,
                                  least_loaded=config.least_loaded_candidates, fallback=self._fallback)
         self._sessions = SessionAffinity(sessions or SessionConfig(), clock)
-        self._attempts = Attempts(config, directory, self.plan, self._step, self._inflight, self.metrics, clock)
+        self.suspects = Suspects(clock)
+        """Nodes whose last attempt failed, not routed to for a while (suspects.py)."""
+        self._attempts = Attempts(config, directory, self.plan, self._step, self._inflight, self.metrics,
+                                  self.suspects, clock)
         self._running = 0
         """Requests in `generate` now (validated, admitted or waiting for admission)."""
         self._idle = asyncio.Event()
@@ -173,7 +178,9 @@ class Router:
         else to `session`'s node while it is a candidate within the load bound) and hold the
         decision as pending (RoutingStep): the caller that serves it ends the hold (`RoutedPlan.hold`,
         RoutingStep.answered / abandon), else it lasts `pending_max_s`. Raises NoNodeAvailable when
-        no candidate is left."""
+        no candidate is left. Suspects are avoided while another node is left."""
+        avoid = exclude | self.suspects.current()
+        exclude = avoid if set(self.directory.nodes()) - avoid else exclude
         hashes = self.block_hashes(request)[: self.config.max_match_blocks]
         tokens = len(request.prompt_token_ids)
         replicated = self._source.replica_match(hashes)
@@ -237,9 +244,13 @@ class Router:
 
     def _others_work(self, update: IndexUpdate) -> None:
         """Other routers' work counts here too (unshared, two routers lost 2.2 points at 64 nodes). A
-        node that left comes back with none: its old work would keep it over the load cap, idle."""
+        node that left comes back with none: its old work would keep it over the load cap, idle. A
+        node that registered afresh (it leaves and joins in one update) is no suspect any more."""
         for node in update.left:
             self._inflight.forget_recent(node)
+        for w in update.nodes:
+            if w.node_id in update.left:
+                self.suspects.seen_alive(w.node_id)
         for w in update.work:
             if w.router_id != self.router_id:
                 self._inflight.record_routed(w.node_id, w.tokens)

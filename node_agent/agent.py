@@ -101,7 +101,7 @@ class NodeAgent:
         engine = built.engine
         self._runner = EngineRunner(engine, clock=self._clock)
         try:
-            self._transfer = make_transfer_plane(engine.memory.gpu, engine.layout, self.config, self._runner.call)
+            self._transfer = make_transfer_plane(engine.memory.gpu, engine.layout, self.config, self._runner.call_short)
             await self._transfer.start()
             if self.config.kv_events_endpoint is not None:  # before the metadata publisher drains events
                 book = TokenBook(engine.layout.block_size, engine.config.memory.hash_key,

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from radixmesh.cluster.policy.base import PolicyConfig, RouteDecision, RouteRequest, register, within_load_cap
-from radixmesh.cluster.policy.cost_model import CostModel, Holder, TTFTEstimate, delay_to_others, holder_wait
+from radixmesh.cluster.policy.cost_model import CostModel, Holder, TTFTEstimate, delay_to_others
 from radixmesh.cluster.policy.view import ClusterView, NodeView
 from radixmesh.proto.ids import NodeId
 
@@ -60,8 +60,7 @@ class LongestPeer:
     """The other node that has computed the longest prefix (ties: first in the view). Keeps the top
     two so each candidate's best peer costs O(1), not O(nodes)."""
 
-    def __init__(self, config: PolicyConfig) -> None:
-        self._config = config
+    def __init__(self) -> None:
         self._top: list[NodeView] = []
 
     def prepare(self, cluster: ClusterView) -> None:
@@ -72,8 +71,7 @@ class LongestPeer:
         if v is None:
             return None
         pair = (candidate.node, v.node)
-        return Holder(v.node, v.held_blocks, cluster.pull_bytes_per_s.get(pair), cluster.pull_latency_s.get(pair),
-                      holder_wait(v, self._config))
+        return Holder(v.node, v.held_blocks, cluster.pull_bytes_per_s.get(pair), cluster.pull_latency_s.get(pair))
 
 
 class NoPulls:
@@ -172,7 +170,7 @@ class CostPolicy:
 
 @register("cost")
 def _cost(config: PolicyConfig, rng: random.Random) -> CostPolicy:
-    return CostPolicy(config, rng, LongestPeer(config), "cost")
+    return CostPolicy(config, rng, LongestPeer(), "cost")
 
 
 @register("cost_no_pull")

@@ -7,10 +7,12 @@
            + prefill of the rest
            + the time nodes sharing this node's cores take from it (processor sharing)
 
-Prices: a pull of k blocks costs ``fixed + k x block_bytes / bandwidth + holder's wait``, the first two
-measured by the puller per peer (NodeLoad.pull_latency_s, pull_gbps: decayed averages of its own pulls), else the
+Prices: a pull of k blocks costs ``fixed + k x block_bytes / bandwidth``, both measured by the puller
+per peer (NodeLoad.pull_latency_s, pull_gbps: decayed averages of its own pulls), else the
 PolicyConfig defaults (3 ms, 2.5 GB/s: this box's production-path pulls on an open channel, not what
-a datacenter link promises); the holder's wait is the rest of its current engine step (`holder_wait`). Prefill runs at the node's measured rate. A running request's decode pass runs once
+a datacenter link promises). A busy holder does not delay it: its pins run beside its engine's
+forward (EngineRunner.call_short); they used to wait for the step in progress, and the router priced
+that wait, which made a pull from a busy holder cost as much as recomputing ~300 tokens. Prefill runs at the node's measured rate. A running request's decode pass runs once
 per engine step, so it delays the queue and the prefill by ``steps x (decode_pass_tokens + decodes)``
 prefill tokens' time, ``steps = ceil(tokens / step_tokens)``.
 
@@ -52,9 +54,6 @@ class Holder(NamedTuple):
     blocks: int
     bytes_per_s: float | None = None
     latency_s: float | None = None
-    busy_s: float = 0.0
-    """Seconds before the holder's engine thread can pin the blocks (`holder_wait`): a pull is served
-    between the holder's steps, so a busy holder makes it wait."""
 
 
 class TTFTEstimate(NamedTuple):
@@ -87,14 +86,9 @@ def step_time(view: NodeView, config: PolicyConfig) -> float:
     return (tokens + decode) / view.prefill_tokens_per_s
 
 
-def holder_wait(view: NodeView, config: PolicyConfig) -> float:
-    """Expected seconds a pull from `view`'s node waits for its engine thread: the owner pins (and
-    later unpins) the blocks as jobs between engine steps, so a busy holder answers after the rest of
-    its current step, half a step on average (`step_time`); an idle holder answers at once.
-
-    Unpriced, a pull from a busy holder looked as cheap as one from an idle one, and the calibration
-    report showed it: on the modeled H100 cluster (slowed 20x) realized pulls took 3.6x their price at
-    p90, where holders stepped in 0.4-0.6 s chunks."""
+def step_in_progress(view: NodeView, config: PolicyConfig) -> float:
+    """Expected seconds a new request waits for `view`'s node's step in progress before its own can
+    start: half a step on average (`step_time`) while the node runs anything, else none."""
     return 0.5 * step_time(view, config) if view.inflight else 0.0
 
 
@@ -168,7 +162,7 @@ class CostModel:
         """Seconds of work ahead on `view`'s node: waiting prefill, pulls in progress, the steps during
         that prefill and `tokens` more of a new request's, and (with a measured floor) the step in
         progress."""
-        current = holder_wait(view, self.config) if view.step_floor_s else 0.0
+        current = step_in_progress(view, self.config) if view.step_floor_s else 0.0
         return (view.queued_tokens / view.prefill_tokens_per_s + view.pulling_s
                 + self.steps_time(view, view.queued_tokens + tokens) + current)
 
@@ -187,7 +181,7 @@ class CostModel:
         pull_blocks, pull_s = 0, 0.0
         if holder is not None and holder.blocks > local:
             k = min(holder.blocks, request.num_blocks) - local
-            t = self.pull_time(k, holder.bytes_per_s, holder.latency_s) + holder.busy_s
+            t = self.pull_time(k, holder.bytes_per_s, holder.latency_s)
             # Pull only when it beats recomputing the same tokens here.
             if t < k * request.block_tokens / rate:
                 pull_blocks, pull_s = k, t

@@ -248,9 +248,9 @@ class Router:
         node that registered afresh (it leaves and joins in one update) is no suspect any more."""
         for node in update.left:
             self._inflight.forget_recent(node)
-        for w in update.nodes:
-            if w.node_id in update.left:
-                self.suspects.seen_alive(w.node_id)
+        for joined in update.nodes:
+            if joined.node_id in update.left:
+                self.suspects.seen_alive(joined.node_id)
         for w in update.work:
             if w.router_id != self.router_id:
                 self._inflight.record_routed(w.node_id, w.tokens)

@@ -7,6 +7,7 @@ Ray actor drives `step` from its own loop; the transfer plane hands pulled block
 `land_pull`). Memory moves live in radixmesh.node_agent.engine.paged_memory.
 """
 
+import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -94,6 +95,9 @@ class Engine:
         self._rng = rng or random.Random()
         self._tokenizer = tokenizer
         self._active: dict[RequestId, SequenceState] = {}
+        self.forward_gate: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+        """What a step's forward runs inside: the runner lets the transfer plane's pins in there
+        (EngineRunner.call_short), since the forward touches no pool or cache structure."""
 
     # --- requests ----------------------------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -214,8 +218,9 @@ class Engine:
         last_rows = (batch.cu_seqlens[1:] - 1).long()
         t0 = self._clock()
         self.memory.begin_forward()
-        logits = self.model(torch.tensor(ids, device=self.device), positions, batch, self.memory.gpu.kv,
-                            last_rows).cpu()
+        with self.forward_gate():
+            logits = self.model(torch.tensor(ids, device=self.device), positions, batch, self.memory.gpu.kv,
+                                last_rows).cpu()
         self.memory.end_forward()
         if not batch.is_decode:
             # Decodes riding along cost what prefill tokens cost in the linear layers: count them all.

@@ -1,16 +1,25 @@
 """EngineRunner: drives one Engine on one dedicated thread and streams each request's tokens.
 
-Why one thread and no lock: Engine, PagedMemory, BlockPool and PrefixCache are not thread-safe, and
-step() is CPU-heavy. Every touch of them (steps, submits, aborts, the transfer plane's pins,
-allocations and inserts, event draining, stats) is a job on the same single-thread executor, so they
-are serialised by construction and the event loop (transfer server, heartbeats) never waits on a
-step; a lock would have made the loop block whenever it wanted the pool during a step.
+Engine, PagedMemory, BlockPool and PrefixCache are not thread-safe, and step() is CPU-heavy. Every
+touch of them (steps, submits, aborts, event draining, stats) is a job on one single-thread
+executor, and runs under the runner's pool lock; the event loop (transfer server, heartbeats) never
+takes the lock, so it never waits on a step.
+
+The transfer plane's short jobs (pin and unpin a pull's blocks, allocate and insert a pull's landing
+blocks: `call_short`) run on a second thread under the same lock, which a step lets go of for its
+forward (Engine.forward_gate): the forward reads the KV and the block tables it was given and
+touches no pool or cache structure, and the blocks it writes belong to running requests, never to a
+pull. Run on the engine thread, a pull waited for the holder's step in progress, half a step on
+average (0.6 s on a modeled H100 slowed 50x, the time to recompute ~300 tokens), so the router
+recomputed a busy holder's prefix on an idle node rather than pull it.
 """
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -62,6 +71,10 @@ class EngineRunner:
         self.engine = engine
         self._clock = clock
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._short = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-short")
+        self._lock = threading.Lock()
+        """Held by every job that touches the engine, except a step during its forward."""
+        engine.forward_gate = self._unlocked
         self._queues: dict[RequestId, asyncio.Queue[StreamItem]] = {}  # event loop only
         self._driver: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
@@ -84,12 +97,33 @@ class EngineRunner:
         driver: the job may have made work (a submit, a landed pull, blocks given back)."""
         return await self._on_engine_thread(lambda: fn(*args, **kwargs), wakes=True)
 
+    async def call_short(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """As `call`, for a short pool job (a pull's pins, allocations, inserts): it may run while a
+        step's forward does, so it waits for the scheduling around a forward, not the forward."""
+        return await self._locked(self._short, lambda: fn(*args, **kwargs), wakes=True)
+
     async def _on_engine_thread(self, job: Callable[[], T], *, wakes: bool) -> T:
+        return await self._locked(self._executor, job, wakes=wakes)
+
+    async def _locked(self, executor: ThreadPoolExecutor, job: Callable[[], T], *, wakes: bool) -> T:
+        def run() -> T:
+            with self._lock:
+                return job()
+
         loop = asyncio.get_running_loop()
         self.pending_calls += 1
-        fut = loop.run_in_executor(self._executor, job)
+        fut = loop.run_in_executor(executor, run)
         fut.add_done_callback(self._job_done if wakes else self._step_done)
         return await asyncio.shield(fut)
+
+    @contextlib.contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        """Let short jobs in while the engine thread runs a forward (it holds the lock around it)."""
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
 
     def _step_done(self, _: "asyncio.Future[Any]") -> None:
         self.pending_calls -= 1
@@ -139,6 +173,7 @@ class EngineRunner:
             self._driver.cancel()
             await asyncio.gather(self._driver, return_exceptions=True)
         self._executor.shutdown(wait=True)
+        self._short.shutdown(wait=True)
 
     # --- event loop side ---------------------------------------------------------------------
     async def _drive(self) -> None:

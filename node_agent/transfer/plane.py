@@ -1,6 +1,6 @@
 """The agent's end of the KV transfer plane: an endpoint serving its gpu tier (endpoint.py) and a
-TransferClient pulling into it over the matching transport. The owner's pins run through the
-agent's engine thread (`serial`); a pull's blocks are allocated and landed by the agent's engine
+TransferClient pulling into it over the matching transport. The owner's pins run as the engine
+runner's short jobs (`serial`: EngineRunner.call_short, beside a step's forward); a pull's blocks are allocated and landed by the agent's engine
 (Request.pending_prefix), and this plane only streams into them."""
 
 import logging

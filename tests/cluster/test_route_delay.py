@@ -49,8 +49,8 @@ def test_a_heavily_loaded_holder_still_loses_its_request_to_an_idle_peer() -> No
     d = make_policy("cost", CFG).route(REQ, ClusterView((node(A, 4, queued=1000, inflight=5), node(B))))
     assert (d.node, d.local_blocks, d.pull_from) == (B, 0, None)
     assert d.reason.endswith("400.0 ms more work than the least, priced 0.0 ms of others' waiting (0 queued)")
-    # With a fast link and short steps b pulls the prefix instead: 4 ms on the wire and 50 ms for a's
-    # step to end (holder_wait) more work than a's, still nobody delayed.
+    # With a fast link b pulls the prefix instead: 4 ms on the wire more work than a's, still nobody
+    # delayed.
     fast = make_policy("cost", dataclasses.replace(CFG, pull_bytes_per_s=1e6, step_tokens=10))
     d = fast.route(REQ, ClusterView((node(A, 4, queued=1000, inflight=5), node(B))))
     assert (d.node, d.pull_from, d.pull_blocks) == (B, A, 4)

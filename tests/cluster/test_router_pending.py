@@ -101,6 +101,7 @@ async def test_a_failed_attempt_leaves_no_pending_holder_behind() -> None:
         items = [item async for item in router.generate(request("t1", turn1), node=X)]  # x fails it, y serves it
         served = items[-1]
         assert isinstance(served, RouterResult) and served.result.node == Y and served.attempts == 2
+        router.suspects.seen_alive(X)  # else x, whose attempt failed, would not be scored at all
         routed = await router.plan(request("t2", turn1 + prompt(6, 2 * BS)))
         local = {v.node: v.local_blocks for v in routed.view.nodes}
         assert local == {X: 0, Y: 8}

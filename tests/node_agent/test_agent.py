@@ -326,13 +326,19 @@ async def test_a_request_cancelled_while_being_queued_leaks_no_pull_block(pair: 
 async def test_a_pull_costs_the_puller_two_engine_jobs_and_the_owner_one_pin_and_one_unpin(
         monkeypatch: pytest.MonkeyPatch) -> None:
     jobs: list[tuple[EngineRunner, str]] = []
-    call = EngineRunner.call
+    call, call_short = EngineRunner.call, EngineRunner.call_short
 
     async def counted(self: EngineRunner, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         jobs.append((self, fn.__name__))
         return await call(self, fn, *args, **kwargs)
 
-    monkeypatch.setattr(EngineRunner, "call", counted)  # before the agents start: their planes bind it
+    async def counted_short(self: EngineRunner, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        jobs.append((self, f"short {fn.__name__}"))
+        return await call_short(self, fn, *args, **kwargs)
+
+    # Before the agents start: their planes bind them.
+    monkeypatch.setattr(EngineRunner, "call", counted)
+    monkeypatch.setattr(EngineRunner, "call_short", counted_short)
 
     def of(agent: NodeAgent) -> list[str]:
         return [name for runner, name in jobs if runner is agent.runner and name != "_step"]
@@ -343,6 +349,7 @@ async def test_a_pull_costs_the_puller_two_engine_jobs_and_the_owner_one_pin_and
         jobs.clear()
         _, got = await collect(puller.serve(plan("p", tokens, pull=PullPlan(owner.node, owner.transfer_address, 0, 7))))
         assert got.stats.tokens.remote == 28
-        await until(lambda: "close" in of(owner), "the owner's unpin")
-        assert of(owner) == ["open", "close"]
+        await until(lambda: "short close" in of(owner), "the owner's unpin")
+        # The owner's pin and unpin are short jobs: they run beside its forward, not after its step.
+        assert of(owner) == ["short open", "short close"]
         assert of(puller) == ["_submit", "land_pull", "_drain_events"]  # the last: standalone, not the pull's

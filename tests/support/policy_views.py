@@ -7,8 +7,7 @@ from radixmesh.proto.ids import NodeId
 
 # 1 s per host block, free pulls apart from bandwidth (1 ms a block unless a pair measured another);
 # 10-token blocks at 100 tokens/s = 0.1 s a block.
-# Steps of 10 tokens (0.1 s at 100 tokens/s): a pull from a busy holder waits half of one (0.05 s) for
-# the holder's engine thread (cost_model.holder_wait).
+# Steps of 10 tokens (0.1 s at 100 tokens/s).
 CFG = PolicyConfig(block_bytes=1000, host_bytes_per_s=1000.0, pull_latency_s=0.0, pull_bytes_per_s=1e6, step_tokens=10)
 REQ = RouteRequest(prompt_tokens=50, num_blocks=5, block_tokens=10)
 A, B, C, D = (NodeId(x) for x in "abcd")

@@ -17,10 +17,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from radixmesh.cluster.bench.client import served_model
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.cluster.sim.router_client import KEYLESS, ClientAccess, router_stats
+from radixmesh.cluster.sim.router_client import KEYLESS, ClientAccess, router_stats, served_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +102,4 @@ class RunningCluster:
         if arm.caching and arm.policy != await self.policy():
             raise ValueError(f"the deployment at {self.url} routes with {await self.policy()!r}, not "
                              f"{arm.policy!r} (arm {arm.name!r})")
-        async with self.access.session() as http:
-            model = await served_model(http, self.url)
-        yield Target(self.url, model, self.access)
+        yield Target(self.url, await served_model(self.url, self.access), self.access)

@@ -105,10 +105,3 @@ async def complete(http: aiohttp.ClientSession, base_url: str, model: str, reque
     return RequestResult(request.index, Outcome.OK, first - sent, tuple(gaps), end - sent,
                          int(usage.get("completion_tokens", request.max_tokens)),
                          int(details.get("cached_tokens", 0)))
-
-
-async def served_model(http: aiohttp.ClientSession, base_url: str) -> str:
-    """The first model id the router's /v1/models lists."""
-    async with http.get(f"{base_url}/v1/models") as response:
-        response.raise_for_status()
-        return str((await response.json())["data"][0]["id"])

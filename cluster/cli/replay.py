@@ -5,8 +5,6 @@ the Retry-After the router names)."""
 
 import asyncio
 import json
-import urllib.error
-import urllib.request
 
 import aiohttp
 import click
@@ -18,6 +16,7 @@ from radixmesh.cluster.cli.options import cache_options, chosen_log_level
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.replay import ReplayConfig, ReplayReport, replay
+from radixmesh.cluster.sim.router_client import RouterUnreachable, served_model
 from radixmesh.cluster.sim.trace import read_trace
 from radixmesh.node_agent import DEFAULT_EVICTION, resolve_model
 
@@ -33,21 +32,6 @@ def format_report(r: ReplayReport) -> str:
         f"TTFT p50 {r.ttft_p50_s * 1e3:.1f} ms  p99 {r.ttft_p99_s * 1e3:.1f} ms  (of {r.requests - r.refused} served)",
         f"refused (HTTP 429) {r.refused} of {r.requests} requests" + (f", after {r.retried} retries" if r.retried else ""),
     ])
-
-
-def served_model(url: str) -> str:
-    """The model id the router at `url` serves (the first its /v1/models lists); click.ClickException
-    when it does not answer. As OpenAI clients do, and as vLLM's benchmarks do without --model."""
-    access = client_access()
-    request = urllib.request.Request(f"{url.rstrip('/')}/v1/models", headers=access.headers())
-    try:
-        with urllib.request.urlopen(request, timeout=10, context=access.ssl_context()) as r:
-            models = json.load(r).get("data") or []
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise click.ClickException(f"router at {url} does not answer: {e}") from None
-    if not models:
-        raise click.ClickException(f"router at {url} lists no model at /v1/models")
-    return str(models[0]["id"])
 
 
 @click.command("replay")
@@ -89,7 +73,10 @@ def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup
         raise click.UsageError("--model names the agents' model of --local; against --url, the router says which "
                                "model it serves (or give --served-model-name)")
     if url is not None:
-        served_model_name = served_model_name or served_model(url)
+        try:
+            served_model_name = served_model_name or asyncio.run(served_model(url, client_access()))
+        except RouterUnreachable as e:
+            raise click.ClickException(str(e)) from None
     else:
         try:
             model = resolve_model(model_spec)

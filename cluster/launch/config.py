@@ -219,9 +219,15 @@ class LauncherConfig:
                            kv_events_token_ids=self.kv_events_token_ids)
 
     def router_config(self, layout: str, block_bytes: int) -> RouterConfig:
-        """The router's settings for agents of `layout` whose blocks hold `block_bytes` of KV."""
+        """The router's settings for agents of `layout` whose blocks hold `block_bytes` of KV. A modeled
+        deployment's pulls cross the profile's link (sped up like every wait), so a pair not measured
+        yet is priced at that rate: at the default (this box's 2.5 GB/s) the pulls of a modeled H100
+        cluster slowed 50x (0.8 GB/s) took 2.7-3.3x their price at p50, most of them on a pair's first
+        pulls."""
+        policy = (PolicyConfig(block_bytes=block_bytes) if self.modeled is None else
+                  PolicyConfig(block_bytes=block_bytes, pull_bytes_per_s=self.modeled.wire_gbps * 1e9))
         return RouterConfig(layout, block_size=self.block_size, policy=self.policy,
-                            policy_config=PolicyConfig(block_bytes=block_bytes), model_name=self.served_model_name,
+                            policy_config=policy, model_name=self.served_model_name,
                             hash_key=self.secret.hash_key(),
                             limits=self.model.config.prompt_limits(), admission=self.admission,
                             metadata_retry_s=self.metadata_retry_s)

@@ -50,6 +50,25 @@ async def router_decisions(base_url: str, after: int, access: ClientAccess = KEY
         return body
 
 
+class RouterUnreachable(Exception):
+    """The router did not answer, or listed no model."""
+
+
+async def served_model(base_url: str, access: ClientAccess = KEYLESS) -> str:
+    """The model id the router at `base_url` serves: the first its /v1/models lists (as OpenAI
+    clients, and vLLM's benchmarks without --model, find it). RouterUnreachable when it does not
+    answer or lists none."""
+    try:
+        async with access.session() as http, http.get(f"{base_url.rstrip('/')}/v1/models") as r:
+            r.raise_for_status()
+            models = (await r.json()).get("data") or []
+    except (aiohttp.ClientError, OSError, ValueError) as e:
+        raise RouterUnreachable(f"router at {base_url} does not answer: {e}") from None
+    if not models:
+        raise RouterUnreachable(f"router at {base_url} lists no model at /v1/models")
+    return str(models[0]["id"])
+
+
 async def router_stats(base_url: str, access: ClientAccess = KEYLESS) -> dict[str, Any]:
     """The "router" part of the router's /stats."""
     async with access.session() as http, http.get(f"{base_url}/stats") as r:

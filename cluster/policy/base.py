@@ -124,13 +124,21 @@ class PolicyConfig:
 
 
 def within_load_cap(
-    nodes: tuple[NodeView, ...], eps: float, tokens: int, floor_s: float = 0.0, fleet: FleetLoad | None = None
+    nodes: tuple[NodeView, ...], eps: float, request: RouteRequest, floor_s: float = 0.0,
+    fleet: FleetLoad | None = None
 ) -> list[NodeView]:
-    """Nodes that may take one more request of `tokens` prompt tokens under bounded load
-    (Mirrokni et al., consistent hashing with bounded loads) on recent work:
+    """Nodes that may take `request` under bounded load (Mirrokni et al., consistent hashing with
+    bounded loads) on recent work, a node's `work` being the prompt tokens it would compute (those
+    past its cached prefix), as recent work counts them:
 
-        recent_tokens + tokens <= (1 + eps) x (total recent_tokens + tokens) / n,
+        recent_tokens + work <= (1 + eps) x (total recent_tokens + work) / n,
         or <= floor_s x the node's prefill rate (below that floor work is not load).
+
+    Charged the whole prompt instead, where recent work counts computed tokens only, a request for a
+    cached 1,536-token document looked bigger than any node's share of a cluster that computes little:
+    every node was over the cap, the request went to the least recently worked node, holder or not,
+    and recomputed the document there (1-1.5% of the cost policy's decisions on the docs workload past
+    the knee, half its computed tokens).
 
     Requests in flight are deliberately not a second cap: at low concurrency its ceiling (1 for a
     tiny mean) forbids queueing behind a prefix holder at all and so defeats prefix affinity, while
@@ -141,15 +149,17 @@ def within_load_cap(
     mean is the fleet's (`nodes` are then only the candidates scored).
     """
     if fleet is not None and fleet.nodes > 0:
-        work_cap = (1 + eps) * (fleet.recent_tokens + tokens) / fleet.nodes
+        total, n = fleet.recent_tokens, fleet.nodes
     else:
-        work_cap = (1 + eps) * (sum(v.recent_tokens for v in nodes) + tokens) / len(nodes)
-    # The relative slack absorbs float rounding of decayed sums, so equal loads compare equal.
-    within = [
-        v
-        for v in nodes
-        if v.recent_tokens + tokens <= max(work_cap, floor_s * v.prefill_tokens_per_s) * (1 + 1e-9)
-    ]
+        total, n = sum(v.recent_tokens for v in nodes), len(nodes)
+
+    def fits(v: NodeView) -> bool:
+        work = request.prompt_tokens - min(v.local_blocks, request.num_blocks) * request.block_tokens
+        cap = max((1 + eps) * (total + work) / n, floor_s * v.prefill_tokens_per_s)
+        # The relative slack absorbs float rounding of decayed sums, so equal loads compare equal.
+        return v.recent_tokens + work <= cap * (1 + 1e-9)
+
+    within = [v for v in nodes if fits(v)]
     if within:
         return within
     least = min(v.recent_tokens for v in nodes)

@@ -67,7 +67,7 @@ class PrefixAffinity:
         self._rng = rng
 
     def route(self, request: RouteRequest, cluster: ClusterView) -> RouteDecision:
-        ok = within_load_cap(cluster.nodes, self._eps, request.prompt_tokens, self._floor_s, cluster.fleet)
+        ok = within_load_cap(cluster.nodes, self._eps, request, self._floor_s, cluster.fleet)
         longest = max(v.local_blocks for v in ok)
         if longest == 0:
             view = _least_loaded(ok, self._rng)

@@ -109,7 +109,8 @@ def _delay(s: _Scored) -> str:
 
 class CostPolicy:
     """argmin over nodes within the load cap of estimated TTFT plus duplicate prefill plus the delay
-    its extra work causes others; ties go to fewer in flight, then random."""
+    its extra work causes others; scores within the view's move margin of the least are ties, which
+    go to a node keeping the cached prefix, then to fewer in flight, then random."""
 
     def __init__(self, config: PolicyConfig, rng: random.Random, pulls: PullSource, name: str) -> None:
         self.name = name
@@ -124,7 +125,7 @@ class CostPolicy:
         computing = _top_two(cluster, lambda v: v.pending_blocks)
         mates = self._model.mates_work(cluster.nodes)
         priced = []
-        for v in within_load_cap(cluster.nodes, self._eps, request.prompt_tokens, self._floor_s, cluster.fleet):
+        for v in within_load_cap(cluster.nodes, self._eps, request, self._floor_s, cluster.fleet):
             holder = self._pulls.holder(v, cluster)
             est = self._model.estimate(request, v, holder, mates(v))
             other = _best_other(computing, v.node)
@@ -135,13 +136,23 @@ class CostPolicy:
         least = min(p[1].work_s for p in priced)
         longest = max(min(p[2].local_blocks, request.num_blocks) for p in priced)
 
+        def leaves(est: TTFTEstimate, v: NodeView) -> bool:
+            return min(v.local_blocks, request.num_blocks) + est.pull_blocks < longest
+
         def margin(est: TTFTEstimate, v: NodeView) -> float:
-            return cluster.move_margin_s if min(v.local_blocks, request.num_blocks) + est.pull_blocks < longest else 0.0
+            return cluster.move_margin_s if leaves(est, v) else 0.0
 
         scored = [_Scored(*p, p[1].work_s - least, delay_to_others(p[2], p[1].work_s - least), margin(p[1], p[2]))
                   for p in priced]
-        best = min((s.score, s.view.inflight) for s in scored)
-        tied = [s for s in scored if (s.score, s.view.inflight) == best]
+        # Scores within the margin of the best are not told apart (the estimates' own error): among
+        # them the fewest in flight wins, keeping what is cached first. Ranked by score alone, docs
+        # requests whose holders all looked alike herded onto whichever's measured step floor lagged
+        # lowest: its decode batch grew, every step there slowed, and past the knee cost served 0.85x
+        # prefix affinity's goodput (which picks the least loaded holder) at equal hit rates.
+        least_score = min(s.score for s in scored)
+        near = [s for s in scored if s.score <= least_score + cluster.move_margin_s]
+        best = min((leaves(s.est, s.view), s.view.inflight, s.score) for s in near)
+        tied = [s for s in near if (leaves(s.est, s.view), s.view.inflight, s.score) == best]
         pick = tied[0] if len(tied) == 1 else self._rng.choice(tied)
         est, view, holder = pick.est, pick.view, pick.holder
         local = min(view.local_blocks, request.num_blocks)

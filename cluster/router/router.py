@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable
 
 from radixmesh.cluster.fleet.agent_client import AgentDirectory
-from radixmesh.cluster.policy.base import RoutePolicy, make_policy
+from radixmesh.cluster.policy.base import RoutePolicy, RouteRequest, make_policy
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.pending_index import PendingIndex
 from radixmesh.cluster.policy.step import Routed, RoutingStep
@@ -190,7 +190,8 @@ class Router:
             # With a sticky node the policy's choice is recorded only once it stands.
             routed = self._route(hashes, tokens, replicated, match, exclude, node, record=sticky is None)
             if sticky is not None:
-                if sticky != routed.decision.node and within_bound(sticky, routed.view.cluster, tokens,
+                asked = RouteRequest(tokens, len(hashes), self.config.block_size)
+                if sticky != routed.decision.node and within_bound(sticky, routed.view.cluster, asked,
                                                                    self.config.policy_config):
                     routed = self._route(hashes, tokens, replicated, match, exclude, sticky, record=True)
                 else:

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from radixmesh.cluster.policy.base import PolicyConfig, within_load_cap
+from radixmesh.cluster.policy.base import PolicyConfig, RouteRequest, within_load_cap
 from radixmesh.cluster.policy.view import ClusterView
 from radixmesh.proto.ids import NodeId
 
@@ -74,8 +74,8 @@ class SessionAffinity:
         assert used == sorted(used), "sessions out of last-use order"
 
 
-def within_bound(node: NodeId, view: ClusterView, prompt_tokens: int, config: PolicyConfig) -> bool:
-    """Whether `node`, one of `view`'s candidates, may take a request of `prompt_tokens` under the
-    policies' bounded load (the cap every policy applies before it weighs prefixes)."""
-    allowed = within_load_cap(view.nodes, config.load_eps, prompt_tokens, config.load_floor_s, view.fleet)
+def within_bound(node: NodeId, view: ClusterView, request: RouteRequest, config: PolicyConfig) -> bool:
+    """Whether `node`, one of `view`'s candidates, may take `request` under the policies' bounded load
+    (the cap every policy applies before it weighs prefixes)."""
+    allowed = within_load_cap(view.nodes, config.load_eps, request, config.load_floor_s, view.fleet)
     return any(v.node == node for v in allowed)

@@ -21,6 +21,11 @@ from radixmesh.proto.ids import NodeId
 from tests.support.policy_views import CFG, REQ, A, B, C, D, view
 
 
+def asking(tokens: int, blocks: int = 0, block_tokens: int = 10) -> RouteRequest:
+    """A request of `tokens` prompt tokens whose first `blocks` blocks nodes may hold."""
+    return RouteRequest(tokens, blocks, block_tokens)
+
+
 def test_cost_prefers_the_holder_when_idle() -> None:
     d = make_policy("cost", CFG).route(REQ, ClusterView((view(A, 4), view(B))))
     assert (d.node, d.local_blocks, d.pull_from, d.pull_blocks) == (A, 4, None, 0)
@@ -53,13 +58,13 @@ def test_requests_in_flight_are_not_a_load_cap() -> None:
     # Equal recent work: a queue of 3 requests at a (which a cap on requests in flight,
     # ceil(1.25 x 5 / 3) = 3, would refuse) does not exclude it; queueing there is the cost model's call.
     nodes = (view(A, inflight=3, recent=90.0), view(B, recent=90.0), view(C, inflight=1, recent=90.0))
-    assert [v.node for v in within_load_cap(nodes, 0.25, 50)] == [A, B, C]
+    assert [v.node for v in within_load_cap(nodes, 0.25, asking(50))] == [A, B, C]
 
 
 def test_recent_work_cap_exact() -> None:
     nodes = tuple(NodeView(n, recent_tokens=w) for n, w in zip((A, B, C, D), (300.0, 100.0, 0.0, 150.0)))
     # in flight all 0; work cap = 1.25 * (550 + 50) / 4 = 187.5: a (350) and d (200) are out
-    assert [v.node for v in within_load_cap(nodes, 0.25, 50)] == [B, C]
+    assert [v.node for v in within_load_cap(nodes, 0.25, asking(50))] == [B, C]
 
 
 def test_below_the_floor_work_is_not_load() -> None:
@@ -68,8 +73,8 @@ def test_below_the_floor_work_is_not_load() -> None:
         NodeView(A, recent_tokens=40.0, prefill_tokens_per_s=100.0),
         NodeView(B, prefill_tokens_per_s=100.0),
     )
-    assert [v.node for v in within_load_cap(nodes, 0.25, 50, 1.0)] == [A, B]
-    assert [v.node for v in within_load_cap(nodes, 0.25, 50, 0.0)] == [B]
+    assert [v.node for v in within_load_cap(nodes, 0.25, asking(50), 1.0)] == [A, B]
+    assert [v.node for v in within_load_cap(nodes, 0.25, asking(50), 0.0)] == [B]
 
 
 def test_a_request_too_big_for_any_share_goes_to_the_least_recent_work() -> None:
@@ -80,7 +85,7 @@ def test_a_request_too_big_for_any_share_goes_to_the_least_recent_work() -> None
     )
     # work cap 1.25 * (20 + 1000) / 3 = 425 < 1005: b and c tie on least work; c's request in
     # flight does not exclude it.
-    assert [v.node for v in within_load_cap(nodes, 0.25, 1000)] == [B, C]
+    assert [v.node for v in within_load_cap(nodes, 0.25, asking(1000))] == [B, C]
 
 
 def test_cost_leaves_an_idle_holder_with_too_much_recent_work() -> None:
@@ -167,18 +172,36 @@ def test_load_cap_matches_its_formula(
     nodes: tuple[NodeView, ...], work: list[float], eps: float, tokens: int, floor_s: float
 ) -> None:
     nodes = tuple(dataclasses.replace(v, recent_tokens=w) for v, w in zip(nodes, work, strict=False))
-    work_cap = (1 + eps) * (sum(v.recent_tokens for v in nodes) + tokens) / len(nodes)
+    request = asking(tokens, tokens // 10)
+
+    def computes(v: NodeView) -> int:
+        """What `v` would compute of the prompt: the tokens past its cached prefix."""
+        return tokens - min(v.local_blocks, tokens // 10) * 10
+
+    total = sum(v.recent_tokens for v in nodes)
     by_work = [
         v
         for v in nodes
-        if v.recent_tokens + tokens <= max(work_cap, floor_s * v.prefill_tokens_per_s) + 1e-6
+        if v.recent_tokens + computes(v) <= max((1 + eps) * (total + computes(v)) / len(nodes),
+                                                floor_s * v.prefill_tokens_per_s) + 1e-6
     ]
     least = min(v.recent_tokens for v in nodes)
     expect = by_work or [v for v in nodes if v.recent_tokens == least]
-    assert within_load_cap(nodes, eps, tokens, floor_s) == expect
+    assert within_load_cap(nodes, eps, request, floor_s) == expect
     # Requests in flight never change eligibility: only recent work does.
     idle = tuple(dataclasses.replace(v, inflight=0) for v in nodes)
-    assert [v.node for v in within_load_cap(idle, eps, tokens, floor_s)] == [v.node for v in expect]
+    assert [v.node for v in within_load_cap(idle, eps, request, floor_s)] == [v.node for v in expect]
+
+
+def test_a_holder_is_charged_only_what_it_would_compute() -> None:
+    # A cached 1,536-token document in a cluster that computes little: charged the whole prompt,
+    # every node was over the cap (1.25 x (340 + 1,540) / 4 = 587.5 < 1,540 + 40) and the request
+    # went to the least recently worked node, which recomputed the document. Charged its 4 uncached
+    # tokens, the holder fits (104 <= 1.25 x 344 / 4 = 107.5).
+    holder, other = NodeView(A, 96, 96, recent_tokens=100.0), NodeView(B, recent_tokens=40.0)
+    rest = (NodeView(C, recent_tokens=100.0), NodeView(D, recent_tokens=100.0))
+    doc = asking(1540, 96, block_tokens=16)
+    assert [v.node for v in within_load_cap((holder, other, *rest), 0.25, doc)] == [A]
 
 
 @settings(max_examples=60, deadline=None)
@@ -186,7 +209,7 @@ def test_load_cap_matches_its_formula(
 def test_every_policy_decides_within_the_view(nodes: tuple[NodeView, ...], bw: float, seed: int) -> None:
     cluster = ClusterView(nodes)
     config = dataclasses.replace(CFG, pull_bytes_per_s=bw)
-    eligible = within_load_cap(nodes, CFG.load_eps, REQ.prompt_tokens, CFG.load_floor_s)
+    eligible = within_load_cap(nodes, CFG.load_eps, REQ, CFG.load_floor_s)
     for name in policy_names():
         d = make_policy(name, config, random.Random(seed)).route(REQ, cluster)
         chosen = next(v for v in nodes if v.node == d.node)
@@ -252,7 +275,7 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float,
                                          ) -> None:
     config = dataclasses.replace(CFG, pull_bytes_per_s=bw, pull_latency_s=latency)
 
-    eligible = within_load_cap(nodes, CFG.load_eps, REQ.prompt_tokens, CFG.load_floor_s)
+    eligible = within_load_cap(nodes, CFG.load_eps, REQ, CFG.load_floor_s)
 
     def work(v: NodeView) -> float:
         """REQ's pull and prefill on `v` (no host tier part here)."""
@@ -276,8 +299,17 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float,
 
     d = make_policy("cost", config).route(REQ, ClusterView(nodes, move_margin_s=margin))
     best = min(score(v) for v in eligible)
+    # Within the margin of the best, scores are ties: a node keeping the longest prefix first, then
+    # the fewest in flight, then the best score.
+    near = [v for v in eligible if score(v) <= best + margin + 1e-9]
+
+    def rank(v: NodeView) -> tuple[bool, int]:
+        return min(v.local_blocks, 5) + _oracle_ttft(v, nodes, bw, latency)[1] < longest, v.inflight
+
+    first = min(rank(v) for v in near)
     chosen = next(v for v in eligible if v.node == d.node)
-    assert score(chosen) == pytest.approx(best)
+    assert chosen in near and rank(chosen) == first
+    assert score(chosen) == pytest.approx(min(score(v) for v in near if rank(v) == first))
     assert d.est_ttft_s == pytest.approx(_oracle_ttft(chosen, nodes, bw, latency)[0])
 
 
@@ -348,3 +380,21 @@ def test_a_move_off_the_longest_prefix_must_buy_more_than_the_margin() -> None:
     assert moved.node == B and "60.0 ms margin" in moved.reason
 
 
+
+
+def test_scores_within_the_margin_go_to_the_holder_with_fewer_in_flight() -> None:
+    # Both hold the whole prompt: a behind 10 queued tokens and 1 request, b behind 5 and 4.
+    a, b = view(A, 5, queued=10, inflight=1), view(B, 5, queued=5, inflight=4)
+    exact = make_policy("cost", CFG).route(REQ, ClusterView((a, b)))
+    assert exact.node == B  # no margin: b's 0.05 s less queue decides
+    # Within a 0.1 s margin the two are not told apart: the one with fewer in flight takes it (by
+    # score alone, requests herd onto whichever node's lagging measurements look best).
+    assert make_policy("cost", CFG).route(REQ, ClusterView((a, b), move_margin_s=0.1)).node == A
+
+
+def test_a_tie_within_the_margin_keeps_the_cached_prefix_before_fewer_in_flight() -> None:
+    # Without pulls c, idle, would recompute all 5 blocks (0.5 s); a holds them behind 3 requests
+    # (0.4 s). With a 2 s margin c's score (0.5 + 2 s for leaving the prefix) is within the margin of
+    # a's, and c has fewer in flight; a still takes it.
+    a, c = view(A, 5, queued=40, inflight=3), view(C)
+    assert make_policy("cost_no_pull", CFG).route(REQ, ClusterView((a, c), move_margin_s=2.5)).node == A

@@ -168,9 +168,11 @@ async def test_the_published_frames_decode_as_vllm_batches() -> None:
             await collect(agent.serve(plan(f"q{i}", prompt(i, 18), max_tokens=7)))
         await holdings(agent)
         await until(lambda: ingest.subscriber.last_seq == publisher.published - 1, "every batch")
+        seen = publisher.published
         frames = await ingest.frames()
     assert [f[0] for f in frames] == [b""] * len(frames)  # vLLM's default topic
-    assert [decode_seq(f[1]) for f in frames] == list(range(publisher.published))
+    # Every batch in order; a late one (a host-tier write landing) may follow those waited for.
+    assert [decode_seq(f[1]) for f in frames] == list(range(len(frames))) and len(frames) >= seen
     batches = [decode_batch(f[2]) for f in frames]
     assert all(isinstance(b, VllmEventBatch) and b.data_parallel_rank == 0 for b in batches)
     events = [e for b in batches for e in b.events]

@@ -46,6 +46,10 @@ class KeyPurpose(Enum):
     """Bearer token of the router's admin endpoints (prefix-cache reset, per-tenant /stats)."""
     TLS_CA = b"tls-ca-key"
     """Seeds the cluster CA's private key (common.cluster_ca): whoever holds the secret can mint certificates."""
+    KV_EVENTS_SERVER = b"kv-events-server"
+    """Seeds the CURVE key pair of agents' KV-events sockets over tcp (common.kv_events_curve)."""
+    KV_EVENTS_CLIENT = b"kv-events-client"
+    """Seeds the one CURVE key pair those sockets accept subscribers with."""
 
     @property
     def per_node(self) -> bool:

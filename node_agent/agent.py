@@ -107,7 +107,8 @@ class NodeAgent:
                 book = TokenBook(engine.layout.block_size, engine.config.memory.hash_key,
                                  max_unheld=2 * sum(t.pool.num_blocks for t in engine.memory.tiers))
                 self.kv_events = ZmqKVEventPublisher(self.config.kv_events_endpoint, book,
-                                                     token_ids=self.config.kv_events_token_ids)
+                                                     token_ids=self.config.kv_events_token_ids,
+                                                     secret=self.config.secret)
                 await self.kv_events.start()
             if self.config.metadata_address is not None:
                 client = MetadataClient(self.config.metadata_address,

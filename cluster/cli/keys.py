@@ -1,5 +1,5 @@
-"""`radixmesh admin-key` / `ca-cert`: print the router's admin key, or the cluster CA's certificate,
-both derived from the cluster secret.
+"""`radixmesh admin-key` / `ca-cert` / `kv-events-keys`: print the router's admin key, the cluster CA's
+certificate, or the CURVE keys of the agents' KV-events sockets, all derived from the cluster secret.
 
 The admin key opens the prefix-cache reset and /stats' per-tenant table (cluster/api/admin.py). It
 is never stored: whoever holds the secret derives it again, so it is printed where the secret is
@@ -13,7 +13,8 @@ import click
 from radixmesh.cluster.api.admin import admin_key
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, node_secret
 from radixmesh.common.cluster_ca import ClusterCa
-from radixmesh.common.secret import ClusterSecret
+from radixmesh.common.kv_events_curve import key_pair
+from radixmesh.common.secret import ClusterSecret, KeyPurpose
 
 
 @click.command("admin-key")
@@ -35,6 +36,20 @@ def ca_cert_command(secret_file: Path | None) -> None:
     Clients of a deployment `up` served over TLS with it trust this file (Prometheus' ca_file, curl's
     --cacert); it is public, the same on every host that holds the secret."""
     click.echo(ClusterCa.derive(_secret(secret_file)).certificate.decode(), nl=False)
+
+
+@click.command("kv-events-keys")
+@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=f"Cluster secret (hex, mode 0600) [default: ${SECRET_ENV}, else $RADIXMESH_HOME/secret].")
+def kv_events_keys_command(secret_file: Path | None) -> None:
+    """Print the CURVE keys (z85) a subscriber of the agents' tcp KV-events sockets sets.
+
+    server_public goes in ZMQ_CURVE_SERVERKEY, client_public and client_secret in ZMQ_CURVE_PUBLICKEY
+    and ZMQ_CURVE_SECRETKEY of the SUB and replay DEALER sockets; the agents admit no other key."""
+    secret = _secret(secret_file)
+    server, client = key_pair(secret, KeyPurpose.KV_EVENTS_SERVER), key_pair(secret, KeyPurpose.KV_EVENTS_CLIENT)
+    click.echo(f"server_public={server.public.decode()}\nclient_public={client.public.decode()}\n"
+               f"client_secret={client.secret.decode()}")
 
 
 def _secret(secret_file: Path | None) -> ClusterSecret:

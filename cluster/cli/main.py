@@ -30,6 +30,8 @@ COMMANDS = {
                   "Print the router's admin key, derived from the cluster secret."),
     "ca-cert": ("radixmesh.cluster.cli.keys:ca_cert_command",
                 "Print the cluster CA's certificate (PEM), derived from the cluster secret."),
+    "kv-events-keys": ("radixmesh.cluster.cli.keys:kv_events_keys_command",
+                       "Print the CURVE keys of the agents' tcp KV-events sockets (from the secret)."),
     "route": ("radixmesh.cluster.cli.inspect:route", "Serve PROMPT once and print where it went and why."),
     "stats": ("radixmesh.cluster.cli.inspect:stats", "The cluster table: global hit rate by source, per-node hits."),
     "bench": ("radixmesh.cluster.cli.bench:bench",

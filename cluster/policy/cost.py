@@ -149,8 +149,9 @@ class CostPolicy:
         # requests whose holders all looked alike herded onto whichever's measured step floor lagged
         # lowest: its decode batch grew, every step there slowed, and past the knee cost served 0.85x
         # prefix affinity's goodput (which picks the least loaded holder) at equal hit rates.
-        least_score = min(s.score for s in scored)
-        near = [s for s in scored if s.score <= least_score + cluster.move_margin_s]
+        # (The relative slack keeps scores equal but for float rounding together.)
+        limit = (min(s.score for s in scored) + cluster.move_margin_s) * (1 + 1e-9)
+        near = [s for s in scored if s.score <= limit]
         best = min((leaves(s.est, s.view), s.view.inflight, s.score) for s in near)
         tied = [s for s in near if (leaves(s.est, s.view), s.view.inflight, s.score) == best]
         pick = tied[0] if len(tied) == 1 else self._rng.choice(tied)

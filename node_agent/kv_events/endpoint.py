@@ -1,8 +1,9 @@
 """Where an agent publishes its KV events, and the rule for binding beyond this machine.
 
 vLLM's ZMQ event sockets carry no authentication: anyone who reaches them reads which prefixes the
-agent caches (the prompts' block hashes and token ids). So, secure by default, an agent binds them
-only where this machine alone reaches: a loopback tcp:// address or an ipc:// path in a directory of
+agent caches (the prompts' block hashes and token ids). An agent's tcp sockets are CURVE servers that
+admit only holders of the cluster secret (common.kv_events_curve); still, secure by default, it binds
+them only where this machine alone reaches: a loopback tcp:// address or an ipc:// path in a directory of
 this user that nobody else may enter (0700: the socket file's permissions alone are not checked by
 every platform). Abstract ipc sockets (`ipc://@name`) have no file and so no permissions: refused.
 Any other address (a LAN address, 0.0.0.0, *) needs `allow_remote` (`--kv-events-allow-remote`),

@@ -47,6 +47,8 @@ from collections.abc import Callable, Sequence
 import zmq
 import zmq.asyncio
 
+from radixmesh.common.kv_events_curve import ClientKeyCheck, serve_curve
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.kv_events.endpoint import check_ipc_directory, replay_endpoint
 from radixmesh.node_agent.kv_events.token_book import BookEntry, Ticket, TokenBook
 from radixmesh.proto.block_hash import BlockHash
@@ -73,6 +75,9 @@ logger = logging.getLogger(__name__)
 
 REPLAY_HWM = 256
 MESSAGE_SLACK = 64
+CURVE_MESSAGE_SLACK = 512
+"""With CURVE, libzmq counts the handshake's INITIATE command (a few hundred bytes: measured, 256
+refused every client and 512 admitted them) against ZMQ_MAXMSGSIZE too."""
 """Replay messages queued for one peer at most (a ROUTER drops the rest of a peer that does not read)."""
 
 
@@ -82,8 +87,10 @@ class ZmqKVEventPublisher:
 
     def __init__(self, endpoint: str, book: TokenBook, *, topic: str = "", buffer_steps: int = 10_000,
                  max_replay_bytes: int = 8 << 20, token_ids: bool = False, clock: Callable[[], float] = time.time,
-                 context: zmq.asyncio.Context | None = None) -> None:
-        """`token_ids`: publish each stored block's tokens and its chain's cache salt (module docstring)."""
+                 secret: ClusterSecret | None = None) -> None:
+        """`token_ids`: publish each stored block's tokens and its chain's cache salt (module docstring).
+        `secret`: over tcp, both sockets are CURVE servers that admit only the secret's client key
+        (common.kv_events_curve); an ipc endpoint is guarded by its directory's permissions instead."""
         if buffer_steps < 1 or max_replay_bytes < 1:
             raise ValueError(f"buffer_steps and max_replay_bytes must be >= 1, got {buffer_steps}, {max_replay_bytes}")
         self._max_replay_bytes = max_replay_bytes
@@ -92,7 +99,10 @@ class ZmqKVEventPublisher:
         self.topic = topic
         self._endpoints = (endpoint, replay_endpoint(endpoint))
         self._clock = clock
-        self._ctx = context or zmq.asyncio.Context.instance()
+        self._curve = secret if endpoint.startswith("tcp://") else None
+        # A CURVE publisher has a context of its own: its ZAP handler answers for every socket of it.
+        self._ctx = zmq.asyncio.Context() if self._curve is not None else zmq.asyncio.Context.instance()
+        self._clients = ClientKeyCheck(self._ctx, self._curve) if self._curve is not None else None
         self._ring: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._pending: deque[tuple[list[CacheEvent], int]] = deque()
         """Offered batches not published yet, each with the book's stamp when it came."""
@@ -125,9 +135,14 @@ class ZmqKVEventPublisher:
         pub.setsockopt(zmq.XPUB_MANUAL, 1)  # we apply the subscriptions: only prefixes of our topic
         # b"\x01" + a prefix of the topic, and b"" / an 8-byte seq; libzmq counts the ZMTP 3.1
         # SUBSCRIBE command's own bytes too (measured: a limit of 1 refused b"\x01"), hence the slack.
-        pub.setsockopt(zmq.MAXMSGSIZE, MESSAGE_SLACK + len(self.topic.encode()))
-        router.setsockopt(zmq.MAXMSGSIZE, MESSAGE_SLACK + SEQ_BYTES)
+        slack = MESSAGE_SLACK if self._curve is None else CURVE_MESSAGE_SLACK
+        pub.setsockopt(zmq.MAXMSGSIZE, slack + len(self.topic.encode()))
+        router.setsockopt(zmq.MAXMSGSIZE, slack + SEQ_BYTES)
         router.setsockopt(zmq.SNDHWM, REPLAY_HWM)
+        if self._curve is not None and self._clients is not None:
+            self._clients.start()
+            for sock in (pub, router):
+                serve_curve(sock, self._curve)
         try:
             for sock, address, what in ((pub, self._endpoints[0], "PUB"), (router, self._endpoints[1], "replay")):
                 try:
@@ -160,6 +175,14 @@ class ZmqKVEventPublisher:
             if sock is not None:
                 sock.close(linger=0)
         self._pub = self._router = None
+        if self._clients is not None and not self._ctx.closed:
+            self._clients.stop()
+            self._ctx.term()
+
+    @property
+    def refused_clients(self) -> int:
+        """Subscribers and replay peers whose CURVE key was not the cluster's (0 without CURVE)."""
+        return self._clients.refused if self._clients is not None else 0
 
     @property
     def waiting(self) -> int:

@@ -6,13 +6,15 @@ import os
 from pathlib import Path
 
 import pytest
+import zmq
 from click.testing import CliRunner
 
 from radixmesh.cluster.api.admin import admin_key
 from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.launch.secret_file import create_secret
 from radixmesh.common.cluster_ca import ClusterCa
-from radixmesh.common.secret import ClusterSecret
+from radixmesh.common.kv_events_curve import key_pair
+from radixmesh.common.secret import ClusterSecret, KeyPurpose
 
 SECRET = "5" * 64
 
@@ -55,3 +57,14 @@ def test_ca_cert_prints_the_cluster_cas_certificate_and_never_makes_a_secret(hom
     made = create_secret(home / "secret")
     result = CliRunner().invoke(main, ["ca-cert"])
     assert (result.exit_code, result.output.encode()) == (0, ClusterCa.derive(made).certificate)
+
+
+def test_kv_events_keys_prints_the_curve_keys_agents_admit_and_never_makes_a_secret(home: Path) -> None:
+    assert CliRunner().invoke(main, ["kv-events-keys"]).exit_code == 1 and not (home / "secret").exists()
+    made = create_secret(home / "secret")
+    result = CliRunner().invoke(main, ["kv-events-keys"])
+    printed = dict(line.split("=", 1) for line in result.output.split())
+    server, client = key_pair(made, KeyPurpose.KV_EVENTS_SERVER), key_pair(made, KeyPurpose.KV_EVENTS_CLIENT)
+    assert printed == {"server_public": server.public.decode(), "client_public": client.public.decode(),
+                       "client_secret": client.secret.decode()}
+    assert zmq.curve_public(printed["client_secret"].encode()) == client.public  # a pair that belongs together

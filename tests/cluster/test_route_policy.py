@@ -301,7 +301,7 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float,
     best = min(score(v) for v in eligible)
     # Within the margin of the best, scores are ties: a node keeping the longest prefix first, then
     # the fewest in flight, then the best score.
-    near = [v for v in eligible if score(v) <= best + margin + 1e-9]
+    near = [v for v in eligible if score(v) <= (best + margin) * (1 + 1e-9)]
 
     def rank(v: NodeView) -> tuple[bool, int]:
         return min(v.local_blocks, 5) + _oracle_ttft(v, nodes, bw, latency)[1] < longest, v.inflight

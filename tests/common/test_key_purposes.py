@@ -85,7 +85,7 @@ def test_no_token_sent_on_the_wire_is_a_key_kept_secret() -> None:
 def test_every_purpose_and_node_has_its_own_key() -> None:
     keys = [SECRET.key(p, n) for p in KeyPurpose if p.per_node for n in (A, B)]
     keys += [SECRET.key(p) for p in KeyPurpose if not p.per_node]
-    assert len(set(keys)) == len(keys) == 3 * 2 + 5
+    assert len(set(keys)) == len(keys) == 3 * 2 + 7
     assert all(len(k) == 32 and k != SECRET.value for k in keys)
     other = ClusterSecret(bytes(range(1, 33)))
     assert not set(keys) & {other.key(p, A if p.per_node else None) for p in KeyPurpose}

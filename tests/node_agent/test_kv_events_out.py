@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from radixmesh.cluster.fleet.ingest.block_map import EngineBlockMap
 from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig
+from radixmesh.common.kv_events_curve import connect_curve
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
@@ -73,11 +74,13 @@ class Ingest:
 
     def __init__(self, publisher: ZmqKVEventPublisher, ctx: zmq.asyncio.Context) -> None:
         self.map = EngineBlockMap(BS, hash_key=KEY)
+        # An agent's tcp sockets admit only CURVE clients with its cluster secret's key.
         self.subscriber = KVEventSubscriber(
-            SubscriberConfig(publisher.endpoint, publisher.replay_endpoint, replay_timeout_s=5.0),
+            SubscriberConfig(publisher.endpoint, publisher.replay_endpoint, replay_timeout_s=5.0, curve=SECRET),
             self._apply, self._forget, context=ctx)
         self.raw = ctx.socket(zmq.SUB)
         self.raw.setsockopt(zmq.SUBSCRIBE, b"")
+        connect_curve(self.raw, SECRET)
         self.raw.connect(publisher.endpoint)
 
     def _apply(self, batch: VllmEventBatch) -> None:

@@ -38,13 +38,15 @@ import logging
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
 from radixmesh.cluster.fleet.supervisor import SupervisedTask
+from radixmesh.common.kv_events_curve import connect_curve
+from radixmesh.common.secret import ClusterSecret
 from radixmesh.proto.vllm_kv_events import (
     END_OF_REPLAY,
     EventDecodeError,
@@ -75,6 +77,9 @@ class SubscriberConfig:
     """Longest frame read from the engine (a batch payload); a longer one drops the connection. vLLM
     publishes a batch per engine step, whose tokens stay under max_num_batched_tokens: 1 MiB holds
     over 100k token ids (measured: 420 KiB for 131k, decoded in 22 ms)."""
+    curve: ClusterSecret | None = field(default=None, repr=False)
+    """Connect as a CURVE client of a publisher of this cluster secret (a radixmesh agent's tcp
+    sockets: common.kv_events_curve); None: plain sockets, as vLLM publishes."""
 
     def __post_init__(self) -> None:
         for name, value in (("endpoint", self.endpoint), ("replay_endpoint", self.replay_endpoint or "tcp://x")):
@@ -87,8 +92,10 @@ class SubscriberConfig:
 
     @property
     def authenticated(self) -> bool:
-        """Whether only a trusted process can publish here: an ipc path (check_source vets its folder)."""
-        return all(e is None or e.startswith("ipc://") for e in (self.endpoint, self.replay_endpoint))
+        """Whether only a trusted process can publish here: a CURVE publisher (it proves it holds the
+        cluster secret's server key), or an ipc path (check_source vets its folder)."""
+        return self.curve is not None or all(e is None or e.startswith("ipc://")
+                                             for e in (self.endpoint, self.replay_endpoint))
 
 
 def check_source(endpoint: str) -> None:
@@ -155,6 +162,8 @@ class KVEventSubscriber:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
         sub.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
+        if self.config.curve is not None:
+            connect_curve(sub, self.config.curve)
         monitor = sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sub.connect(self.config.endpoint)
         self._sub = sub
@@ -256,6 +265,8 @@ class KVEventSubscriber:
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
+        if self.config.curve is not None:
+            connect_curve(dealer, self.config.curve)
         out: list[tuple[int, bytes]] = []
         try:
             dealer.connect(self.config.replay_endpoint)

@@ -65,17 +65,20 @@ async def run(policy: str) -> tuple[float, list[RouterResult], PolicyConfig]:
 
 def load_rule(result: RouterResult, config: PolicyConfig) -> str | None:
     """The bounded-load rule that admitted the chosen node, recomputed from the view the router's
-    policy saw (recent work per node as its InflightTable read it), counting this request's prompt
-    tokens: "share" (within (1 + eps) x the mean), "floor" (under floor_s of the node's prefill),
-    "too big" (no node had room, and the chosen one had the least work), or None (a violation)."""
+    policy saw (recent work per node as its InflightTable read it), counting what this request would
+    compute on each node (its prompt past the node's cached prefix): "share" (within (1 + eps) x the
+    mean), "floor" (under floor_s of the node's prefill), "too big" (no node had room, and the chosen
+    one had the least work), or None (a violation)."""
     nodes = result.routed.view.nodes
     tokens = len(result.routed.plan.prompt_token_ids)
-    mean = (sum(v.recent_tokens for v in nodes) + tokens) / len(nodes)
+    blocks = len(result.routed.hashes)
+    total = sum(v.recent_tokens for v in nodes)
 
     def rule(v: NodeView) -> str | None:
-        if v.recent_tokens + tokens <= (1 + config.load_eps) * mean * (1 + 1e-9):
+        work = tokens - min(v.local_blocks, blocks) * BS
+        if v.recent_tokens + work <= (1 + config.load_eps) * (total + work) / len(nodes) * (1 + 1e-9):
             return "share"
-        if v.recent_tokens + tokens <= config.load_floor_s * v.prefill_tokens_per_s:
+        if v.recent_tokens + work <= config.load_floor_s * v.prefill_tokens_per_s:
             return "floor"
         return None
 

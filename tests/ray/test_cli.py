@@ -178,7 +178,7 @@ def test_options_come_from_a_config_file_and_the_environment(home: Path, monkeyp
 
 @pytest.mark.parametrize("text, message", [
     ("up:\n  gpu-blokcs: 3\n", "`up` has no option 'gpu-blokcs'"),
-    ("upp:\n  local: 2\n", "'upp' is not a command with options (commands: admin-key, bench, bench-trace, ca-cert, demo, down, front, metadata-server,"),
+    ("upp:\n  local: 2\n", "'upp' is not a command with options (commands: admin-key, bench, bench-trace, ca-cert, demo, down, front, kv-events-keys, metadata-server,"),
     ("- up\n", "must map command names"),
     ("up: [unclosed\n", "cannot read"),
 ])

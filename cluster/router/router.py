@@ -179,8 +179,10 @@ class Router:
         decision as pending (RoutingStep): the caller that serves it ends the hold (`RoutedPlan.hold`,
         RoutingStep.answered / abandon), else it lasts `pending_max_s`. Raises NoNodeAvailable when
         no candidate is left. Suspects are avoided while another node is left."""
-        avoid = exclude | self.suspects.current()
-        exclude = avoid if set(self.directory.nodes()) - avoid else exclude
+        suspects = self.suspects.current()
+        if suspects:  # (no pass over the directory while there are none: a decision's cost stays the holders')
+            avoid = exclude | suspects
+            exclude = avoid if any(n not in avoid for n in self.directory.nodes()) else exclude
         hashes = self.block_hashes(request)[: self.config.max_match_blocks]
         tokens = len(request.prompt_token_ids)
         replicated = self._source.replica_match(hashes)

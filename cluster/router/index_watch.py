@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from radixmesh.cluster.fleet.supervisor import SupervisedTask
+from radixmesh.cluster.fleet.supervised_task import SupervisedTask
 from radixmesh.cluster.metadata.replica import IndexReplica, ReplicaGap
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metrics.exposition import metric

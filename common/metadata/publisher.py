@@ -39,6 +39,7 @@ from typing import Protocol
 
 import grpc
 
+from radixmesh.common.backoff import Backoff
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metrics.exposition import metric
 from radixmesh.proto.block_hash import BlockHash
@@ -288,7 +289,8 @@ class EventPublisher:
         """How long a loop of period `interval_s` waits before its next round."""
         if not self.failures:
             return interval_s
-        grown = min(self.config.max_backoff_s, interval_s * 2.0 ** min(self.failures, 30))
+        # the first failed round already waits twice the interval: n failures grow it 2 ** n times
+        grown = Backoff(interval_s, max(interval_s, self.config.max_backoff_s)).pause(self.failures + 1)
         return max(interval_s, grown * (0.5 + 0.5 * self._rng.random()))
 
     @contextlib.contextmanager

@@ -44,7 +44,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from radixmesh.cluster.fleet.supervisor import SupervisedTask
+from radixmesh.cluster.fleet.supervised_task import SupervisedTask
 from radixmesh.common.kv_events_curve import connect_curve
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.proto.vllm_kv_events import (

@@ -13,27 +13,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+
+from radixmesh.common.backoff import Backoff
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Pauses before restarts: doubling per consecutive failure, from `initial_s` up to `max_s`."""
-
-    initial_s: float = 0.1
-    """Pause before the first restart."""
-    max_s: float = 10.0
-    """Longest pause; a body that ran at least this long before it failed counts as healthy, and its
-    restart waits `initial_s` again."""
-
-    def __post_init__(self) -> None:
-        if not 0 < self.initial_s <= self.max_s:
-            raise ValueError(f"need 0 < initial_s <= max_s, got initial_s={self.initial_s}, max_s={self.max_s}")
-
-
-DEFAULT_BACKOFF = Backoff()
+DEFAULT_BACKOFF = Backoff(initial_s=0.1, max_s=10.0)
+"""A body that ran at least `max_s` before it failed counts as healthy: its restart waits `initial_s` again."""
 
 
 class SupervisedTask:
@@ -74,18 +61,17 @@ class SupervisedTask:
                 await task
 
     async def _supervise(self) -> None:
-        pause = self.backoff.initial_s
+        failures = 0  # consecutive: a body that ran at least backoff.max_s before it failed starts over at 1
         while True:
             started = self._clock()
             try:
                 await self._body()
                 return
             except Exception as e:  # the point of supervision: CancelledError (a BaseException) still ends it
-                if self._clock() - started >= self.backoff.max_s:
-                    pause = self.backoff.initial_s
+                failures = 1 if self._clock() - started >= self.backoff.max_s else failures + 1
+                pause = self.backoff.pause(failures)
                 self.restarts += 1
                 logger.error("%s failed (%s: %s): restart %d in %.2f s", self.name, type(e).__name__, e,
                              self.restarts, pause, exc_info=e)
                 self._on_failure(e)
-            await self._sleep(pause)  # a restart schedule, not a synchronisation
-            pause = min(2 * pause, self.backoff.max_s)
+                await self._sleep(pause)  # a restart schedule, not a synchronisation

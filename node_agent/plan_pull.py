@@ -3,7 +3,7 @@ streamed from the planned peer while the request waits in the engine's queue, th
 
 from radixmesh.node_agent.engine.request import PendingPrefix
 from radixmesh.node_agent.engine.runner import EngineRunner
-from radixmesh.node_agent.transfer.endpoint import parse_address
+from radixmesh.node_agent.transfer.owner_endpoint import parse_address
 from radixmesh.node_agent.transfer.plane import Pulled, TransferPlane
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.limits import InvalidRequest, usable_prefix_blocks

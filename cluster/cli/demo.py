@@ -22,7 +22,7 @@ from radixmesh.cluster.cli.options import (
 )
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.cluster.sim.demo import DemoRun, DemoWorkload, ask, run_workload
+from radixmesh.cluster.sim.demo_workload import DemoRun, DemoWorkload, ask, run_workload
 from radixmesh.node_agent import SMOLLM2
 
 QUESTION = "What is the capital of France?"

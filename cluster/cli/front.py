@@ -40,7 +40,7 @@ from radixmesh.cluster.api.app import start_http
 from radixmesh.cluster.cli.inspect import API_KEY_ENV
 from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.fleet.external_fleet import ExternalFleet
-from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig
+from radixmesh.cluster.fleet.ingest.external_engine import ExternalEngineConfig
 from radixmesh.cluster.fleet.ingest.subscriber import MAX_MESSAGE_BYTES, SubscriberConfig
 from radixmesh.cluster.metadata.server import ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService

@@ -22,9 +22,9 @@ from radixmesh.cluster.cli import settings
 from radixmesh.cluster.launch import LOG_LEVELS
 
 COMMANDS = {
-    "up": ("radixmesh.cluster.cli.cluster:up",
+    "up": ("radixmesh.cluster.cli.up_down:up",
            "Start metadata service, node agents and router; print the router URL."),
-    "down": ("radixmesh.cluster.cli.cluster:down",
+    "down": ("radixmesh.cluster.cli.up_down:down",
              "Stop the recorded deployment (nothing to stop is not an error)."),
     "admin-key": ("radixmesh.cluster.cli.keys:admin_key_command",
                   "Print the router's admin key, derived from the cluster secret."),

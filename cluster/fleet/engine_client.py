@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 
 from radixmesh.cluster.fleet.agent_client import AgentUnavailable
-from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig, LazySession
+from radixmesh.cluster.fleet.ingest.external_engine import ExternalEngineConfig, LazySession
 from radixmesh.common.metrics.scrape import ScrapeTarget
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.hits import RequestHits

@@ -15,7 +15,7 @@ metrics join its /metrics. Run it in the router's process (the hits cross no pro
 from collections.abc import Callable, Sequence
 
 from radixmesh.cluster.fleet.engine_client import EngineAgentClient
-from radixmesh.cluster.fleet.ingest.engine import ExternalEngine, ExternalEngineConfig
+from radixmesh.cluster.fleet.ingest.external_engine import ExternalEngine, ExternalEngineConfig
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.proto.ids import NodeId
 

@@ -1,4 +1,4 @@
-"""The agent's end of the KV transfer plane: an endpoint serving its gpu tier (endpoint.py) and a
+"""The agent's end of the KV transfer plane: an endpoint serving its gpu tier (owner_endpoint.py) and a
 TransferClient pulling into it over the matching transport. The owner's pins run as the engine
 runner's short jobs (`serial`: EngineRunner.call_short, beside a step's forward); a pull's blocks are allocated and landed by the agent's engine
 (Request.pending_prefix), and this plane only streams into them."""
@@ -15,9 +15,9 @@ from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.memory.tiers import TierMemory
 from radixmesh.node_agent.transfer import Serial
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
-from radixmesh.node_agent.transfer.endpoint import ENDPOINTS, RayEndpoint, parse_address
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.memory_path import MemoryPath, memory_path
+from radixmesh.node_agent.transfer.owner_endpoint import ENDPOINTS, RayEndpoint, parse_address
 from radixmesh.node_agent.transfer.ray_transport import RayTransport
 from radixmesh.node_agent.transfer.source import TransferSource
 from radixmesh.node_agent.transfer.stats import PeerStats

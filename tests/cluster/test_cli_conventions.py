@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from radixmesh.cluster.cli import cluster as cluster_cli
+from radixmesh.cluster.cli import up_down as cluster_cli
 from radixmesh.cluster.cli.main import COMMANDS, main, package_version
 from radixmesh.cluster.launch import cluster_record
 from radixmesh.cluster.launch.config import LauncherConfig

@@ -20,7 +20,7 @@ import pytest
 from radixmesh.cluster.fleet.agent_client import AgentUnavailable, StaticAgentDirectory
 from radixmesh.cluster.fleet.engine_client import EngineAgentClient
 from radixmesh.cluster.fleet.external_fleet import ExternalFleet
-from radixmesh.cluster.fleet.ingest.engine import ExternalEngine, ExternalEngineConfig
+from radixmesh.cluster.fleet.ingest.external_engine import ExternalEngine, ExternalEngineConfig
 from radixmesh.cluster.fleet.ingest.subscriber import SubscriberConfig
 from radixmesh.cluster.metadata.server import MetadataServer
 from radixmesh.cluster.metadata.service import MetadataService

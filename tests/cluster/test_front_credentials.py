@@ -18,7 +18,7 @@ from radixmesh.cluster.cli.front import parse_engine
 from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.fleet.agent_client import AgentUnavailable
 from radixmesh.cluster.fleet.engine_client import EngineAgentClient
-from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig, ExternalEngineNode
+from radixmesh.cluster.fleet.ingest.external_engine import ExternalEngineConfig, ExternalEngineNode
 from radixmesh.cluster.fleet.ingest.subscriber import SubscriberConfig
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.proto.ids import NodeId

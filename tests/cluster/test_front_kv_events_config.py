@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from radixmesh.cluster.cli.front import parse_engine
 from radixmesh.cluster.cli.main import main
-from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig
+from radixmesh.cluster.fleet.ingest.external_engine import ExternalEngineConfig
 from radixmesh.cluster.fleet.ingest.subscriber import SubscriberConfig
 from tests.cluster.test_external_engine import BS, SYSTEM, fake_engine, wait_subscribed
 from tests.support.poll import until

@@ -12,7 +12,7 @@ import zmq
 import zmq.asyncio
 
 from radixmesh.cluster.fleet.ingest.block_map import EngineBlockMap
-from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig, ExternalEngineNode
+from radixmesh.cluster.fleet.ingest.external_engine import ExternalEngineConfig, ExternalEngineNode
 from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, SubscriberConfig
 from radixmesh.proto.block_hash import hash_blocks, tenant_salt
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier

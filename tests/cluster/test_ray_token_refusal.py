@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from ray.exceptions import AuthenticationError
 
-from radixmesh.cluster.cli import cluster as cluster_cli
+from radixmesh.cluster.cli import up_down as cluster_cli
 from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.launch.ray_auth import check_token, token_refusal
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from radixmesh.cluster.fleet.ingest.engine import ExternalEngineConfig, ExternalEngineNode
+from radixmesh.cluster.fleet.ingest.external_engine import ExternalEngineConfig, ExternalEngineNode
 from radixmesh.cluster.fleet.ingest.subscriber import SubscriberConfig
 from radixmesh.cluster.metadata.server import MetadataServer
 from radixmesh.cluster.metadata.service import MetadataService

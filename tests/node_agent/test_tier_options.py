@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from radixmesh.cluster.cli import cluster as cluster_cli
+from radixmesh.cluster.cli import up_down as cluster_cli
 from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.node_agent.agent import NodeAgent

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from radixmesh.cluster.api.app import start_http
 from radixmesh.cluster.cli.demo import comparison_table
 from radixmesh.cluster.cli.main import main
-from radixmesh.cluster.sim.demo import DemoWorkload, run_workload
+from radixmesh.cluster.sim.demo_workload import DemoWorkload, run_workload
 from tests.support.poll import wait_for
 from tests.support.router_cluster import BS, MODEL_NAME, local_cluster
 

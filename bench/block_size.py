@@ -24,8 +24,8 @@ from pathlib import Path
 
 from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TraceRequest, read_trace
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId

@@ -40,10 +40,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from radixmesh.node_agent.memory.cache.block_table import BlockTable, SequenceManager
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool, OOMReason, OutOfBlocks
-from radixmesh.node_agent.memory.pool.config import PoolConfig
+from radixmesh.common.block_pool.block_pool import BlockPool, OOMReason, OutOfBlocks
+from radixmesh.common.block_pool.config import PoolConfig
+from radixmesh.common.prefix_cache.block_table import BlockTable, SequenceManager
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.kv_layout import KVLayout
 

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 
 PREFIXES = 256

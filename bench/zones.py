@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.memory.pool.config import PoolConfig
+from radixmesh.common.block_pool.block_pool import BlockPool, OutOfBlocks
+from radixmesh.common.block_pool.config import PoolConfig
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.memory.zones.budget import ZoneConfig, ZoneName
 from radixmesh.node_agent.memory.zones.governor import ZoneGovernor, ZoneSetup
 from radixmesh.proto.block_hash import BlockHash

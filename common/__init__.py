@@ -1,4 +1,5 @@
-"""What node agents and the cluster share: metrics, text, the metadata client, recall, the secret."""
+"""What node agents and the cluster share: the block pool and prefix cache (the torch-free cache core),
+metrics, text, the metadata client, the secret."""
 
 from radixmesh.import_name import step_aside
 

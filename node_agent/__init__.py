@@ -1,10 +1,10 @@
 """The node agent: one per GPU, it serves requests with its engine, keeps their KV blocks in its
 prefix cache, publishes what it caches and pulls what its peers cache.
 
-This module is node_agent's public face: the cluster layer (launch, cli, sim: the contract
+This module is node_agent's public face: the cluster layer (launch and cli: the contract
 `cluster-uses-node-agent-face` in pyproject) imports these names from here and nothing from the
-submodules. The names load on first use (PEP 562), so a command that needs only an eviction name
-does not import torch and Ray with the engine.
+submodules. The names load on first use (PEP 562), so a command that needs only a model name does
+not import torch and Ray with the engine. (The block pool and prefix cache are common's.)
 """
 
 import importlib
@@ -19,11 +19,6 @@ if TYPE_CHECKING:
     from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
     from radixmesh.node_agent.engine.engine import EngineConfig
     from radixmesh.node_agent.engine.paged_memory import MemoryConfig
-    from radixmesh.node_agent.memory.cache.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
-    from radixmesh.node_agent.memory.pool.block_pool import BlockPool
-    from radixmesh.node_agent.memory.pool.config import PoolConfig, PoolHooks
-    from radixmesh.node_agent.memory.pool.eviction import DEFAULT_EVICTION, EVICTION_ORDERS, CopiesElsewhere
-    from radixmesh.node_agent.memory.pool.s3fifo import Recalled
     from radixmesh.node_agent.model.config import NAMED_CONFIGS
     from radixmesh.node_agent.model.modeled.profile import ProfileError, load_profile, profile_names
     from radixmesh.node_agent.model.modeled.spec import ModeledEngine, parse_engine
@@ -36,11 +31,6 @@ _HOMES = {
     "TRANSFER_PLANES": "config", "AgentConfig": "config",
     "EngineConfig": "engine.engine",
     "MemoryConfig": "engine.paged_memory",
-    "BlockPool": "memory.pool.block_pool",
-    "DEFAULT_EVICTION": "memory.pool.eviction", "EVICTION_ORDERS": "memory.pool.eviction", "CopiesElsewhere": "memory.pool.eviction",
-    "PoolConfig": "memory.pool.config", "PoolHooks": "memory.pool.config",
-    "Recalled": "memory.pool.s3fifo",
-    "EvictedBlock": "memory.cache.prefix_cache", "EvictionHook": "memory.cache.prefix_cache", "PrefixCache": "memory.cache.prefix_cache",
     "NAMED_CONFIGS": "model.config",
     "ProfileError": "model.modeled.profile", "load_profile": "model.modeled.profile",
     "profile_names": "model.modeled.profile",
@@ -52,27 +42,17 @@ _HOMES = {
 }
 
 __all__ = [  # the names of _HOMES, spelled out so linters and type checkers see the re-exports
-    "DEFAULT_EVICTION",
     "DTYPES",
-    "EVICTION_ORDERS",
     "NAMED_CONFIGS",
     "SMOLLM2",
     "TRANSFER_PLANES",
     "AgentConfig",
     "AgentPlacement",
-    "BlockPool",
-    "CopiesElsewhere",
     "EngineConfig",
-    "EvictedBlock",
-    "EvictionHook",
     "MemoryConfig",
     "ModelSource",
     "ModeledEngine",
-    "PoolConfig",
-    "PoolHooks",
-    "PrefixCache",
     "ProfileError",
-    "Recalled",
     "load_profile",
     "make_agent_actor",
     "node_resource",

@@ -17,12 +17,13 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
+from radixmesh.common.block_pool.config import PoolHooks
+from radixmesh.common.block_pool.recall import RecallWindow
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metadata.publisher import EventPublisher, PendingHits, PublisherConfig, PublisherStats
 from radixmesh.common.metrics.exposition import render_prometheus
 from radixmesh.common.metrics.scrape import MetricsServer, ScrapeTarget, metrics_token
-from radixmesh.common.recall import RecallWindow
 from radixmesh.common.secret import is_loopback
 from radixmesh.node_agent.announcement import announced_capacity, cached_chains, take_cache_events
 from radixmesh.node_agent.compute_group import compute_group, compute_share
@@ -33,7 +34,6 @@ from radixmesh.node_agent.engine.runner import EngineRunner, Finished, NewTokens
 from radixmesh.node_agent.engine_setup import build_engine
 from radixmesh.node_agent.kv_events.publisher import KVEventsOut, NoKVEvents, ZmqKVEventPublisher
 from radixmesh.node_agent.kv_events.token_book import TokenBook
-from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.node_agent.memory.tiers import persist_resident
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
 from radixmesh.node_agent.plan_pull import check_pull, pending_prefix, pull_prefix, unpulled

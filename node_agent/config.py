@@ -3,7 +3,8 @@
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radixmesh.common.cache_sharing import DEFAULT_HANDOFF, DEFAULT_RECALL_BLOCKS
+from radixmesh.common.block_pool.eviction import DEFAULT_HANDOFF
+from radixmesh.common.block_pool.recall import DEFAULT_RECALL_BLOCKS
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.engine.engine import EngineConfig
 from radixmesh.node_agent.kv_events.endpoint import check_endpoint

@@ -9,10 +9,10 @@ from typing import NamedTuple
 
 import torch
 
+from radixmesh.common.block_pool.config import PoolHooks
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.gpu_budget import measure_gpu_budget
-from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.node_agent.model.base import CausalLM
 from radixmesh.node_agent.placement import place_model, set_torch_threads
 

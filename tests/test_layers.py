@@ -21,7 +21,7 @@ DEFERRED_IMPORTS = {
     ("kernels/dispatch.py", "radixmesh.kernels.prefill_attention_triton"),
 }
 # node_agent's public face (node_agent/__init__.py) loads its names on first use, so a command that
-# needs an eviction name does not import torch; its `if TYPE_CHECKING:` imports give static tools
+# needs a model name does not import torch; its `if TYPE_CHECKING:` imports give static tools
 # the names' types.
 FACE = ROOT / "node_agent" / "__init__.py"
 
@@ -65,22 +65,31 @@ def test_a_back_import_breaks_the_layers(tmp_path: Path) -> None:
 
 
 def test_the_shared_layer_cannot_reach_up(tmp_path: Path) -> None:
-    output = lint_with_import(tmp_path, "common/recall.py", "radixmesh.node_agent.memory.pool.block_pool")
+    output = lint_with_import(tmp_path, "common/block_pool/recall.py", "radixmesh.node_agent.memory.tiers")
     assert "radixmesh: cluster > node_agent > common | kernels > proto BROKEN" in output, output
-    assert "radixmesh.common.recall -> radixmesh.node_agent.memory.pool.block_pool" in output, output
+    assert "radixmesh.common.block_pool.recall -> radixmesh.node_agent.memory.tiers" in output, output
+
+
+def test_the_cache_core_loads_neither_torch_nor_the_node_agent() -> None:
+    # Why the pool and the prefix cache live in common: the simulator runs them without the engine.
+    code = ("import sys, radixmesh.common.prefix_cache.block_table, radixmesh.common.block_pool.recall, "
+            "radixmesh.cluster.sim.simulator\n"
+            "print(sorted(m for m in ('torch', 'radixmesh.node_agent') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "[]"
 
 
 def test_the_router_cannot_import_node_agent(tmp_path: Path) -> None:
     output = lint_with_import(tmp_path, "cluster/router/router.py", "radixmesh.node_agent")
-    assert "only cluster.launch, cluster.cli and cluster.sim import node_agent BROKEN" in output, output
+    assert "only cluster.launch and cluster.cli import node_agent BROKEN" in output, output
     assert "radixmesh.cluster.router.router -> radixmesh.node_agent" in output, output
 
 
 def test_the_launcher_imports_only_node_agents_public_face(tmp_path: Path) -> None:
-    output = lint_with_import(tmp_path, "cluster/launch/launcher.py", "radixmesh.node_agent.memory.pool.block_pool")
+    output = lint_with_import(tmp_path, "cluster/launch/launcher.py", "radixmesh.node_agent.memory.tiers")
     assert "cluster imports node_agent's public face only BROKEN" in output, output
-    assert "radixmesh.cluster.launch.launcher -> radixmesh.node_agent.memory.pool.block_pool" in output, output
-    assert "only cluster.launch, cluster.cli and cluster.sim import node_agent BROKEN" not in output, output
+    assert "radixmesh.cluster.launch.launcher -> radixmesh.node_agent.memory.tiers" in output, output
+    assert "only cluster.launch and cluster.cli import node_agent BROKEN" not in output, output
 
 
 def test_no_import_of_ours_hides_below_the_top_level() -> None:

@@ -50,7 +50,8 @@ from radixmesh.cluster.cli.options import (
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.router_client import ClientAccess
-from radixmesh.node_agent import DEFAULT_EVICTION, SMOLLM2
+from radixmesh.common.block_pool.eviction import DEFAULT_EVICTION
+from radixmesh.node_agent import SMOLLM2
 
 
 def _floats(_: click.Context, __: click.Parameter, value: str) -> tuple[float, ...]:

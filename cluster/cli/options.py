@@ -12,10 +12,8 @@ from typing import TypeVar
 import click
 from click.core import ParameterSource
 
-from radixmesh.common.cache_sharing import DEFAULT_HANDOFF
+from radixmesh.common.block_pool.eviction import DEFAULT_EVICTION, DEFAULT_HANDOFF, EVICTION_ORDERS
 from radixmesh.node_agent import (
-    DEFAULT_EVICTION,
-    EVICTION_ORDERS,
     ModeledEngine,
     ModelSource,
     parse_engine,

@@ -18,7 +18,8 @@ from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.replay import ReplayConfig, ReplayReport, replay
 from radixmesh.cluster.sim.router_client import RouterUnreachable, served_model
 from radixmesh.cluster.sim.trace import read_trace
-from radixmesh.node_agent import DEFAULT_EVICTION, resolve_model
+from radixmesh.common.block_pool.eviction import DEFAULT_EVICTION
+from radixmesh.node_agent import resolve_model
 
 
 def format_report(r: ReplayReport) -> str:

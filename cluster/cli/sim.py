@@ -10,7 +10,7 @@ from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.sim.config import SimConfig
 from radixmesh.cluster.sim.simulator import SimReport, Simulator, prepare
 from radixmesh.cluster.sim.trace import read_trace
-from radixmesh.node_agent import EVICTION_ORDERS
+from radixmesh.common.block_pool.eviction import EVICTION_ORDERS
 
 _UP = SimConfig(nodes=1, capacity_blocks=1)
 """SimConfig's defaults: the options' defaults, so `--help` shows what `up` runs."""

@@ -13,18 +13,16 @@ from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.cluster.router.config import DEFAULT_POLICY, RouterConfig
-from radixmesh.common.cache_sharing import DEFAULT_HANDOFF
+from radixmesh.common.block_pool.config import PoolConfig
+from radixmesh.common.block_pool.eviction import DEFAULT_EVICTION, DEFAULT_HANDOFF, EVICTION_ORDERS
 from radixmesh.common.secret import ClusterSecret, check_api_bind
 from radixmesh.node_agent import (
-    DEFAULT_EVICTION,
-    EVICTION_ORDERS,
     TRANSFER_PLANES,
     AgentConfig,
     EngineConfig,
     MemoryConfig,
     ModeledEngine,
     ModelSource,
-    PoolConfig,
     random_source,
 )
 from radixmesh.proto.ids import NodeId

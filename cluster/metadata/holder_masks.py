@@ -9,7 +9,7 @@ per-block allocation for the garbage collector to track or traverse.
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from radixmesh.common.recall import RecallWindow
+from radixmesh.common.block_pool.recall import RecallWindow
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId

@@ -36,7 +36,7 @@ from radixmesh.cluster.metadata.holder_masks import (
     fold,
     fold_fast,
 )
-from radixmesh.common.recall import RecallWindow
+from radixmesh.common.block_pool.recall import RecallWindow
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import NodeId

@@ -8,7 +8,7 @@ whole (LimitExceeded, RESOURCE_EXHAUSTED on the wire).
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from radixmesh.common.cache_sharing import DEFAULT_RECALL_BLOCKS
+from radixmesh.common.block_pool.recall import DEFAULT_RECALL_BLOCKS
 from radixmesh.proto.block_hash import HASH_BYTES
 from radixmesh.proto.metadata.limits import MAX_HASHES_PER_QUERY, MAX_HITS_PER_HEARTBEAT
 

@@ -7,8 +7,8 @@ from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.policy.base import PolicyConfig
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS
-from radixmesh.common.cache_sharing import DEFAULT_HANDOFF, DEFAULT_RECALL_BLOCKS
-from radixmesh.node_agent import DEFAULT_EVICTION, EVICTION_ORDERS
+from radixmesh.common.block_pool.eviction import DEFAULT_EVICTION, DEFAULT_HANDOFF, EVICTION_ORDERS
+from radixmesh.common.block_pool.recall import DEFAULT_RECALL_BLOCKS
 
 LAYOUT = "sim"
 """The one KV layout of a simulated cluster (its index partition)."""
@@ -20,8 +20,8 @@ pending TTL and load settings (its PolicyConfig's) at RouterConfig's defaults, a
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """One simulated cluster. Its defaults are what `radixmesh up` runs, read from the same definitions
-    (RouterConfig and its PolicyConfig; eviction.DEFAULT_EVICTION; common.cache_sharing for hand-off
-    and recall; ServiceConfig for the metadata service's ghost), so `SimConfig(nodes=n,
+    (RouterConfig and its PolicyConfig; common.block_pool's eviction and recall for the eviction order,
+    hand-off and recall; ServiceConfig for the metadata service's ghost), so `SimConfig(nodes=n,
     capacity_blocks=c)` is an `up` cluster of n nodes and `dataclasses.replace` turns parts off.
 
     What the simulator does not model as `up` runs it:

@@ -17,16 +17,11 @@ from typing import ClassVar
 
 from radixmesh.cluster.policy.base import RouteDecision
 from radixmesh.cluster.policy.pending_index import PendingHold
-from radixmesh.node_agent import (
-    BlockPool,
-    CopiesElsewhere,
-    EvictedBlock,
-    EvictionHook,
-    PoolConfig,
-    PoolHooks,
-    PrefixCache,
-    Recalled,
-)
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.block_pool.config import PoolConfig, PoolHooks
+from radixmesh.common.block_pool.eviction import CopiesElsewhere
+from radixmesh.common.block_pool.s3fifo import Recalled
+from radixmesh.common.prefix_cache.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockRemoved, BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import BlockId, NodeId

@@ -9,7 +9,9 @@
 
 from collections.abc import Callable, Sequence
 
-from radixmesh.node_agent import BlockPool, EvictedBlock, PoolConfig, PrefixCache
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.block_pool.config import PoolConfig
+from radixmesh.common.prefix_cache.prefix_cache import EvictedBlock, PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 
 

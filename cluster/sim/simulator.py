@@ -38,7 +38,7 @@ from radixmesh.cluster.sim.miss_causes import MissCauses
 from radixmesh.cluster.sim.node import SecondChance, SimJob, SimNode
 from radixmesh.cluster.sim.oracle import global_cache, infinite_bound
 from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TokenMapping, TraceRequest
-from radixmesh.node_agent import EvictedBlock
+from radixmesh.common.prefix_cache.prefix_cache import EvictedBlock
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import torch
 
+from radixmesh.common.block_pool.config import PoolHooks
 from radixmesh.common.metrics.exposition import render_prometheus
 from radixmesh.common.text.stop_strings import StopText
 from radixmesh.common.text.tokenizer import Tokenizer
@@ -26,7 +27,6 @@ from radixmesh.node_agent.engine.request import PendingPrefix, Request, RequestI
 from radixmesh.node_agent.engine.sampler import sample, token_logprob
 from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler, SequenceState
 from radixmesh.node_agent.memory.metrics import memory_stats
-from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.node_agent.model.base import CausalLM
 from radixmesh.node_agent.model.llama import AttentionBatch, SeqChunk
 from radixmesh.proto.block_hash import hash_blocks

@@ -13,17 +13,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.block_pool.config import PoolConfig, PoolHooks
+from radixmesh.common.block_pool.counters import OutOfBlocks
+from radixmesh.common.prefix_cache.block_table import BlockTable, SequenceManager
 from radixmesh.node_agent.engine.metrics import EngineCounters
 from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
 from radixmesh.node_agent.engine.request import PendingPrefix
 from radixmesh.node_agent.engine.scheduler import SequenceState
-from radixmesh.node_agent.memory.cache.block_table import BlockTable, SequenceManager
 from radixmesh.node_agent.memory.disk.record import DiskIdentity
 from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier
 from radixmesh.node_agent.memory.physical import StepPeakMeter, device_memory, process_resident_bytes
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
-from radixmesh.node_agent.memory.pool.config import PoolConfig, PoolHooks
-from radixmesh.node_agent.memory.pool.counters import OutOfBlocks
 from radixmesh.node_agent.memory.tiers import HostTier, NoHostTier, TierMemory
 from radixmesh.node_agent.memory.zones.governor import ZoneGovernor, ZoneSetup
 from radixmesh.node_agent.memory.zones.metrics import physical_stats, zone_stats

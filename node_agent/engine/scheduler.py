@@ -12,10 +12,10 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from radixmesh.common.prefix_cache.block_table import BlockTable
 from radixmesh.common.text.stop_strings import StopText
 from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
 from radixmesh.node_agent.engine.request import PendingPrefix, Request, RequestStats
-from radixmesh.node_agent.memory.cache.block_table import BlockTable
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
 from radixmesh.proto.serve.sampling import TokenLogprob

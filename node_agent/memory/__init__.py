@@ -1,4 +1,4 @@
-"""Node memory, one package: pool/ (the block pool of a tier), cache/ (prefix cache and block tables
-over it), zones/ (how the gpu pool is split), tiers.py (a node's gpu and host tiers and the moves
-between them), physical.py (what the process and device hold), metrics.py (a tier's snapshot).
+"""Node memory over common's block pool and prefix cache: zones/ (how the gpu pool is split), tiers.py
+(a node's gpu and host tiers and the moves between them), disk/ (the disk tier), physical.py (what
+the process and device hold), metrics.py (a tier's snapshot).
 The engine's PagedMemory composes the tiers for its scheduler."""

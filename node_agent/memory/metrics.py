@@ -12,9 +12,9 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from radixmesh.common.block_pool.block_pool import BlockPool
 from radixmesh.common.metrics.exposition import metric
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.proto.events import Tier
 
 FREE_RUN_BUCKETS = tuple(2**i for i in range(15))

@@ -26,12 +26,12 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.block_pool.config import PoolConfig, PoolHooks
+from radixmesh.common.block_pool.counters import OutOfBlocks
+from radixmesh.common.prefix_cache.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
 from radixmesh.kernels import ops as kernels
-from radixmesh.node_agent.memory.cache.prefix_cache import EvictedBlock, EvictionHook, PrefixCache
 from radixmesh.node_agent.memory.disk.tier import DiskTier, NoDiskTier
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
-from radixmesh.node_agent.memory.pool.config import PoolConfig, PoolHooks
-from radixmesh.node_agent.memory.pool.counters import OutOfBlocks
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId

@@ -18,8 +18,8 @@ from typing import Self
 
 import torch
 
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.kernels.ops import gather_blocks
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.transfer.checksum import CHECKSUMS, OFF_LOOP_BYTES, checksum_by_name, chunk_mac
 from radixmesh.node_agent.transfer.handshake import Session
 from radixmesh.node_agent.transfer.protocol import (

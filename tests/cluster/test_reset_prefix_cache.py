@@ -13,11 +13,11 @@ from aiohttp import web
 
 from radixmesh.cluster.api.admin import AdminConfig, admin_key
 from radixmesh.cluster.api.app import create_app, start_http
+from radixmesh.common.block_pool.config import PoolConfig
+from radixmesh.common.block_pool.eviction import EVICTION_ORDERS
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
-from radixmesh.node_agent.memory.pool.config import PoolConfig
-from radixmesh.node_agent.memory.pool.eviction import EVICTION_ORDERS
 from radixmesh.proto.events import BlockRemoved
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServePlan, TokenDelta

@@ -14,9 +14,10 @@ from radixmesh.cluster.cli.sim import sim
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.sim.config import SimConfig
-from radixmesh.node_agent import EVICTION_ORDERS, engine_setup
+from radixmesh.common.block_pool.config import PoolHooks
+from radixmesh.common.block_pool.eviction import EVICTION_ORDERS
+from radixmesh.node_agent import engine_setup
 from radixmesh.node_agent.agent import NodeAgent
-from radixmesh.node_agent.memory.pool.config import PoolHooks
 from radixmesh.proto.ids import NodeId
 from tests.support.tiny_model import SOURCE
 

@@ -9,10 +9,10 @@ from radixmesh.cluster.sim.config import SimConfig
 from radixmesh.cluster.sim.holders import HolderCount
 from radixmesh.cluster.sim.simulator import Simulator, prepare
 from radixmesh.cluster.sim.trace import TraceRequest
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
-from radixmesh.node_agent.memory.pool.config import PoolHooks
-from radixmesh.node_agent.memory.pool.eviction import CopiesElsewhere
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.block_pool.config import PoolHooks
+from radixmesh.common.block_pool.eviction import CopiesElsewhere
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.proto.events import AllCleared, BlockRemoved, BlockStored, Tier
 from tests.support.hashes import h
 

@@ -20,7 +20,7 @@ from radixmesh.cluster.sim.config import SimConfig
 from radixmesh.cluster.sim.node import SecondChance
 from radixmesh.cluster.sim.simulator import SimReport, SimRequest, Simulator, prepare
 from radixmesh.cluster.sim.trace import TraceRequest, read_trace
-from radixmesh.node_agent import EvictedBlock
+from radixmesh.common.prefix_cache.prefix_cache import EvictedBlock
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockRemoved, BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import BlockId, NodeId

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.common.recall import RecallWindow
+from radixmesh.common.block_pool.recall import RecallWindow
 from radixmesh.proto import radixmesh_pb2 as pb
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.codec import lease_from_pb, lease_to_pb

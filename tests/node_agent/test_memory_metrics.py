@@ -5,17 +5,17 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from radixmesh.common.block_pool.block_pool import BlockPool, OutOfBlocks
+from radixmesh.common.block_pool.config import PoolConfig
+from radixmesh.common.block_pool.counters import seq_len_bucket
 from radixmesh.common.metrics.exposition import (
     Histogram,
     HistogramSnapshot,
     metric,
     render_prometheus,
 )
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.memory.metrics import FREE_RUN_BUCKETS, MemoryStats, memory_stats
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.memory.pool.config import PoolConfig
-from radixmesh.node_agent.memory.pool.counters import seq_len_bucket
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId

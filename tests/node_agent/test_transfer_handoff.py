@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.block_pool.config import PoolConfig
+from radixmesh.common.block_pool.eviction import EVICTION_ORDERS
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.agent import NodeAgent
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
-from radixmesh.node_agent.memory.pool.config import PoolConfig
-from radixmesh.node_agent.memory.pool.eviction import EVICTION_ORDERS
 from radixmesh.node_agent.transfer.protocol import PullRequest
 from radixmesh.node_agent.transfer.source import TransferSource
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.common.secret import ClusterSecret
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
 from radixmesh.node_agent.transfer import ucx_progress
 from radixmesh.node_agent.transfer.client import PullOutcome, PullResult, TransferClient, TransferConfig
 from radixmesh.node_agent.transfer.handshake import NodeIdentity

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool, OutOfBlocks
+from radixmesh.common.block_pool.block_pool import BlockPool, OutOfBlocks
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.memory.zones.budget import ZONES, ZoneBudget, ZoneConfig, ZoneName
 from radixmesh.node_agent.memory.zones.governor import ZoneGovernor, ZoneSetup
 from radixmesh.node_agent.memory.zones.policy import make_zone_policy

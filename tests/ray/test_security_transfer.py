@@ -15,9 +15,9 @@ import pytest
 import ray
 
 from radixmesh.cluster.launch.local_ray import init_loopback_ray
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.common.secret import ClusterSecret
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
 from radixmesh.node_agent.transfer.binding import SessionBinding
 from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
 from radixmesh.node_agent.transfer.handshake import (

@@ -21,9 +21,9 @@ import numpy as np
 import ray
 import torch
 
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.common.secret import ClusterSecret
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
 from radixmesh.node_agent.transfer.handshake import NodeIdentity, ReplayGuard, Session
 from radixmesh.node_agent.transfer.protocol import ChunkTrailer, PullRequest
 from radixmesh.node_agent.transfer.ray_transport import serve_pull

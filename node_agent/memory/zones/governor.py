@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
+from radixmesh.common.block_pool.block_pool import BlockPool
 from radixmesh.node_agent.memory.zones.budget import ZoneBudget, ZoneConfig, ZoneName
 from radixmesh.node_agent.memory.zones.policy import make_zone_policy
 

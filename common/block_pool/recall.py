@@ -12,6 +12,10 @@ from itertools import pairwise
 
 from radixmesh.proto.block_hash import BlockHash
 
+DEFAULT_RECALL_BLOCKS = 65536
+"""The ghost hashes each agent remembers (AgentConfig.recall_blocks; the metadata service and the
+simulator read it too); recall is on while this is > 0."""
+
 
 class RecallWindow:
     """The last `capacity` hashes lost, oldest first; each carries the sequence number of its loss."""

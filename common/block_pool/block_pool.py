@@ -6,12 +6,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from radixmesh.node_agent.memory.pool.config import EvictionListener, PoolConfig, PoolHooks
-from radixmesh.node_agent.memory.pool.counters import OOMReason, OutOfBlocks, PoolCounters
-from radixmesh.node_agent.memory.pool.eviction import make_eviction_order
-from radixmesh.node_agent.memory.pool.evictor import Evictor
-from radixmesh.node_agent.memory.pool.free_runs import FreeRuns, cheapest_window
-from radixmesh.node_agent.memory.pool.lru import read_many
+from radixmesh.common.block_pool.config import EvictionListener, PoolConfig, PoolHooks
+from radixmesh.common.block_pool.counters import OOMReason, OutOfBlocks, PoolCounters
+from radixmesh.common.block_pool.eviction import make_eviction_order
+from radixmesh.common.block_pool.evictor import Evictor
+from radixmesh.common.block_pool.free_runs import FreeRuns, cheapest_window
+from radixmesh.common.block_pool.lru import read_many
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId

@@ -1,10 +1,10 @@
 """Taking cached blocks out of a pool's cache: which ones go, and what every evicted block goes
 through (its hash cleared, counted, the listener told) whichever path evicted it."""
 
-from radixmesh.node_agent.memory.pool.config import EvictionListener, PoolHooks
-from radixmesh.node_agent.memory.pool.counters import PoolCounters
-from radixmesh.node_agent.memory.pool.eviction import ClusterPreference, EvictionOrder
-from radixmesh.node_agent.memory.pool.free_runs import FreeRuns
+from radixmesh.common.block_pool.config import EvictionListener, PoolHooks
+from radixmesh.common.block_pool.counters import PoolCounters
+from radixmesh.common.block_pool.eviction import ClusterPreference, EvictionOrder
+from radixmesh.common.block_pool.free_runs import FreeRuns
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
 

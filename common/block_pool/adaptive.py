@@ -4,7 +4,7 @@ eviction order that neither bets on one-hit scans (S3-FIFO) nor on long reuse di
 import heapq
 import math
 
-from radixmesh.node_agent.memory.pool.s3fifo import S3FIFO
+from radixmesh.common.block_pool.s3fifo import S3FIFO
 from radixmesh.proto.block_hash import BlockHash
 
 

@@ -4,8 +4,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from radixmesh.node_agent.memory.cache.prefix_cache import EvictedBlock, PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool, OutOfBlocks
+from radixmesh.common.block_pool.block_pool import BlockPool, OutOfBlocks
+from radixmesh.common.prefix_cache.prefix_cache import EvictedBlock, PrefixCache
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.events import BlockRemoved, BlockStored, Tier
 from radixmesh.proto.ids import BlockId

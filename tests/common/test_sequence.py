@@ -2,9 +2,9 @@
 
 import pytest
 
-from radixmesh.node_agent.memory.cache.block_table import BlockCopy, SequenceManager
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool, OutOfBlocks
+from radixmesh.common.block_pool.block_pool import BlockPool, OutOfBlocks
+from radixmesh.common.prefix_cache.block_table import BlockCopy, SequenceManager
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.ids import BlockId
 

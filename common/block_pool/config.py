@@ -5,8 +5,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from radixmesh.node_agent.memory.pool.eviction import DEFAULT_EVICTION, EVICTION_ORDERS, CopiesElsewhere
-from radixmesh.node_agent.memory.pool.s3fifo import Recalled
+from radixmesh.common.block_pool.eviction import DEFAULT_EVICTION, EVICTION_ORDERS, CopiesElsewhere
+from radixmesh.common.block_pool.s3fifo import Recalled
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
 

@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixmesh.cluster.metadata.index import GlobalIndex
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
-from radixmesh.node_agent.memory.pool.config import PoolConfig, PoolHooks
-from radixmesh.node_agent.memory.pool.eviction import make_eviction_order
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.block_pool.config import PoolConfig, PoolHooks
+from radixmesh.common.block_pool.eviction import make_eviction_order
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockRemoved, BlockStored, Tier
 from radixmesh.proto.ids import BlockId, NodeId

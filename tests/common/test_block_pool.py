@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.memory.pool.config import PoolConfig, PoolHooks
-from radixmesh.node_agent.memory.pool.free_runs import FreeRuns
+from radixmesh.common.block_pool.block_pool import BlockPool, OutOfBlocks
+from radixmesh.common.block_pool.config import PoolConfig, PoolHooks
+from radixmesh.common.block_pool.free_runs import FreeRuns
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId

@@ -5,7 +5,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
+from radixmesh.common.block_pool.block_pool import BlockPool
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockRemoved, BlockStored, CacheEvent
 from radixmesh.proto.ids import BlockId

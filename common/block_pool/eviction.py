@@ -4,9 +4,9 @@ the cluster-aware preference for blocks that another node also holds."""
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from radixmesh.node_agent.memory.pool.adaptive import AdaptiveS3FIFO
-from radixmesh.node_agent.memory.pool.lru import Group, LazyLRU
-from radixmesh.node_agent.memory.pool.s3fifo import S3FIFO, Recalled
+from radixmesh.common.block_pool.adaptive import AdaptiveS3FIFO
+from radixmesh.common.block_pool.lru import Group, LazyLRU
+from radixmesh.common.block_pool.s3fifo import S3FIFO, Recalled
 from radixmesh.proto.block_hash import BlockHash
 
 CopiesElsewhere = Callable[[BlockHash], int]
@@ -81,6 +81,11 @@ lru lost the scan-heavy traces. `adaptive` moves its probation share by which gh
 blocks come from, and was chosen on the tuning half of bench/workload_hit_rate.py's workloads
 (within 0.7% of the better of lru and s3fifo in every cell there); the held-out half is reported
 beside it in the README."""
+
+DEFAULT_HANDOFF = False
+"""Whether an agent hands the blocks it evicts to a peer (AgentConfig.handoff; the launcher and the
+simulator read it too, so `radixmesh sim` runs what `radixmesh up` runs): off until measured on real
+traffic (the simulator's best row uses it)."""
 
 
 def make_eviction_order(name: str, ref: list[int], hashes: list[BlockHash | None]) -> EvictionOrder:

@@ -11,9 +11,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool, OutOfBlocks
-from radixmesh.node_agent.memory.pool.config import PoolConfig
+from radixmesh.common.block_pool.block_pool import BlockPool, OutOfBlocks
+from radixmesh.common.block_pool.config import PoolConfig
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockRemoved, BlockStored
 from radixmesh.proto.ids import BlockId

@@ -4,7 +4,7 @@ used once, a main queue for blocks used again, and a ghost of recent evictions."
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from radixmesh.node_agent.memory.pool.lru import Group, LazyLRU
+from radixmesh.common.block_pool.lru import Group, LazyLRU
 from radixmesh.proto.block_hash import BlockHash
 
 Recalled = Callable[[BlockHash], bool]

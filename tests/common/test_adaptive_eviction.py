@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.memory.pool.adaptive import AdaptiveS3FIFO
-from radixmesh.node_agent.memory.pool.block_pool import BlockPool
-from radixmesh.node_agent.memory.pool.config import PoolConfig, PoolHooks
+from radixmesh.common.block_pool.adaptive import AdaptiveS3FIFO
+from radixmesh.common.block_pool.block_pool import BlockPool
+from radixmesh.common.block_pool.config import PoolConfig, PoolHooks
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
 from tests.support.hashes import h

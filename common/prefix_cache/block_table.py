@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, NewType
 
-from radixmesh.node_agent.memory.cache.prefix_cache import PrefixCache
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.ids import BlockId
 

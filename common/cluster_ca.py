@@ -9,7 +9,9 @@ secret as the cluster secret it comes from (docs/security.md#tls).
 
 import datetime
 import ipaddress
+import ssl
 import stat
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +137,24 @@ def served_names(host: str, here: str) -> Sequence[str]:
     except ValueError:
         wildcard = False
     return [here] if wildcard else [host, here] if host != here else [host]
+
+
+def server_tls(cert_chain: Path, private_key: Path) -> ssl.SSLContext:
+    """A TLS server context from PEM files (TLS 1.2 or later); OSError/ssl.SSLError when unreadable."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_chain, private_key)
+    return context
+
+
+def server_tls_pem(cert_chain: bytes, private_key: bytes) -> ssl.SSLContext:
+    """`server_tls` from PEM bytes (ssl loads keys only from files: they live in a private temporary
+    directory for the duration of the load)."""
+    with tempfile.TemporaryDirectory() as d:
+        cert, key = Path(d) / "cert.pem", Path(d) / "key.pem"
+        cert.write_bytes(cert_chain)
+        key.write_bytes(private_key)
+        return server_tls(cert, key)
 
 
 def _san(name: str) -> x509.GeneralName:

@@ -23,8 +23,7 @@ from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metadata.publisher import EventPublisher, PendingHits, PublisherConfig, PublisherStats
 from radixmesh.common.metrics.exposition import render_prometheus
-from radixmesh.common.metrics.scrape import MetricsServer, ScrapeTarget, metrics_token
-from radixmesh.common.secret import is_loopback
+from radixmesh.common.metrics.scrape import MetricsServer, ScrapeTarget
 from radixmesh.node_agent.announcement import announced_capacity, cached_chains, take_cache_events
 from radixmesh.node_agent.compute_group import compute_group, compute_share
 from radixmesh.node_agent.config import AgentConfig
@@ -124,9 +123,9 @@ class NodeAgent:
                 self._first_round = asyncio.ensure_future(self.publisher.flush())
                 await asyncio.wait([self._first_round], timeout=FIRST_ROUND_S)
             if self.config.metrics_port is not None:
-                host = self.config.host
-                token = None if is_loopback(host) else metrics_token(self.config.secret)
-                self._metrics_server = MetricsServer(self.prometheus_text, host, self.config.metrics_port, token)
+                self._metrics_server = MetricsServer.for_agent(self.prometheus_text, self.config.host,
+                                                               self.config.metrics_port, self.config.secret,
+                                                               tls=self.config.metrics_tls)
                 await self._metrics_server.start()
         except BaseException:
             await self.stop()
@@ -371,7 +370,8 @@ class NodeAgent:
         """Where Prometheus scrapes this agent itself (None: it serves no /metrics of its own)."""
         if self._metrics_server is None:
             return None
-        return ScrapeTarget(self._metrics_server.address, self.node, self.config.zone)
+        return ScrapeTarget(self._metrics_server.address, self.node, self.config.zone,
+                            scheme=self._metrics_server.scheme)
 
     async def check_invariants(self) -> None:
         """The engine's and both tiers' invariants (raises AssertionError with the numbers)."""

@@ -50,6 +50,9 @@ class AgentConfig:
     """Port of the agent's own GET /metrics on `host` (0: any free port; None: no endpoint, the
     router's merged /metrics still has it). Off loopback it requires the metrics token
     (common.metrics.scrape.metrics_token)."""
+    metrics_tls: bool = True
+    """Off loopback, serve that /metrics over TLS with a certificate minted from the cluster secret's CA
+    (common.metrics.scrape.MetricsServer.for_agent). False: plain text (`up --no-tls`)."""
     zone: str = ""
     """Availability zone of the agent's machine, a label of its scrape target ("": unknown; the agent
     actor fills it from the Ray node's `ray.io/availability-zone` label)."""

@@ -49,10 +49,8 @@ import asyncio
 import hmac
 import logging
 import ssl
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -68,6 +66,7 @@ from radixmesh.cluster.api.ops_routes import add_operation_routes
 from radixmesh.cluster.observability.file_sd import FileSdConfig, FileSdPublisher
 from radixmesh.cluster.observability.stats_log import StatsLogger
 from radixmesh.cluster.router.router import Router
+from radixmesh.common.cluster_ca import server_tls, server_tls_pem
 from radixmesh.common.metrics.scrape_cache import ScrapeCache
 from radixmesh.common.secret import check_api_bind
 
@@ -195,21 +194,3 @@ async def start_http(router: Router, host: str, port: int, *, api_key: str = "",
         await publisher.listen_at(f"{host}:{bound}", "https" if tls is not None else "http")
     logger.info("router HTTP API on %s://%s:%d", "https" if tls is not None else "http", host, bound)
     return runner, bound
-
-
-def server_tls(cert_chain: Path, private_key: Path) -> ssl.SSLContext:
-    """A TLS server context from PEM files (TLS 1.2 or later); OSError/ssl.SSLError when unreadable."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert_chain, private_key)
-    return context
-
-
-def server_tls_pem(cert_chain: bytes, private_key: bytes) -> ssl.SSLContext:
-    """`server_tls` from PEM bytes (ssl loads keys only from files: they live in a private temporary
-    directory for the duration of the load)."""
-    with tempfile.TemporaryDirectory() as d:
-        cert, key = Path(d) / "cert.pem", Path(d) / "key.pem"
-        cert.write_bytes(cert_chain)
-        key.write_bytes(private_key)
-        return server_tls(cert, key)

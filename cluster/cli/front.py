@@ -14,12 +14,15 @@ A bind-all host there (`*`, 0.0.0.0, ::) is where the engine listens: the front 
 host of the engine's URL (10.0.0.5) on that port. An engine started with `--api-key` gets
 `key-env=VAR` in its spec: the front sends the key in $VAR (never on the command line) on every
 call to it. KV events over tcp are not authenticated (docs/security.md): an ipc:// path in a folder
-only this user may write is, and is checked at start.
+only this user may write is, and is checked at start; so are radixmesh agents' tcp sockets, followed
+as a CURVE client with `--kv-events-secret-file` (their cluster secret).
 
 One process: a metadata service on 127.0.0.1 (memory state, a fresh secret), every engine's KV
 events ingested into it (ExternalFleet), and the OpenAI API of a Router that routes with
 `cost_no_pull`. It prints the API's URL, then serves until Ctrl-C or SIGTERM. Its admin endpoints
 (the prefix-cache reset) take `--admin-key` ($RADIXMESH_ADMIN_KEY); without one they answer 403.
+Beyond loopback the API serves TLS (`--tls-cert/--tls-key`, or a certificate minted from an
+operator's CA with `--tls-dir`) or, with `--no-tls` only, plain text.
 """
 
 import asyncio
@@ -29,7 +32,9 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Mapping
+import socket
+import ssl
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -42,13 +47,15 @@ from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.fleet.external_fleet import ExternalFleet
 from radixmesh.cluster.fleet.ingest.external_engine import ExternalEngineConfig
 from radixmesh.cluster.fleet.ingest.subscriber import MAX_MESSAGE_BYTES, SubscriberConfig
+from radixmesh.cluster.launch.secret_file import read_secret
 from radixmesh.cluster.metadata.server import ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.router import Router
+from radixmesh.common.cluster_ca import ClusterCa, served_names, server_tls, server_tls_pem
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
-from radixmesh.common.secret import ClusterSecret, check_api_bind
+from radixmesh.common.secret import ClusterSecret, check_api_bind, is_loopback
 from radixmesh.common.text.chat_template import (
     ChatTemplate,
     PlainChatTemplate,
@@ -72,10 +79,11 @@ MIN_ADMIN_KEY_CHARS = 16
 
 def parse_engine(spec: str, *, model: str, block_size: int, layout: str, hash_key: bytes,
                  capacity_blocks: int, environ: Mapping[str, str] = os.environ,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> ExternalEngineConfig:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, curve: ClusterSecret | None = None) -> ExternalEngineConfig:
     """`name=N,url=U,events=E[,replay=R][,topic=T][,key-env=VAR]` or `name=N,url=U[,key-env=VAR],
     kv-events-config=JSON` as an engine's config, its API key read from `environ[VAR]`; ValueError
-    naming the problem."""
+    naming the problem. With `curve` (a cluster secret), tcp events are followed as a CURVE client of
+    a publisher of that secret (a radixmesh agent's: common.kv_events_curve); ipc ones stay plain."""
     # The JSON holds commas, so its field comes last and takes the rest of the spec.
     head, sep, kv_events_config = spec.partition("," + _KV_EVENTS_CONFIG)
     fields: dict[str, str] = {}
@@ -94,7 +102,8 @@ def parse_engine(spec: str, *, model: str, block_size: int, layout: str, hash_ke
         events = subscriber_from_kv_events_config(kv_events_config, fields["url"])
     else:
         events = SubscriberConfig(fields["events"], fields.get("replay"), fields.get("topic", ""))
-    events = dataclasses.replace(events, max_message_bytes=max_message_bytes)
+    events = dataclasses.replace(events, max_message_bytes=max_message_bytes,
+                                 curve=curve if events.endpoint.startswith("tcp://") else None)
     api_key = ""
     if "key-env" in fields:
         api_key = environ.get(fields["key-env"], "")
@@ -177,16 +186,34 @@ def _connect_address(endpoint: str, engine_host: str) -> str:
                    f"they answer 403]. At least {MIN_ADMIN_KEY_CHARS} characters, not the API key.")
 @click.option("--kv-events-max-bytes", default=MAX_MESSAGE_BYTES, show_default=True,
               type=click.IntRange(1024), help="Longest KV-event frame read from an engine; a longer one is a lost batch.")
+@click.option("--kv-events-secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Follow every engine's tcp KV events as a CURVE client with the keys of this cluster secret "
+                   "(hex, mode 0600): radixmesh agents publish so (`radixmesh kv-events-keys` prints the same "
+                   "keys); only a publisher holding it is followed, and every frame is encrypted.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="PEM certificate (valid for --host) the API serves TLS with.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Its PEM private key.")
+@click.option("--tls-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="An operator's CA (ca.pem, ca.key mode 0600) to mint the API's certificate from for --host; "
+                   "clients trust its ca.pem.")
+@click.option("--no-tls", is_flag=True,
+              help="Serve plain text beyond loopback (refused there otherwise): the API key and prompts then "
+                   "cross the network readable.")
 def front(engines: tuple[str, ...], model: str, tokenizer: Path | None, block_size: int, max_context: int,
-          capacity_blocks: int, host: str, port: int, api_key: str, admin_key: str, kv_events_max_bytes: int) -> None:
+          capacity_blocks: int, host: str, port: int, api_key: str, admin_key: str, kv_events_max_bytes: int,
+          kv_events_secret_file: Path | None, tls_cert: Path | None, tls_key: Path | None, tls_dir: Path | None,
+          no_tls: bool) -> None:
     """Route requests over existing vLLM/SGLang engines by the prefixes their KV events show."""
     secret = ClusterSecret.generate()
     layout = f"external:{model}:bs{block_size}"
     try:
         check_api_bind(host, api_key)
+        tls = api_tls(host, tls_cert, tls_key, tls_dir, no_tls)
         admin = _admin_config(admin_key, api_key)
+        curve = _kv_events_secret(kv_events_secret_file) if kv_events_secret_file is not None else None
         configs = [parse_engine(s, model=model, block_size=block_size, layout=layout, hash_key=secret.hash_key(),
-                                capacity_blocks=capacity_blocks, max_message_bytes=kv_events_max_bytes)
+                                capacity_blocks=capacity_blocks, max_message_bytes=kv_events_max_bytes, curve=curve)
                    for s in engines]
         tok = load_tokenizer(tokenizer)
         template = _chat_template(tokenizer)
@@ -196,9 +223,41 @@ def front(engines: tuple[str, ...], model: str, tokenizer: Path | None, block_si
                           hash_key=secret.hash_key(),
                           limits=PromptLimits(vocab_size=tok.vocab_size, max_context_tokens=max_context))
     try:
-        asyncio.run(_serve(config, configs, secret, tok, template, host, port, api_key, admin))
+        asyncio.run(_serve(config, configs, secret, tok, template, host, port, api_key, admin, tls=tls))
     except ValueError as e:  # an ipc source others could bind (subscriber.check_source)
         raise click.ClickException(str(e)) from None
+
+
+def api_tls(host: str, tls_cert: Path | None, tls_key: Path | None, tls_dir: Path | None,
+            no_tls: bool) -> ssl.SSLContext | None:
+    """The TLS the API serves on `host`: the files given, a certificate minted for `host` from the CA in
+    `tls_dir`, or none (loopback, or `no_tls`). ValueError beyond loopback with none of them (the
+    front's secret is fresh each run, so there is no CA of its own clients could know), for options
+    that exclude each other, and for files that are not a certificate and its key."""
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if sum((tls_cert is not None, tls_dir is not None, no_tls)) > 1:
+        raise ValueError("--tls-cert/--tls-key, --tls-dir and --no-tls exclude each other")
+    if tls_cert is not None and tls_key is not None:
+        try:
+            return server_tls(tls_cert, tls_key)
+        except (OSError, ssl.SSLError) as e:
+            raise ValueError(f"--tls-cert {tls_cert} / --tls-key {tls_key}: not a PEM certificate and its key ({e})") from None
+    if tls_dir is not None:
+        # A wildcard host is reached by this machine's name, as `metadata-server` names it.
+        served = ClusterCa.load(tls_dir).issue(served_names(host, socket.getfqdn()))
+        return server_tls_pem(served.cert_chain, served.private_key)
+    if not no_tls and not is_loopback(host):
+        raise ValueError(f"the API on {host!r} (beyond loopback) serves TLS: give --tls-cert/--tls-key or --tls-dir, "
+                         "or --no-tls to send the API key and prompts readable")
+    return None
+
+
+def _kv_events_secret(path: Path) -> ClusterSecret:
+    try:
+        return read_secret(path)
+    except ValueError as e:  # missing, readable by others, or not a secret
+        raise ValueError(f"--kv-events-secret-file: {e}") from None
 
 
 def _admin_config(admin_key: str, api_key: str) -> AdminConfig:
@@ -220,7 +279,9 @@ def _chat_template(tokenizer: Path | None) -> ChatTemplate:
 
 async def _serve(config: RouterConfig, engines: list[ExternalEngineConfig], secret: ClusterSecret,
                  tokenizer: Tokenizer, template: ChatTemplate, host: str, port: int, api_key: str,
-                 admin: AdminConfig) -> None:
+                 admin: AdminConfig, tls: ssl.SSLContext | None = None,
+                 announce: Callable[[str], None] = click.echo) -> None:
+    """Serve until SIGINT or SIGTERM (or cancelled); `announce` is told the API's URL once it listens."""
     server, metadata_port = create_server(MetadataService(), ServerOptions("127.0.0.1", 0, secret=secret))
     await server.start()
     target = f"127.0.0.1:{metadata_port}"
@@ -236,11 +297,12 @@ async def _serve(config: RouterConfig, engines: list[ExternalEngineConfig], secr
         metadata = MetadataClient(target, credentials=CallerCredentials.cluster(secret))
         stack.push_async_callback(metadata.close)
         router = Router(config, StaticAgentDirectory(clients), metadata, tokenizer=tokenizer, chat_template=template)
-        runner, bound = await start_http(router, host, port, api_key=api_key, admin=admin)
+        runner, bound = await start_http(router, host, port, api_key=api_key, admin=admin, tls=tls)
         stack.push_async_callback(runner.cleanup)
-        click.echo(f"radixmesh front: http://{host}:{bound}/v1 over {len(engines)} engine(s)", nl=True)
+        announce(f"radixmesh front: {'https' if tls else 'http'}://{host}:{bound}/v1 over {len(engines)} engine(s)")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+            stack.callback(loop.remove_signal_handler, sig)
         await stop.wait()

@@ -105,8 +105,9 @@ class LauncherConfig:
     None: `up` mints one when `tls_default` says so (launch.tls.with_tls)."""
     tls_default: bool = True
     """With no `tls` and a `host` beyond loopback, `up` serves the metadata service and the API over
-    TLS with a certificate it mints from the cluster CA (`tls_dir`'s, else the secret's). False:
-    plain text (`up --no-tls`): bearer tokens and prompts cross the network readable."""
+    TLS with a certificate it mints from the cluster CA (`tls_dir`'s, else the secret's), and agents
+    beyond loopback serve their own /metrics over TLS (AgentConfig.metrics_tls). False: plain text
+    (`up --no-tls`): bearer tokens and prompts cross the network readable."""
     tls_dir: Path | None = None
     """An operator's CA (`ca.pem`, `ca.key` mode 0600: common.cluster_ca.ClusterCa.load) to mint the
     certificate from, instead of the CA derived from the secret (`up --tls-dir`)."""
@@ -209,6 +210,7 @@ class LauncherConfig:
                            heartbeat_interval_s=self.heartbeat_interval_s,
                            publish_interval_s=self.publish_interval_s,
                            metrics_port=0 if self.prometheus_dir is not None else None,
+                           metrics_tls=self.tls_default,
                            kv_events_endpoint=self.kv_events_endpoint_of(node),
                            disk_cache=str(self.disk_cache / node) if self.disk_cache is not None else None,
                            disk_cache_bytes=int(self.disk_cache_gb * 2**30),

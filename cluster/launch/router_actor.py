@@ -25,9 +25,9 @@ from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig
 from radixmesh.cluster.launch.reconcile import AgentReconciler, RayAgents
 from radixmesh.cluster.launch.secret_file import NodeKey, NodeSecret, NodeTls, api_key_path
+from radixmesh.cluster.launch.tls import scrape_ca
 from radixmesh.cluster.observability.file_sd import TARGETS_FILE, FileSdConfig
 from radixmesh.cluster.router.router import Router
-from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metrics.scrape import metrics_token
@@ -96,7 +96,7 @@ class RouterActor:
                         tokenizer=tokenizer, chat_template=template)
         tls = server_tls_pem(cfg.tls.cert_chain, cfg.tls.private_key) if cfg.tls else None
         # The CA is written even without TLS: deploy/prometheus.yml names the file either way.
-        ca = cfg.tls.trust if cfg.tls else ClusterCa.derive(cfg.secret).certificate
+        ca = scrape_ca(cfg.tls, cfg.secret)
         file_sd = (FileSdConfig(cfg.prometheus_dir / TARGETS_FILE, metrics_token=metrics_token(cfg.secret),
                                 ca_certificate=ca)
                    if cfg.prometheus_dir is not None else None)

@@ -14,7 +14,7 @@ from radixmesh.cluster.launch.cluster_record import ca_file_path
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.common.cluster_ca import ClusterCa, served_names
-from radixmesh.common.secret import is_loopback
+from radixmesh.common.secret import ClusterSecret, is_loopback
 
 
 def with_tls(config: LauncherConfig, here: str) -> LauncherConfig:
@@ -28,6 +28,15 @@ def with_tls(config: LauncherConfig, here: str) -> LauncherConfig:
     if config.tls is not None:
         write_ca_file(config.tls.trust, ca_file_path())
     return config
+
+
+def scrape_ca(tls: TlsFiles | None, secret: ClusterSecret) -> bytes:
+    """What Prometheus verifies https targets against (its `ca.pem`): the secret's CA, which agents
+    mint their own /metrics certificates from, then the servers' roots when they are others
+    (`--tls-dir`'s CA, a `--tls-cert`): the operator's CA key stays on the head, so agents never mint
+    from it."""
+    derived = ClusterCa.derive(secret).certificate
+    return derived if tls is None or tls.trust == derived else derived + tls.trust
 
 
 def write_ca_file(pem: bytes, path: Path) -> None:

@@ -10,8 +10,8 @@ The router's target asks `/metrics?scope=router`: its own metrics and those of a
 no target (external engines' ingestion), so no agent sample is scraped twice. The file is replaced
 atomically (written aside, then renamed): Prometheus rereads it on change and must never read half.
 Next to it, `metrics_token` (0600) holds the bearer token agents off loopback require
-(common.metrics.scrape) and `ca.pem` the CA an https router is verified against; deploy/prometheus.yml
-reads all three.
+(common.metrics.scrape) and `ca.pem` the CAs https targets (agents and a router beyond loopback)
+are verified against; deploy/prometheus.yml reads all three.
 """
 
 import asyncio

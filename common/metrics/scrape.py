@@ -2,11 +2,12 @@
 
     GET /metrics    the agent's exposition (NodeAgent.prometheus_text), labelled node and model_name
 
-Access: open on a loopback address (only this machine reaches it, as the router's /metrics); on any
-other address a scrape must carry `Authorization: Bearer <metrics token>`, a key derived from the
-cluster secret (docs/security.md: no port other hosts reach opens unauthenticated). Prometheus sends
-it from `authorization: {credentials_file: ...}`; the router writes that file next to its file-SD
-target list (cluster.observability.file_sd).
+Access: open plain text on a loopback address (only this machine reaches it, as the router's
+/metrics); on any other address a scrape must carry `Authorization: Bearer <metrics token>`, a key
+derived from the cluster secret, over TLS with a certificate the agent mints for its address from the
+secret's cluster CA (docs/security.md#tls; `up --no-tls`: plain text). Prometheus sends the token from
+`authorization: {credentials_file: ...}` and verifies against `tls_config.ca_file`; the router writes
+both next to its file-SD target list (cluster.observability.file_sd).
 """
 
 import hmac
@@ -17,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from radixmesh.common.cluster_ca import ClusterCa, ServerCertificate, server_tls_pem
 from radixmesh.common.metrics.scrape_cache import ScrapeCache
 from radixmesh.common.secret import ClusterSecret, KeyPurpose, is_loopback
 from radixmesh.proto.ids import NodeId
@@ -49,11 +51,14 @@ class MetricsServer:
     """GET /metrics over aiohttp on host:port (0: a free one). Start and stop from one event loop."""
 
     def __init__(self, render: Callable[[], Coroutine[Any, Any, str]], host: str, port: int, token: str | None,
-                 cache: ScrapeCache | None = None) -> None:
+                 cache: ScrapeCache | None = None, tls: ServerCertificate | None = None) -> None:
         """`token` None: no authorization; only allowed on a loopback `host` (ValueError otherwise).
-        `cache`: where renders are kept (default: one a second, as the router's /metrics)."""
+        `cache`: where renders are kept (default: one a second, as the router's /metrics). `tls`:
+        serve https with this certificate (plain HTTP then gets no answer); None: plain text."""
         if token is None and not is_loopback(host):
             raise ValueError(f"an agent's /metrics on {host!r} needs the cluster secret's metrics token")
+        self.tls = tls
+        self._context = None if tls is None else server_tls_pem(tls.cert_chain, tls.private_key)
         self._render = render
         # Each render runs on the engine thread: a scrape flood must not make one render per GET
         # (issue 38: 200 GETs were 200 renders, and requests slowed tenfold).
@@ -64,16 +69,33 @@ class MetricsServer:
         self.address = ""
         """host:port it listens on, once started."""
 
+    @classmethod
+    def for_agent(cls, render: Callable[[], Coroutine[Any, Any, str]], host: str, port: int, secret: ClusterSecret,
+                  tls: bool = True) -> "MetricsServer":
+        """An agent's endpoint on `host`: open plain text on loopback; beyond it, the metrics token, over
+        TLS unless `tls` is False (`up --no-tls`). Every holder of the secret derives the same CA, so
+        the agent mints its own certificate for `host` (a fresh key each start) and Prometheus, which
+        trusts that CA, verifies it with nothing distributed."""
+        if is_loopback(host):
+            return cls(render, host, port, None)
+        served = ClusterCa.derive(secret).issue([host]) if tls else None
+        return cls(render, host, port, metrics_token(secret), tls=served)
+
+    @property
+    def scheme(self) -> str:
+        """"https" when it serves TLS, else "http" (its scrape target's __scheme__)."""
+        return "http" if self.tls is None else "https"
+
     async def start(self) -> str:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port)
+        site = web.TCPSite(runner, self._host, self._port, ssl_context=self._context)
         await site.start()
         self._runner = runner
         self.address = f"{self._host}:{int(runner.addresses[0][1])}"
-        logger.info("agent /metrics on http://%s/metrics%s", self.address,
+        logger.info("agent /metrics on %s://%s/metrics%s", self.scheme, self.address,
                     "" if self._expected is None else " (bearer token required)")
         return self.address
 

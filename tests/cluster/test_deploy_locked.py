@@ -85,7 +85,7 @@ def test_up_runs_with_an_api_key_made_once_on_the_head_and_the_transfer_mac(name
 def test_front_takes_its_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
 
-    async def serve(*args: object) -> None:
+    async def serve(*args: object, **kwargs: object) -> None:
         seen.append(str(args[-2]))  # the api key (the admin config follows it)
 
     monkeypatch.setattr(front_cli, "_serve", serve)

@@ -15,7 +15,7 @@ from radixmesh.cluster.bench.arms import ARMS, RunningCluster, Target
 from radixmesh.cluster.cli.inspect import _fetch, client_access
 from radixmesh.cluster.launch.cluster_record import ca_file_path
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.cluster.launch.tls import with_tls
+from radixmesh.cluster.launch.tls import scrape_ca, with_tls
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.observability.file_sd import file_sd_groups
 from radixmesh.cluster.sim.replay import ReplayConfig, replay
@@ -24,7 +24,7 @@ from radixmesh.cluster.sim.trace import TraceRequest
 from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
-from radixmesh.common.metrics.scrape import ScrapeTarget
+from radixmesh.common.metrics.scrape import MetricsServer, ScrapeTarget, metrics_token
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.proto.ids import NodeId
 from tests.common.test_cluster_ca import operator_ca, verify
@@ -35,6 +35,7 @@ from tests.support.tiny_model import BS, MODEL_NAME
 pytestmark = pytest.mark.anyio
 SECRET = ClusterSecret(bytes(range(32)))
 HEAD = "198.18.0.1"
+AGENT = "198.18.0.2"
 
 
 @pytest.fixture(autouse=True)
@@ -138,9 +139,54 @@ async def _fetch_off_loop(base: str) -> dict[str, object]:
     return await asyncio.to_thread(_fetch, base)
 
 
-def test_prometheus_is_told_the_router_serves_https() -> None:
+def test_prometheus_is_told_the_router_and_agents_serve_https() -> None:
     router = ScrapeTarget("198.18.0.1:8000", None, params=(("scope", "router"),), scheme="https")
-    agent = ScrapeTarget("198.18.0.2:41877", NodeId("n"))
-    [r, a] = file_sd_groups([router, agent])
-    assert r["labels"]["__scheme__"] == "https"  # type: ignore[index]
-    assert "__scheme__" not in a["labels"]  # type: ignore[operator]  # agents' /metrics stay http
+    agent = ScrapeTarget("198.18.0.2:41877", NodeId("n"), scheme="https")
+    local = ScrapeTarget("127.0.0.1:41878", NodeId("m"))
+    [r, a, p] = file_sd_groups([router, agent, local])
+    assert r["labels"]["__scheme__"] == a["labels"]["__scheme__"] == "https"  # type: ignore[index]
+    assert "__scheme__" not in p["labels"]  # type: ignore[operator]  # loopback agents stay http
+
+
+async def render() -> str:
+    return "# TYPE radixmesh_x gauge\nradixmesh_x 1.0\n"
+
+
+def test_an_agent_beyond_loopback_serves_its_metrics_over_tls_of_the_secrets_ca() -> None:
+    """Issue 38 item 16: an agent's own /metrics was plain HTTP off loopback, its bearer token readable."""
+    agent = MetricsServer.for_agent(render, AGENT, 0, SECRET)
+    assert agent.scheme == "https" and agent.tls is not None
+    verify(agent.tls, ClusterCa.derive(SECRET).certificate, AGENT)  # minted on its node, nothing distributed
+    assert MetricsServer.for_agent(render, "127.0.0.1", 0, SECRET).scheme == "http"  # loopback: plain, open
+    assert MetricsServer.for_agent(render, AGENT, 0, SECRET, tls=False).scheme == "http"  # --no-tls
+    node = NodeId("node-0")
+    assert LauncherConfig(host=HEAD, api_key="sk-k", secret=SECRET).agent_config(node, "m:1", AGENT).metrics_tls
+    plain = LauncherConfig(host=HEAD, api_key="sk-k", secret=SECRET, tls_default=False)
+    assert not plain.agent_config(node, "m:1", AGENT).metrics_tls
+
+
+async def test_an_agents_tls_metrics_refuse_plain_text_and_want_the_token(tmp_path: Path) -> None:
+    # The router's ca.pem for Prometheus holds the secret's CA (agents) and, with --tls-dir, the
+    # operator's (router, metadata service): both verify.
+    operator = operator_ca(tmp_path)
+    servers = with_tls(LauncherConfig(host=HEAD, api_key="sk-k", secret=SECRET, tls_dir=tmp_path), HEAD).tls
+    assert servers is not None and scrape_ca(servers, SECRET) == ClusterCa.derive(SECRET).certificate + operator
+    assert scrape_ca(None, SECRET) == scrape_ca(minted(HEAD), SECRET) == ClusterCa.derive(SECRET).certificate
+    prometheus = ssl.create_default_context(cadata=scrape_ca(servers, SECRET).decode())
+    token = metrics_token(SECRET)
+    server = MetricsServer(render, "127.0.0.1", 0, token, tls=ClusterCa.derive(SECRET).issue(["127.0.0.1"]))
+    address = await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"https://{address}/metrics", ssl=prometheus,
+                                headers={"Authorization": f"Bearer {token}"}) as r:
+                assert r.status == 200 and "radixmesh_x 1.0" in await r.text()
+            async with http.get(f"https://{address}/metrics", ssl=prometheus) as r:
+                assert r.status == 401  # TLS is no credential
+            with pytest.raises(aiohttp.ClientError):  # plain HTTP gets no answer
+                await http.get(f"http://{address}/metrics", headers={"Authorization": f"Bearer {token}"})
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):  # nor a client of other roots
+                await http.get(f"https://{address}/metrics", ssl=ssl.create_default_context(
+                    cadata=ClusterCa.derive(ClusterSecret(bytes(range(1, 33)))).certificate.decode()))
+    finally:
+        await server.stop()

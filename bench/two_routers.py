@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: t
 from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
 from radixmesh.cluster.policy.base import PolicyConfig
 from radixmesh.cluster.router.router import Router
-from radixmesh.cluster.sim.replay import ReplayConfig, fit
 from radixmesh.cluster.sim.trace import read_trace
+from radixmesh.cluster.sim.trace_replay import ReplayConfig, fit
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.node_agent.agent import NodeAgent

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
-from radixmesh.cluster.cli.inspect import API_KEY_ENV
+from radixmesh.cluster.cli.route_stats import API_KEY_ENV
 from radixmesh.cluster.launch.reconcile import AGENT_RESOURCE
 from radixmesh.cluster.launch.secret_file import SECRET_ENV
 

@@ -39,7 +39,6 @@ from radixmesh.cluster.bench.metrics import Slo
 from radixmesh.cluster.bench.runner import BenchPlan, RateLadder, run_bench
 from radixmesh.cluster.bench.schedule import Workload
 from radixmesh.cluster.bench.workloads import GENERATORS, TraceWorkload, workload_settings
-from radixmesh.cluster.cli.inspect import client_access
 from radixmesh.cluster.cli.options import (
     cache_options,
     chosen_engine,
@@ -47,6 +46,7 @@ from radixmesh.cluster.cli.options import (
     chosen_log_level,
     engine_options,
 )
+from radixmesh.cluster.cli.route_stats import client_access
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.router_client import ClientAccess

@@ -42,7 +42,7 @@ import click
 
 from radixmesh.cluster.api.admin import NO_ADMIN, AdminConfig
 from radixmesh.cluster.api.app import start_http
-from radixmesh.cluster.cli.inspect import API_KEY_ENV
+from radixmesh.cluster.cli.route_stats import API_KEY_ENV
 from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.fleet.external_fleet import ExternalFleet
 from radixmesh.cluster.fleet.ingest.external_engine import ExternalEngineConfig

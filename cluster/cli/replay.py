@@ -11,13 +11,13 @@ import click
 import ray
 from click.core import ParameterSource
 
-from radixmesh.cluster.cli.inspect import client_access
 from radixmesh.cluster.cli.options import cache_options, chosen_log_level
+from radixmesh.cluster.cli.route_stats import client_access
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
-from radixmesh.cluster.sim.replay import ReplayConfig, ReplayReport, replay
 from radixmesh.cluster.sim.router_client import RouterUnreachable, served_model
 from radixmesh.cluster.sim.trace import read_trace
+from radixmesh.cluster.sim.trace_replay import ReplayConfig, ReplayReport, replay
 from radixmesh.common.block_pool.eviction import DEFAULT_EVICTION
 from radixmesh.node_agent import resolve_model
 

@@ -1,4 +1,4 @@
-"""`radixmesh up / down`: run a deployment (`route` and `stats`, which look at one, are in inspect.py).
+"""`radixmesh up / down`: run a deployment (`route` and `stats`, which look at one, are in route_stats.py).
 
     radixmesh up --local 3                 # this machine, 3 simulated nodes; prints the URL, stays up
     radixmesh up --address auto            # an existing Ray cluster (`ray up`): one agent per GPU
@@ -16,7 +16,6 @@ from pathlib import Path
 import click
 import ray
 
-from radixmesh.cluster.cli.inspect import API_KEY_ENV
 from radixmesh.cluster.cli.options import (
     ByteSize,
     cache_options,
@@ -25,6 +24,7 @@ from radixmesh.cluster.cli.options import (
     chosen_log_level,
     engine_options,
 )
+from radixmesh.cluster.cli.route_stats import API_KEY_ENV
 from radixmesh.cluster.launch import cluster_record, launcher, worker_logging
 from radixmesh.cluster.launch.cluster_record import ca_file_path
 from radixmesh.cluster.launch.config import NAMESPACE, LauncherConfig

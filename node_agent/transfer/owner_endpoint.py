@@ -16,9 +16,9 @@ import ray
 
 from radixmesh.node_agent.transfer import Serial
 from radixmesh.node_agent.transfer.handshake import NodeIdentity, ReplayGuard
+from radixmesh.node_agent.transfer.pull_source import TransferSource
 from radixmesh.node_agent.transfer.ray_transport import serve_pull
 from radixmesh.node_agent.transfer.server import TransferServer
-from radixmesh.node_agent.transfer.source import TransferSource
 from radixmesh.node_agent.transfer.transport import Peer, TransportError
 from radixmesh.proto.ids import NodeId
 

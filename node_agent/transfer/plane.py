@@ -18,8 +18,8 @@ from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, Tr
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.memory_path import MemoryPath, memory_path
 from radixmesh.node_agent.transfer.owner_endpoint import ENDPOINTS, RayEndpoint, parse_address
+from radixmesh.node_agent.transfer.pull_source import TransferSource
 from radixmesh.node_agent.transfer.ray_transport import RayTransport
-from radixmesh.node_agent.transfer.source import TransferSource
 from radixmesh.node_agent.transfer.stats import PeerStats
 from radixmesh.node_agent.transfer.transport import Transport, TransportError
 from radixmesh.node_agent.transfer.ucx_transport import UcxTransport

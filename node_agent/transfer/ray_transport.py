@@ -47,7 +47,7 @@ from radixmesh.node_agent.transfer.protocol import (
     encode_request,
     encode_trailer,
 )
-from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
+from radixmesh.node_agent.transfer.pull_source import OpenPull, TransferSource
 from radixmesh.node_agent.transfer.transport import (
     Peer,
     PeerChannel,

@@ -38,7 +38,7 @@ from radixmesh.node_agent.transfer.protocol import (
     read_frame,
     write_frame,
 )
-from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
+from radixmesh.node_agent.transfer.pull_source import OpenPull, TransferSource
 from radixmesh.node_agent.transfer.ucx_transport import import_ucxx, wire_buffer
 from radixmesh.proto.ids import NodeId
 

@@ -14,8 +14,8 @@ import yaml
 from click.testing import CliRunner
 
 from radixmesh.cluster.cli import front as front_cli
-from radixmesh.cluster.cli.inspect import API_KEY_ENV
 from radixmesh.cluster.cli.main import main
+from radixmesh.cluster.cli.route_stats import API_KEY_ENV
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 YAMLS = ["cluster.yaml", "local-cluster.yaml"]

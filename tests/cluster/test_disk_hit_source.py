@@ -5,7 +5,7 @@ hit reports on the wire."""
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from radixmesh.cluster.cli.inspect import render_stats
+from radixmesh.cluster.cli.route_stats import render_stats
 from radixmesh.cluster.observability.endpoints import stats_document
 from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.proto.ids import NodeId

@@ -9,8 +9,8 @@ import pytest
 from radixmesh.cluster.api.app import start_http
 from radixmesh.cluster.cli.replay import format_report
 from radixmesh.cluster.router.admission import AdmissionLimits
-from radixmesh.cluster.sim.replay import ReplayConfig, replay
 from radixmesh.cluster.sim.trace import TraceRequest
+from radixmesh.cluster.sim.trace_replay import ReplayConfig, replay
 from tests.support.router_cluster import BS, MODEL_NAME, local_cluster
 
 pytestmark = pytest.mark.anyio

@@ -6,7 +6,7 @@ import io
 import pytest
 from rich.console import Console
 
-from radixmesh.cluster.cli.inspect import count, render_stats
+from radixmesh.cluster.cli.route_stats import count, render_stats
 
 
 def stats_doc() -> dict[str, object]:

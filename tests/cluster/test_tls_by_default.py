@@ -12,15 +12,15 @@ import pytest
 
 from radixmesh.cluster.api.app import server_tls_pem, start_http
 from radixmesh.cluster.bench.arms import ARMS, RunningCluster, Target
-from radixmesh.cluster.cli.inspect import _fetch, client_access
+from radixmesh.cluster.cli.route_stats import _fetch, client_access
 from radixmesh.cluster.launch.cluster_record import ca_file_path
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.launch.tls import scrape_ca, with_tls
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.observability.file_sd import file_sd_groups
-from radixmesh.cluster.sim.replay import ReplayConfig, replay
 from radixmesh.cluster.sim.router_client import ClientAccess, router_decisions, router_stats
 from radixmesh.cluster.sim.trace import TraceRequest
+from radixmesh.cluster.sim.trace_replay import ReplayConfig, replay
 from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient

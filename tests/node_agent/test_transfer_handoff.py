@@ -12,7 +12,7 @@ from radixmesh.common.block_pool.eviction import EVICTION_ORDERS
 from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.transfer.protocol import PullRequest
-from radixmesh.node_agent.transfer.source import TransferSource
+from radixmesh.node_agent.transfer.pull_source import TransferSource
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.events import Tier
 from radixmesh.proto.serve.plan import PullPlan

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radixmesh.node_agent.transfer.protocol import PullRequest, Status
-from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
+from radixmesh.node_agent.transfer.pull_source import OpenPull, TransferSource
 from tests.support.transfer_owner import LAYOUT, SESSION, OwnerSpec, build_source, kv_digest, sequence_hashes
 
 SEQ = sequence_hashes(48)  # the owner caches SEQ[:40]

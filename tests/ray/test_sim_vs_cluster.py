@@ -18,9 +18,9 @@ import ray
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.config import SimConfig
-from radixmesh.cluster.sim.replay import ReplayConfig, fit, replay
 from radixmesh.cluster.sim.simulator import Simulator, prepare
 from radixmesh.cluster.sim.trace import read_trace
+from radixmesh.cluster.sim.trace_replay import ReplayConfig, fit, replay
 from tests.support.router_cluster import SOURCE
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]

@@ -26,8 +26,8 @@ from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.transfer.handshake import NodeIdentity, ReplayGuard, Session
 from radixmesh.node_agent.transfer.protocol import ChunkTrailer, PullRequest
+from radixmesh.node_agent.transfer.pull_source import OpenPull, TransferSource
 from radixmesh.node_agent.transfer.ray_transport import serve_pull
-from radixmesh.node_agent.transfer.source import OpenPull, TransferSource
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import BlockId, NodeId

@@ -5,7 +5,7 @@ AgentConfig and the router's RouterConfig from it, so every agent of a deploymen
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from radixmesh.cluster.launch import LOG_LEVELS
@@ -224,8 +224,11 @@ class LauncherConfig:
         yet is priced at that rate: at the default (this box's 2.5 GB/s) the pulls of a modeled H100
         cluster slowed 50x (0.8 GB/s) took 2.7-3.3x their price at p50, most of them on a pair's first
         pulls."""
-        policy = (PolicyConfig(block_bytes=block_bytes) if self.modeled is None else
-                  PolicyConfig(block_bytes=block_bytes, pull_bytes_per_s=self.modeled.wire_gbps * 1e9))
+        # The agents' engines run EngineConfig's sequence cap (agent_config sets only the block size
+        # and memory): the router prices the wait for a slot against it.
+        policy = PolicyConfig(block_bytes=block_bytes, max_seqs=EngineConfig(block_size=self.block_size).max_num_seqs)
+        if self.modeled is not None:
+            policy = replace(policy, pull_bytes_per_s=self.modeled.wire_gbps * 1e9)
         return RouterConfig(layout, block_size=self.block_size, policy=self.policy,
                             policy_config=policy, model_name=self.served_model_name,
                             hash_key=self.secret.hash_key(),

@@ -102,6 +102,10 @@ class PolicyConfig:
     step_tokens: int = 512
     """Tokens of one engine step (the agents' EngineConfig.max_num_batched_tokens): how many steps a
     queue of prefill tokens spans, each with a decode pass over the running requests."""
+    max_seqs: int = 64
+    """Sequences an agent's engine runs at once (EngineConfig.max_num_seqs; the launcher passes its
+    agents'): a request routed to a node with as many in flight waits for a slot (cost_model.seat_wait).
+    0: not known (an external engine), not priced."""
     decode_pass_tokens: float = 32.0
     """One decode pass over the running requests costs this many prefill tokens' time plus one per
     request (a small batch's pass reads every weight once, as a short prefill chunk does)."""
@@ -119,6 +123,8 @@ class PolicyConfig:
                 or not self.pull_latency_s >= 0):
             raise ValueError("host_bytes_per_s, disk_bytes_per_s and pull_bytes_per_s must be > 0, "
                              "pull_latency_s >= 0")
+        if self.max_seqs < 0:
+            raise ValueError(f"max_seqs must be >= 0, got {self.max_seqs}")
         if self.step_tokens < 1 or not (math.isfinite(self.decode_pass_tokens) and self.decode_pass_tokens >= 0):
             raise ValueError("step_tokens must be >= 1 and decode_pass_tokens a finite number >= 0")
 

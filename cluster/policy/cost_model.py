@@ -1,6 +1,7 @@
 """Estimated time to first token of a request on one node, the quantity the `cost` policy minimises.
 
-    TTFT = queue (waiting prefill + pulls in progress + decode passes of running requests)
+    TTFT = queue (waiting prefill + pulls in progress + decode passes of running requests
+                  + the wait for a sequence slot when the node runs as many as its engine allows)
            + host swap-in of the local prefix's host part, and the read of its disk part (the tail past
              the gpu and host runs, at the node's measured disk read rate)
            + pull of the blocks a peer has computed beyond the local prefix (only when cheaper than recomputing them)
@@ -23,6 +24,14 @@ step), and at least one step runs even when the whole prompt is cached. Priced p
 modeled H100 node's ~7 ms steps looked like 1 ms for a short uncached tail: on a workload of cached
 documents, TTFT estimates were 1.3-1.9x optimistic and every queue looked empty. Without a floor (the
 simulator's engine, which has no steps) the per-token prices stand.
+
+Sequence slots: an engine runs at most `max_seqs` requests at once (EngineConfig.max_num_seqs); a
+request routed to a node with `inflight >= max_seqs` waits until `k = inflight - max_seqs + 1` of them
+finish. Their decodes end spread over the node's mean decode time `D` (NodeView.decode_s, measured by
+the router), so the k-th of max_seqs ends after about ``k / (max_seqs + 1) x D`` (uniform residuals),
+growing past D when more wait than run. Unpriced, a node holding a hot document looked as fast with
+70 requests in flight as with 10: its queue of prefill tokens is empty (every prompt is cached), while
+each new request waited for a slot, seconds of decode, there.
 
 Sharing: agents of one compute group run on the same cores, each measuring its rate as if they were
 its own. Under processor sharing a stream of work x next to m busy streams w_j finishes after
@@ -60,7 +69,7 @@ class TTFTEstimate(NamedTuple):
     total_s: float
     queue_s: float
     """Work ahead of the prefill: waiting prefill, pulls in progress, decode passes (also those during
-    this request's own prefill)."""
+    this request's own prefill), and the wait for a sequence slot."""
     swap_s: float
     pull_s: float
     prefill_s: float
@@ -90,6 +99,15 @@ def step_in_progress(view: NodeView, config: PolicyConfig) -> float:
     """Expected seconds a new request waits for `view`'s node's step in progress before its own can
     start: half a step on average (`step_time`) while the node runs anything, else none."""
     return 0.5 * step_time(view, config) if view.inflight else 0.0
+
+
+def seat_wait(view: NodeView, config: PolicyConfig) -> float:
+    """Expected seconds a new request waits on `view`'s node for a sequence slot (module docstring):
+    0 below the engine's `max_seqs`, where nothing is measured yet, or where the cap is unknown."""
+    ahead = view.inflight - config.max_seqs + 1
+    if not config.max_seqs or ahead <= 0:
+        return 0.0
+    return ahead / (config.max_seqs + 1) * view.decode_s
 
 
 def delay_to_others(view: NodeView, extra_s: float) -> float:
@@ -187,7 +205,8 @@ class CostModel:
                 pull_blocks, pull_s = k, t
         tokens = request.prompt_tokens - (local + pull_blocks) * request.block_tokens
         prefill_s = tokens / rate
-        queue_s = self.queue_time(view, tokens)
+        # A slot's wait is not work on the node's cores (a mate's queue_time leaves it out).
+        queue_s = self.queue_time(view, tokens) + seat_wait(view, c)
         work = queue_s + swap_s + pull_s + prefill_s
         shared_s = sum(min(w, work) for w in shared)  # each w already scaled by `sharing`
         return TTFTEstimate(work + shared_s, queue_s, swap_s, pull_s, prefill_s, pull_blocks, shared_s)

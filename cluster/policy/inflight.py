@@ -22,12 +22,20 @@ class Ticket:
     """Estimated seconds of its planned pull, counted (as `queued_tokens`) until its prefill ends."""
     prefilled: bool = False
     finished: bool = False
+    prefilled_at: float = 0.0
+    """When its first token arrived (the table's clock): its decode time is measured from here."""
+
+
+DECODE_WEIGHT = 0.1
+"""Weight of one finished request in a node's mean decode time: about the last ten requests count, so
+the mean follows a node whose batch grows within a few seconds of traffic."""
 
 
 class InflightTable:
     """Per node: requests routed and not finished, prompt tokens routed and not yet prefilled, their
-    planned pull seconds, requests prefilled and not finished (decoding), and recent work (prompt
-    tokens routed, decayed with `half_life_s` on `clock`; see RecentWork).
+    planned pull seconds, requests prefilled and not finished (decoding), how long a request decodes
+    there (first token to finish, a moving mean over the requests that finished), and recent work
+    (prompt tokens routed, decayed with `half_life_s` on `clock`; see RecentWork).
 
     Every `start` is matched by one `finish` (which implies `prefilled`); both are idempotent per
     ticket, so a retry path that finishes twice cannot drive a count negative.
@@ -36,7 +44,9 @@ class InflightTable:
     def __init__(
         self, clock: Callable[[], float] = time.monotonic, half_life_s: float = DEFAULT_HALF_LIFE_S
     ) -> None:
+        self._clock = clock
         self._recent = RecentWork(half_life_s, clock)
+        self._decode_s: dict[NodeId, float] = {}
         self._inflight: dict[NodeId, int] = {}
         self._queued: dict[NodeId, int] = {}
         self._pulls: dict[NodeId, list[Ticket]] = {}
@@ -60,6 +70,7 @@ class InflightTable:
         """The request's first token arrived: its prompt and pull no longer wait on the node; it decodes."""
         if not ticket.prefilled:
             ticket.prefilled = True
+            ticket.prefilled_at = self._clock()
             self._queued[ticket.node] -= ticket.queued_tokens
             if ticket.pull_s > 0:
                 pulls = self._pulls[ticket.node]
@@ -72,8 +83,13 @@ class InflightTable:
     def finish(self, ticket: Ticket) -> None:
         if ticket.finished:
             return
+        decoding = ticket.prefilled
         self.prefilled(ticket)
         ticket.finished = True
+        if decoding:  # a request that failed before its first token measured no decode
+            took = max(0.0, self._clock() - ticket.prefilled_at)
+            mean = self._decode_s.get(ticket.node)
+            self._decode_s[ticket.node] = took if mean is None else mean + DECODE_WEIGHT * (took - mean)
         self._inflight[ticket.node] -= 1
         self._decoding[ticket.node] -= 1
         self._open.remove(ticket)
@@ -87,8 +103,9 @@ class InflightTable:
         self._recent.add(node, tokens)
 
     def forget_recent(self, node: NodeId) -> None:
-        """`node` left the cluster: its recent work no longer counts against it (RecentWork.forget)."""
+        """`node` left the cluster: its recent work and decode time no longer count (RecentWork.forget)."""
         self._recent.forget(node)
+        self._decode_s.pop(node, None)
 
     def recent_tokens(self, node: NodeId) -> float:
         return self._recent.value(node)
@@ -111,6 +128,10 @@ class InflightTable:
 
     def pulling_s(self, node: NodeId) -> float:
         return sum((t.pull_s for t in self._pulls.get(node, ())), 0.0)
+
+    def decode_s(self, node: NodeId) -> float:
+        """Mean seconds a request decoded on `node` after its first token (0: none finished there yet)."""
+        return self._decode_s.get(node, 0.0)
 
     def check_invariants(self) -> None:
         """Counts equal the open tickets' sums; nothing is negative."""

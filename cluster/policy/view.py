@@ -61,6 +61,10 @@ class NodeView:
     step_floor_s: float = 0.0
     """Measured seconds of an engine step before its prefill tokens (NodeLoad.step_floor_s; 0: not
     measured, the cost model prices a step's decode pass in prefill tokens instead)."""
+    decode_s: float = 0.0
+    """Mean seconds a request here decodes after its first token, as the router saw its requests
+    finish (InflightTable.decode_s; 0: none finished yet): how soon a running request frees its
+    sequence slot."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.gpu_blocks <= self.local_blocks:
@@ -77,6 +81,8 @@ class NodeView:
             raise ValueError("queued_tokens, inflight and running_decodes must be >= 0")
         if not (math.isfinite(self.step_floor_s) and self.step_floor_s >= 0):
             raise ValueError(f"step_floor_s must be finite and >= 0, got {self.step_floor_s}")
+        if not (math.isfinite(self.decode_s) and self.decode_s >= 0):
+            raise ValueError(f"decode_s must be finite and >= 0, got {self.decode_s}")
         if not (math.isfinite(self.pulling_s) and self.pulling_s >= 0):
             raise ValueError(f"pulling_s must be finite and >= 0, got {self.pulling_s}")
         if not (math.isfinite(self.recent_tokens) and self.recent_tokens >= 0):
@@ -152,6 +158,8 @@ class NodeLoads(Protocol):
 
     def pulling_s(self, node: NodeId) -> float: ...
 
+    def decode_s(self, node: NodeId) -> float: ...
+
 
 def build_view(
     candidates: Sequence[NodeId],
@@ -199,6 +207,7 @@ def build_view(
                 held_blocks=held,
                 running_decodes=table.running_decodes(node),
                 pulling_s=table.pulling_s(node),
+                decode_s=table.decode_s(node),
                 compute_group=m.load.compute_group if m else "",
                 compute_share=m.load.compute_share if m else 0.0,
             )

@@ -25,8 +25,11 @@ class Overloaded(Exception):
 
 @dataclass(frozen=True, slots=True)
 class AdmissionLimits:
-    max_running_per_node: int = 32
-    """Requests served at once per node behind the router."""
+    max_running_per_node: int = 64
+    """Requests served at once per node behind the router: the agents' engine batch
+    (EngineConfig.max_num_seqs). At 32, half of every engine's batch could never fill: a modeled
+    4-node H100 cluster was held by the router's slots, not its engines, and every routing policy
+    served the same goodput past the knee (docs/benchmarks.md)."""
     max_waiting: int = 64
     """Requests waiting for a running slot at most; past it new ones are refused."""
     max_wait_s: float = 5.0

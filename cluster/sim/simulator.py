@@ -132,6 +132,9 @@ class _NodeLoads:
     def running_decodes(self, node: NodeId) -> int:
         return 0  # decode is not modelled
 
+    def decode_s(self, node: NodeId) -> float:
+        return 0.0  # decode is not modelled: no sequence slot waits
+
     def pulling_s(self, node: NodeId) -> float:
         """The waiting jobs' planned pulls (the current job's rest is in `queued_tokens`)."""
         return sum(job.decision.pull_s for job in self._sim.nodes[node].waiting)

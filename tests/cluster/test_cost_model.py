@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from radixmesh.cluster.policy.base import RouteRequest, make_policy
-from radixmesh.cluster.policy.cost_model import CostModel, Holder
+from radixmesh.cluster.policy.cost_model import CostModel, Holder, seat_wait
 from radixmesh.cluster.policy.view import ClusterView, NodeView
 from radixmesh.proto.ids import NodeId
 from tests.support.policy_views import CFG, REQ, A, B, C, view
@@ -104,3 +104,44 @@ def test_mates_whose_compute_shares_fit_the_cores_share_nothing() -> None:
     # three half shares on the cores: each stream runs at 1/1.5 speed, x + 0.25 x (w1 + w2) for w >= x
     thirds = [busy(A, 0.5), busy(B, 0.5), busy(C, 0.5)]
     assert model.mates_work(thirds)(thirds[0]) == [pytest.approx(0.25 * model.queue_time(u)) for u in thirds[1:]]
+
+
+def test_a_request_waits_for_a_sequence_slot_on_a_node_running_its_engines_cap() -> None:
+    """A holder of the whole prompt with nothing to prefill: below its engine's cap a new request runs at
+    once; at the cap it waits for the k-th of the running requests to end, k / (cap + 1) of their mean
+    decode time (uniform residuals); unknown cap or no decode measured yet: not priced."""
+    cfg = dataclasses.replace(CFG, max_seqs=4)
+    model = CostModel(cfg)
+    below = NodeView(A, 5, 5, inflight=3, prefill_tokens_per_s=100.0, held_blocks=5, running_decodes=3,
+                     decode_s=5.0)
+    assert model.estimate(REQ, below, None).queue_s == pytest.approx(CostModel(CFG).estimate(REQ, below, None).queue_s)
+    at_cap = dataclasses.replace(below, inflight=4, running_decodes=4)
+    # 1 of 4 slots must free: 1/5 of 5 s, on top of the decode passes CostModel(CFG) prices already.
+    assert model.estimate(REQ, at_cap, None).queue_s - CostModel(CFG).estimate(REQ, at_cap, None).queue_s == (
+        pytest.approx(1.0))
+    beyond = dataclasses.replace(below, inflight=10, running_decodes=4)
+    assert seat_wait(beyond, cfg) == pytest.approx(7 / 5 * 5.0)
+    assert seat_wait(dataclasses.replace(beyond, decode_s=0.0), cfg) == 0.0
+    assert seat_wait(beyond, dataclasses.replace(cfg, max_seqs=0)) == 0.0
+    # Not work on the node's cores: a compute-group mate's share leaves the slot wait out.
+    assert model.queue_time(beyond) == pytest.approx(CostModel(CFG).queue_time(beyond))
+    with pytest.raises(ValueError, match="max_seqs"):
+        dataclasses.replace(CFG, max_seqs=-1)
+    with pytest.raises(ValueError, match="decode_s"):
+        dataclasses.replace(below, decode_s=float("nan"))
+
+
+def test_cost_pulls_a_hot_prefix_to_an_idle_node_when_its_holder_runs_full() -> None:
+    """A holder of a hot document at its sequence cap (every prompt cached, so its prefill queue is
+    empty) against an idle peer: cost pulls the document there; prefix affinity, which sees no queued
+    tokens, stays; with the cap unknown cost stays too (the slot wait is what moved it)."""
+    cfg = dataclasses.replace(CFG, max_seqs=8)
+    hot = NodeView(A, 5, 5, inflight=12, prefill_tokens_per_s=100.0, held_blocks=5, running_decodes=8,
+                   decode_s=4.0, step_floor_s=0.05)
+    # Pulling the document takes 0.1 s on this pair: more than the holder's 0.075 s of steps.
+    cluster = ClusterView((hot, NodeView(B, prefill_tokens_per_s=100.0, step_floor_s=0.05)),
+                          pull_bytes_per_s={(B, A): 5e4})
+    d = make_policy("cost", cfg).route(REQ, cluster)
+    assert (d.node, d.pull_from, d.pull_blocks) == (B, A, 5)
+    assert make_policy("prefix_affinity", cfg).route(REQ, cluster).node == A
+    assert make_policy("cost", dataclasses.replace(cfg, max_seqs=0)).route(REQ, cluster).node == A

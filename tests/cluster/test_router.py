@@ -20,7 +20,7 @@ from radixmesh.cluster.observability.endpoints import merge_expositions
 from radixmesh.cluster.observability.stats_log import StatsLogger
 from radixmesh.cluster.policy.base import PolicyConfig, RouteRequest, make_policy
 from radixmesh.cluster.policy.cost_model import CostModel
-from radixmesh.cluster.policy.inflight import InflightTable
+from radixmesh.cluster.policy.inflight import DECODE_WEIGHT, InflightTable
 from radixmesh.cluster.policy.view import NodeView, build_view
 from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.results import NoNodeAvailable, RouterResult
@@ -109,6 +109,33 @@ def test_inflight_table_refuses_negative_tokens_and_changes_nothing() -> None:
         table.start(A, -1)
     assert table.inflight(A) == 0 and table.queued_tokens(A) == 0
     table.check_invariants()
+
+
+def test_inflight_table_measures_how_long_a_node_s_requests_decode() -> None:
+    """First token to finish, a moving mean per node (DECODE_WEIGHT per request); a request that
+    failed before its first token measured nothing; a node that left starts afresh; the view reads it."""
+    now = [0.0]
+    table = InflightTable(lambda: now[0])
+    assert table.decode_s(A) == 0.0
+    first, second, failed = table.start(A, 10), table.start(A, 10), table.start(A, 10)
+    now[0] = 1.0
+    table.prefilled(first)
+    table.prefilled(second)
+    now[0] = 5.0
+    table.finish(first)
+    assert table.decode_s(A) == pytest.approx(4.0)
+    table.finish(failed)  # never got its first token
+    assert table.decode_s(A) == pytest.approx(4.0)
+    now[0] = 15.0
+    table.finish(second)  # decoded 14 s
+    assert table.decode_s(A) == pytest.approx(4.0 + DECODE_WEIGHT * (14.0 - 4.0))
+    table.finish(second)  # idempotent: measured once
+    assert table.decode_s(A) == pytest.approx(4.0 + DECODE_WEIGHT * 10.0)
+    assert table.decode_s(B) == 0.0
+    view = build_view([A, B], None, {}, table, 100.0)
+    assert [v.decode_s for v in view.cluster.nodes] == [pytest.approx(5.0), 0.0]
+    table.forget_recent(A)
+    assert table.decode_s(A) == 0.0
 
 
 def test_view_merges_index_pending_and_own_load() -> None:

@@ -28,11 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import checked_answers
 import ray
 from prometheus_client.parser import text_string_to_metric_families
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling loadgen, run as a script
-import loadgen
 
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
@@ -40,7 +38,7 @@ from radixmesh.cluster.metadata.store import redis_server_binary
 from radixmesh.node_agent.model.source import resolve_model
 
 RESULTS = Path(__file__).parent / "results"
-SMOKE_WORKLOAD = loadgen.Workload(prefixes=2, prefix_tokens=64, suffix_tokens=8, distinct=8)
+SMOKE_WORKLOAD = checked_answers.Workload(prefixes=2, prefix_tokens=64, suffix_tokens=8, distinct=8)
 """Few, short prompts: the warm-up and the cache-less references are most of a smoke run's load."""
 
 
@@ -159,7 +157,7 @@ async def idle(url: str, timeout_s: float = 60) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    workload = SMOKE_WORKLOAD if args.smoke else loadgen.Workload()
+    workload = SMOKE_WORKLOAD if args.smoke else checked_answers.Workload()
     source = resolve_model(args.model)
     prompts = workload.prompts(source.config.vocab_size)
     with tempfile.TemporaryDirectory() as workdir:
@@ -167,17 +165,17 @@ def main(argv: list[str] | None = None) -> int:
         redis.start()
         config = LauncherConfig(local_nodes=args.nodes, model=source, state=f"redis://127.0.0.1:{redis.port}/0",
                                 lease_ttl_s=3.0, heartbeat_interval_s=0.5)
-        expected = loadgen.references(source, prompts, workload.max_tokens, config.block_size)
+        expected = checked_answers.references(source, prompts, workload.max_tokens, config.block_size)
         launcher.init_local_ray(config)
         try:
             deployment = asyncio.run(launcher.up(config))
             url, model = deployment.router_url, config.served_model_name
             nodes = [str(n) for n in deployment.nodes]
-            warm = asyncio.run(loadgen.warm_up(url, model, prompts, expected, max_tokens=workload.max_tokens))
-            steady = asyncio.run(loadgen.open_loop(url, model, prompts, expected, rate=args.rate,
+            warm = asyncio.run(checked_answers.warm_up(url, model, prompts, expected, max_tokens=workload.max_tokens))
+            steady = asyncio.run(checked_answers.open_loop(url, model, prompts, expected, rate=args.rate,
                                                    duration_s=args.duration, max_tokens=workload.max_tokens))
             log: list[dict[str, Any]] = []
-            churn = asyncio.run(loadgen.open_loop(url, model, prompts, expected, rate=args.rate,
+            churn = asyncio.run(checked_answers.open_loop(url, model, prompts, expected, rate=args.rate,
                                                   duration_s=args.duration, max_tokens=workload.max_tokens, seed=1,
                                                   during=faults(redis, nodes, args.duration, log)))
             asyncio.run(idle(url))

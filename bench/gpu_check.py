@@ -37,10 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, run as a script
 import gpu_wheels
+import torch
 from gpu_step import StepLog, StepStatus, read_step
 
 SCRIPT = Path(__file__).resolve()

@@ -26,6 +26,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from metadata_ops import (
+    LAYOUT,
+    NODE_CAPACITY,
+    NODES,
+    TRACE_BLOCK_BYTES,
+    TRACE_BLOCK_TOKENS,
+    Op,
+    bench_index,
+    load_trace,
+    op_stream,
+)
 
 from radixmesh.cluster.metadata.server import (
     ServerOptions,
@@ -40,19 +51,6 @@ from radixmesh.proto import radixmesh_pb2_grpc as pb_grpc
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.codec import node_info_to_pb
 from radixmesh.proto.metadata.nodes import NodeInfo
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling metadata_ops, run as a script
-from metadata_ops import (
-    LAYOUT,
-    NODE_CAPACITY,
-    NODES,
-    TRACE_BLOCK_BYTES,
-    TRACE_BLOCK_TOKENS,
-    Op,
-    bench_index,
-    load_trace,
-    op_stream,
-)
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
     python bench/overload.py [--nodes 2] [--duration 20] [--factor 4] [--out bench/results] [--smoke]
 
 One local cluster (`radixmesh up --local N`, tiny model), three runs of the same workload
-(bench/loadgen.py, open-loop Poisson arrivals, every answer checked against a cache-less engine):
+(bench/checked_answers.py, open-loop Poisson arrivals, every answer checked against a cache-less engine):
 
     saturation   closed loop, as many clients as the router runs at once: what the cluster
                  completes per second is the sustainable rate R (an open-loop flood would measure the
@@ -22,10 +22,8 @@ import json
 import sys
 from pathlib import Path
 
+import checked_answers
 import ray
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling loadgen, run as a script
-import loadgen
 
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
@@ -33,7 +31,7 @@ from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.node_agent.model.source import resolve_model
 
 RESULTS = Path(__file__).parent / "results"
-SMOKE_WORKLOAD = loadgen.Workload(prefixes=2, prefix_tokens=64, suffix_tokens=8, distinct=8)
+SMOKE_WORKLOAD = checked_answers.Workload(prefixes=2, prefix_tokens=64, suffix_tokens=8, distinct=8)
 """Few, short prompts: the warm-up and the cache-less references are most of a smoke run's load."""
 
 
@@ -58,24 +56,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    workload = SMOKE_WORKLOAD if args.smoke else loadgen.Workload()
+    workload = SMOKE_WORKLOAD if args.smoke else checked_answers.Workload()
     source = resolve_model(args.model)
     prompts = workload.prompts(source.config.vocab_size)
     limits = AdmissionLimits(max_running_per_node=args.running_per_node, max_waiting=args.waiting,
                              max_wait_s=args.max_wait)
     config = LauncherConfig(local_nodes=args.nodes, model=source, admission=limits)
-    expected = loadgen.references(source, prompts, workload.max_tokens, config.block_size)
+    expected = checked_answers.references(source, prompts, workload.max_tokens, config.block_size)
     launcher.init_local_ray(config)
     try:
         deployment = asyncio.run(launcher.up(config))
         url, model = deployment.router_url, config.served_model_name
 
-        def run(rate: float, seed: int) -> loadgen.RunReport:
-            return asyncio.run(loadgen.open_loop(url, model, prompts, expected, rate=rate, duration_s=args.duration,
+        def run(rate: float, seed: int) -> checked_answers.RunReport:
+            return asyncio.run(checked_answers.open_loop(url, model, prompts, expected, rate=rate, duration_s=args.duration,
                                                  max_tokens=workload.max_tokens, seed=seed))
 
-        asyncio.run(loadgen.warm_up(url, model, prompts, expected, max_tokens=workload.max_tokens))
-        saturated = asyncio.run(loadgen.closed_loop(url, model, prompts, expected, clients=args.nodes * args.running_per_node,
+        asyncio.run(checked_answers.warm_up(url, model, prompts, expected, max_tokens=workload.max_tokens))
+        saturated = asyncio.run(checked_answers.closed_loop(url, model, prompts, expected, clients=args.nodes * args.running_per_node,
                                                     duration_s=args.duration, max_tokens=workload.max_tokens))
         sustainable = len(saturated.succeeded) / args.duration
         unloaded = run(0.25 * sustainable, seed=2)

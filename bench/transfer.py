@@ -53,7 +53,6 @@ import os
 import platform
 import socket
 import statistics
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
@@ -62,10 +61,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings transfer_agents, transfer_peer, run as a script
-
 from transfer_agents import (
     BLOCK_BYTES,
     OWNER,

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from radixmesh.cluster.bench.schedule import poisson_times
 from radixmesh.common.block_pool.block_pool import BlockPool, OutOfBlocks
 from radixmesh.common.block_pool.config import PoolConfig
 from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
@@ -78,9 +79,9 @@ def workload(n: int, rate: float, seed: int) -> list[Req]:
     rng = random.Random(seed)
     weights = [1 / (g + 1) ** 1.1 for g in range(GROUPS)]
     sys_len = [rng.randint(6, 24) for _ in range(GROUPS)]
-    t, out = 0.0, []
-    for i in range(n):
-        t += rng.expovariate(rate)
+    out: list[Req] = []
+    # the arrival gaps come from the same rng, each drawn just before its request's group and lengths
+    for i, t in zip(range(n), poisson_times(rate, rng), strict=False):
         g = rng.choices(range(GROUPS), weights)[0]
         out.append(Req(t, g, sys_len[g], rng.randint(1, 4), rng.randint(112, 208), i))
     return out

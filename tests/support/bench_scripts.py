@@ -23,7 +23,10 @@ SMOKE_TIMEOUT_S_OF = {"modeled_fidelity": 600}
 
 
 def load_bench(name: str) -> ModuleType:
-    """bench/<name>.py, imported under the module name `bench_<name>`."""
+    """bench/<name>.py, imported under the module name `bench_<name>`, its siblings importable as
+    `python bench/<name>.py` finds them (bench/ on sys.path, last: it shadows nothing)."""
+    if str(BENCH) not in sys.path:
+        sys.path.append(str(BENCH))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -33,7 +36,7 @@ def load_bench(name: str) -> ModuleType:
 
 def bench_scripts() -> list[str]:
     """Every benchmark a user can run: the scripts with a `__main__` block (the others are helpers
-    the benchmarks import, such as the load generator)."""
+    the benchmarks import, such as checked_answers)."""
     return sorted(p.stem for p in BENCH.glob("*.py") if 'if __name__ == "__main__":' in p.read_text())
 
 

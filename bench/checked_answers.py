@@ -1,14 +1,15 @@
-"""Open-loop load through the router's OpenAI API, every answer checked against a cache-less engine.
+"""Load through the router's OpenAI API with every answer checked against a cache-less engine, sent by
+the package's load generator (radixmesh.cluster.bench: its Poisson arrivals and its one client).
 
-Requests arrive on a fixed schedule (Poisson, seeded) whether or not earlier ones have finished, as a
-fleet's clients do; each is a streamed greedy /v1/completions of token ids, so its TTFT, outcome,
-cached tokens and text are recorded. Prompts share a few long prefixes (system prompts) with short
-distinct suffixes. The reference answer of every distinct prompt comes from one engine of the same
-weights with prefix caching off, computed before the run. Used by bench/chaos.py and bench/overload.py.
+Open loop: requests arrive on a fixed schedule (Poisson, seeded) whether or not earlier ones have
+finished, as a fleet's clients do; each is a streamed greedy /v1/completions of token ids, so its TTFT
+(to the first text), outcome, cached tokens and text are recorded. Prompts share a few long prefixes
+(system prompts) with short distinct suffixes. The reference answer of every distinct prompt comes
+from one engine of the same weights with prefix caching off, computed before the run. Used by
+bench/chaos.py and bench/overload.py.
 """
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,8 @@ from typing import Any
 
 import aiohttp
 
+from radixmesh.cluster.bench.client import Reply, completion_body, stream_completion
+from radixmesh.cluster.bench.schedule import poisson_times
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
@@ -104,32 +107,21 @@ def references(source: ModelSource, prompts: list[tuple[int, ...]], max_tokens: 
 
 async def one_request(session: aiohttp.ClientSession, url: str, body: dict[str, Any], expected: str,
                       started: float) -> Outcome:
-    t0 = time.monotonic()
-    at = t0 - started
-    first: float | None = None
-    text, usage = [], None
-    try:
-        async with session.post(url, json=body) as resp:
-            if resp.status != 200:
-                await resp.read()
-                return Outcome(at, resp.status, time.monotonic() - t0, None, None)
-            async for line in resp.content:
-                if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[len(b"data: "):])
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                for choice in chunk.get("choices", []):
-                    if choice.get("text"):
-                        first = first if first is not None else time.monotonic()
-                        text.append(choice["text"])
-    except (aiohttp.ClientError, TimeoutError):
-        return Outcome(at, 0, time.monotonic() - t0, None, None)
-    done = time.monotonic()
-    if usage is None:  # the stream broke off before its end
-        return Outcome(at, 0, done - t0, None, None)
-    return Outcome(at, 200, done - t0, (first or done) - t0, "".join(text) == expected, usage["prompt_tokens"],
-                   usage.get("prompt_tokens_details", {}).get("cached_tokens", 0))
+    return checked(await stream_completion(session, url, body, time.monotonic), expected, started)
+
+
+def checked(reply: Reply, expected: str, started: float) -> Outcome:
+    """`reply` as an Outcome: answered only when its stream ran to its usage, right when its text is
+    `expected`."""
+    at = reply.sent_s - started
+    done = reply.end_s if reply.end_s is not None else time.monotonic()
+    if reply.status != 200 or reply.error is not None or not reply.usage:
+        # no usage: the stream broke off before its end (an error chunk, a lost connection)
+        return Outcome(at, reply.status if reply.status != 200 else 0, done - reply.sent_s, None, None)
+    first = reply.text_s[0] if reply.text_s else done
+    usage = reply.usage
+    return Outcome(at, 200, done - reply.sent_s, first - reply.sent_s, "".join(reply.text) == expected,
+                   usage["prompt_tokens"], usage.get("prompt_tokens_details", {}).get("cached_tokens", 0))
 
 
 async def warm_up(base_url: str, model: str, prompts: list[tuple[int, ...]], expected: list[str], *,
@@ -140,7 +132,7 @@ async def warm_up(base_url: str, model: str, prompts: list[tuple[int, ...]], exp
     async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=120)) as session:
         started = time.monotonic()
         for prompt, want in zip(prompts, expected, strict=True):
-            body = request_body(model, prompt, max_tokens)
+            body = completion_body(model, prompt, max_tokens)
             report.outcomes.append(await one_request(session, f"{base_url}/v1/completions", body, want, started))
     return report
 
@@ -159,7 +151,7 @@ async def closed_loop(base_url: str, model: str, prompts: list[tuple[int, ...]],
             i = c
             while time.monotonic() - started < duration_s:
                 k = i % len(prompts)
-                body = request_body(model, prompts[k], max_tokens)
+                body = completion_body(model, prompts[k], max_tokens)
                 report.outcomes.append(await one_request(session, f"{base_url}/v1/completions", body, expected[k],
                                                          started))
                 i += clients
@@ -168,17 +160,12 @@ async def closed_loop(base_url: str, model: str, prompts: list[tuple[int, ...]],
     return report
 
 
-def request_body(model: str, prompt: tuple[int, ...], max_tokens: int) -> dict[str, Any]:
-    return {"model": model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
-
-
 async def open_loop(base_url: str, model: str, prompts: list[tuple[int, ...]], expected: list[str], *, rate: float,
                     duration_s: float, max_tokens: int, seed: int = 0, api_key: str = "",
                     during: Callable[[float], Awaitable[None]] | None = None) -> RunReport:
     """Poisson arrivals at `rate` per second for `duration_s`; `during(t)` runs alongside (fault
     schedules). Waits for every request to end."""
-    rng = random.Random(seed)
+    arrivals = poisson_times(rate, random.Random(seed))
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     report = RunReport()
     timeout = aiohttp.ClientTimeout(total=120)
@@ -187,17 +174,14 @@ async def open_loop(base_url: str, model: str, prompts: list[tuple[int, ...]], e
         started = time.monotonic()
         side = asyncio.ensure_future(during(started)) if during is not None else None
         tasks: list[asyncio.Future[Outcome]] = []
-        t, i = 0.0, 0
-        while True:
-            t += rng.expovariate(rate)
+        for i, t in enumerate(arrivals):
             if t >= duration_s:
                 break
             await asyncio.sleep(max(0.0, started + t - time.monotonic()))  # the arrival schedule itself
             k = i % len(prompts)
-            body = request_body(model, prompts[k], max_tokens)
+            body = completion_body(model, prompts[k], max_tokens)
             tasks.append(asyncio.ensure_future(one_request(session, f"{base_url}/v1/completions", body,
                                                            expected[k], started)))
-            i += 1
         report.outcomes = list(await asyncio.gather(*tasks))
         if side is not None:
             await side

@@ -41,8 +41,8 @@ import torch.nn.functional as F
 
 from radixmesh.kernels import ops as kernels
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig, StepOutput
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.source import SMOLLM2, resolve_model
 from radixmesh.proto.serve.sampling import SamplingParams

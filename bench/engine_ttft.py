@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.source import resolve_model
 from radixmesh.proto.serve.sampling import SamplingParams

@@ -35,7 +35,7 @@ from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor, node_resource
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.source import ModelSource, resolve_model
 from radixmesh.node_agent.transfer.ucx_transport import ucx_env
 from radixmesh.proto.ids import NodeId

@@ -24,8 +24,8 @@ import torch
 from gpu_step import StepLog
 
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.config import LlamaConfig, named_config
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.proto.serve.limits import usable_prefix_blocks

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.base import CausalLM
 from radixmesh.node_agent.model.llama import AttentionBatch
 from radixmesh.node_agent.model.source import SMOLLM2, resolve_model

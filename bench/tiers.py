@@ -45,8 +45,8 @@ from rich.console import Console
 from rich.table import Table
 
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.disk.record import DiskIdentity
 from radixmesh.node_agent.memory.disk.segments import SCAN_BYTES
 from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier

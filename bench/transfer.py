@@ -74,7 +74,7 @@ from transfer_agents import (
 )
 from transfer_peer import peer_main
 
-from radixmesh.node_agent.engine.paged_memory import allocate_up_to
+from radixmesh.node_agent.memory.node_memory import allocate_up_to
 from radixmesh.node_agent.transfer.plane import TransferPlane
 from radixmesh.proto.ids import NodeId
 

@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.tiers import TierMemory
 from radixmesh.node_agent.transfer.plane import TransferPlane, make_transfer_plane
 from radixmesh.proto.block_hash import BlockHash, hash_blocks

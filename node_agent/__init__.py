@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor, node_resource
     from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
     from radixmesh.node_agent.engine.engine import EngineConfig
-    from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+    from radixmesh.node_agent.memory.config import MemoryConfig
     from radixmesh.node_agent.model.config import NAMED_CONFIGS
     from radixmesh.node_agent.model.modeled.profile import ProfileError, load_profile, profile_names
     from radixmesh.node_agent.model.modeled.spec import ModeledEngine, parse_engine
@@ -30,7 +30,7 @@ _HOMES = {
     "AgentPlacement": "actor", "make_agent_actor": "actor", "node_resource": "actor",
     "TRANSFER_PLANES": "config", "AgentConfig": "config",
     "EngineConfig": "engine.engine",
-    "MemoryConfig": "engine.paged_memory",
+    "MemoryConfig": "memory.config",
     "NAMED_CONFIGS": "model.config",
     "ProfileError": "model.modeled.profile", "load_profile": "model.modeled.profile",
     "profile_names": "model.modeled.profile",

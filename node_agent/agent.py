@@ -24,7 +24,6 @@ from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metadata.publisher import EventPublisher, PendingHits, PublisherConfig, PublisherStats
 from radixmesh.common.metrics.exposition import render_prometheus
 from radixmesh.common.metrics.scrape import MetricsServer, ScrapeTarget
-from radixmesh.node_agent.announcement import announced_capacity, cached_chains, take_cache_events
 from radixmesh.node_agent.compute_group import compute_group, compute_share
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine
@@ -33,11 +32,11 @@ from radixmesh.node_agent.engine.runner import EngineRunner, Finished, NewTokens
 from radixmesh.node_agent.engine_setup import build_engine
 from radixmesh.node_agent.kv_events.publisher import KVEventsOut, NoKVEvents, ZmqKVEventPublisher
 from radixmesh.node_agent.kv_events.token_book import TokenBook
-from radixmesh.node_agent.memory.tiers import persist_resident
+from radixmesh.node_agent.memory.node_memory import NodeMemory
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
 from radixmesh.node_agent.plan_pull import check_pull, pending_prefix, pull_prefix, unpulled
 from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
-from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
+from radixmesh.proto.block_hash import BlockHash, tenant_salt
 from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KVLayout
@@ -100,11 +99,12 @@ class NodeAgent:
         engine = built.engine
         self._runner = EngineRunner(engine, clock=self._clock)
         try:
-            self._transfer = make_transfer_plane(engine.memory.gpu, engine.layout, self.config, self._runner.call_short)
+            memory = self.memory
+            self._transfer = make_transfer_plane(memory.gpu, engine.layout, self.config, self._runner.call_short)
             await self._transfer.start()
             if self.config.kv_events_endpoint is not None:  # before the metadata publisher drains events
                 book = TokenBook(engine.layout.block_size, engine.config.memory.hash_key,
-                                 max_unheld=2 * sum(t.pool.num_blocks for t in engine.memory.tiers))
+                                 max_unheld=2 * memory.tier_blocks)
                 self.kv_events = ZmqKVEventPublisher(self.config.kv_events_endpoint, book,
                                                      token_ids=self.config.kv_events_token_ids,
                                                      secret=self.config.secret)
@@ -159,10 +159,7 @@ class NodeAgent:
         self._transfer = NoTransfer()
         if self._runner is not None:
             await self._runner.close()
-            memory = self._runner.engine.memory
-            if memory.disk is not None:  # after the engine thread: no offer comes after the writer's last flush
-                await asyncio.to_thread(persist_resident, memory.tiers, memory.disk)  # a warm restart
-                await asyncio.to_thread(memory.disk.close)
+            await asyncio.to_thread(self.memory.close)  # after the engine thread: a warm restart
             self._runner = None
 
     @property
@@ -174,6 +171,11 @@ class NodeAgent:
     @property
     def engine(self) -> Engine:
         return self.runner.engine
+
+    @property
+    def memory(self) -> NodeMemory:
+        """The node's memory: the agent's one handle on it (on the engine thread, as the engine)."""
+        return self.engine.memory
 
     @property
     def layout(self) -> KVLayout:
@@ -204,8 +206,7 @@ class NodeAgent:
         salt = tenant_salt(plan.tenant)
         # The one hashing of this prompt on this node: the pull, the engine's checks and its block
         # table all use these (Request.prompt_hashes).
-        hashes = hash_blocks(plan.prompt_token_ids, self.layout.block_size, salt=salt,
-                             key=self.engine.memory.config.hash_key)
+        hashes = self.memory.hash_prompt(plan.prompt_token_ids, salt)
         pending = pending_prefix(plan, self.layout.block_size, self._transfer)
         rid = RequestId(plan.request_id)
         request = Request(rid, plan.prompt_token_ids, plan.sampling, salt, prompt_hashes=tuple(hashes),
@@ -246,7 +247,7 @@ class NodeAgent:
                 await self.runner.abort(rid)
 
     async def reset_prefix_cache(self) -> dict[str, int]:
-        """Drop every cached block nothing holds, on every tier (Engine.reset_prefix_cache), and
+        """Drop every cached block nothing holds, on every tier (NodeMemory.reset_prefix_cache), and
         publish the removals before returning, so the metadata service's index has dropped them too.
         Blocks a peer's pull pins stay. AgentBusy, with nothing dropped, while a request is queued or
         running here. Returns the blocks dropped per tier."""
@@ -254,7 +255,7 @@ class NodeAgent:
         # submitted after the reset, on the engine thread's queue.
         if self.runner.active_requests:
             raise AgentBusy(f"agent {self.node} has {self.runner.active_requests} request(s) running")
-        dropped = await self.runner.call(self.engine.reset_prefix_cache)
+        dropped = await self.runner.call(self.memory.reset_prefix_cache)
         if self.publisher is not None:
             await self.publisher.flush()
         else:  # standalone: nobody else drains the events
@@ -295,9 +296,9 @@ class NodeAgent:
         return self.epoch
 
     def node_info(self) -> NodeInfo:
-        """What RegisterNode declares for this incarnation (its capacity: announcement.announced_capacity)."""
+        """What RegisterNode declares for this incarnation (its capacity: NodeMemory.capacity)."""
         return NodeInfo(self.node, self.epoch, self.layout.fingerprint(), self.layout.block_size,
-                        self.block_bytes, self.transfer_address, announced_capacity(self.engine.memory))
+                        self.block_bytes, self.transfer_address, self.memory.capacity())
 
     @property
     def block_bytes(self) -> int:
@@ -311,16 +312,16 @@ class NodeAgent:
         return await self.runner.call(self._drain_events)
 
     async def snapshot(self) -> tuple[BlockStored, ...]:
-        """Every cached block as chains (announcement.cached_chains); pending events are drained in the
+        """Every cached block as chains (NodeMemory.snapshot); pending events are drained in the
         same engine step, so the snapshot covers exactly what they said."""
         def every_tier() -> tuple[BlockStored, ...]:
             self._drain_events()
-            return cached_chains(self.engine.memory)
+            return self.memory.snapshot()
         return await self.runner.call(every_tier)
 
     def _drain_events(self) -> list[CacheEvent]:
         """The one drain of every tier's events: the vLLM-format publisher sees each too."""
-        events = take_cache_events(self.engine.memory)
+        events = self.memory.take_events()
         self.kv_events.offer(events)
         return events
 
@@ -338,18 +339,17 @@ class NodeAgent:
         step floor and prefill rate beyond it, per-peer pull bandwidth and fixed cost, the disk tier's read rate, and the compute
         group (who shares our cores)."""
         def snapshot() -> tuple[int, int, int]:
-            sched, pool = self.engine.scheduler, self.engine.memory.gpu.pool
-            return (len(sched.waiting), sum(len(s.tokens) for s in sched.running), pool.num_free + pool.num_cached)
+            sched = self.engine.scheduler
+            return len(sched.waiting), sum(len(s.tokens) for s in sched.running), self.memory.free_blocks
         queued, running, free = await self.runner.call(snapshot)
         gbps = self._transfer.peer_gbps()
         fixed = {str(peer): s.ewma_latency_s for peer, s in self._transfer.peer_stats().items() if s.ewma_latency_s > 0}
-        disk = self.engine.memory.disk
         # A modeled engine's steps are timed waits, not work on these cores: each modeled agent stands
         # for a device of its own and shares none (priced as sharing, the router thought a modeled
         # cluster's nodes twice as slow as they were: TTFT realized / estimated 0.56 at p50).
         group = "" if self.config.modeled is not None else compute_group(self.engine.device)
         return NodeLoad(queued, running, free, self.runner.prefill_tokens_per_s, gbps, fixed,
-                        group, disk.read_bytes_per_s() / 1e9 if disk is not None else 0.0, self.runner.step_floor_s,
+                        group, self.memory.disk_read_bytes_per_s() / 1e9, self.runner.step_floor_s,
                         compute_share(self.engine.device) if group else 0.0)
 
     async def prometheus_text(self) -> str:

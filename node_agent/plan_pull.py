@@ -1,8 +1,8 @@
 """The pull a ServePlan asks of its serving node: the blocks [local, end) of the agent's serve diagram,
 streamed from the planned peer while the request waits in the engine's queue, then landed."""
 
-from radixmesh.node_agent.engine.request import PendingPrefix
 from radixmesh.node_agent.engine.runner import EngineRunner
+from radixmesh.node_agent.memory.sequence import PendingPrefix
 from radixmesh.node_agent.transfer.owner_endpoint import parse_address
 from radixmesh.node_agent.transfer.plane import Pulled, TransferPlane
 from radixmesh.proto.ids import NodeId

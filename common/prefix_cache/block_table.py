@@ -1,7 +1,7 @@
 """Sequences over a prefix cache: block tables, prefix reuse, chunked growth, append, fork with
 copy-on-write, commit into the cache, release.
 
-The one implementation of a block table: the engine's PagedMemory places its requests with it (the
+The one implementation of a block table: the node's NodeMemory places its requests with it (the
 gpu tier), and memory-only callers (bench/incident_replay.py) use it directly.
 """
 

@@ -4,7 +4,7 @@
 round (one forward over its decodes and prefill chunks together), `generate` loops until a batch is done. The
 Ray actor drives `step` from its own loop; the transfer plane hands pulled blocks in through
 `Request.external_prefix`, or pulls them while the request waits queued (`Request.pending_prefix`,
-`land_pull`). Memory moves live in radixmesh.node_agent.engine.paged_memory.
+`land_pull`). Memory moves live in radixmesh.node_agent.memory.node_memory.
 """
 
 import contextlib
@@ -21,15 +21,15 @@ from radixmesh.common.metrics.exposition import render_prometheus
 from radixmesh.common.text.stop_strings import StopText
 from radixmesh.common.text.tokenizer import Tokenizer
 from radixmesh.node_agent.engine.metrics import EngineCounters, EngineStats, engine_stats
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig, PagedMemory
 from radixmesh.node_agent.engine.preemption import make_preemption_policy
-from radixmesh.node_agent.engine.request import PendingPrefix, Request, RequestId, RequestOutput, RequestStats
+from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput, RequestStats, SequenceState
 from radixmesh.node_agent.engine.sampler import sample, token_logprob
-from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler, SequenceState
-from radixmesh.node_agent.memory.metrics import memory_stats
+from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler
+from radixmesh.node_agent.memory.config import MemoryConfig
+from radixmesh.node_agent.memory.node_memory import NodeMemory
+from radixmesh.node_agent.memory.sequence import PendingPrefix
 from radixmesh.node_agent.model.base import CausalLM
 from radixmesh.node_agent.model.llama import AttentionBatch, SeqChunk
-from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.serve.limits import InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.sampling import FinishReason, TokenLogprob, draw_seed
 from radixmesh.proto.serve.tokens import HIT_SOURCES
@@ -83,9 +83,9 @@ class Engine:
         self.layout = model.config.kv_layout(config.model_id, config.block_size, dtype)
         self.counters = EngineCounters()
         self.policy = make_preemption_policy(config.preemption, self.layout.block_bytes)
-        self.memory = PagedMemory(self.layout, config.memory, self.counters, self.policy,
-                                  device=device, clock=clock, gpu_hooks=gpu_hooks)
-        self.memory.zones.set_weights_bytes(sum(p.numel() * p.element_size() for p in model.parameters()))
+        self.memory = NodeMemory(self.layout, config.memory, self.counters, self.policy, device=device, clock=clock,
+                                 gpu_hooks=gpu_hooks,
+                                 weights_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
         self.scheduler = Scheduler(self.memory, self.policy, config.max_num_batched_tokens, config.max_num_seqs)
         self.device = device
         self._eos = frozenset((model.config.eos_token_id, *config.eos_token_ids))
@@ -144,28 +144,6 @@ class Engine:
         blocks counted as its remote hits; whatever did not arrive is computed)."""
         self.memory.land_pull(pull, received)
 
-    def reset_prefix_cache(self) -> dict[str, int]:
-        """Evict every cached block (hashed, no reference) of every tier; blocks a request or a peer's
-        pull holds stay, and stay matchable. Returns the cached blocks dropped per tier ("gpu",
-        "host", "disk"). The evictions emit BlockRemoved like any other, so the index follows.
-
-        The gpu tier goes first: its evictions are demoted to the host on their way out (the
-        eviction hook cannot be bypassed), the host's pass then drops those copies too (spilling
-        them to disk), and the disk goes last, so the counts are what each tier held before the
-        reset and no copy outlives it, not even in a restart's re-index (issue 38)."""
-        tiers, disk = self.memory.tiers, self.memory.disk
-        dropped = {t.pool.tier.value: t.pool.num_cached for t in tiers}
-        if disk is not None:
-            disk.flush()  # what the host spilled before the reset counts as the disk's
-            dropped["disk"] = len(disk.store)
-        for t in tiers:
-            t.pool.evict(t.pool.num_cached)
-        assert all(t.pool.num_cached == 0 for t in tiers), "a cached block survived the reset"
-        if disk is not None:
-            disk.clear()
-            assert len(disk.store) == 0, "a disk block survived the reset"
-        return dropped
-
     def sequence(self, request_id: RequestId) -> SequenceState | None:
         """The live state of a queued or running request (None once it finished or was aborted).
 
@@ -219,7 +197,7 @@ class Engine:
         t0 = self._clock()
         self.memory.begin_forward()
         with self.forward_gate():
-            logits = self.model(torch.tensor(ids, device=self.device), positions, batch, self.memory.gpu.kv,
+            logits = self.model(torch.tensor(ids, device=self.device), positions, batch, self.memory.kv,
                                 last_rows).cpu()
         self.memory.end_forward()
         if not batch.is_decode:
@@ -299,9 +277,9 @@ class Engine:
             raise InvalidRequest("stop strings need the engine's tokenizer, and this engine has none")
         total = len(prompt) + request.sampling.max_tokens
         need = self.memory.blocks_for(total)
-        if need > self.memory.config.num_gpu_blocks:
+        if need > self.memory.num_gpu_blocks:
             raise InvalidRequest(f"prompt + max_tokens needs {need} blocks, the whole pool has "
-                                 f"{self.memory.config.num_gpu_blocks}")
+                                 f"{self.memory.num_gpu_blocks}")
         ext = request.external_prefix
         pull = request.pending_prefix
         if pull is not None:
@@ -313,14 +291,10 @@ class Engine:
                                      f"usable blocks, got end_block {pull.end_block}")
         if ext is None or not ext.block_ids:
             return 0
-        pool = self.memory.gpu.pool
-        if len(set(ext.block_ids)) != len(ext.block_ids) or any(
-                not 0 <= b < pool.num_blocks or pool.ref_count(b) < 1 or pool.hash_of(b) not in (None, h)
-                for b, h in zip(ext.block_ids, ext.hashes, strict=True)):
+        if not self.memory.holds_external(ext.block_ids, ext.hashes):
             raise InvalidRequest("external prefix blocks must be distinct gpu blocks held by the caller "
                                  "and not cached under another hash")
-        hashes = list(given) if given is not None else hash_blocks(
-            prompt, self.layout.block_size, salt=request.salt, key=self.memory.config.hash_key)
+        hashes = list(given) if given is not None else self.memory.hash_prompt(prompt, request.salt)
         try:
             start = hashes.index(ext.hashes[0])
         except ValueError:
@@ -330,16 +304,10 @@ class Engine:
         return start
 
     def check_invariants(self) -> None:
-        """Both tiers' invariants, plus: every reference held on a block is a live sequence's
-        (so a finished or preempted request can leak nothing)."""
-        self.memory.check_invariants()
+        """Memory's invariants (every reference held on a block is a live sequence's, so a finished or
+        preempted request can leak nothing), and every active sequence is queued or running."""
         seqs = list(self._active.values())
-        held = sum(len(s.block_ids) for s in seqs) + self.memory.pulling_blocks
-        refs = sum(self.memory.gpu.pool.ref_counts())
-        assert refs == held, f"gpu refs {refs} != {held} held by {len(seqs)} active sequences and pulls"
-        held = sum(len(s.host_block_ids) for s in seqs)
-        refs = sum(sum(t.pool.ref_counts()) for t in self.memory.host.tiers)
-        assert refs == held, f"host refs {refs} != {held} held by swapped sequences"
+        self.memory.check_invariants(seqs)
         queued = len(self.scheduler.waiting) + len(self.scheduler.running)
         assert queued == len(seqs), f"{queued} queued sequences, {len(seqs)} active"
 
@@ -351,7 +319,4 @@ class Engine:
     def prometheus_text(self, labels: Mapping[str, str] | None = None) -> str:
         """Memory metrics of every tier and zone plus the engine's, in one Prometheus exposition,
         every sample labelled with `labels` too."""
-        snaps: list[object] = [memory_stats(t.pool, t.cache) for t in self.memory.tiers]
-        if self.memory.disk is not None:
-            snaps.append(self.memory.disk.stats())
-        return render_prometheus([*snaps, *self.memory.zone_snapshots(), self.stats()], labels)
+        return render_prometheus([*self.memory.stats_snapshots(), self.stats()], labels)

@@ -2,15 +2,9 @@
 tier or drop them and recompute later, whichever the policy judges cheaper."""
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
 
-
-class PreemptMode(StrEnum):
-    SWAP = "swap"
-    """Copy the blocks to the host tier; resume by copying them back."""
-    RECOMPUTE = "recompute"
-    """Drop the blocks; resume by prefilling prompt + output again (cached prefix blocks still hit)."""
+from radixmesh.node_agent.memory.sequence import PreemptMode
 
 
 class PreemptionPolicy(Protocol):

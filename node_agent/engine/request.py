@@ -1,10 +1,14 @@
-"""What a caller submits to the engine (request, sampling parameters) and what it gets back."""
+"""What a caller submits to the engine (request, sampling parameters), the engine's record of it while
+it runs (SequenceState), and what it gets back."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NewType
 
 import torch
 
+from radixmesh.common.prefix_cache.block_table import BlockTable
+from radixmesh.common.text.stop_strings import StopText
+from radixmesh.node_agent.memory.sequence import PendingPrefix
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
 from radixmesh.proto.serve.sampling import FinishReason, SamplingParams, TokenLogprob
@@ -30,32 +34,6 @@ class ExternalPrefix:
     def __post_init__(self) -> None:
         if len(self.block_ids) != len(self.hashes):
             raise ValueError(f"{len(self.block_ids)} block ids but {len(self.hashes)} hashes")
-
-
-@dataclass(eq=False, slots=True)
-class PendingPrefix:
-    """Prompt blocks the caller pulls from a peer while its request waits in the engine's queue.
-
-    The caller sets `end_block`; Engine.submit (on the engine thread) fills in the rest, skipping
-    what this node holds already, and allocates one pool block per block to pull::
-
-        prompt blocks  [0, start)  | [start, start + len(block_ids))  | [.., end_block)
-                       cached here | pulled into block_ids (in order) | no room: computed
-
-    `block_ids` are named by no block table and no prefix cache until they land, so no step reads
-    them and the caller may write their KV off the engine thread. The request is not admitted
-    before Engine.land_pull says how many of them arrived; the engine frees the rest then (also
-    when the request was aborted meanwhile: a block the transfer may still write is never freed
-    before). Empty `block_ids`: nothing to pull (all cached here, or no room), and nothing to land.
-    """
-
-    end_block: int
-    start: int = 0
-    block_ids: tuple[BlockId, ...] = ()
-    hashes: tuple[BlockHash, ...] = ()
-    """The chained hashes of prompt blocks [start, end_block): what to ask the peer for."""
-    parent: BlockHash | None = None
-    """The hash of prompt block start - 1 (None when start is 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +83,55 @@ class RequestStats:
         if self.first_token_s is None or self.finish_s is None:
             return None
         return self.finish_s - self.first_token_s
+
+
+@dataclass(slots=True, eq=False)
+class SequenceState:
+    """The engine's mutable record of one request between submit and finish.
+
+    Token ranges: ``tokens[:num_computed]`` have K/V in ``block_ids`` (gpu), the rest are still to be
+    computed. The block table is `table` (block_table.SequenceManager places it); the sequence
+    holds exactly one reference on each block of ``block_ids`` and, while swapped out, on each of
+    ``host_block_ids``.
+    """
+
+    request: Request
+    seed: int
+    stats: RequestStats
+    table: BlockTable
+    """Tokens (prompt, then sampled), gpu block table, block hashes and how many are committed."""
+    num_computed: int = 0
+    host_block_ids: list[BlockId] = field(default_factory=list)
+    pulling: PendingPrefix | None = None
+    """The pull this sequence waits for: it is not admitted before the pull lands (Engine.land_pull)."""
+    external_hashes: frozenset[BlockHash] = frozenset()
+    """Hashes handed in through Request.external_prefix (stats attribute their hits to "external")."""
+    logits: list[torch.Tensor] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """One per output token when the request asked for log-probabilities."""
+    stop_text: StopText | None = None
+    """The decoded output, for requests with stop strings."""
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.table.tokens
+
+    @property
+    def block_ids(self) -> list[BlockId]:
+        """The gpu block table (read-only use: NodeMemory changes it through SequenceManager)."""
+        return self.table.block_table
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.tokens) - self.num_computed
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.tokens[len(self.request.prompt_token_ids):]
+
+    @property
+    def is_swapped(self) -> bool:
+        return bool(self.host_block_ids)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """EngineRunner: drives one Engine on one dedicated thread and streams each request's tokens.
 
-Engine, PagedMemory, BlockPool and PrefixCache are not thread-safe, and step() is CPU-heavy. Every
+Engine, NodeMemory, BlockPool and PrefixCache are not thread-safe, and step() is CPU-heavy. Every
 touch of them (steps, submits, aborts, event draining, stats) is a job on one single-thread
 executor, and runs under the runner's pool lock; the event loop (transfer server, heartbeats) never
 takes the lock, so it never waits on a step.

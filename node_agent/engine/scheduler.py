@@ -7,68 +7,13 @@ only place that touches KV tensors.
 
 import logging
 from collections import deque
-from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-import torch
-
-from radixmesh.common.prefix_cache.block_table import BlockTable
-from radixmesh.common.text.stop_strings import StopText
-from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
-from radixmesh.node_agent.engine.request import PendingPrefix, Request, RequestStats
-from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.ids import BlockId
-from radixmesh.proto.serve.sampling import TokenLogprob
+from radixmesh.node_agent.engine.preemption import PreemptionPolicy
+from radixmesh.node_agent.engine.request import SequenceState
+from radixmesh.node_agent.memory.sequence import PreemptMode
 
 logger = logging.getLogger(__name__)
-
-@dataclass(slots=True, eq=False)
-class SequenceState:
-    """The engine's mutable record of one request between submit and finish.
-
-    Token ranges: ``tokens[:num_computed]`` have K/V in ``block_ids`` (gpu), the rest are still to be
-    computed. The block table is `table` (block_table.SequenceManager places it); the sequence
-    holds exactly one reference on each block of ``block_ids`` and, while swapped out, on each of
-    ``host_block_ids``.
-    """
-
-    request: Request
-    seed: int
-    stats: RequestStats
-    table: BlockTable
-    """Tokens (prompt, then sampled), gpu block table, block hashes and how many are committed."""
-    num_computed: int = 0
-    host_block_ids: list[BlockId] = field(default_factory=list)
-    pulling: PendingPrefix | None = None
-    """The pull this sequence waits for: it is not admitted before the pull lands (Engine.land_pull)."""
-    external_hashes: frozenset[BlockHash] = frozenset()
-    """Hashes handed in through Request.external_prefix (stats attribute their hits to "external")."""
-    logits: list[torch.Tensor] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    """One per output token when the request asked for log-probabilities."""
-    stop_text: StopText | None = None
-    """The decoded output, for requests with stop strings."""
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.table.tokens
-
-    @property
-    def block_ids(self) -> list[BlockId]:
-        """The gpu block table (read-only use: PagedMemory changes it through SequenceManager)."""
-        return self.table.block_table
-
-    @property
-    def num_uncomputed(self) -> int:
-        return len(self.tokens) - self.num_computed
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.tokens[len(self.request.prompt_token_ids):]
-
-    @property
-    def is_swapped(self) -> bool:
-        return bool(self.host_block_ids)
 
 
 class BlockSpace(Protocol):

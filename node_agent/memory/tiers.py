@@ -14,7 +14,7 @@ when gpu and host both evicted them, and a restart at default sizes found none).
 `NoHostTier` is the host tier of a node configured without one (num_host_blocks = 0): nothing to
 promote, a swap is refused (the scheduler then recomputes), nothing is demoted, no tier to report.
 
-The engine's PagedMemory (engine/paged_memory.py) composes these tiers into its BlockSpace; the host
+NodeMemory (memory/node_memory.py) composes these tiers into the scheduler's BlockSpace; the host
 tier reports its moves through `TierMoves` and `SwapObserver`, which the engine's counters and
 preemption policy satisfy, so memory needs nothing of the engine.
 """
@@ -102,7 +102,7 @@ class NoHostTier:
 
 
 class HostTier(TierMemory):
-    """The host tier of a node. Every move keeps the reference discipline of PagedMemory: what a
+    """The host tier of a node. Every move keeps the reference discipline of NodeMemory: what a
     failed move took is given back before it returns."""
 
     def __init__(self, layout: KVLayout, num_blocks: int, config: PoolConfig, counters: TierMoves,

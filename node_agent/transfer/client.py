@@ -32,7 +32,7 @@ import torch
 
 from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.kernels.ops import scatter_blocks
-from radixmesh.node_agent.engine.paged_memory import allocate_up_to
+from radixmesh.node_agent.memory.node_memory import allocate_up_to
 from radixmesh.node_agent.transfer import Serial, run_inline
 from radixmesh.node_agent.transfer.checksum import (
     DEFAULT_CHECKSUM,

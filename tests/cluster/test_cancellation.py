@@ -40,7 +40,7 @@ async def all_free(cluster: Cluster) -> None:
     await until(lambda: not running(cluster), "the agents to drop the request")
     for a in cluster.agents:
         await a.check_invariants()
-        assert a.engine.memory.gpu.pool.num_in_use == 0
+        assert a.memory.gpu.pool.num_in_use == 0
         assert a.engine.counters.generated_tokens < MAX_TOKENS  # it stopped early: it was cancelled
     await until(lambda: cluster.router.metrics.status_counts.get("cancelled") == 1, "the router to count it")
 
@@ -96,7 +96,7 @@ async def test_a_request_cancelled_during_its_pull_frees_both_nodes() -> None:
             # Nothing queued on the engine thread as well: the owner's pin for the abandoned pull runs
             # after the hold, and is released only once its send fails, so no blocks in use before
             # that job ran says nothing.
-            await until(lambda a=agent: a.runner.pending_calls == 0 and a.engine.memory.gpu.pool.num_in_use == 0,
+            await until(lambda a=agent: a.runner.pending_calls == 0 and a.memory.gpu.pool.num_in_use == 0,
                         f"{agent.node} to free its blocks")
             await agent.check_invariants()
         assert not puller.runner.is_active(RequestId("pulling")) and not puller.engine.has_work

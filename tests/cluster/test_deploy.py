@@ -28,7 +28,7 @@ from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.engine.engine import EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.disk.metrics import DiskStats
 from tests.support.agents import plan, prompt
 from tests.support.router_cluster import MODEL_NAME, ManualClock, agent_config, local_cluster, router_config
@@ -265,8 +265,8 @@ async def test_disk_panels_and_alerts_find_an_agents_disk_tier(tmp_path: Path) -
         prompts = [prompt(60 + i, 5 * BS + 2) for i in range(6)]
         for i, p in enumerate(prompts):  # the later prompts push the first out of gpu and host, to disk
             await router.complete(plan(f"w{i}", p))
-        assert agent.engine.memory.disk is not None
-        agent.engine.memory.disk.flush()
+        assert agent.memory.disk is not None
+        agent.memory.disk.flush()
         again = await router.complete(plan("again", prompts[0]))
         assert again.result.stats.tokens.local_disk > 0
         async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:

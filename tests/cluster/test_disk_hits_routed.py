@@ -13,7 +13,7 @@ from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.proto.ids import NodeId
 from tests.support.agents import SECRET, plan, prompt, reference
 from tests.support.router_cluster import ManualClock, router_config
@@ -34,8 +34,8 @@ async def test_router_stats_show_hits_read_back_from_disk(tmp_path: Path) -> Non
         prompts = [prompt(60 + i, FULL * BS + 2) for i in range(6)]
         for i, p in enumerate(prompts):  # the later prompts push the first out of gpu and host, to disk
             await router.complete(plan(f"w{i}", p))
-        assert agent.engine.memory.disk is not None
-        agent.engine.memory.disk.flush()
+        assert agent.memory.disk is not None
+        agent.memory.disk.flush()
         again = await router.complete(plan("again", prompts[0]))
         assert again.result.output_token_ids == reference(prompts[0])
         assert again.result.stats.tokens.local_disk == FULL * BS and again.cached_tokens == FULL * BS

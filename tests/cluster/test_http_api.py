@@ -135,7 +135,7 @@ async def test_bad_requests_get_openai_errors_and_change_nothing(api: Api, path:
     assert all(router.inflight(a.node) == 0 for a in api.cluster.agents)
     for a in api.cluster.agents:
         await a.check_invariants()
-        assert a.engine.memory.gpu.pool.num_in_use == 0
+        assert a.memory.gpu.pool.num_in_use == 0
 
 
 async def test_unknown_route_and_method_answer_json_errors(api: Api) -> None:

@@ -68,7 +68,7 @@ async def test_stop_string_cuts_the_reply_before_it(api: Api) -> None:
     assert api.cluster.router.metrics.status_counts == {"ok": 1}
     for a in api.cluster.agents:
         await a.check_invariants()
-        assert a.engine.memory.gpu.pool.num_in_use == 0
+        assert a.memory.gpu.pool.num_in_use == 0
 
 
 async def test_stop_string_in_a_stream(api: Api) -> None:

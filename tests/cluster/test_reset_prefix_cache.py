@@ -16,8 +16,8 @@ from radixmesh.cluster.api.app import create_app, start_http
 from radixmesh.common.block_pool.config import PoolConfig
 from radixmesh.common.block_pool.eviction import EVICTION_ORDERS
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.proto.events import BlockRemoved
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServePlan, TokenDelta
@@ -58,7 +58,7 @@ def _cached(doc: dict[str, Any]) -> int:
 
 
 def _held(cluster: Cluster) -> dict[str, int]:
-    return {a.node: a.engine.memory.gpu.pool.num_cached for a in cluster.agents}
+    return {a.node: a.memory.gpu.pool.num_cached for a in cluster.agents}
 
 
 async def test_reset_drops_every_cached_block_and_its_index_entries(served: tuple[Cluster, str]) -> None:
@@ -100,7 +100,7 @@ async def test_blocks_pinned_by_a_peer_pull_stay_cached_and_indexed(served: tupl
     async with aiohttp.ClientSession() as http:
         await _complete(http, url)  # round robin: on a
         a = cluster.agent("a")
-        gpu = a.engine.memory.gpu
+        gpu = a.memory.gpu
         chain = [h for h, _ in gpu.cache.snapshot()]
         pinned = await a.runner.call(gpu.cache.match, chain[:3])  # what a peer's pull pins while it streams
         assert len(pinned) == 3
@@ -264,9 +264,9 @@ def test_engine_reset_drops_both_tiers_and_emits_the_removals(eviction: str) -> 
     cached = {h for t in (gpu, host) for h, _ in t.cache.snapshot()}
     for t in (gpu, host):
         t.cache.take_events()
-    assert engine.reset_prefix_cache() == held
+    assert engine.memory.reset_prefix_cache() == held
     assert (len(gpu.cache), len(host.cache), gpu.pool.num_cached, host.pool.num_cached) == (0, 0, 0, 0)
     removed = {h for t in (gpu, host) for e in t.cache.take_events() if isinstance(e, BlockRemoved) for h in e.hashes}
     assert cached <= removed
     engine.check_invariants()
-    assert engine.reset_prefix_cache() == {"gpu": 0, "host": 0}
+    assert engine.memory.reset_prefix_cache() == {"gpu": 0, "host": 0}

@@ -10,11 +10,12 @@ import torch
 from radixmesh.common.block_pool.config import PoolConfig
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.metrics import EngineCounters
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
-from radixmesh.node_agent.engine.preemption import FixedPreemption, PreemptMode
+from radixmesh.node_agent.engine.preemption import FixedPreemption
 from radixmesh.node_agent.engine.request import Request, RequestId
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.disk.record import HEADER_BYTES, DiskIdentity
 from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier
+from radixmesh.node_agent.memory.sequence import PreemptMode
 from radixmesh.node_agent.memory.tiers import HostTier, TierMemory
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.events import Tier

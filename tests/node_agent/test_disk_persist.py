@@ -8,10 +8,11 @@ import torch
 
 from radixmesh.common.block_pool.config import PoolConfig
 from radixmesh.node_agent.engine.metrics import EngineCounters
-from radixmesh.node_agent.engine.preemption import FixedPreemption, PreemptMode
+from radixmesh.node_agent.engine.preemption import FixedPreemption
 from radixmesh.node_agent.memory.disk.record import DiskIdentity
 from radixmesh.node_agent.memory.disk.segments import SegmentStore
 from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier, head_to_tail, stored_chains
+from radixmesh.node_agent.memory.sequence import PreemptMode
 from radixmesh.node_agent.memory.tiers import HostTier, TierMemory, persist_resident
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.events import BlockRemoved, BlockStored, Tier

@@ -11,7 +11,7 @@ from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchQuery, NodeMatch
@@ -58,9 +58,9 @@ async def test_a_restarted_agent_announces_its_disk_and_serves_from_it(
     try:
         for i, p in enumerate(prompts):  # the later prompts push the first out of gpu and host, to disk
             await collect(first.serve(plan(f"w{i}", p)))
-        assert first.engine.memory.disk is not None
-        first.engine.memory.disk.flush()
-        assert first.engine.memory.disk.stats().disk_blocks >= FULL
+        assert first.memory.disk is not None
+        first.memory.disk.flush()
+        assert first.memory.disk.stats().disk_blocks >= FULL
     finally:
         await first.stop()  # gpu and host are gone with the process; the disk stays
 
@@ -75,7 +75,7 @@ async def test_a_restarted_agent_announces_its_disk_and_serves_from_it(
         assert held is not None and (held.gpu_blocks, held.host_blocks, held.any_tier_blocks) == (0, 0, FULL)  # on disk only
         member = server.service.membership.get(NodeId("a"))
         assert member is not None and member.info.epoch == second.epoch
-        disk = second.engine.memory.disk
+        disk = second.memory.disk
         assert disk is not None and server.service.index.node_block_count(NodeId("a")) == disk.stats().disk_blocks
 
         deltas, result = await collect(second.serve(plan("again", prompts[0])))
@@ -95,7 +95,7 @@ async def test_a_reset_clears_the_disk_tier_too_and_nothing_comes_back_after_a_r
     try:
         for i, p in enumerate(prompts):
             await collect(first.serve(plan(f"w{i}", p)))
-        disk = first.engine.memory.disk
+        disk = first.memory.disk
         assert disk is not None and first.publisher is not None
         disk.flush()
         on_disk = disk.stats().disk_blocks
@@ -111,7 +111,7 @@ async def test_a_reset_clears_the_disk_tier_too_and_nothing_comes_back_after_a_r
         await first.stop()
     second = await started(address, tmp_path)
     try:
-        disk = second.engine.memory.disk
+        disk = second.memory.disk
         assert disk is not None
         # Only what was served after the reset can be here; prompts[1] was not.
         assert disk.run_length(hash_blocks(prompts[1], BS)) == 0
@@ -131,7 +131,7 @@ async def test_a_clean_stop_keeps_what_gpu_and_host_held_so_a_restart_at_roomy_s
     try:
         for i, p in enumerate(prompts):
             await collect(first.serve(plan(f"w{i}", p)))
-        disk = first.engine.memory.disk
+        disk = first.memory.disk
         assert disk is not None and disk.stats().disk_writes == 0
     finally:
         await first.stop()  # a clean stop writes what the gpu caches

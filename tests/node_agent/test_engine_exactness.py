@@ -10,9 +10,9 @@ import pytest
 
 from radixmesh.kernels import ops as kernels
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
-from radixmesh.node_agent.engine.preemption import PreemptMode
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId, RequestOutput
+from radixmesh.node_agent.memory.config import MemoryConfig
+from radixmesh.node_agent.memory.sequence import PreemptMode
 from radixmesh.node_agent.memory.tiers import HostTier
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.proto.block_hash import hash_blocks

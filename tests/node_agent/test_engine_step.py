@@ -3,8 +3,8 @@
 import torch
 
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM
 from radixmesh.proto.serve.sampling import SamplingParams
 from tests.support.tiny_model import tiny_model

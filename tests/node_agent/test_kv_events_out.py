@@ -17,9 +17,9 @@ from radixmesh.common.kv_events_curve import connect_curve
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.kv_events.publisher import ZmqKVEventPublisher
 from radixmesh.node_agent.kv_events.token_book import TokenBook
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId

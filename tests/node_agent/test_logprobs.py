@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.proto.serve.sampling import SamplingParams, TokenLogprob
 from tests.support.router_cluster import BS, MODEL_NAME, SOURCE
 from tests.support.router_http import TOK, Api, serving_api

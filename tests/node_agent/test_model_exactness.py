@@ -17,8 +17,8 @@ import transformers
 from gguf import GGUFWriter
 
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.config import LlamaConfig
 from radixmesh.node_agent.model.gguf import gguf_identity, load_gguf, unpermute_rope_rows
 from radixmesh.node_agent.model.llama import LlamaForCausalLM, rope_inv_freq

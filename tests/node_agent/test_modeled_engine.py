@@ -13,9 +13,9 @@ from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.node_agent import ModeledEngine, ProfileError, load_profile, parse_engine, profile_names
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig, StepOutput
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.modeled.forward import ModeledModel
 from radixmesh.node_agent.model.modeled.profile import PROFILES_DIR, Figures
 from radixmesh.node_agent.model.modeled.time_model import PrefillChunk, StepTimeModel

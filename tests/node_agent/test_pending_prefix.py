@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from radixmesh.node_agent.engine.engine import Engine
-from radixmesh.node_agent.engine.request import ExternalPrefix, PendingPrefix, RequestId, RequestOutput
+from radixmesh.node_agent.engine.request import ExternalPrefix, RequestId, RequestOutput
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
+from radixmesh.node_agent.memory.sequence import PendingPrefix
 from radixmesh.proto.serve.limits import InvalidRequest
 from tests.node_agent.test_scheduler import BS, drain, make_engine, req
 from tests.support.poll import until

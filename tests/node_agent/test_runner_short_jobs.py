@@ -5,9 +5,9 @@ import asyncio
 import threading
 
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.modeled.forward import ModeledModel
 from radixmesh.node_agent.model.modeled.profile import load_profile
 from radixmesh.node_agent.model.modeled.time_model import StepTimeModel

@@ -7,7 +7,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.preemption import (
     CostPreemption,
     FixedPreemption,
@@ -16,6 +15,7 @@ from radixmesh.node_agent.engine.preemption import (
 )
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId, RequestOutput
 from radixmesh.node_agent.engine.sampler import sample
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.weights import random_model
 from radixmesh.proto.block_hash import hash_blocks

@@ -13,7 +13,7 @@ from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.transfer.protocol import PullRequest
 from radixmesh.node_agent.transfer.pull_source import TransferSource
-from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
+from radixmesh.proto.block_hash import BlockHash, tenant_salt
 from radixmesh.proto.events import Tier
 from radixmesh.proto.serve.plan import PullPlan
 from tests.support.agents import collect, plan, prompt, ucx_pair
@@ -96,9 +96,9 @@ async def test_agent_owner_evicts_what_a_peer_pulled_first(pair: tuple[NodeAgent
     assert got.stats.tokens.remote == 28 and not got.stats.pull_failed
 
     def hashes(tokens: tuple[int, ...]) -> list[BlockHash]:
-        return hash_blocks(tokens[:28], 4, salt=tenant_salt(""), key=owner_agent.engine.memory.config.hash_key)
+        return owner_agent.memory.hash_prompt(tokens[:28], tenant_salt(""))
 
-    cache = owner_agent.engine.memory.gpu.cache
+    cache = owner_agent.memory.gpu.cache
 
     def evict_7() -> tuple[int, int]:
         cache.pool.evict(7)

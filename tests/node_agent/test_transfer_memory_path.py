@@ -7,7 +7,7 @@ from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.source import random_source
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.memory_path import MemoryPath, memory_path

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.zones.budget import ZONES, ZoneName
 from radixmesh.node_agent.memory.zones.governor import ZoneSetup
 from radixmesh.node_agent.model.llama import LlamaForCausalLM

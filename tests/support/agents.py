@@ -8,8 +8,8 @@ from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServeItem, ServePlan, ServeResult, TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams

@@ -136,7 +136,7 @@ def prompt(rng: random.Random) -> tuple[int, ...]:
 
 async def cached_hashes(agent: NodeAgent) -> set[BlockHash]:
     def read() -> set[BlockHash]:
-        return {h for t in agent.engine.memory.tiers for h, _ in t.cache.snapshot()}
+        return {h for t in agent.memory.tiers for h, _ in t.cache.snapshot()}
     return await agent.runner.call(read)
 
 

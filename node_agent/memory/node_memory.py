@@ -1,76 +1,45 @@
-"""The node's KV memory: the gpu tier, the optional host tier, and every block move between them.
+"""The node's KV memory behind one door (as vLLM's KVCacheManager between its scheduler and block pool).
 
-`PagedMemory` is the engine's `BlockSpace`: prefix hits (gpu, then host or disk with promotion), adopted
-external blocks, growth, swap out / in, insertion of computed blocks into the prefix cache, and
-demotion of evicted gpu prefix blocks to the host tier (memory.tiers makes the host's moves).
-Block tables are block_table.SequenceManager's. It stays the engine's (memory/ holds the tiers it
-composes) because it works on the scheduler's SequenceState and the engine's preemption modes.
-"""
+`NodeMemory` is the scheduler's `BlockSpace`: prefix hits (gpu, then host or disk with promotion),
+adopted external blocks, growth, swap out / in, insertion of computed blocks into the prefix cache,
+and demotion of evicted gpu prefix blocks to the host tier (memory.tiers makes the host's moves). It
+is also the agent's one handle on memory: what the node announces (capacity, events, snapshot), its
+load, the reset and the clean close. It sees a sequence as memory.sequence.SequenceBlocks, so memory
+never imports the engine."""
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from radixmesh.common.block_pool.block_pool import BlockPool
-from radixmesh.common.block_pool.config import PoolConfig, PoolHooks
+from radixmesh.common.block_pool.config import PoolHooks
 from radixmesh.common.block_pool.counters import OutOfBlocks
+from radixmesh.common.metadata.publisher import chains
 from radixmesh.common.prefix_cache.block_table import BlockTable, SequenceManager
-from radixmesh.node_agent.engine.metrics import EngineCounters
-from radixmesh.node_agent.engine.preemption import PreemptionPolicy, PreemptMode
-from radixmesh.node_agent.engine.request import PendingPrefix
-from radixmesh.node_agent.engine.scheduler import SequenceState
+from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.disk.record import DiskIdentity
-from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier
+from radixmesh.node_agent.memory.disk.tier import ANNOUNCED_BLOCKS, DiskTier
+from radixmesh.node_agent.memory.metrics import memory_stats
 from radixmesh.node_agent.memory.physical import StepPeakMeter, device_memory, process_resident_bytes
-from radixmesh.node_agent.memory.tiers import HostTier, NoHostTier, TierMemory
-from radixmesh.node_agent.memory.zones.governor import ZoneGovernor, ZoneSetup
+from radixmesh.node_agent.memory.sequence import PendingPrefix, PreemptMode, SequenceBlocks
+from radixmesh.node_agent.memory.tiers import (
+    HostTier,
+    NoHostTier,
+    SwapObserver,
+    TierMemory,
+    TierMoves,
+    persist_resident,
+)
+from radixmesh.node_agent.memory.zones.governor import ZoneGovernor
 from radixmesh.node_agent.memory.zones.metrics import physical_stats, zone_stats
-from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.events import Tier
+from radixmesh.proto.block_hash import BlockHash, hash_blocks
+from radixmesh.proto.events import BlockStored, CacheEvent, Tier
 from radixmesh.proto.ids import BlockId
 from radixmesh.proto.kv_layout import KVLayout
 from radixmesh.proto.serve.limits import usable_prefix_blocks
 from radixmesh.proto.serve.tokens import TokenSources
-
-STAGING_HOST_BLOCKS = 64
-"""Host blocks of a disk tier configured without a host tier: disk reads reach the gpu through them in
-runs of at most this many (the prefix match repeats until the run ends), and gpu evictions they
-cannot take go straight to disk (memory.tiers.HostTier.demote). 128 MiB at Llama-3-8B's 2 MiB blocks."""
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryConfig:
-    """Sizes of the two tiers and whether prefixes are shared."""
-
-    num_gpu_blocks: int = 512
-    num_host_blocks: int = 0
-    """0: no host tier (preemption always recomputes, no promotion)."""
-    enable_prefix_caching: bool = True
-    """False: nothing is matched or inserted (the "caching off" baseline)."""
-    hash_key: bytes = b""
-    """The cluster's block-hash key (block_hash.hash_blocks)."""
-    demote_evicted: bool = True
-    """Copy prefix blocks evicted from the gpu tier into the host tier (when there is one) instead
-    of dropping them; the host tier's own LRU makes room."""
-    pool: PoolConfig = field(default_factory=PoolConfig)
-    zones: ZoneSetup = field(default_factory=ZoneSetup)
-    """How the gpu pool is split between running KV and the prefix cache (memory/zones/governor.py)."""
-    disk: DiskConfig | None = None
-    """The disk tier under the host tier (memory.disk); without num_host_blocks it gets a host tier of
-    STAGING_HOST_BLOCKS (`host_blocks`). None: none."""
-
-    def __post_init__(self) -> None:
-        if self.num_gpu_blocks < 1 or self.num_host_blocks < 0:
-            raise ValueError(f"need num_gpu_blocks >= 1 and num_host_blocks >= 0, got "
-                             f"{self.num_gpu_blocks}, {self.num_host_blocks}")
-
-    @property
-    def host_blocks(self) -> int:
-        """The host tier's size: num_host_blocks, or STAGING_HOST_BLOCKS for a disk tier given none
-        (disk reads land in the host tier; issue 40: users had to size one to get a disk tier)."""
-        return self.num_host_blocks or (STAGING_HOST_BLOCKS if self.disk is not None else 0)
 
 
 @dataclass(slots=True)
@@ -97,17 +66,22 @@ def allocate_up_to(pool: BlockPool, n: int) -> list[BlockId]:
             return []
 
 
-class PagedMemory:
-    """The gpu and host tiers of one node, and the block moves the scheduler asks for.
+class NodeMemory:
+    """The gpu, host and disk tiers of one node, the block moves the scheduler asks for, and what
+    the agent reads of them. Not thread-safe: call it on the thread that steps the engine.
 
     Reference discipline: a sequence holds one reference on every block of its table (gpu) or, while
     swapped out, of its host table; every path that fails gives back what it took before returning.
     """
 
-    def __init__(self, layout: KVLayout, config: MemoryConfig, counters: EngineCounters,
-                 policy: PreemptionPolicy, *, device: str | torch.device = "cpu",
-                 clock: Callable[[], float] = time.monotonic, gpu_hooks: PoolHooks | None = None) -> None:
-        """`gpu_hooks`: what the gpu pool calls out to (PoolHooks; the agent gives the cluster's recall)."""
+    def __init__(self, layout: KVLayout, config: MemoryConfig, counters: TierMoves,
+                 policy: SwapObserver, *, device: str | torch.device = "cpu",
+                 clock: Callable[[], float] = time.monotonic, gpu_hooks: PoolHooks | None = None,
+                 weights_bytes: int = 0) -> None:
+        """`counters` and `policy`: where the host tier counts its moves and reports swap rates (the
+        engine's EngineCounters and PreemptionPolicy); `gpu_hooks`: what the gpu pool calls out to
+        (PoolHooks; the agent gives the cluster's recall); `weights_bytes`: the model's parameter
+        bytes (the weights zone)."""
         self.layout = layout
         self.config = config
         self.block_size = layout.block_size
@@ -129,9 +103,10 @@ class PagedMemory:
         self.sequences = SequenceManager(self.gpu.cache, self.block_size, key=config.hash_key)
         self.zones = ZoneGovernor(self.gpu.pool, config.zones, clock)
         """Weights, activations, running KV and prefix cache over the gpu tier's budget."""
+        self.zones.set_weights_bytes(weights_bytes)
         self._device = torch.device(device)
         self._meter = StepPeakMeter(self._device)
-        self._pulls: dict[PendingPrefix, SequenceState] = {}
+        self._pulls: dict[PendingPrefix, SequenceBlocks] = {}
         """Pulls in flight, and the sequence each was begun for: their blocks are held here until they land."""
 
     # --- zones -------------------------------------------------------------------------------
@@ -144,10 +119,14 @@ class PagedMemory:
         rebalance the kv and prefix zones."""
         self.zones.after_step(self._meter.stop())
 
-    def zone_snapshots(self) -> list[object]:
-        """Every zone's stats and the physical layer's, for the node's Prometheus exposition."""
-        physical = physical_stats(process_resident_bytes(), device_memory(self._device), self.zones.activation_peak)
-        return [*zone_stats(self.zones), physical]
+    @property
+    def kv(self) -> torch.Tensor:
+        """The gpu tier's KV tensor, which the forward pass reads and writes."""
+        return self.gpu.kv
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.config.num_gpu_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         return self.sequences.blocks_for(num_tokens)
@@ -158,7 +137,15 @@ class PagedMemory:
         return self.sequences.create(tokens, salt=salt, hashes=hashes)
 
     # --- external prefix -----------------------------------------------------------------------
-    def adopt_external(self, seq: SequenceState, block_ids: Sequence[BlockId],
+    def holds_external(self, block_ids: Sequence[BlockId], hashes: Sequence[BlockHash]) -> bool:
+        """Whether `block_ids` are distinct gpu blocks the caller holds, none cached under another
+        hash than its own in `hashes` (what adopt_external may take over)."""
+        pool = self.gpu.pool
+        return len(set(block_ids)) == len(block_ids) and all(
+            0 <= b < pool.num_blocks and pool.ref_count(b) >= 1 and pool.hash_of(b) in (None, h)
+            for b, h in zip(block_ids, hashes, strict=True))
+
+    def adopt_external(self, seq: SequenceBlocks, block_ids: Sequence[BlockId],
                        hashes: Sequence[BlockHash], start: int) -> None:
         """Take over the caller's reference on external blocks holding prompt blocks start.. : they
         become cached gpu blocks, matched at admission like local hits (or evicted under pressure,
@@ -166,7 +153,7 @@ class PagedMemory:
         parent = self.sequences.block_hashes(seq.table, start)[-1] if start else None
         self._adopt(block_ids, hashes, parent, seq)
 
-    def begin_pull(self, seq: SequenceState, pull: PendingPrefix) -> None:
+    def begin_pull(self, seq: SequenceBlocks, pull: PendingPrefix) -> None:
         """Fill in `pull` (see PendingPrefix): the blocks of [0, pull.end_block) this tier lacks
         after its longest cached prefix get fresh blocks, as many as fit. Nothing is pulled when
         prefixes are not cached (nothing would match what arrives)."""
@@ -200,14 +187,14 @@ class PagedMemory:
         return sum(len(p.block_ids) for p in self._pulls)
 
     def _adopt(self, block_ids: Sequence[BlockId], hashes: Sequence[BlockHash], parent: BlockHash | None,
-               seq: SequenceState) -> None:
+               seq: SequenceBlocks) -> None:
         if self.config.enable_prefix_caching:
             self.gpu.cache.insert(hashes, block_ids, parent)
             seq.external_hashes = frozenset(hashes)
         self.gpu.cache.release(block_ids)
 
     # --- BlockSpace --------------------------------------------------------------------------
-    def admit(self, seq: SequenceState, budget: int) -> int:
+    def admit(self, seq: SequenceBlocks, budget: int) -> int:
         if seq.is_swapped:
             return self._swap_in(seq, budget)
         assert seq.num_computed == 0 and not seq.block_ids, seq
@@ -225,14 +212,14 @@ class PagedMemory:
         self._count_hits(seq, hit, table.num_cached_blocks)
         return n
 
-    def grow(self, seq: SequenceState, num_tokens: int) -> bool:
+    def grow(self, seq: SequenceBlocks, num_tokens: int) -> bool:
         try:
             self.sequences.reserve(seq.table, num_tokens)
         except OutOfBlocks:
             return False
         return True
 
-    def preempt(self, seq: SequenceState, mode: PreemptMode) -> PreemptMode:
+    def preempt(self, seq: SequenceBlocks, mode: PreemptMode) -> PreemptMode:
         used = mode
         swapped_bytes = 0
         written = seq.block_ids[: self.blocks_for(seq.num_computed)]
@@ -250,24 +237,114 @@ class PagedMemory:
         return used
 
     # --- after a forward pass ----------------------------------------------------------------
-    def insert_computed(self, seq: SequenceState) -> None:
+    def insert_computed(self, seq: SequenceBlocks) -> None:
         """Offer the sequence's newly completed full blocks to the gpu prefix cache."""
         if self.config.enable_prefix_caching:
             self.sequences.commit(seq.table, seq.num_computed)
 
-    def release(self, seq: SequenceState) -> None:
+    def release(self, seq: SequenceBlocks) -> None:
         """Give back every block a finished (or aborted) sequence holds, on both tiers."""
         self.sequences.release(seq.table)
         if seq.host_block_ids:
             self.host.release(seq.host_block_ids)
             seq.host_block_ids = []
 
-    def check_invariants(self) -> None:
+    def check_invariants(self, sequences: Iterable[SequenceBlocks] = ()) -> None:
+        """Every tier's invariants, plus: every reference held on a block is one of `sequences`' (the
+        live ones) or a pull's, so a finished or preempted request can leak nothing."""
         for tier in self.tiers:
             tier.cache.check_invariants()
+        seqs = list(sequences)
+        held = sum(len(s.block_ids) for s in seqs) + self.pulling_blocks
+        refs = sum(self.gpu.pool.ref_counts())
+        assert refs == held, f"gpu refs {refs} != {held} held by {len(seqs)} active sequences and pulls"
+        held = sum(len(s.host_block_ids) for s in seqs)
+        refs = sum(sum(t.pool.ref_counts()) for t in self.host.tiers)
+        assert refs == held, f"host refs {refs} != {held} held by swapped sequences"
+
+    # --- what the agent reads and does --------------------------------------------------------
+    def hash_prompt(self, tokens: Sequence[int], salt: bytes) -> list[BlockHash]:
+        """The chained hashes of the full blocks of `tokens` under `salt` and this node's hash key."""
+        return hash_blocks(tokens, self.block_size, salt=salt, key=self.config.hash_key)
+
+    @property
+    def tier_blocks(self) -> int:
+        """Blocks of the gpu and host tiers together."""
+        return sum(t.pool.num_blocks for t in self.tiers)
+
+    @property
+    def free_blocks(self) -> int:
+        """Gpu blocks an allocation may take: free, or cached and evictable."""
+        return self.gpu.pool.num_free + self.gpu.pool.num_cached
+
+    def disk_read_bytes_per_s(self) -> float:
+        """The disk tier's measured read rate (0.0 without a disk tier)."""
+        return self.disk.read_bytes_per_s() if self.disk is not None else 0.0
+
+    def capacity(self) -> int:
+        """What the node declares it may cache (NodeInfo): every tier's blocks, the disk's up to what
+        it announces; the index refuses a node holding more than it declared."""
+        disk = self.disk
+        return self.tier_blocks + (min(disk.capacity_blocks, ANNOUNCED_BLOCKS) if disk is not None else 0)
+
+    def take_events(self) -> list[CacheEvent]:
+        """Every tier's events since the last call, gpu first, then what reached or left the disk
+        (the disk publishes its own changes between snapshots, while it holds at most ANNOUNCED_BLOCKS)."""
+        events = [e for t in self.tiers for e in t.cache.take_events()]
+        if self.disk is not None:
+            events += self.disk.take_events()
+        return events
+
+    def snapshot(self) -> tuple[BlockStored, ...]:
+        """Every cached block of the gpu and host tiers as chains, and the disk tier's newest
+        ANNOUNCED_BLOCKS (how a restarted node's disk blocks reach the index under its new
+        epoch); drain the events first, so that the snapshot covers what they said."""
+        stored = [c for t in self.tiers for c in chains(t.cache.snapshot(), t.cache.tier)]
+        if self.disk is not None:
+            stored += chains(self.disk.chains(ANNOUNCED_BLOCKS), Tier.DISK)
+        return tuple(stored)
+
+    def stats_snapshots(self) -> list[object]:
+        """Every tier's, the disk's, every zone's and the physical layer's stats, for the node's
+        Prometheus exposition."""
+        snaps: list[object] = [memory_stats(t.pool, t.cache) for t in self.tiers]
+        if self.disk is not None:
+            snaps.append(self.disk.stats())
+        physical = physical_stats(process_resident_bytes(), device_memory(self._device), self.zones.activation_peak)
+        return [*snaps, *zone_stats(self.zones), physical]
+
+    def reset_prefix_cache(self) -> dict[str, int]:
+        """Evict every cached block (hashed, no reference) of every tier; blocks a request or a peer's
+        pull holds stay, and stay matchable. Returns the cached blocks dropped per tier ("gpu",
+        "host", "disk"). The evictions emit BlockRemoved like any other, so the index follows.
+
+        The gpu tier goes first: its evictions are demoted to the host on their way out (the
+        eviction hook cannot be bypassed), the host's pass then drops those copies too (spilling
+        them to disk), and the disk goes last, so the counts are what each tier held before the
+        reset and no copy outlives it, not even in a restart's re-index (issue 38)."""
+        tiers, disk = self.tiers, self.disk
+        dropped = {t.pool.tier.value: t.pool.num_cached for t in tiers}
+        if disk is not None:
+            disk.flush()  # what the host spilled before the reset counts as the disk's
+            dropped["disk"] = len(disk.store)
+        for t in tiers:
+            t.pool.evict(t.pool.num_cached)
+        assert all(t.pool.num_cached == 0 for t in tiers), "a cached block survived the reset"
+        if disk is not None:
+            disk.clear()
+            assert len(disk.store) == 0, "a disk block survived the reset"
+        return dropped
+
+    def close(self) -> None:
+        """On a clean stop, after the engine thread (no offer comes after the disk writer's last
+        flush): write what the gpu and host tiers cache and the disk lacks, so a restart over the
+        same disk is warm, then close the disk tier. Nothing to do without one."""
+        if self.disk is not None:
+            persist_resident(self.tiers, self.disk)
+            self.disk.close()
 
     # --- moves -------------------------------------------------------------------------------
-    def _match_prefix(self, seq: SequenceState) -> PrefixHit:
+    def _match_prefix(self, seq: SequenceBlocks) -> PrefixHit:
         """Pinned gpu blocks of the longest reusable prefix: gpu hits, then host (or, through the
         host, disk) hits promoted to the gpu, alternating while either advances. The last prompt
         token is always left to compute, because its logits are what the first sampled token needs."""
@@ -288,7 +365,7 @@ class PagedMemory:
             hit.block_ids += got
         return hit
 
-    def _count_hits(self, seq: SequenceState, hit: PrefixHit, num_blocks: int) -> None:
+    def _count_hits(self, seq: SequenceBlocks, hit: PrefixHit, num_blocks: int) -> None:
         """The request's prompt tokens by source, set once (at its first admission): of its
         `num_blocks` cached blocks, those promoted from host or disk, those pulled or adopted
         (external), and the rest found in the gpu tier."""
@@ -301,7 +378,7 @@ class PagedMemory:
             seq.stats.prompt_tokens, local_gpu=local_gpu * bs, local_host=hit.host_blocks * bs,
             local_disk=hit.disk_blocks * bs, remote=external * bs)
 
-    def _swap_out(self, seq: SequenceState, written: list[BlockId]) -> list[BlockId] | None:
+    def _swap_out(self, seq: SequenceBlocks, written: list[BlockId]) -> list[BlockId] | None:
         """Host copies of `written` (hashed full blocks also become host-cached), or None when the
         host tier is absent or full."""
         if not written:
@@ -310,7 +387,7 @@ class PagedMemory:
         cached = self.config.enable_prefix_caching and full
         return self.host.swap_out(self.gpu, written, self.sequences.block_hashes(seq.table, full) if cached else [])
 
-    def _swap_in(self, seq: SequenceState, budget: int) -> int:
+    def _swap_in(self, seq: SequenceBlocks, budget: int) -> int:
         assert not seq.block_ids
         n = min(seq.num_uncomputed, budget)
         try:

@@ -1,11 +1,13 @@
-"""PagedMemory's demotion: gpu prefix blocks evicted by an allocation are copied to the host tier,
+"""NodeMemory's demotion: gpu prefix blocks evicted by an allocation are copied to the host tier,
 bit for bit, within the host's room, and never at the cost of the gpu allocation."""
 
 import torch
 
 from radixmesh.node_agent.engine.metrics import EngineCounters
-from radixmesh.node_agent.engine.paged_memory import MemoryConfig, PagedMemory
-from radixmesh.node_agent.engine.preemption import FixedPreemption, PreemptMode
+from radixmesh.node_agent.engine.preemption import FixedPreemption
+from radixmesh.node_agent.memory.config import MemoryConfig
+from radixmesh.node_agent.memory.node_memory import NodeMemory
+from radixmesh.node_agent.memory.sequence import PreemptMode
 from radixmesh.node_agent.memory.tiers import HostTier
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.events import BlockRemoved, BlockStored, Tier
@@ -17,12 +19,12 @@ LAYOUT = KVLayout(model_id="t", num_layers=2, num_kv_heads=1, head_dim=4, dtype=
 CHAIN = hash_blocks(list(range(4 * BS)), BS)  # 4 chained hashes
 
 
-def memory(gpu: int, host: int) -> PagedMemory:
-    return PagedMemory(LAYOUT, MemoryConfig(num_gpu_blocks=gpu, num_host_blocks=host), EngineCounters(),
+def memory(gpu: int, host: int) -> NodeMemory:
+    return NodeMemory(LAYOUT, MemoryConfig(num_gpu_blocks=gpu, num_host_blocks=host), EngineCounters(),
                        FixedPreemption(PreemptMode.SWAP))
 
 
-def cache_chain(mem: PagedMemory) -> list[BlockId]:
+def cache_chain(mem: NodeMemory) -> list[BlockId]:
     """CHAIN in gpu blocks filled with distinct values, released (cached, evictable)."""
     blocks = mem.gpu.pool.allocate(len(CHAIN))
     for i, b in enumerate(blocks):

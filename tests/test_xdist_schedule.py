@@ -22,7 +22,7 @@ RAY_MARK = "pytest.mark." + "ray"  # spelt so that this module does not carry it
 
 MH = "tests/ray/multihost/test_ray_up_cluster.py"
 CLI, LOCAL = "tests/ray/test_cli.py", "tests/ray/test_local_ray.py"
-SIM, ROUTER = "tests/cluster/test_sim.py::test_a", "tests/cluster/test_router.py::test_b"
+SIM, ROUTER = "tests/cluster/sim/test_sim.py::test_a", "tests/cluster/router/test_router.py::test_b"
 
 
 @pytest.fixture
@@ -43,8 +43,8 @@ def test_a_ray_module_is_one_scope(schedule: RayTestsTogether, nodeid: str, scop
 
 
 @pytest.mark.parametrize("nodeid", [
-    "tests/cluster/test_sim.py::test_anything",
-    "tests/common/test_event_publisher.py::test_an_unexpected_error_is_counted_and_the_loops_go_on",
+    "tests/cluster/sim/test_sim.py::test_anything",
+    "tests/common/metadata/test_event_publisher.py::test_an_unexpected_error_is_counted_and_the_loops_go_on",
     "tests/test_xdist_schedule.py::test_a_ray_module_is_one_scope[x]",
     "tests/cluster/test_ray.py::test_a_name_that_mentions_ray",
     "tests/raymond/test_x.py::test_a_folder_that_starts_with_ray",

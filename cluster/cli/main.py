@@ -50,7 +50,7 @@ COMMANDS = {
 }
 """Each subcommand, where it lives and its one-line summary: a module is imported only when its
 command runs or its own help is asked for, so `radixmesh --help` and `radixmesh stats` answer at once
-instead of first loading torch and Ray, which `up` needs (tests/cluster/test_cli_conventions.py checks
+instead of first loading torch and Ray, which `up` needs (tests/cluster/cli/test_cli_conventions.py checks
 the summaries against the commands)."""
 
 CONTEXT = {"auto_envvar_prefix": settings.PREFIX, "help_option_names": ["-h", "--help"]}

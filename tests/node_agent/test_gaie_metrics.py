@@ -23,7 +23,7 @@ from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.sequence import PendingPrefix
 from radixmesh.proto.serve.plan import ServePlan, ServeResult
 from radixmesh.proto.serve.sampling import SamplingParams
-from tests.node_agent.test_scheduler import BS, MODEL, req
+from tests.node_agent.engine.test_scheduler import BS, MODEL, req
 from tests.support.router_cluster import agent_config
 from tests.support.tiny_model import MODEL_NAME
 

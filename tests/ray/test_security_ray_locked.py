@@ -188,7 +188,7 @@ async def close_router(actor: RouterActor) -> None:
     router's index watch and prediction reports, and its metadata client. Here that process is the
     test worker: a grpc.aio channel left open past this test's event loop later had its cancelled
     calls' completions delivered to another test's loop, failing that test with "Event loop is
-    closed" (tests/cluster/test_http_api.py's, at setup)."""
+    closed" (tests/cluster/api/test_http_api.py's, at setup)."""
     router = actor._router
     if router is not None:
         await router.close()

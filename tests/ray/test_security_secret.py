@@ -23,7 +23,7 @@ from radixmesh.cluster.metadata.server import ServerOptions, create_server
 from radixmesh.cluster.metadata.service import MetadataService
 from radixmesh.common.secret import ClusterSecret, KeyPurpose, check_bind, is_loopback
 from radixmesh.proto.ids import NodeId
-from tests.cluster.test_down_identity import start_decoy_up
+from tests.cluster.launch.test_down_identity import start_decoy_up
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.ray

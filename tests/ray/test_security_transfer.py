@@ -40,8 +40,8 @@ from radixmesh.node_agent.transfer.ray_transport import encode_call
 from radixmesh.node_agent.transfer.transport import Peer
 from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId
-from tests.node_agent import test_transfer_ucx
-from tests.node_agent.test_transfer_ucx import Owner, Requester, assert_owner_clean
+from tests.node_agent.transfer import test_transfer_ucx
+from tests.node_agent.transfer.test_transfer_ucx import Owner, Requester, assert_owner_clean
 from tests.support import transfer_owner
 from tests.support.transfer_owner import (
     LAYOUT,

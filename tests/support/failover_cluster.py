@@ -1,4 +1,4 @@
-"""Kill the active metadata service under load: the harness that tests/cluster/test_metadata_failover.py
+"""Kill the active metadata service under load: the harness that tests/cluster/metadata/test_metadata_failover.py
 asserts on and bench/failover.py reports.
 
 Real parts: a redis-server, two metadata service processes on it (leader_server: the active holds

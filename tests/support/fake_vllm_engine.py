@@ -1,4 +1,4 @@
-"""A stand-in for a vLLM server, run as its own process by tests/cluster/test_external_engine.py.
+"""A stand-in for a vLLM server, run as its own process by tests/cluster/fleet/test_external_engine.py.
 
     python tests/support/fake_vllm_engine.py --block-size 4 --num-blocks 64 [--replay] [--encoding map|array] \
         [--reset vllm|sglang|none]

@@ -1,11 +1,17 @@
 """Scan-resistant eviction order for cached blocks (S3-FIFO / 2Q style): a probationary queue for blocks
 used once, a main queue for blocks used again, and a ghost of recent evictions."""
 
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from radixmesh.common.block_pool.lru import Group, LazyLRU
 from radixmesh.proto.block_hash import BlockHash
+
+_DEMOTED = -sys.float_info.max
+"""Release times below it are demoted members' (LazyLRU.push_first stamps them -inf): once probation
+is within its share they still go before main's, as EvictionOrder.demote promises; taken after
+main's, a block the pool demoted (a peer had just pulled it) outlived reused ones."""
 
 Recalled = Callable[[BlockHash], bool]
 """Whether the cluster evicted its last copy of a block recently (the index's ghost of evictions)."""
@@ -131,9 +137,11 @@ class S3FIFO:
         return out
 
     def _pop_within_share(self, k: int) -> list[int]:
-        """k members (fewer when there are fewer) once probation is within its share: main's oldest,
-        then, when main ran dry (or holds only pinned blocks), probation's."""
-        out = self._pop_main(k)
+        """k members (fewer when there are fewer) once probation is within its share: the demoted
+        ones first (EvictionOrder.demote: before every other member), then main's oldest, then, when
+        main ran dry (or holds only pinned blocks), probation's."""
+        out = self._pop_small(k, _DEMOTED)
+        out += self._pop_main(k - len(out))
         if len(out) < k:
             out += self._pop_small(k - len(out))
         return out
@@ -152,9 +160,13 @@ class S3FIFO:
     def oldest(self, n: int) -> list[int]:
         """About the next n members pop_oldest would take, in that order; removes none. Exact up to
         the point where probation's share would change queue mid-way."""
-        first, second = (self.small, self.main) if self._small_excess() > 0 else (self.main, self.small)
-        out = first.oldest(n)
-        return out + second.oldest(n - len(out))
+        if self._small_excess() > 0:
+            out = self.small.oldest(n)  # demoted members lead probation
+            return out + self.main.oldest(n - len(out))
+        small = self.small.oldest_released(n)
+        demoted = [b for when, b in small if when < _DEMOTED]
+        out = demoted + self.main.oldest(n - len(demoted))
+        return out + [b for _, b in small[len(demoted):]][: n - len(out)]
 
     def released_before(self, cutoff: float) -> list[int]:
         """Members released strictly before `cutoff`: probation's, then main's, each oldest first."""

@@ -157,12 +157,10 @@ def test_blocks_used_once_leave_in_release_order_and_demoted_ones_first(name: st
         run.check(run.now + 1)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=(
-        "S3FIFO.demote puts the blocks at probation's head, but once probation is within its share "
-        "pop_oldest takes main's oldest first: here [0, 3], and oldest(2) said [0, 2]")))
-    if n == "s3fifo" else n for n in sorted(EVICTION_ORDERS)])
+@pytest.mark.parametrize("name", sorted(EVICTION_ORDERS))
 def test_demoted_members_go_before_reused_ones(name: str) -> None:
+    """(S3FIFO took main's oldest first once probation was within its share: [0, 3], where oldest(2)
+    had said [0, 2].)"""
     # 20 blocks: 2 used once, 18 re-used (main, under the S3-FIFO orders); then one of each demoted.
     run = Run(name, 20)
     run.store(list(range(20)))

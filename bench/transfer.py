@@ -21,7 +21,7 @@ machine, measured in one run, GB/s:
   the engine thread), land (an engine job); all three are timed. Also reported: "stream only"
   (receive alone: the owner's pin and unpin jobs are still in it) and the requester's engine-job
   milliseconds per pull (allocate + land, mostly waiting for the step in progress);
-- pull_mac (with --mac): the same pull with every chunk MAC'd (TransferConfig.mac: the agent's
+- pull_mac (with --mac): the same pull with every chunk MAC'd (PullConfig.mac: the agent's
   --transfer-mac), through a second plane of the same requester agent, in the same trials, so its
   ratios to raw_ucxx and to pull share the machine's state of the moment.
 
@@ -310,7 +310,7 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=BUSY_REQUESTS,
                         help="requests each agent's engine keeps decoding (0: idle engines, not the production path)")
     parser.add_argument("--mac", action="store_true",
-                        help="also measure pull_mac: the pull with every chunk MAC'd (TransferConfig.mac)")
+                        help="also measure pull_mac: the pull with every chunk MAC'd (PullConfig.mac)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="folder of transfer.json")
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest size only, so the bench cannot rot (not a measurement)")

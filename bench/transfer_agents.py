@@ -14,13 +14,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.tiers import TierMemory
-from radixmesh.node_agent.transfer.plane import TransferPlane, make_transfer_plane
+from radixmesh.node_agent.transfer.client import PullConfig
+from radixmesh.node_agent.transfer.handshake import NodeIdentity
+from radixmesh.node_agent.transfer.plane import TransferConfig, TransferPlane, make_transfer_plane
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
 from radixmesh.proto.ids import BlockId, NodeId
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -59,12 +60,11 @@ class BusyAgent:
                                             memory=memory))
         assert engine.layout.block_bytes == BLOCK_BYTES, engine.layout.block_bytes
         runner = EngineRunner(engine)
-        config = AgentConfig(node, model=SOURCE, engine=engine.config, transfer="ucx", secret=SECRET,
-                             pull_timeout_s=120.0)
+        config = TransferConfig("ucx", NodeIdentity(SECRET, node), pull=PullConfig(timeout_s=120.0))
         plane = make_transfer_plane(engine.memory.gpu, engine.layout, config, runner.call)
         await plane.start()
-        mac_plane = make_transfer_plane(engine.memory.gpu, engine.layout, replace(config, transfer_mac=True),
-                                        runner.call) if mac else None
+        mac_plane = make_transfer_plane(engine.memory.gpu, engine.layout,
+                                        replace(config, pull=replace(config.pull, mac=True)), runner.call) if mac else None
         return cls(engine, runner, plane, [asyncio.create_task(keep_busy(runner, i)) for i in range(busy)],
                    mac_plane)
 

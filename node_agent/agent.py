@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from radixmesh.common.block_pool.config import PoolHooks
@@ -35,7 +36,15 @@ from radixmesh.node_agent.kv_events.token_book import TokenBook
 from radixmesh.node_agent.memory.node_memory import NodeMemory
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
 from radixmesh.node_agent.plan_pull import check_pull, pending_prefix, pull_prefix, unpulled
-from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
+from radixmesh.node_agent.transfer.client import PullConfig
+from radixmesh.node_agent.transfer.handshake import NodeIdentity
+from radixmesh.node_agent.transfer.plane import (
+    NoTransfer,
+    Pulled,
+    TransferConfig,
+    TransferPlane,
+    make_transfer_plane,
+)
 from radixmesh.proto.block_hash import BlockHash, tenant_salt
 from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
@@ -51,6 +60,16 @@ logger = logging.getLogger(__name__)
 
 FIRST_ROUND_S = 5.0
 """How long `start` waits for the publisher's first round (registration and snapshot) at most."""
+
+
+def transfer_config(config: AgentConfig, layout: KVLayout) -> TransferConfig:
+    """The transfer plane's settings in `config`; a modeled engine's pulls count and pace its wire bytes."""
+    pull = PullConfig(timeout_s=config.pull_timeout_s, mac=config.transfer_mac)
+    if config.modeled is not None:
+        pull = replace(pull, wire_block_bytes=config.modeled.wire_block_bytes(layout.block_size),
+                       wire_gbps=config.modeled.wire_gbps)
+    return TransferConfig(config.transfer, NodeIdentity(config.secret, config.node_id), config.host,
+                          config.transfer_port, config.handoff, pull)
 
 
 def new_epoch() -> int:
@@ -100,7 +119,8 @@ class NodeAgent:
         self._runner = EngineRunner(engine, clock=self._clock)
         try:
             memory = self.memory
-            self._transfer = make_transfer_plane(memory.gpu, engine.layout, self.config, self._runner.call_short)
+            self._transfer = make_transfer_plane(memory.gpu, engine.layout, transfer_config(self.config, engine.layout),
+                                                 self._runner.call_short)
             await self._transfer.start()
             if self.config.kv_events_endpoint is not None:  # before the metadata publisher drains events
                 book = TokenBook(engine.layout.block_size, engine.config.memory.hash_key,

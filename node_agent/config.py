@@ -66,7 +66,7 @@ class AgentConfig:
     fresh one, suits an agent that pulls from nobody. The block-hash key is `engine.memory.hash_key`
     (the launcher derives it from this secret)."""
     transfer_mac: bool = False
-    """Verify a keyed MAC of every pulled chunk (TransferConfig.mac)."""
+    """Verify a keyed MAC of every pulled chunk (PullConfig.mac)."""
     handoff: bool = DEFAULT_HANDOFF
     """Hand-off: once a peer has been sent every block of a pull, those blocks go first when this
     agent evicts (TransferSource.handoff), so a conversation that moved keeps one copy in the

@@ -16,7 +16,7 @@ chunk's one-time MAC key is used once. D is in everything the owner sends back, 
 middle who rewrites the hash list (or any other field) makes a request the owner refuses, and cannot
 make the requester file one prefix's blocks under another prefix's hashes.
 
-Without the chunk MAC (TransferConfig.mac off, the default) the payload itself is not authenticated:
+Without the chunk MAC (PullConfig.mac off, the default) the payload itself is not authenticated:
 an attacker who reads the wire can still alter it. The secret tags keep everyone else out: a
 message aimed at the requester's worker lands in no pull unless its sender knows K.
 """

@@ -2,7 +2,7 @@
 
 The checksum guards against a peer that sends the wrong bytes (a bug, a torn buffer, a corrupted
 link), not against an attacker: the handshake authenticates the peer, and the keyed chunk MAC
-(`chunk_mac`, TransferConfig.mac) is what an attacker on the path cannot forge. TCP and RDMA
+(`chunk_mac`, PullConfig.mac) is what an attacker on the path cannot forge. TCP and RDMA
 links carry their own CRCs, so the default is decided by what the checksum costs relative to the
 transfer; bench/transfer.py measures both in one run.
 """

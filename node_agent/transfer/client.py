@@ -68,7 +68,7 @@ _PULL_IDS = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
-class TransferConfig:
+class PullConfig:
     """Settings of the requester's side of the transfer plane."""
 
     chunk_bytes: int = 4 << 20
@@ -145,7 +145,7 @@ class TransferClient:
     are serialised, pulls from different peers run concurrently.
     """
 
-    def __init__(self, cache: PrefixCache, kv: torch.Tensor, layout: KVLayout, config: TransferConfig,
+    def __init__(self, cache: PrefixCache, kv: torch.Tensor, layout: KVLayout, config: PullConfig,
                  transport: Transport, *, clock: Callable[[], float] = time.perf_counter,
                  serial: Serial = run_inline):
         """`serial` runs every pool and cache touch (allocate, insert, free); the node agent passes

@@ -6,15 +6,15 @@ runner's short jobs (`serial`: EngineRunner.call_short, beside a step's forward)
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
 
-from radixmesh.node_agent.config import AgentConfig
+from radixmesh.common.block_pool.eviction import DEFAULT_HANDOFF
 from radixmesh.node_agent.memory.tiers import TierMemory
 from radixmesh.node_agent.transfer import Serial
-from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.client import PullConfig, PullOutcome, TransferClient
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.memory_path import MemoryPath, memory_path
 from radixmesh.node_agent.transfer.owner_endpoint import ENDPOINTS, RayEndpoint, parse_address
@@ -47,6 +47,24 @@ class Pulled:
         return cls((), (), 0, 0.0, failed)
 
 
+@dataclass(frozen=True, slots=True)
+class TransferConfig:
+    """Settings of an agent's transfer plane (the agent builds them from its AgentConfig)."""
+
+    transport: str
+    """"ucx", "ray", "auto" (ucx where ucxx loads, else ray; transport_by_name) or "none" (NoTransfer)."""
+    identity: NodeIdentity
+    """Who this node is on the plane: the handshake's credential derives from it."""
+    host: str = "127.0.0.1"
+    """Address the endpoint binds (and advertises)."""
+    port: int = 0
+    """0: any free port."""
+    handoff: bool = DEFAULT_HANDOFF
+    """Blocks sent whole to a peer go first when this node evicts (TransferSource.handoff)."""
+    pull: PullConfig = field(default_factory=PullConfig)
+    """The requester's side; pulls into a host pool over UCX take HOST_CHUNK_BYTES chunks."""
+
+
 class TransferPlane(Protocol):
     """What the agent asks of its transfer plane; `make_transfer_plane` picks one from its config."""
 
@@ -76,9 +94,10 @@ class TransferPlane(Protocol):
     def peer_gbps(self) -> dict[str, float]: ...
 
 
-def make_transfer_plane(tier: TierMemory, layout: KVLayout, config: AgentConfig, serial: Serial) -> TransferPlane:
-    """The plane `config.transfer` names: "none" serves nothing and recomputes every planned pull."""
-    if config.transfer == "none":
+def make_transfer_plane(tier: TierMemory, layout: KVLayout, config: TransferConfig, serial: Serial
+                        ) -> TransferPlane:
+    """The plane `config.transport` names: "none" serves nothing and recomputes every planned pull."""
+    if config.transport == "none":
         return NoTransfer()
     return AgentTransfer(tier, layout, config, serial)
 
@@ -121,25 +140,21 @@ UCX receive and a scatter, each a wake-up of an event loop that shares the cores
 a busy engine: on 2 shared cores with both engines decoding, 16 MiB chunks instead of 4 MiB raised
 pulls of 16-256 MiB from 0.43-0.62x to 0.65-0.83x a plain socket (bench/transfer.py, ratios within
 each run). The staging costs two chunks per peer channel; device pools (GPU or pinned staging) and
-the Ray transport keep TransferConfig's 4 MiB: unmeasured here."""
+the Ray transport keep PullConfig's 4 MiB: unmeasured here."""
 
 
 class AgentTransfer:
-    """Serves pulls of the tier's cached blocks and pulls peers' blocks into it, over config.transfer
+    """Serves pulls of the tier's cached blocks and pulls peers' blocks into it, over config.transport
     ("auto" resolves to ucx where ucxx loads, else ray)."""
 
-    def __init__(self, tier: TierMemory, layout: KVLayout, config: AgentConfig, serial: Serial, *,
+    def __init__(self, tier: TierMemory, layout: KVLayout, config: TransferConfig, serial: Serial, *,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        identity = NodeIdentity(config.secret, config.node_id)
-        transport = transport_by_name(config.transfer, identity, tier.kv.device)
+        transport = transport_by_name(config.transport, config.identity, tier.kv.device)
         self.memory_path = memory_path(tier.kv.device, transport.active_transports)
         source = TransferSource(tier.cache, tier.kv, layout, stage_to_host=self.memory_path.staged,
                                 handoff=config.handoff)
-        self._endpoint = ENDPOINTS[transport.name](source, config.host, config.transfer_port, serial, identity)
-        client_config = TransferConfig(timeout_s=config.pull_timeout_s, mac=config.transfer_mac)
-        if config.modeled is not None:
-            client_config = replace(client_config, wire_block_bytes=config.modeled.wire_block_bytes(layout.block_size),
-                                    wire_gbps=config.modeled.wire_gbps)
+        self._endpoint = ENDPOINTS[transport.name](source, config.host, config.port, serial, config.identity)
+        client_config = config.pull
         if transport.name == "ucx" and self.memory_path is MemoryPath.HOST:
             client_config = replace(client_config, chunk_bytes=HOST_CHUNK_BYTES)
         self._client = TransferClient(tier.cache, tier.kv, layout, client_config, transport,

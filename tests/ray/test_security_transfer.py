@@ -19,7 +19,7 @@ from radixmesh.common.block_pool.block_pool import BlockPool
 from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.transfer.binding import SessionBinding
-from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.client import PullConfig, PullOutcome, TransferClient
 from radixmesh.node_agent.transfer.handshake import (
     HandshakeError,
     NodeIdentity,
@@ -204,7 +204,7 @@ def ray_owner() -> Iterator[Any]:
 
 def ray_pull(secret: ClusterSecret, n: int, mac: bool = False) -> tuple[Any, TransferClient]:
     cache = PrefixCache(BlockPool(64, tier=Tier.HOST, block_bytes=LAYOUT.block_bytes))
-    config = TransferConfig(chunk_bytes=3 * LAYOUT.block_bytes, mac=mac)
+    config = PullConfig(chunk_bytes=3 * LAYOUT.block_bytes, mac=mac)
     from_ray = transport_by_name("ray", NodeIdentity(secret, REQUESTER))
     client = TransferClient(cache, LAYOUT.new_cache(64), LAYOUT, config, from_ray)
     peer = Peer(OWNER, actor_name=transfer_actor_name(OWNER))

@@ -12,7 +12,7 @@ from radixmesh.cluster.launch.local_ray import init_loopback_ray
 from radixmesh.common.block_pool.block_pool import BlockPool
 from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.common.secret import ClusterSecret
-from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.client import PullConfig, PullOutcome, TransferClient
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.plane import transport_by_name
 from radixmesh.node_agent.transfer.transport import Peer
@@ -50,7 +50,7 @@ def owner_actor() -> Iterator[Any]:
 def pull_once(secret: ClusterSecret, n: int, *, mac: bool = False) -> tuple[Any, TransferClient]:
     pool = BlockPool(64, tier=Tier.HOST, block_bytes=LAYOUT.block_bytes)
     cache = PrefixCache(pool)
-    config = TransferConfig(chunk_bytes=3 * LAYOUT.block_bytes, mac=mac)
+    config = PullConfig(chunk_bytes=3 * LAYOUT.block_bytes, mac=mac)
     transport = transport_by_name("ray", NodeIdentity(secret, REQUESTER))
     client = TransferClient(cache, LAYOUT.new_cache(64), LAYOUT, config, transport)
     return asyncio.run(client.pull(Peer(NodeId("owner"), actor_name=transfer_actor_name(NodeId("owner"))), sequence_hashes(n))), client

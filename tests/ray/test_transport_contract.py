@@ -21,7 +21,7 @@ from radixmesh.cluster.launch.local_ray import init_loopback_ray
 from radixmesh.common.block_pool.block_pool import BlockPool
 from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.common.secret import ClusterSecret
-from radixmesh.node_agent.transfer.client import PullOutcome, PullResult, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.client import PullConfig, PullOutcome, PullResult, TransferClient
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.ray_transport import RayTransport
 from radixmesh.node_agent.transfer.transport import Peer, Transport, TransportError
@@ -131,7 +131,7 @@ def pull(loop: asyncio.AbstractEventLoop, owner: Owner, n: int, secret: ClusterS
     """Pull the first `n` blocks of the owner's sequence into a fresh pool, over a new client that
     takes the owner for node `expected`."""
     cache = PrefixCache(BlockPool(64, tier=Tier.HOST, block_bytes=layout.block_bytes))
-    config = TransferConfig(chunk_bytes=CHUNK_BLOCKS * layout.block_bytes, checksum="crc32")
+    config = PullConfig(chunk_bytes=CHUNK_BLOCKS * layout.block_bytes, checksum="crc32")
     client = TransferClient(cache, layout.new_cache(64), layout, config, owner.transport(secret))
     peer = dataclasses.replace(owner.peer, node_id=expected)
     result = loop.run_until_complete(client.pull(peer, sequence_hashes(n)))

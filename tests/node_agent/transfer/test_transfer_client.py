@@ -6,7 +6,7 @@ import pytest
 
 from radixmesh.common.block_pool.block_pool import BlockPool
 from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
-from radixmesh.node_agent.transfer.client import PullOutcome, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.client import PullConfig, PullOutcome, TransferClient
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.plane import transport_by_name
 from radixmesh.node_agent.transfer.transport import Peer
@@ -22,7 +22,7 @@ NOWHERE = Peer(NodeId("nowhere"), "127.0.0.1", 9)
 
 def client(num_blocks: int = 8) -> TransferClient:
     cache = PrefixCache(BlockPool(num_blocks, tier=Tier.HOST, block_bytes=LAYOUT.block_bytes))
-    return TransferClient(cache, LAYOUT.new_cache(num_blocks), LAYOUT, TransferConfig(),
+    return TransferClient(cache, LAYOUT.new_cache(num_blocks), LAYOUT, PullConfig(),
                           UcxTransport(NodeIdentity(SECRET, REQUESTER), loopback=True))
 
 
@@ -60,7 +60,7 @@ def test_unreachable_peer_is_peer_lost_and_frees_the_blocks() -> None:
 )
 def test_config_validation(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        TransferConfig(**kwargs)
+        PullConfig(**kwargs)
 
 
 def test_transport_registry() -> None:

@@ -17,7 +17,7 @@ from radixmesh.common.block_pool.block_pool import BlockPool
 from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.transfer import ucx_progress
-from radixmesh.node_agent.transfer.client import PullOutcome, PullResult, TransferClient, TransferConfig
+from radixmesh.node_agent.transfer.client import PullConfig, PullOutcome, PullResult, TransferClient
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.transport import Peer
 from radixmesh.node_agent.transfer.ucx_progress import UcxProgress
@@ -78,7 +78,7 @@ class Requester:
         self.pool = BlockPool(64, tier=Tier.HOST, block_bytes=layout.block_bytes)
         self.cache = PrefixCache(self.pool)
         self.kv = layout.new_cache(64)
-        config = TransferConfig(chunk_bytes=CHUNK, checksum=checksum, timeout_s=timeout_s, mac=mac)
+        config = PullConfig(chunk_bytes=CHUNK, checksum=checksum, timeout_s=timeout_s, mac=mac)
         transport = UcxTransport(NodeIdentity(secret, REQUESTER), loopback=True)
         self.client = TransferClient(self.cache, self.kv, layout, config, transport)
 

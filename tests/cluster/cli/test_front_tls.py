@@ -165,7 +165,7 @@ async def test_the_front_follows_an_agents_curve_sockets_with_the_secret_file(se
     (SECRET.to_hex(), 0o644, "accessible to other users"),
     ("not hex", 0o600, "--kv-events-secret-file: "),
     (None, 0o600, "cannot read"),
-])
+], ids=["readable-by-others", "not-hex", "missing"])  # the secret is random: ids from it differ per xdist worker
 def test_a_bad_kv_events_secret_file_is_refused_before_starting(text: str | None, mode: int, error: str,
                                                                 served: list[dict[str, Any]], tmp_path: Path) -> None:
     path = secret_file(tmp_path, text, mode) if text is not None else tmp_path / "missing"

@@ -2,7 +2,7 @@
 /healthz.
 
     POST /v1/completions        prompt text or token ids; SSE when "stream": true
-    POST /v1/chat/completions   messages rendered by chat_template; SSE when "stream": true
+    POST /v1/chat/completions   messages rendered by the chat template; SSE when "stream": true
     GET  /v1/models             the one model served; /v1/models/{id} that model, or 404
     POST /tokenize              vLLM's: {"prompt"} or {"messages"} -> {"tokens", "count", "max_model_len"}
     POST /detokenize            vLLM's: {"tokens"} -> {"prompt"}
@@ -59,7 +59,14 @@ from aiohttp.typedefs import Middleware
 from radixmesh.cluster.api.access_log import access_log, echo_request_id
 from radixmesh.cluster.api.admin import ADMIN_PATHS, ADMIN_READ_PATHS, NO_ADMIN, AdminConfig, AdminGate
 from radixmesh.cluster.api.allowed_hosts import AllowedHosts
-from radixmesh.cluster.api.context import ADMIN_KEY, CLOCK_KEY, ROUTER_KEY, SCRAPES_KEY
+from radixmesh.cluster.api.context import (
+    ADMIN_KEY,
+    CHAT_TEMPLATE_KEY,
+    CLOCK_KEY,
+    ROUTER_KEY,
+    SCRAPES_KEY,
+    TOKENIZER_KEY,
+)
 from radixmesh.cluster.api.openai_routes import add_openai_routes
 from radixmesh.cluster.api.openai_schema import ApiError
 from radixmesh.cluster.api.ops_routes import add_operation_routes
@@ -69,6 +76,8 @@ from radixmesh.cluster.router.router import Router
 from radixmesh.common.cluster_ca import server_tls, server_tls_pem
 from radixmesh.common.metrics.scrape_cache import ScrapeCache
 from radixmesh.common.secret import check_api_bind
+from radixmesh.common.text.chat_template import ChatTemplate, PlainChatTemplate
+from radixmesh.common.text.tokenizer import ByteTokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -124,13 +133,15 @@ def _api_key_check(api_key: str, metrics_token: str, admin: AdminGate) -> Middle
     return check
 
 
-def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
+def create_app(router: Router, *, tokenizer: Tokenizer | None = None, chat_template: ChatTemplate | None = None,
+               wall_clock: Callable[[], float] = time.time,
                clock: Callable[[], float] = time.monotonic, client_max_size: int = 4 << 20, api_key: str = "",
                metrics_token: str = "", allowed_hosts: AllowedHosts | None = None,
                stats_interval_s: float | None = 10.0, log_access: bool = True, admin: AdminConfig = NO_ADMIN
                ) -> web.Application:
-    """The aiohttp application over `router`; `wall_clock` stamps `created` fields, `clock` ages the
-    /metrics render. A non-empty `api_key` is required on every path but OPEN_PATHS (/metrics also
+    """The aiohttp application over `router`, turning text into token ids and back with `tokenizer` and
+    `chat_template` (None: the byte tokenizer, the plain template); `wall_clock` stamps `created`
+    fields, `clock` ages the /metrics render. A non-empty `api_key` is required on every path but OPEN_PATHS (/metrics also
     takes a non-empty `metrics_token`); without one, only `allowed_hosts` are answered (None: IP
     literals and localhost); the admin endpoints need `admin.key` (api.admin; none: 403).
     Every `stats_interval_s` a summary line is logged (stats_log; None: never); `log_access` writes
@@ -145,6 +156,8 @@ def create_app(router: Router, *, wall_clock: Callable[[], float] = time.time,
     app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
     app.on_response_prepare.append(echo_request_id)
     app[ROUTER_KEY] = router
+    app[TOKENIZER_KEY] = tokenizer or ByteTokenizer()
+    app[CHAT_TEMPLATE_KEY] = chat_template or PlainChatTemplate()
     app[ADMIN_KEY] = gate
     app[CLOCK_KEY] = wall_clock
     app[SCRAPES_KEY] = ScrapeCache(clock=clock)
@@ -166,12 +179,13 @@ def _background(name: str, run: Callable[[], Coroutine[Any, Any, None]]
     return lifetime
 
 
-async def start_http(router: Router, host: str, port: int, *, api_key: str = "",
+async def start_http(router: Router, host: str, port: int, *, tokenizer: Tokenizer | None = None,
+                     chat_template: ChatTemplate | None = None, api_key: str = "",
                      tls: ssl.SSLContext | None = None, log_access: bool = True,
                      file_sd: FileSdConfig | None = None, allowed_hosts: Iterable[str] = (),
                      admin: AdminConfig = NO_ADMIN) -> tuple[web.AppRunner, int]:
     """Serve `router` on host:port (0: a free port), over HTTPS with `tls` (a server context, see
-    `server_tls`); returns the runner (`await runner.cleanup()` stops it) and the bound port. With
+    `server_tls`), with create_app's `tokenizer` and `chat_template`; returns the runner (`await runner.cleanup()` stops it) and the bound port. With
     `file_sd` the router keeps a Prometheus target list of itself and its agents (file_sd), and its
     /metrics takes the metrics token written beside it. Without an API key it answers the Host names
     of AllowedHosts.serving(host, allowed_hosts) and IP literals only, and refuses (ValueError) to bind
@@ -179,7 +193,8 @@ async def start_http(router: Router, host: str, port: int, *, api_key: str = "",
     check_api_bind(host, api_key)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the request on
     # its agent (aiohttp otherwise lets a non-streaming handler run to its end).
-    app = create_app(router, api_key=api_key, log_access=log_access, admin=admin,
+    app = create_app(router, tokenizer=tokenizer, chat_template=chat_template, api_key=api_key,
+                     log_access=log_access, admin=admin,
                      metrics_token=(file_sd.metrics_token or "") if file_sd is not None else "",
                      allowed_hosts=AllowedHosts.serving(host, allowed_hosts))
     publisher = FileSdPublisher(router, file_sd) if file_sd is not None else None

@@ -27,11 +27,16 @@ from radixmesh.cluster.router.admission import Overloaded
 from radixmesh.cluster.router.results import NoNodeAvailable
 from radixmesh.cluster.router.router import Router
 from radixmesh.common.metrics.scrape_cache import ScrapeCache
+from radixmesh.common.text.chat_template import ChatTemplate
+from radixmesh.common.text.tokenizer import Tokenizer
 from radixmesh.proto.serve.limits import InvalidRequest
 
 ROUTER_KEY = web.AppKey("router", Router)
 CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("wall_clock")
 SCRAPES_KEY = web.AppKey("scrapes", ScrapeCache)
+TOKENIZER_KEY: web.AppKey[Tokenizer] = web.AppKey("tokenizer")
+"""The served model's tokenizer: prompts in, text out (the router routes token ids)."""
+CHAT_TEMPLATE_KEY: web.AppKey[ChatTemplate] = web.AppKey("chat_template")
 
 
 ADMIN_KEY = web.AppKey("admin", AdminGate)

@@ -13,7 +13,15 @@ from aiohttp import web
 
 from radixmesh.cluster.api.access_log import AccessNote, note
 from radixmesh.cluster.api.choices import FirstNode, choice_requests, merge_choices
-from radixmesh.cluster.api.context import CLOCK_KEY, ROUTER_KEY, read_body, refusal, session_key
+from radixmesh.cluster.api.context import (
+    CHAT_TEMPLATE_KEY,
+    CLOCK_KEY,
+    ROUTER_KEY,
+    TOKENIZER_KEY,
+    read_body,
+    refusal,
+    session_key,
+)
 from radixmesh.cluster.api.logprobs_json import text_length
 from radixmesh.cluster.api.openai_schema import (
     ApiError,
@@ -29,6 +37,7 @@ from radixmesh.cluster.router.admission import Overloaded
 from radixmesh.cluster.router.results import NoNodeAvailable, RouterItem
 from radixmesh.cluster.router.router import Router
 from radixmesh.common.text.stop_strings import StopStrings
+from radixmesh.common.text.tokenizer import Tokenizer
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.plan import TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams, TokenLogprob
@@ -46,7 +55,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     _admit(router)
     parsed = parse_completion(await read_body(request), router.config.limits.max_context_tokens)
     prompt = parsed.prompt
-    tokens = await text_tokens(router, prompt) if isinstance(prompt, str) else prompt
+    tokens = await text_tokens(request.app[TOKENIZER_KEY], router.config.limits, prompt) if isinstance(prompt, str) else prompt
     return await _generate(request, parsed.params, tokens, "cmpl", ResponseShape())
 
 
@@ -54,13 +63,14 @@ async def chat(request: web.Request) -> web.StreamResponse:
     router = request.app[ROUTER_KEY]
     _admit(router)
     parsed = parse_chat(await read_body(request))
-    tokens = await chat_tokens(router, parsed.messages)
+    tokens = await chat_tokens(request.app[TOKENIZER_KEY], request.app[CHAT_TEMPLATE_KEY], router.config.limits,
+                               parsed.messages)
     return await _generate(request, parsed.params, tokens, "chatcmpl", ChatResponseShape())
 
 
 async def _generate(request: web.Request, params: GenerationParams, tokens: tuple[int, ...], prefix: str,
                     shape: ResponseShape) -> web.StreamResponse:
-    router = request.app[ROUTER_KEY]
+    router, tokenizer = request.app[ROUTER_KEY], request.app[TOKENIZER_KEY]
     if params.model != router.config.model_name:
         raise ApiError(404, f"model {params.model!r} does not exist; this server serves "
                             f"{router.config.model_name!r}", param="model", code="model_not_found")
@@ -86,9 +96,9 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
     first = FirstNode()
 
     def rest() -> list[AsyncGenerator[_Piece | _End, None]]:
-        return [_reply(router, router.generate(job, node=first.node), params, access) for job in jobs[1:]]
+        return [_reply(tokenizer, router.generate(job, node=first.node), params, access) for job in jobs[1:]]
 
-    pieces = merge_choices(_reply(router, router.generate(jobs[0], first, session=session), params, access), rest)
+    pieces = merge_choices(_reply(tokenizer, router.generate(jobs[0], first, session=session), params, access), rest)
     try:
         if params.stream:
             return await _stream(request, pieces, ids, params, shape)
@@ -108,7 +118,7 @@ async def _generate(request: web.Request, params: GenerationParams, tokens: tupl
     choices = [{"index": i, **shape.full_choice("".join(texts[i]), ends[i].finish_reason)} for i in range(len(jobs))]
     if params.logprobs is not None:
         for choice, entries in zip(choices, logprobs, strict=True):
-            choice["logprobs"] = shape.logprobs(router.tokenizer, entries, 0)
+            choice["logprobs"] = shape.logprobs(tokenizer, entries, 0)
     return web.json_response(shape.envelope(shape.kind, ids, choices, _usage(ends)))
 
 
@@ -137,12 +147,12 @@ class _End(NamedTuple):
     cached_tokens: int
 
 
-async def _reply(router: Router, items: AsyncGenerator[RouterItem, None], params: GenerationParams,
+async def _reply(tokenizer: Tokenizer, items: AsyncGenerator[RouterItem, None], params: GenerationParams,
                  access: AccessNote) -> AsyncGenerator[_Piece | _End, None]:
     """One choice's text in pieces (some empty), then one _End; closing it closes `items` (which
     aborts the request on its agent). The agent's engine ends a request on the token that completes
     a stop string; the same check here cuts the text right before it."""
-    text = router.tokenizer.stream()  # holds back a cut character until later tokens complete it
+    text = tokenizer.stream()  # holds back a cut character until later tokens complete it
     stops = StopStrings(params.stop) if params.stop else None
     async with contextlib.aclosing(items):
         async for item in items:
@@ -178,7 +188,7 @@ async def _stream(request: web.Request, pieces: AsyncIterator[tuple[int, _Piece 
     opened: set[int] = set()
     ends: dict[int, _End] = {}
     offsets: dict[int, int] = {}  # characters of each choice's tokens sent so far (completions' text_offset)
-    tokenizer = request.app[ROUTER_KEY].tokenizer
+    tokenizer = request.app[TOKENIZER_KEY]
 
     async def send(body: dict[str, Any] | str) -> None:
         data = body if isinstance(body, str) else json.dumps(body)

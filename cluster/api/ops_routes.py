@@ -26,7 +26,15 @@ from typing import Any
 from aiohttp import web
 
 from radixmesh.cluster.api.access_log import note
-from radixmesh.cluster.api.context import ADMIN_KEY, ROUTER_KEY, SCRAPES_KEY, read_body, refusal
+from radixmesh.cluster.api.context import (
+    ADMIN_KEY,
+    CHAT_TEMPLATE_KEY,
+    ROUTER_KEY,
+    SCRAPES_KEY,
+    TOKENIZER_KEY,
+    read_body,
+    refusal,
+)
 from radixmesh.cluster.api.explain import ROUTE_PATH, explain
 from radixmesh.cluster.api.openai_schema import ApiError, parse_chat
 from radixmesh.cluster.api.prompt_tokens import chat_tokens, text_tokens
@@ -77,7 +85,7 @@ async def _model(request: web.Request) -> web.Response:
 
 
 async def _tokenize(request: web.Request) -> web.Response:
-    """vLLM's /tokenize: a prompt as the router tokenizes it (a chat as its template renders it)."""
+    """vLLM's /tokenize: a prompt as the API tokenizes it (a chat as its template renders it)."""
     router = request.app[ROUTER_KEY]
     body = await read_body(request)
     unknown = sorted(body.keys() - {"model", "prompt", "messages"}) if isinstance(body, dict) else []
@@ -86,9 +94,10 @@ async def _tokenize(request: web.Request) -> web.Response:
                        code="unknown_parameter")
     if isinstance(body, dict) and "messages" in body:
         chat = parse_chat({"model": router.config.model_name, "messages": body["messages"]})
-        tokens = await chat_tokens(router, chat.messages)
+        tokens = await chat_tokens(request.app[TOKENIZER_KEY], request.app[CHAT_TEMPLATE_KEY], router.config.limits,
+                                   chat.messages)
     elif isinstance(body, dict) and isinstance(body.get("prompt"), str):
-        tokens = await text_tokens(router, body["prompt"])
+        tokens = await text_tokens(request.app[TOKENIZER_KEY], router.config.limits, body["prompt"])
     else:
         raise ApiError(400, "the body must be a JSON object with a string 'prompt' or a 'messages' list",
                        param="prompt")
@@ -109,7 +118,7 @@ async def _detokenize(request: web.Request) -> web.Response:
             and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < limits.vocab_size for t in tokens)):
         raise ApiError(400, f"'tokens' must be a list of at most {limits.max_context_tokens} token ids in "
                             f"[0, {limits.vocab_size})", param="tokens")
-    return web.json_response({"prompt": await asyncio.to_thread(router.tokenizer.decode, tokens)})
+    return web.json_response({"prompt": await asyncio.to_thread(request.app[TOKENIZER_KEY].decode, tokens)})
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -181,13 +190,14 @@ async def _route(request: web.Request) -> web.Response:
     if not isinstance(cache_salt, str) or len(cache_salt) > MAX_TENANT_CHARS:
         raise ApiError(400, f"'cache_salt' must be a string of at most {MAX_TENANT_CHARS} characters",
                        param="cache_salt")
-    job = ServePlan(note(request).generation_id("route"), await text_tokens(router, body["prompt"]),
+    tokenizer = request.app[TOKENIZER_KEY]
+    job = ServePlan(note(request).generation_id("route"), await text_tokens(tokenizer, router.config.limits, body["prompt"]),
                     SamplingParams(max_tokens=max_tokens), cache_salt)
     try:
         result = await router.complete(job)
     except (InvalidRequest, Overloaded, NoNodeAvailable) as e:
         raise refusal(e) from e
-    report = explain(result, router.tokenizer.decode(list(result.result.output_token_ids)))
+    report = explain(result, tokenizer.decode(list(result.result.output_token_ids)))
     return web.json_response(asdict(report))
 
 

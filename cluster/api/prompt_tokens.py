@@ -10,8 +10,8 @@ import asyncio
 from collections.abc import Sequence
 
 from radixmesh.cluster.api.openai_schema import ApiError
-from radixmesh.cluster.router.router import Router
-from radixmesh.common.text.chat_template import ChatMessage
+from radixmesh.common.text.chat_template import ChatMessage, ChatTemplate
+from radixmesh.common.text.tokenizer import Tokenizer
 from radixmesh.proto.serve.limits import PromptLimits
 
 MAX_CHARS_PER_TOKEN = 32
@@ -34,25 +34,26 @@ def check_prompt_chars(chars: int, limits: PromptLimits, param: str) -> None:
                             "token at most), so it was not tokenized", param=param, code="context_length_exceeded")
 
 
-async def text_tokens(router: Router, text: str, param: str = "prompt") -> tuple[int, ...]:
-    """`text` tokenized by the router's tokenizer, in a worker thread; ApiError(400) first when it is too long."""
-    check_prompt_chars(len(text), router.config.limits, param)
-    return tuple(await asyncio.to_thread(router.tokenizer.encode, text))
+async def text_tokens(tokenizer: Tokenizer, limits: PromptLimits, text: str, param: str = "prompt"
+                      ) -> tuple[int, ...]:
+    """`text` tokenized by `tokenizer`, in a worker thread; ApiError(400) first when it is too long."""
+    check_prompt_chars(len(text), limits, param)
+    return tuple(await asyncio.to_thread(tokenizer.encode, text))
 
 
-async def chat_tokens(router: Router, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
-    """The prompt of `messages` rendered by the router's chat template and tokenized, both in a worker
-    thread. ApiError(400): contents too long (checked before rendering), a rendered prompt too long
-    (a template adds text per message), or a conversation the template refuses."""
-    limits = router.config.limits
+async def chat_tokens(tokenizer: Tokenizer, template: ChatTemplate, limits: PromptLimits,
+                      messages: Sequence[ChatMessage]) -> tuple[int, ...]:
+    """The prompt of `messages` rendered by `template` and tokenized, both in a worker thread.
+    ApiError(400): contents too long (checked before rendering), a rendered prompt too long (a
+    template adds text per message), or a conversation the template refuses."""
     check_prompt_chars(sum(len(m.content) for m in messages), limits, "messages")
 
     def render_and_encode() -> tuple[int, ...]:
         try:
-            prompt = router.chat_template.render(messages)
+            prompt = template.render(messages)
         except ValueError as e:  # the model's template refused the conversation
             raise ApiError(400, str(e), param="messages", code="invalid_messages") from e
         check_prompt_chars(len(prompt), limits, "messages")
-        return tuple(router.tokenizer.encode(prompt))
+        return tuple(tokenizer.encode(prompt))
 
     return await asyncio.to_thread(render_and_encode)

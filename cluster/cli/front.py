@@ -296,8 +296,9 @@ async def _serve(config: RouterConfig, engines: list[ExternalEngineConfig], secr
         stack.push_async_callback(fleet.stop)
         metadata = MetadataClient(target, credentials=CallerCredentials.cluster(secret))
         stack.push_async_callback(metadata.close)
-        router = Router(config, StaticAgentDirectory(clients), metadata, tokenizer=tokenizer, chat_template=template)
-        runner, bound = await start_http(router, host, port, api_key=api_key, admin=admin, tls=tls)
+        router = Router(config, StaticAgentDirectory(clients), metadata)
+        runner, bound = await start_http(router, host, port, tokenizer=tokenizer, chat_template=template,
+                                         api_key=api_key, admin=admin, tls=tls)
         stack.push_async_callback(runner.cleanup)
         announce(f"radixmesh front: {'https' if tls else 'http'}://{host}:{bound}/v1 over {len(engines)} engine(s)")
         stop = asyncio.Event()

@@ -92,15 +92,15 @@ class RouterActor:
         metadata = MetadataClient(self._metadata_address, credentials=CallerCredentials.cluster(cfg.secret),
                                   root_certificates=cfg.tls.trust if cfg.tls else None, timeout_s=5.0)
         tokenizer, template = await asyncio.to_thread(lambda: (cfg.model.tokenizer(), cfg.model.chat_template()))
-        router = Router(cfg.router_config(layout, block_bytes), self._reconciler.directory, metadata,
-                        tokenizer=tokenizer, chat_template=template)
+        router = Router(cfg.router_config(layout, block_bytes), self._reconciler.directory, metadata)
         tls = server_tls_pem(cfg.tls.cert_chain, cfg.tls.private_key) if cfg.tls else None
         # The CA is written even without TLS: deploy/prometheus.yml names the file either way.
         ca = scrape_ca(cfg.tls, cfg.secret)
         file_sd = (FileSdConfig(cfg.prometheus_dir / TARGETS_FILE, metrics_token=metrics_token(cfg.secret),
                                 ca_certificate=ca)
                    if cfg.prometheus_dir is not None else None)
-        runner, port = await start_http(router, cfg.host, cfg.http_port, api_key=cfg.api_key, tls=tls,
+        runner, port = await start_http(router, cfg.host, cfg.http_port, tokenizer=tokenizer, chat_template=template,
+                                        api_key=cfg.api_key, tls=tls,
                                         log_access=cfg.log_access, file_sd=file_sd,
                                         admin=AdminConfig(admin_key(cfg.secret)))
         self._runner, self._router = runner, router

@@ -38,8 +38,6 @@ from radixmesh.cluster.router.results import NoNodeAvailable, RoutedPlan, Router
 from radixmesh.cluster.router.session_affinity import SessionAffinity, SessionConfig, within_bound
 from radixmesh.cluster.router.suspects import Suspects
 from radixmesh.common.metadata.client import MetadataClient
-from radixmesh.common.text.chat_template import ChatTemplate, PlainChatTemplate
-from radixmesh.common.text.tokenizer import ByteTokenizer, Tokenizer
 from radixmesh.proto.block_hash import BlockHash, hash_blocks, tenant_salt
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import IndexUpdate, MatchResult, NodeMatch
@@ -59,8 +57,6 @@ class Router:
         directory: AgentDirectory,
         metadata: MetadataClient | None,
         *,
-        tokenizer: Tokenizer | None = None,
-        chat_template: ChatTemplate | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         sessions: SessionConfig | None = None,
@@ -71,8 +67,6 @@ class Router:
         self.config = config
         self.directory = directory
         self.metadata = metadata
-        self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
-        self.chat_template: ChatTemplate = chat_template or PlainChatTemplate()
         self.metrics = RouterMetrics(config.model_name)
         self.admission = Admission(config.admission, lambda: len(directory.nodes()))
         self.metrics.admission = self.admission

@@ -90,9 +90,9 @@ async def test_openai_chat_answers_paris(source: ModelSource, agents: tuple[Node
     config = RouterConfig(layout.fingerprint(), block_size=BS, model_name=SMOLLM2,
                           limits=source.config.prompt_limits(),
                           policy_config=PolicyConfig(block_bytes=layout.block_bytes))
-    router = Router(config, StaticAgentDirectory([LocalAgentClient(x) for x in agents]), None,
-                    tokenizer=source.tokenizer(), chat_template=source.chat_template())
-    runner, port = await start_http(router, "127.0.0.1", 0)
+    router = Router(config, StaticAgentDirectory([LocalAgentClient(x) for x in agents]), None)
+    runner, port = await start_http(router, "127.0.0.1", 0, tokenizer=source.tokenizer(),
+                                    chat_template=source.chat_template())
     try:
         async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
                                       max_retries=0) as client:

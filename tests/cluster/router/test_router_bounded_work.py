@@ -76,15 +76,16 @@ class ScrapedAgent:
         return None
 
 
-def make_router(tokenizer: CountingTokenizer | None = None, agents: tuple[ScrapedAgent, ...] = ()) -> Router:
+def make_router(agents: tuple[ScrapedAgent, ...] = ()) -> Router:
     config = RouterConfig(layout="test", model_name=MODEL,
                           limits=PromptLimits(vocab_size=BYTE_VOCAB_SIZE, max_context_tokens=CONTEXT))
-    return Router(config, StaticAgentDirectory(agents), None, tokenizer=tokenizer)
+    return Router(config, StaticAgentDirectory(agents), None)
 
 
 @asynccontextmanager
-async def serving(router: Router) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
-    runner, port = await start_http(router, "127.0.0.1", 0, log_access=False)
+async def serving(router: Router, tokenizer: CountingTokenizer | None = None
+                  ) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
+    runner, port = await start_http(router, "127.0.0.1", 0, tokenizer=tokenizer, log_access=False)
     try:
         async with aiohttp.ClientSession() as http:
             yield http, f"http://127.0.0.1:{port}"
@@ -111,7 +112,7 @@ HUGE_BODIES = [
 async def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_tokenizing(
         path: str, body: dict[str, Any], param: str) -> None:
     tokenizer = CountingTokenizer()
-    async with serving(make_router(tokenizer)) as (http, url):
+    async with serving(make_router(), tokenizer) as (http, url):
         status, answer = await post(http, url + path, body)
     assert status == 400, answer
     assert (answer["error"]["code"], answer["error"]["param"]) == ("context_length_exceeded", param)
@@ -123,7 +124,7 @@ async def test_a_chat_whose_rendered_prompt_is_too_long_is_refused_before_tokeni
     # Contents within the bound; the template's per-message text pushes the prompt past it.
     messages = [{"role": "user", "content": ""}] * (MAX_CHARS_PER_TOKEN * CONTEXT // 8)
     tokenizer = CountingTokenizer()
-    async with serving(make_router(tokenizer)) as (http, url):
+    async with serving(make_router(), tokenizer) as (http, url):
         status, answer = await post(http, url + "/tokenize", {"messages": messages})
     assert status == 400 and answer["error"]["code"] == "context_length_exceeded"
     assert tokenizer.encodes == 0
@@ -132,7 +133,7 @@ async def test_a_chat_whose_rendered_prompt_is_too_long_is_refused_before_tokeni
 async def test_the_longest_allowed_prompt_is_tokenized_and_a_reply_is_at_most_a_context() -> None:
     """Issue 38 item 13: /tokenize answered with every id of a 4 MiB text, seconds of serializing."""
     tokenizer = CountingTokenizer()
-    async with serving(make_router(tokenizer)) as (http, url):
+    async with serving(make_router(), tokenizer) as (http, url):
         status, answer = await post(http, url + "/tokenize", {"prompt": TOO_LONG[:-1]})
         assert tokenizer.encodes == 1  # within the character bound: tokenized
         assert status == 400 and answer["error"]["code"] == "context_length_exceeded"
@@ -163,7 +164,7 @@ OFF_LOOP = [
 async def test_probes_answer_while_a_prompt_is_being_tokenized(path: str, body: dict[str, Any], status: int) -> None:
     tokenizer = CountingTokenizer()
     release = tokenizer.gate()
-    async with serving(make_router(tokenizer)) as (http, url):
+    async with serving(make_router(), tokenizer) as (http, url):
         request = asyncio.create_task(post(http, url + path, body))
         assert await asyncio.to_thread(tokenizer.started.wait, 10)
         async with http.get(url + "/health") as probe:  # while the encode still waits for its release

@@ -52,13 +52,6 @@ class BenchRequest:
     max_tokens: int
 
 
-def poisson_arrivals(rate: float, duration_s: float, rng: random.Random) -> list[float]:
-    """Arrival times in [0, duration_s) of a Poisson process of `rate` per second."""
-    if not (rate > 0 and duration_s > 0):
-        raise ValueError(f"rate and duration must be > 0, got {rate} and {duration_s}")
-    return list(itertools.takewhile(lambda t: t < duration_s, poisson_times(rate, rng)))
-
-
 def poisson_times(rate: float, rng: random.Random) -> Iterator[float]:
     """The endless arrival times of a Poisson process of `rate` per second."""
     if not rate > 0:

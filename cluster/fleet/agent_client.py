@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import ray
 
 from radixmesh.common.metrics.scrape import ScrapeTarget
-from radixmesh.proto.ids import NodeId, agent_actor_name
+from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.nodes import NodeInfo
 from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest
 from radixmesh.proto.serve.plan import ServeItem, ServePlan
@@ -196,18 +196,3 @@ class RayAgentClient:
         except ray.exceptions.RayError as e:
             raise AgentUnavailable(f"agent {self.node}: {e}") from e
         return dropped
-
-
-class RayAgentDirectory(StaticAgentDirectory):
-    """Agent actors by node id; `discover` finds them by their well-known actor names."""
-
-    @classmethod
-    def discover(cls, nodes: Iterable[NodeId], namespace: str | None = None) -> "RayAgentDirectory":
-        """Clients for the named agent actors that exist now (missing ones are left out, and logged)."""
-        clients: list[AgentClient] = []
-        for node in nodes:
-            try:
-                clients.append(RayAgentClient(node, ray.get_actor(agent_actor_name(node), namespace=namespace)))
-            except ValueError:
-                logger.warning("no agent actor for node %s", node)
-        return cls(clients)

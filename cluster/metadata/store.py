@@ -60,10 +60,6 @@ class StateStore(ABC):
         """Replace the named parts of the stored index (None deletes one); with `replace`, every part
         not named is deleted too."""
 
-    def save_index(self, blob: bytes) -> None:
-        """Replace the whole stored index with one part."""
-        self.update_index({"": blob}, replace=True)
-
     @abstractmethod
     def load_index(self) -> bytes | None:
         """Every part of the stored index, concatenated (one encoded StoredIndex: protobuf merges the

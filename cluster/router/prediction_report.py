@@ -40,11 +40,6 @@ class PredictionReporter:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._send(), name="prediction-report")
 
-    async def flush(self) -> None:
-        """Wait until everything added so far was sent (or dropped)."""
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
-
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()

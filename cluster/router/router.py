@@ -155,11 +155,6 @@ class Router:
         if self._reporter is not None:
             await self._reporter.close()
 
-    async def flush_predictions(self) -> None:
-        """Wait until the predictions of requests routed so far reached the metadata service."""
-        if self._reporter is not None:
-            await self._reporter.flush()
-
     # --- routing ------------------------------------------------------------------------------
     def block_hashes(self, request: ServePlan) -> list[BlockHash]:
         """The prompt's full-block hashes as the agents compute them (tenant salt, cluster key)."""

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from radixmesh.node_agent.model.config import LlamaConfig
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
@@ -72,19 +71,6 @@ def random_model(config: LlamaConfig, seed: int, *, dtype: torch.dtype = torch.f
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(param.shape[1]))
     return model.to(device=device, dtype=dtype).eval()
-
-
-def save_checkpoint(model: LlamaForCausalLM, directory: str | Path) -> None:
-    """Write config.json and model.safetensors (HF names; a tied LM head is not stored twice)."""
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
-    config = {**model.config.to_hf_dict(), "torch_dtype": dtype_name}
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        state.pop("lm_head.weight")
-    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
 def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32,

@@ -89,10 +89,6 @@ class PullHeader:
     chunk_blocks: int
     message: str = ""
 
-    @property
-    def payload_bytes(self) -> int:
-        return self.found * self.block_bytes
-
 
 @dataclass(frozen=True, slots=True)
 class ChunkTrailer:

@@ -151,7 +151,7 @@ def test_redis_store_round_trip(redis_url: str) -> None:
     store.save_node("n", b"rec")
     store.add_counters({"total": {"requests": 2, "prompt_tokens": 5}})
     store.add_counters({"total": {"requests": 1}, "node:n": {"requests": 1}})
-    store.save_index(b"\x00blob")
+    store.update_index({"": b"\x00blob"}, replace=True)
     again = RedisStore(redis_url)
     assert again.load_nodes() == {} and store.pending() == 4  # write-behind: nothing written yet
     store.close()  # writes what is pending

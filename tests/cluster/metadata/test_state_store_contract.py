@@ -89,7 +89,7 @@ async def test_index_parts_are_replaced_deleted_and_concatenated(store: StateSto
     await loads(index, frozenset({b"B", b"CCC"}))
     store.update_index({"d": b"D"}, replace=True)
     await loads(index, frozenset({b"D"}))
-    store.save_index(b"XX")
+    store.update_index({"": b"XX"}, replace=True)
     await loads(index, frozenset({b"XX"}))
     store.update_index({}, replace=True)
     await loads(store.load_index, None)
@@ -99,7 +99,7 @@ async def test_keeps_index_says_whether_a_store_opened_again_sees_the_state(open
     first = opener()
     first.save_node("n", b"rec")
     first.add_counters({"total": {"requests": 2}})
-    first.save_index(b"blob")
+    first.update_index({"": b"blob"}, replace=True)
     first.close()  # writes what is pending; never ran a writer
     again = opener()
     try:

@@ -46,7 +46,6 @@ async def test_router_routes_on_its_replica_and_predictions_reach_hit_accounting
         assert r.metadata is not None
         [want] = await r.metadata.match([MatchQuery(r.config.layout, tuple(hashes))])
         assert want.nodes[0].node_id == first.result.node
-        await r.flush_predictions()
         await until(lambda: c.service.stats().hits.total.predicted_local_tokens >= 5 * BS)
         assert c.service.stats().hits.total.realized_local_tokens >= 5 * BS
 

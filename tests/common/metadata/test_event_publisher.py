@@ -167,7 +167,7 @@ async def test_service_restored_from_older_state_gets_a_snapshot(metadata: Metad
         saved = MemoryStore()
         for node, record in metadata.service.store.load_nodes().items():
             saved.save_node(node, record)
-        saved.save_index(metadata.service.store.load_index() or b"")
+        saved.update_index({"": metadata.service.store.load_index() or b""}, replace=True)
         await collect(agent.serve(plan("q2", second)))
         await publisher(agent).flush()  # batch 2: applied, then lost with the service
         await metadata.restart(saved)

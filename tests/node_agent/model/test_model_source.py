@@ -11,9 +11,10 @@ from radixmesh.node_agent.engine.engine import Engine, EngineConfig
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.model.config import NAMED_CONFIGS, named_config
 from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, random_source, resolve_model
-from radixmesh.node_agent.model.weights import random_model, save_checkpoint
+from radixmesh.node_agent.model.weights import random_model
 from radixmesh.node_agent.placement import place_model
 from radixmesh.proto.serve.sampling import FinishReason, SamplingParams
+from tests.support.checkpoint import save_checkpoint
 
 SMALL = named_config("tiny", hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
                      num_key_value_heads=1, max_position_embeddings=64)

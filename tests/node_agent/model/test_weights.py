@@ -16,8 +16,8 @@ from radixmesh.node_agent.model.weights import (
     checkpoint_identity,
     load_checkpoint,
     random_model,
-    save_checkpoint,
 )
+from tests.support.checkpoint import save_checkpoint
 from tests.support.tiny_model import small_config
 
 CFG = small_config(vocab_size=40, intermediate_size=48, max_position_embeddings=64)

@@ -1,48 +1,11 @@
-"""The router's HTTP face (aiohttp): OpenAI-compatible completions and chat, plus /stats, /metrics,
-/healthz.
-
-    POST /v1/completions        prompt text or token ids; SSE when "stream": true
-    POST /v1/chat/completions   messages rendered by the chat template; SSE when "stream": true
-    GET  /v1/models             the one model served; /v1/models/{id} that model, or 404
-    POST /tokenize              vLLM's: {"prompt"} or {"messages"} -> {"tokens", "count", "max_model_len"}
-    POST /detokenize            vLLM's: {"tokens"} -> {"prompt"}
-    GET  /health                vLLM's liveness probe: 200 with an empty body while the router serves
-    GET  /version               {"version": radixmesh's version}
-    GET  /stats                 JSON: the router's own counters and the metadata service's GetStats
-    GET  /stats/decisions       JSON: predictions beside outcomes, decisions after ?after=N (router.calibration)
-    GET  /metrics               Prometheus: the router's metrics and every agent's, labelled `node`
-                                (?scope=router: without the agents Prometheus scrapes itself, file_sd)
-    GET  /healthz               200 while some agent is known, else 503
-    POST /radixmesh/route       {"prompt", "max_tokens", "cache_salt"}: serve it once and explain the route
-                                (api.explain.RouteReport), what `radixmesh route` prints
-    POST /reset_prefix_cache    admin (vLLM's; SGLang's POST /flush_cache too): drop every agent's
-                                cached blocks and their index entries (?wait=true: after the running
-                                requests end; 409 while they run otherwise), see ops_routes
-
-Headers: `X-Request-Id` names the request (echoed on every response, in the access line and, inside
-the generation's id, in its agent's log lines; see access_log); `X-Session-Id` (Ray),
-`X-Dynamo-Session-Id` (Dynamo) or `X-Smg-Routing-Key` (SGLang) keeps a session on one node while
-that node stays within the load bound (router.session_affinity).
-
-With an API key (`start_http(..., api_key=...)`, `radixmesh up --api-key`) every path but the probes
-(/health, /healthz) and the admin paths needs `Authorization: Bearer <key>` (as vLLM's --api-key);
-without one: 401. The admin paths take the admin key only (api.admin; 403 without it, with or
-without an API key), and /stats takes either (the admin sees the per-tenant table).
-/metrics also takes the metrics token (the credentials Prometheus is given with the file-SD targets),
-so a scrape config needs no API key. Without an API key the router answers only Hosts no attacker's DNS
-can produce (allowed_hosts: DNS rebinding), and /metrics is open.
-
-Every POST body is JSON with `Content-Type: application/json` (415 otherwise: a cross-origin page can
-POST text/plain without a preflight, never JSON). /metrics is rendered at most once a second per
-scope (common.metrics.scrape_cache): every render asks every agent. Prompts are length-checked
-before they are tokenized, and tokenized off the event loop (prompt_tokens).
+"""The router's HTTP face (aiohttp): OpenAI-compatible completions and chat, vLLM's tokenizer and
+probe endpoints, /stats, /metrics, the route explanation and the admin reset (the table:
+docs/routing.md#endpoints). `create_app` assembles the middlewares (access log, OpenAI error
+objects, the API key or the allowed Hosts) and the routes; `start_http` serves it. Headers, keys,
+body checks and errors: docs/routing.md#headers-keys-and-errors.
 
 Handlers live by concept: openai_routes (generation), ops_routes (the rest); access_log writes one line
 per request.
-
-Every error is OpenAI's JSON error object with a 4xx/5xx status. A stream whose first token never
-comes answers with a plain error status (the SSE response starts only with the first item); an
-error after that ends the stream with an `error` event, which the openai client raises.
 """
 
 import asyncio

@@ -1,31 +1,12 @@
 """RadixmeshRequestRouter: radixmesh's routing as a Ray Serve request router.
 
-For Ray Serve LLM (or any Serve deployment whose requests carry a `prompt` or `messages`):
-
-    from ray.serve.config import RequestRouterConfig
-    from radixmesh.cluster.api.ray_serve import RadixmeshRequestRouter
-
     @serve.deployment(num_replicas=4, request_router_config=RequestRouterConfig(
         request_router_class=RadixmeshRequestRouter,
         request_router_kwargs={"block_size": 16, "policy": "cost_no_pull"}))
 
-Per request it does what the radixmesh router does, with Serve replicas as nodes: tokenize the
-prompt (token ids as they are, text with the byte tokenizer), hash its full blocks with the tenant
-salt (`cache_salt`), find each replica's prefix among the blocks it was routed (PendingIndex with
-`prefix_ttl_s`: what a replica served stays cached about that long), merge the handle's own
-in-flight counts and recent work (InflightTable), and let the policy decide under bounded load: the
-router's own step (policy.step.RoutingStep), with no index answer, recorded when Serve routes it.
-
-The chosen replica alone is offered for the first `affinity_attempts` tries of a request, then it is
-the first rank and the others the second. Serve skips a replica whose queue-length probe misses its
-deadline (0.1 s at first, doubling per try up to 1 s), so on a busy host a single try would scatter
-a prefix group over replicas that hold none of it (6 tries wait out 3.5 s of slow probes); a replica
-that is really at `max_ongoing_requests` answers its probe at once, so the extra tries cost little
-before Serve falls through to the others. Without
-a prompt, all candidates form one rank (Serve's own choice).
-
-Serve makes one router per deployment handle; each keeps its own picture of the replicas, which
-is the approximation that Ray's own PrefixCacheAffinityRouter makes too.
+Per request it runs the router's own step (policy.step.RoutingStep) with Serve replicas as nodes
+and what each was routed as its prefix (no index answer), and offers the chosen replica alone for
+the first `affinity_attempts` tries. What it does per request and why: docs/routing.md#ray-serve.
 """
 
 import logging

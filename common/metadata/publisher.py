@@ -1,29 +1,10 @@
 """EventPublisher: keeps the metadata service's view of one node current.
 
-It registers the node (id, epoch, layout, transfer address, capacity), sends the node's cache events
-in batches numbered 1, 2, ... per epoch, answers RESYNC (a sequence gap) and a fresh registration
-with a full snapshot, and heartbeats load, measured rates and the realized hits of finished requests.
-When a heartbeat or publish says the lease is unknown (it ended: the node was partitioned away or
-stalled), the node registers again as a new incarnation (a higher epoch, sequence from 1, a full
-snapshot), so the service never mixes what it knew of the old one with the new; a stale epoch (a
-newer incarnation of this node exists) stops it for good.
-
-Ordering: one lock serialises every call to the service, so batches leave in sequence order and a
-snapshot never overtakes a batch it does not cover.
-
-Backoff: while calls fail, each loop waits twice as long after every failed round (up to
-`max_backoff_s`, never below its own interval, with jitter so that nodes restarted together do not
-retry in step), so a service that refuses or cannot keep up is not hammered; the first success
-restores the normal pace.
-
-Bounded: the hit reports waiting for a heartbeat are at most `max_pending_hits` (the oldest dropped
-first and counted, PendingHits) while the service is unreachable, and a stale publisher still drains
-its node's events and hits (dropping them) each round, so nothing piles up in the node either.
-
-Supervision: an unexpected exception in a round (not the service's answer: a bug, or the node in a
-state it should not be in) is logged with its traceback, counted in `loop_errors` and treated as a
-failed round, so the loop backs off and goes on; it never silently ends the heartbeats of a node
-that keeps serving.
+It registers the node, sends its cache events in numbered batches (a gap or a fresh registration:
+a full snapshot), heartbeats load, rates and realized hits, and registers again as a new
+incarnation when its lease has ended. One lock keeps batches in order; failed rounds back off; what
+waits is bounded; a round that raises is counted and backed off, never the end of the heartbeats.
+The rules and why: docs/routing.md#the-nodes-event-publisher.
 """
 
 import asyncio

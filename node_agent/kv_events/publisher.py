@@ -1,40 +1,11 @@
 """ZmqKVEventPublisher: the agent's cache events, published as vLLM publishes its own
 (proto/vllm_kv_events.py holds the schema and framing; this module its sockets and translation).
 
-One source of events: the agent hands over every batch it drains from its tiers' prefix caches (the
-same batches the metadata publisher sends, NodeAgent._drain_events), from the engine thread, through
-`offer`. Here, on the event loop, each batch becomes one KVEventBatch:
-
-    BlockStored(hashes, parent, tier)  ->  BlockStored per chain run: int hashes, the run's parent,
-                                           its tokens (TokenBook), block_size, lora None, medium
-                                           "GPU"/"CPU", extra_keys [(cache salt,), None, ...] on a
-                                           salted chain's first block, group 0, full attention
-    BlockRemoved(hashes, tier)         ->  BlockRemoved(int hashes, medium, group 0)
-    AllCleared                         ->  AllBlocksCleared
-
-Token ids and the cache salt go out only with `token_ids` (AgentConfig.kv_events_token_ids, off by
-default, issue 38): they are the prompts themselves, and any local process that reaches the socket
-reads them. Without them a subscriber learns which blocks are held and where, never which prompts;
-a consumer that rebuilds hashes from tokens (vLLM indexers, radixmesh's own ingest: the wire's
-64-bit int is too little of our 128-bit digest to stand for it) needs them turned on.
-
-A stored block's tokens come from the request that filled it (TokenBook), and may lag its event by
-a streamed step: a batch naming a block the book does not know yet waits, with every batch after it
-(their order is the stream's meaning), until the book knows it or every request open when the batch
-came has ended; then what is still unknown is left out (a consumer skips its children as orphans).
-The parent is the chain's, from the book: the host tier stores swapped-out blocks without one.
-
-Batches are numbered 0, 1, 2, ... from `start`; the last `buffer_steps` are kept for the replay
-socket, as vLLM's ZmqEventPublisher keeps them. The PUB side is an XPUB (what subscribers receive is
-the same) so `subscriptions` counts who subscribed, which a test can wait on instead of sleeping.
-
-Bounds (issue 38: 20 MiB of subscriptions grew the process by 1.2 GiB, a 256 MiB replay request
-was read whole, and a few 8-byte requests sent back tens of MiB): the XPUB applies a subscription
-only when it is a prefix of our topic (XPUB_MANUAL: the others are counted and never stored), and
-no peer's message may be longer than the longest valid one (ZMQ_MAXMSGSIZE: libzmq drops the peer
-before buffering more); one replay answer sends at most `max_replay_bytes` of batches (then the end
-marker: the consumer asks again from where it stopped), and at most REPLAY_HWM messages wait for a
-slow reader (ROUTER drops past it).
+The agent hands over, through `offer`, every batch it drains from its tiers' prefix caches (the
+same batches the metadata publisher sends); here, on the event loop, each becomes one numbered
+KVEventBatch, kept for the replay socket. Token ids and the cache salt go out only with `token_ids`
+(off by default: they are the prompts). The translation, the token lag, the numbering and the
+bounds on peers: docs/routing.md#the-agents-kv-events-in-vllms-format.
 """
 
 import asyncio

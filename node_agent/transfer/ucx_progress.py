@@ -1,56 +1,10 @@
 """UCX progress on an asyncio loop that sleeps while UCX has nothing to do.
 
-We run ucxx in its blocking progress mode (ucx_transport.DEFAULT_ENV): the worker's progress is
-driven by the event loop waking on the worker's epoll file descriptor, with no progress thread.
-ucxx 0.52 gets that mode wrong in two ways, and together they make every process that has
-moved one UCX message spin a core for ever (issue 25: ~97% CPU per idle agent, half of it system
-time, in the actor's event-loop thread):
-
-- `BlockingMode` (ucxx/_lib_async/continuous_ucx_progress.py) registers the fd with
-  `loop.add_reader`; the reader calls `worker.progress()` but never re-arms the worker. Only its
-  `_arm_worker` task arms, once at start, and nothing recreates it. An unarmed worker's fd stays
-  readable (ucp_worker_arm is what drains its wakeup eventfd and re-arms the transports), so after
-  the first event every pass of the loop returns from epoll at once and progresses again.
-- A request's `wait()` (ucxx.recv, Endpoint.send) is `wait_yield()` in every mode but "thread" with
-  Python futures: `while not completed: await asyncio.sleep(0)`, so each waiting receive or send
-  keeps the loop busy too.
-
-`UcxProgress` is the driver we use instead, one per event loop:
-
-- The reader (`_on_fd`) progresses the worker, resolves the futures of requests that completed,
-  and arms the worker; `arm()` returns False while events are pending, so it progresses and tries
-  again (a few times, then yields to the loop and comes back). When it resolved a future it does
-  not arm but schedules a step (`kick`, from `call_soon`) that does the same after the callbacks
-  already ready, among them the tasks it just woke: a task that posts its next receive or send
-  does so before the worker is armed (ucx-py issue 413: arm only when the loop's next state is
-  epoll wait).
-- Every post (`post_recv`, `post_send`) and every ucxx call that progresses the worker behind our
-  back (`nudge`: endpoint creation, abort) kicks a step, so an operation started after the worker
-  was armed is always followed by a progress-and-arm: arming never depends on ordering luck.
-- A safety tick progresses every `tick_s` (1 s, ucxx's figure) in case the fd ever misses an event;
-  `rescued` counts requests that only the tick found complete (0 when wake-ups work).
-- No polling window while a transfer is in flight: measured on 2 shared cores, keeping the loop
-  polling for 0.3-2 ms after each event lost 1.1-4x at 64 KiB-1 MiB when other work kept the cores
-  busy, and gained at most a noisy 10-20% when they were idle.
-- Receives and sends are posted on the worker or endpoint and await a future that the driver
-  resolves, not a `sleep(0)` loop. A waiter that is cancelled leaves its request with the driver,
-  which keeps the buffer alive until UCX completes the request (ucxx's Python API cannot cancel
-  one request), so a late message never lands in freed memory; past ORPHAN_KEEP_S it lets go.
-
-How it is installed: `install(ucxx)` (called by ucx_transport.import_ucxx, before any ucxx context
-exists) rebinds the name `BlockingMode` in ucxx._lib_async.application_context to this class.
-ucxx's context looks that name up each time it starts progress for a loop (on its creation, and in
-create_endpoint*, create_listener, continuous_ucx_progress), so every loop of the process gets this
-driver and no loop also gets ucxx's. Why that and not the alternatives:
-- driving progress ourselves beside ucxx's: ucxx starts its own for every loop it touches, so its
-  BlockingMode would still own the same fd (two readers on one fd replace each other, and its
-  finalizer removes the reader);
-- another ucxx mode: "polling" spins by design; "thread" runs a progress thread per worker, 3-6x
-  slower where cores are few (measured when the blocking mode was chosen);
-- our own ApplicationContext: ucxx.core builds the context itself, with no hook for a subclass.
-`install` checks that the name it replaces is ucxx's class (or already ours), so a ucxx that
-renames it fails loudly at import instead of spinning silently. An operator who sets another
-UCXPY_PROGRESS_MODE gets ucxx's own progress and waits (post_* fall back to ucxx's calls).
+`UcxProgress`, one per event loop, drives the worker from the loop's reader on its epoll fd: it
+progresses, resolves the futures of completed requests and arms the worker; every post kicks a
+step, and a safety tick (`tick_s`) rescues what a missed wake-up left. `install(ucxx)` puts it in
+place of ucxx 0.52's BlockingMode, which spun a core per idle process (issue 25). Why, and why not
+the alternatives: docs/routing.md#ucx-progress-without-spinning.
 """
 
 import asyncio

@@ -2,30 +2,9 @@
 
 An engine names blocks with its own hashes (vLLM: sha256 over (parent, tokens, extra keys)), which
 mean nothing to the router. A BlockStored event carries the tokens, so each engine block gets the
-radixmesh chained hashes of the same tokens (docs/architecture.md, "Block hashes"); the map keeps engine hash ->
-ours, because BlockRemoved names engine hashes only.
-
-    engine block size = k x ours:   engine block  [ t0 ........................ t(k*bs-1) ]
-                                    our hashes    [ h(j) | h(j+1) | ... | h(j+k-1) ]
-
-Rules (each a why, not a guess):
-- The salt: vLLM mixes `cache_salt` into the first block's extra keys, after the LoRA name and any
-  multimodal keys; the router salts a tenant's prompt with tenant_salt(cache_salt). So a root block's
-  extra string (once the LoRA name is set aside) is the tenant; SGLang names it in the event's
-  metadata. vLLM v0.11 publishes no extra keys: there a salted chain looks public (the router may
-  then expect a hit the engine's salt denies; it never serves wrong output, the engine hashes itself).
-- Blocks whose hash covers more than tokens (multimodal or prompt-embedding keys, LoRA adapters) are
-  not translated: the same token ids do not mean the same KV, and the router never asks for them.
-  Their descendants cannot be translated either (no parent), and are skipped the same way.
-- medium "GPU" (vLLM's MEDIUM_GPU) is the gpu tier, "CPU" (its offloading connector) the host tier;
-  anything else is not a tier the index knows and is skipped.
-- A gpu BlockStored under a parent re-asserts the parent's chain on the gpu: the request that filled
-  the block holds its whole prefix at that moment, and the event names all its blocks after the
-  prefix (vLLM's prefix match stops at the first miss, and every block after it is stored again,
-  even one still cached). That is how holdings come back after a sequence gap made us forget them
-  (`forget_holdings`), without trusting anything stale.
-- Translations outlive holdings (a removed block's children may still arrive, or come back), up to
-  `max_unheld` forgotten blocks, oldest dropped first.
+radixmesh chained hashes of the same tokens; the map keeps engine hash -> ours, because
+BlockRemoved names engine hashes only. The rules (salt, untranslatable blocks, media, re-asserted
+chains, how long translations live) and why: docs/routing.md#translating-an-engines-blocks.
 
 Not thread-safe; one event loop owns it. Every method returns the radixmesh events to publish.
 """

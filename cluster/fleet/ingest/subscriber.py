@@ -1,35 +1,12 @@
 """KVEventSubscriber: follows one engine's ZMQ event stream in sequence order (its sockets; the
 schema and framing are proto/vllm_kv_events.py).
 
-vLLM numbers its batches 0, 1, 2, ... per publisher (`vllm/distributed/kv_events.py`,
-ZmqEventPublisher) and keeps the last `buffer_steps` of them for replay on a ROUTER socket. For each
-batch that arrives with sequence number s, the last applied being `last`:
-
-    s == last + 1          apply it
-    s <= last              the engine restarted (its numbering starts again at 0, its cache is
-                           empty): forget every holding, then as below for a first batch
-    first batch, or a gap  with a replay socket: ask it for everything from last + 1 (from 0 on the
-                           first batch, to learn what was cached before we listened); without one,
-                           or when the replay does not reach back to last + 1: forget every holding
-                           (`on_gap`) and apply the contiguous run that ends with s
-
-Forgetting is what keeps the index honest: a missed BlockRemoved would otherwise leave a block that
-the engine no longer holds in the index for good. A contiguous run of the latest batches is always
-safe to apply after forgetting, since every removal that follows a store it shows is in the run too.
-
-Bounds and trust (issue 38): no frame longer than `max_message_bytes` is read (ZMQ_MAXMSGSIZE: libzmq
-drops the connection before buffering more; libzmq 4.3 never reconnects after that, so a monitor
-does, `dropped_connections` counts it, and the batch is a gap as above), so one huge frame cannot
-stall the loop. vLLM's sockets carry no credential: whoever can publish where we
-connect steers routing (stored blocks) and can wipe the engine's entries (a lower seq reads as a
-restart). The one authenticated source is an ipc:// path in a directory only this user (or root)
-may write (`check_source`, at start): nobody else can have bound it. On tcp the ingest trusts the
-network (docs/security.md: tunnel a remote engine's socket to such a path).
-
-A payload that does not decode is a batch lost: holdings are forgotten at once, and the stream goes on;
-a message that is not (topic, seq, payload) is counted and dropped. Anything else that goes wrong
-while following (a callback that raises, a socket error) restarts the following task after a backoff
-(SupervisedTask): holdings are forgotten, and the next batch is handled as a first one.
+A batch one past the last applied is applied; a restart (a lower number), a first batch or a gap is
+replayed from the engine's replay socket where it reaches back, else every holding is forgotten
+(`on_gap`) and the latest contiguous run applied, so a missed removal never stays in the index.
+Frames are bounded (`max_message_bytes`), a source is trusted only on a private ipc:// path
+(`check_source`), and a failure restarts the following (SupervisedTask). The rules and why:
+docs/routing.md#following-an-engines-kv-events.
 """
 
 import asyncio

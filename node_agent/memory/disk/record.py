@@ -1,32 +1,8 @@
-"""One block on disk: a fixed-size header, then the block's KV bytes.
-
-    offset  size  field
-         0     4  magic b"RMKV"
-         4     2  format version (3)
-         6     2  flags: bit 0 set when the block has a parent
-         8     4  block size (tokens)
-        12     4  payload length (bytes)
-        16     8  model digest          \
-        24     8  KV layout fingerprint  } DiskIdentity: who may read the block
-        32     8  hash key id           /
-        40    16  block hash
-        56    16  parent hash (zero at a root): a restarted node announces its disk blocks to the
-                  metadata index as chains, and the index needs every block's parent
-        72     8  nonce (random per record)
-        80    16  Poly1305 tag of the payload under the one-time key HMAC-SHA256(record key, bytes [0, 80))
-        96     -  payload
-
-Older versions (1: no parent, 2: an unkeyed CRC-32) are not read: they count as corrupt, and a disk
-tier written by an older agent starts cold.
-
-A record is served only if every field matches what the reader expects and the tag verifies: a torn
-write, a flipped bit, another model's or another cluster's block, and a forged record all fail
-here. The tag is keyed (issue 38: with CRC-32, 42 forged records were served and changed the
-model's output): the record key derives from the block-hash key, itself from the cluster secret, so
-whoever can write the directory but holds no key cannot make a record this node serves. The header
-is bound through the one-time key; the random nonce keeps two records of one hash from sharing it
-(Poly1305 keys are one-time). Poly1305 ran at ~5 GB/s on this machine (2 MiB blocks), near the
-CRC-32 it replaces (~6.5 GB/s): the check still does not cap a device's read bandwidth.
+"""One block on disk: a fixed-size header (magic, version, identity, block and parent hash, nonce,
+Poly1305 tag), then the block's KV bytes. A record is served only if every field matches what the
+reader expects and the keyed tag verifies, so a torn write, another model's or cluster's block and
+a forged record all fail here; older versions count as corrupt. The layout, and why the tag is
+keyed: docs/memory.md#disk-records.
 """
 
 import hashlib

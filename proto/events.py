@@ -1,5 +1,6 @@
 """Cache events a node publishes so the global index can follow its prefix blocks."""
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -37,3 +38,21 @@ class AllCleared:
 
 
 CacheEvent = BlockStored | BlockRemoved | AllCleared
+
+
+def chains(pairs: Iterable[tuple[BlockHash, BlockHash | None]], tier: Tier) -> list[BlockStored]:
+    """(hash, parent) pairs in insertion order as BlockStored chains: a pair whose parent is the hash
+    just before it extends the current chain."""
+    out: list[BlockStored] = []
+    run: list[BlockHash] = []
+    parent: BlockHash | None = None
+    for h, p in pairs:
+        if run and p == run[-1]:
+            run.append(h)
+            continue
+        if run:
+            out.append(BlockStored(tuple(run), parent, tier))
+        run, parent = [h], p
+    if run:
+        out.append(BlockStored(tuple(run), parent, tier))
+    return out

@@ -24,7 +24,7 @@ from radixmesh.common.backoff import Backoff
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.metrics.exposition import metric
 from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.events import BlockStored, CacheEvent, Tier
+from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.limits import MAX_HITS_PER_HEARTBEAT
 from radixmesh.proto.metadata.messages import EventBatch, NodeSnapshot, PublishStatus
@@ -122,24 +122,6 @@ class PublisherConfig:
     the index within a few seconds of the service (leases last 10 s by default)."""
     max_pending_hits: int = 4 * MAX_HITS_PER_HEARTBEAT
     """Hit reports kept while heartbeats fail (the oldest dropped first): four heartbeats' worth."""
-
-
-def chains(pairs: Iterable[tuple[BlockHash, BlockHash | None]], tier: Tier) -> list[BlockStored]:
-    """(hash, parent) pairs in insertion order as BlockStored chains: a pair whose parent is the hash
-    just before it extends the current chain."""
-    out: list[BlockStored] = []
-    run: list[BlockHash] = []
-    parent: BlockHash | None = None
-    for h, p in pairs:
-        if run and p == run[-1]:
-            run.append(h)
-            continue
-        if run:
-            out.append(BlockStored(tuple(run), parent, tier))
-        run, parent = [h], p
-    if run:
-        out.append(BlockStored(tuple(run), parent, tier))
-    return out
 
 
 class EventPublisher:

@@ -16,7 +16,6 @@ import torch
 from radixmesh.common.block_pool.block_pool import BlockPool
 from radixmesh.common.block_pool.config import PoolHooks
 from radixmesh.common.block_pool.counters import OutOfBlocks
-from radixmesh.common.metadata.publisher import chains
 from radixmesh.common.prefix_cache.block_table import BlockTable, SequenceManager
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.disk.record import DiskIdentity
@@ -35,7 +34,7 @@ from radixmesh.node_agent.memory.tiers import (
 from radixmesh.node_agent.memory.zones.governor import ZoneGovernor
 from radixmesh.node_agent.memory.zones.metrics import physical_stats, zone_stats
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
-from radixmesh.proto.events import BlockStored, CacheEvent, Tier
+from radixmesh.proto.events import BlockStored, CacheEvent, Tier, chains
 from radixmesh.proto.ids import BlockId
 from radixmesh.proto.kv_layout import KVLayout
 from radixmesh.proto.serve.limits import usable_prefix_blocks

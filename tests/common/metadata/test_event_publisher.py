@@ -15,10 +15,10 @@ from radixmesh.cluster.metadata.service import MetadataService
 from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.metadata.store import MemoryStore
 from radixmesh.common.metadata.client import MetadataClient
-from radixmesh.common.metadata.publisher import EventPublisher, PublisherConfig, chains
+from radixmesh.common.metadata.publisher import EventPublisher, PublisherConfig
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
-from radixmesh.proto.events import BlockStored, CacheEvent, Tier
+from radixmesh.proto.events import BlockStored, CacheEvent, Tier, chains
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchQuery
 from tests.support.agents import agent_config, collect, plan, prompt

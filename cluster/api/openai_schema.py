@@ -2,27 +2,9 @@
 
 Parsing is pure: a body either becomes a typed request or raises ApiError carrying the HTTP status
 and OpenAI's error object ``{"error": {"message", "type", "param", "code"}}``; nothing is routed,
-counted or allocated before a request parses.
-
-Request fields, one policy for both endpoints (and for the keys of a chat message): every field of a
-body is in exactly one of these classes, and none is ever silently ignored.
-
-- Served: `model`, `prompt` (completions) or `messages` (chat), `max_tokens` (chat also
-  `max_completion_tokens`; omitted: the rest of the context), `n` (1..MAX_CHOICES), `temperature`,
-  `top_p`, `seed`, `logprobs` (completions: 0..20 alternatives; chat: a boolean, with `top_logprobs`
-  0..20),
-  `stream`, `stream_options.include_usage`, `stop` (a string or up to 4), and vLLM's `stop_token_ids`
-  (up to MAX_STOP_TOKEN_IDS),
-  `ignore_eos` and `cache_salt` (the tenant: it salts the prompt's block hashes, so only requests
-  with equal salts share cached prefixes; none is the shared tenant).
-- Accepted, not acted on (they change nothing OpenAI returns): `user` (an end-user id; it does not
-  split the cache), `metadata`, `store`, `service_tier`. Each is type-checked.
-- Defined by OpenAI (or vLLM) but not implemented (`best_of`, `echo`, `suffix`,
-  `logit_bias`, penalties, `tools`, `response_format`, ...): accepted only at the value that means
-  "off" (`best_of: 1`, `echo: false`, `response_format: {"type": "text"}`, ...), refused with 400
-  naming the field otherwise.
-- Anything else: 400 naming the field (OpenAI's own "Unrecognized request argument"). vLLM warns
-  and ignores instead; we refuse so that a typo such as `max_token` cannot silently change a reply.
+counted or allocated before a request parses. Every request field is served, accepted and ignored,
+accepted only at its "off" value, or refused with a 400 naming it, never silently ignored: the
+classes, field by field, in docs/routing.md#request-fields.
 """
 
 from collections.abc import Callable, Sequence

@@ -1,28 +1,13 @@
 """`radixmesh front`: a radixmesh router in front of vLLM/SGLang engines it does not own.
 
     radixmesh front --model meta-llama/Llama-3.1-8B-Instruct --tokenizer /models/llama-3.1-8b \
-        --engine name=vllm-0,url=http://10.0.0.5:8000,events=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558 \
-        --engine name=vllm-1,url=http://10.0.0.6:8000,events=tcp://10.0.0.6:5557 --port 8000
-
-An engine's events may instead be given as the JSON its `vllm serve --kv-events-config` took, as the
-spec's last field (it takes the rest of the spec, commas included):
-
-    --engine 'name=vllm-0,url=http://10.0.0.5:8000,kv-events-config={"enable_kv_cache_events": true,
-              "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'
-
-A bind-all host there (`*`, 0.0.0.0, ::) is where the engine listens: the front connects to the
-host of the engine's URL (10.0.0.5) on that port. An engine started with `--api-key` gets
-`key-env=VAR` in its spec: the front sends the key in $VAR (never on the command line) on every
-call to it. KV events over tcp are not authenticated (docs/security.md): an ipc:// path in a folder
-only this user may write is, and is checked at start; so are radixmesh agents' tcp sockets, followed
-as a CURVE client with `--kv-events-secret-file` (their cluster secret).
+        --engine name=vllm-0,url=http://10.0.0.5:8000,events=tcp://10.0.0.5:5557 --port 8000
 
 One process: a metadata service on 127.0.0.1 (memory state, a fresh secret), every engine's KV
 events ingested into it (ExternalFleet), and the OpenAI API of a Router that routes with
-`cost_no_pull`. It prints the API's URL, then serves until Ctrl-C or SIGTERM. Its admin endpoints
-(the prefix-cache reset) take `--admin-key` ($RADIXMESH_ADMIN_KEY); without one they answer 403.
-Beyond loopback the API serves TLS (`--tls-cert/--tls-key`, or a certificate minted from an
-operator's CA with `--tls-dir`) or, with `--no-tls` only, plain text.
+`cost_no_pull`, until Ctrl-C or SIGTERM. Engine specs (`kv-events-config=`, bind-all hosts,
+`key-env=`), credentials, TLS and which event sockets are trusted:
+docs/routing.md#external-engines-vllm-sglang-and-ray-serve.
 """
 
 import asyncio

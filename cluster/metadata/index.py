@@ -1,23 +1,10 @@
 """GlobalIndex: which node holds which prefix block, on which tier, partitioned by KV layout.
 
-Chained hashes make a block's hash name its whole prefix, so `match` is a walk over a per-layout
-dict `hash -> holder mask` (O(len(query)) dict lookups done in C, plus Python work only where the
-set of holders changes along the query), never a tree descent from the root.
-
-The radix tree is kept as parent links, per node (`Holder.parents[hash]`): a block's parent is
-fixed while the node holds it, and `check_chains` refuses any event of that node that contradicts
-its own links. Links are per node, not per layout, because a node's events are its word only: one
-node declaring a false parent for a hash must not get another node's true events refused (with
-chained hashes two honest nodes never disagree, so a disagreement means one of them lies or is
-broken, and the index cannot tell which). Child links are derived, not stored: only `node_chains`
-walks downwards, and it builds them for one node's blocks in O(its blocks).
-
-Holders are bit masks over per-layout node slots (holder_masks). Each node keeps the set of hashes it
-holds, so `drop_node` costs only that node's blocks.
-
-With `recall_blocks`, each layout also keeps the cluster's ghost (`RecallWindow`): its latest
-`recall_blocks` last-copy evictions (a BlockRemoved that left no holder; a node that leaves or clears
-evicts nothing), recalled while nobody holds the block again.
+`match` is a walk over a per-layout dict `hash -> holder mask` (chained hashes make a block's hash
+name its whole prefix), never a tree descent. The tree is kept as parent links per node, which
+`check_chains` holds each node's events to; holders are bit masks over per-layout node slots; with
+`recall_blocks` each layout keeps the cluster's ghost (RecallWindow). Why each:
+docs/routing.md#the-global-index.
 """
 
 from collections.abc import Callable, Iterable, Mapping, Sequence

@@ -1,22 +1,9 @@
 """A node's memory tiers (gpu and host): each a block pool, its prefix cache and the KV tensor the
-pool's block ids index; the one way blocks are copied between tiers; and the moves only the host tier
-makes possible: promoting host hits to the gpu, swapping a preempted sequence's blocks out and back
-in, and demoting evicted gpu prefix blocks.
-
-Under the host tier there may be a disk tier (memory.disk): prefix blocks the host evicts are handed
-to it (it writes them off the engine thread), and a prefix the host misses is looked up there and
-read back through the host into the gpu, so disk hits ride the host's promotion path.
-
-On a clean stop, `persist_resident` writes what the gpu and host tiers cache and the disk lacks, so
-a restart over the same disk is warm whatever the pool sizes (issue 40: blocks reached disk only
-when gpu and host both evicted them, and a restart at default sizes found none).
-
-`NoHostTier` is the host tier of a node configured without one (num_host_blocks = 0): nothing to
-promote, a swap is refused (the scheduler then recomputes), nothing is demoted, no tier to report.
-
-NodeMemory (memory/node_memory.py) composes these tiers into the scheduler's BlockSpace; the host
-tier reports its moves through `TierMoves` and `SwapObserver`, which the engine's counters and
-preemption policy satisfy, so memory needs nothing of the engine.
+pool's block ids index; the one way blocks are copied between tiers; and the moves only the host
+tier makes possible: promoting host hits to the gpu, swapping a preempted sequence's blocks out and
+back in, and demoting evicted gpu prefix blocks. A disk tier under the host takes what it evicts and
+reads back through it; `persist_resident` fills the disk on a clean stop; `NoHostTier` is the null
+host tier. How they fit, and why: docs/memory.md#tiers.
 """
 
 import logging

@@ -1,24 +1,10 @@
 """A pull bound to the handshake that authenticated its two ends: whoever lacks the session key can
 neither alter, replay, redirect nor inject any part of it.
 
-Every message of a pull is keyed by the session key K of its handshake (transfer.handshake)::
-
-    AUTH     proof ‖ address ‖ M(K, "address", address)      the one worker the owner will send to
-    REQUEST  r ‖ D,   D = M(K, "request", seq ‖ r)            every field of r: hashes, counts, chunk size, flags
-    HEADER   h ‖ M(P, "header", h),   P = PRF(K, "chunk" ‖ D)  the answer to this request and no other
-    chunk i  UCX tag payload_tag(B, i),   B = PRF(K, "tag" ‖ D)    secret: nobody else can aim at it
-             trailer MAC checksum.chunk_mac(P, i, payload)
-
-PRF is HMAC-SHA256, M the same truncated to MAC_BYTES. `seq` numbers a session's requests from 0 on
-both sides (UCX: the requests of one connection; Ray: each call is a session of its own, seq 0), so
-a request replayed on its connection does not verify and no two pulls share a digest D: every
-chunk's one-time MAC key is used once. D is in everything the owner sends back, so a man in the
-middle who rewrites the hash list (or any other field) makes a request the owner refuses, and cannot
-make the requester file one prefix's blocks under another prefix's hashes.
-
-Without the chunk MAC (PullConfig.mac off, the default) the payload itself is not authenticated:
-an attacker who reads the wire can still alter it. The secret tags keep everyone else out: a
-message aimed at the requester's worker lands in no pull unless its sender knows K.
+Every message of a pull (the AUTH's worker address, the REQUEST, the HEADER, each chunk's UCX tag
+and trailer MAC) is keyed by the session key of its handshake (transfer.handshake) and, past the
+request, by the request's digest, numbered per session so no two pulls share one. The scheme and
+what it does not cover: docs/security.md#a-pull-bound-to-its-handshake.
 """
 
 import hashlib

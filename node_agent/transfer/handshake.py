@@ -1,27 +1,10 @@
 """Mutual authentication of a requester and an owner before any hash is sent or byte accepted.
 
-Each side proves it holds its node's handshake key (ClusterSecret.key(TRANSFER_HANDSHAKE, node)) by a
-keyed MAC over a transcript that includes a fresh nonce of the other side; no key or secret ever
-travels::
-
-    requester                                          owner
-      HELLO(requester id, owner id, nonce_r)     ->
-                                                 <-  CHALLENGE(nonce_o, HMAC(hs_owner, "owner" ‖ T))
-      AUTH(HMAC(hs_requester, "requester" ‖ T))  ->
-                                                     T = requester ‖ owner ‖ nonce_r ‖ nonce_o
-
-The requester names the owner it expects (the node the metadata service said holds the blocks), so
-a host that took over that node's address cannot answer the challenge; the owner refuses a HELLO
-that names another node. Both then share a session key, HMAC(session_owner, "session" ‖ T) with
-session_owner = ClusterSecret.key(TRANSFER_SESSION, owner), which binds every message of their pulls
-(the requester's UCX worker address included) to this handshake: transfer.binding.
-Neither key is the node's metadata bearer token (another purpose's key), so a token sniffed from a
-heartbeat without TLS neither passes this handshake nor yields a session key.
-
-The Ray transport has no connection to hold a challenge in: there the owner's nonce is empty and
-the owner refuses a requester nonce it has already seen (`ReplayGuard`), so a captured request
-cannot be replayed while the guard remembers it; a replay after that still yields only bytes an
-attacker inside Ray's own authenticated cluster could read anyway.
+Each side proves it holds its node's handshake key by a keyed MAC over a transcript that includes a
+fresh nonce of the other side (HELLO / CHALLENGE / AUTH); no key travels. The requester names the
+owner it expects; both then share a session key that binds every message of their pulls
+(transfer.binding). On the Ray transport the owner's nonce is empty and `ReplayGuard` refuses a
+requester nonce seen before. The exchange and why: docs/security.md#the-handshake.
 """
 
 import hashlib

@@ -1,28 +1,10 @@
 """UCX transport through ucxx: a TCP control connection per peer, payload as UCX tagged messages.
 
-Why not ucxx's own listener: its Python API binds every interface (0.0.0.0), and servers must bind
-only the address they are given. So the control connection is a plain asyncio TCP stream on that
-address; both sides authenticate there (transfer.handshake), the requester sends its UCX worker
-address, sealed to the session, with its proof (AUTH), and the owner opens one UCX endpoint to that
-worker per connection and sends each chunk with tag payload_tag(tag base, index). The requester
-receives by tag on its worker (any endpoint's message may match), into staging buffers it owns,
-never into its pool; the tag base is secret, a key of the pull (transfer.binding), so only the
-authenticated owner can aim a message at a receive.
-
-ucxx does not report how many bytes a receive got, and a shorter message leaves the rest of the
-buffer as it was (the previous chunk's bytes). So before each receive the last bytes of the
-expected region get a fresh random sentinel that the owner never sees: a message that falls short
-by 8 bytes or more leaves it in place and is refused. A shorter cut changes at most the last few
-values, which the checksum or MAC catches when one is on; a longer message fails in UCX itself.
-
-Progress: ucxx's blocking mode, with the driver of ucx_progress in place of ucxx's (which never
-re-arms the worker and spins a core for ever after the first message); receives and sends are
-posted through it (post_recv, post_send) and await a future, not ucxx's `sleep(0)` loop.
-
-UCX reads its settings from the environment once, when ucxx creates its context (first use).
-`ucx_env()` is the one place that decides them: `import_ucxx()` applies it to this process before
-ucxx can read them, the agent actor factory to a Ray actor's process. `LOOPBACK_ENV` keeps UCX on
-127.0.0.1 (tests, benchmarks, one machine).
+The control connection is a plain asyncio TCP stream on the address given (ucxx's listener binds
+every interface); both sides authenticate there, and the owner sends each chunk to the requester's
+worker under a secret tag, into staging buffers the requester owns. A random sentinel at the end of
+each receive catches short messages, which ucxx does not report. Progress is ucx_progress's driver;
+`ucx_env()` is the one place that decides UCX's settings. Why each: docs/routing.md#the-ucx-transport.
 """
 
 import asyncio

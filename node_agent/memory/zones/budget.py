@@ -7,17 +7,8 @@ with its own allotment and reclaim rule, and the watermark monitor that lends al
     kv           | blocks held by running sequences       | at sequence end (or preemption)
     prefix       | cached blocks (ref 0, hashed)          | LRU eviction, at once
 
-W = used / allotted. A zone above `high` borrows from the zone with the lowest W below `low`, at most
-`borrow_step` of the lender's base allotment per move and one move per zone per `borrow_interval_s`,
-so no lender is drained at once and never below what keeps its own W at `low`. A borrower whose W
-falls below `low` returns what it does not need to stay at `low`; a lender whose W rises above `high`
-recalls its loans at once (the borrower then reclaims by its own rule). Allotments always sum to the
-budget; `check_invariants` proves it.
-
-Only zones that share physical memory can lend to each other: by default kv and prefix, whose blocks
-are slots of the same pool tensor. Weights are fixed, and activations live in the framework's
-allocator (on a GPU, torch's caching allocator): their bytes cannot become pool blocks without
-virtual-memory remapping, so they are measured and watermarked but neither lend nor borrow.
+Only kv and prefix, slots of one pool tensor, lend to each other; allotments always sum to the
+budget (`check_invariants`). The borrowing rules and why: docs/memory.md#zones.
 """
 
 import math

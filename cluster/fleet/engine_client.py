@@ -1,22 +1,11 @@
 """EngineAgentClient: an external engine's OpenAI server (vLLM, SGLang) as an AgentClient.
 
-A ServePlan becomes one streaming `POST /v1/completions`: the prompt as token ids, the plan's
-sampling (seed included, so a retry elsewhere reproduces it on engines with the same weights),
-`cache_salt` = the tenant (vLLM's field: the engine salts the prompt's block hashes with it, as our
-agents do) and `return_token_ids` (vLLM >= 0.10.2) so tokens come back as ids, the router's unit.
-Realized hits come from `usage.prompt_tokens_details.cached_tokens` (vLLM reports it with
-`--enable-prompt-tokens-details`); they count as local gpu hits, since the engine says nothing finer.
-
-A plan's pull is never executed: the engine's memory is not ours (route engines with `cost_no_pull`;
-a plan that names a pull anyway is served by computing and says `pull_failed`).
-
-Errors follow AgentClient's contract: HTTP 4xx -> InvalidRequest with the engine's message; an
-unreachable engine, a 5xx, a broken stream or a reply without token ids -> AgentUnavailable.
-
-The prefix-cache reset (CacheResettable) goes to the engine's own endpoint: vLLM's
-`POST /reset_prefix_cache` (served with VLLM_SERVER_DEV_MODE=1), else SGLang's `POST /flush_cache`.
-Neither says how many blocks it dropped, so the reset reports no tier counts (an empty dict); the
-index drops the engine's blocks when its AllBlocksCleared event arrives, shortly after the reply.
+A ServePlan becomes one streaming `POST /v1/completions` (token ids, the plan's sampling and seed,
+`cache_salt` = the tenant, `return_token_ids`); realized hits are the reply's cached tokens, counted
+as local gpu hits. A plan's pull is never executed: the engine's memory is not ours. Errors follow
+AgentClient's contract (4xx -> InvalidRequest; unreachable, 5xx, a broken stream or no token ids ->
+AgentUnavailable); the reset goes to the engine's own endpoint. The fields and why:
+docs/routing.md#external-engines-vllm-sglang-and-ray-serve.
 """
 
 import json

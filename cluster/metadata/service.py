@@ -1,22 +1,11 @@
 """MetadataService: the plain object behind the gRPC metadata server.
 
 It owns the GlobalIndex, Membership and HitAccounting, and writes what must survive a restart to a
-StateStore: node records on every register/heartbeat, counter increments on every heartbeat with
-hits, and the index (with each node's applied sequence number) on `persist`, which the server calls
-periodically and at shutdown. A persist records only the nodes whose blocks changed since the last
-one (the first records every live node and replaces what the store held), as functions the store
-calls off the event loop to encode them; a store that dies with the service (memory) gets none. A new
-service on a Redis store serves Match at once from what was persisted; a node whose events were
-applied after it sees a sequence gap and resyncs.
-
-A node holds at most its declared `capacity_blocks` (0: undeclared, the snapshot limit) plus
-`capacity_slack_blocks` in the index: a batch or snapshot that would take it past that is refused
-whole (LimitExceeded, RESOURCE_EXHAUSTED on the wire) and counted in `over_capacity_refusals`.
-
-Every method validates its whole input before changing anything: ValueError (LimitExceeded for
-limits) leaves the state as it was. Leases are checked lazily on each call against the injected
-clock, so a node vanishes from Match the moment its lease ends. Not thread-safe: one event loop
-owns the service.
+StateStore (node records, counters, and on `persist` the index of the nodes whose blocks changed).
+A node holds at most its declared capacity plus slack in the index (LimitExceeded past it). Every
+method validates its whole input before changing anything; leases are checked lazily against the
+injected clock. Not thread-safe: one event loop owns the service. What persists when, and why:
+docs/routing.md#the-services-state.
 """
 
 import logging

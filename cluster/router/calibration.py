@@ -1,21 +1,10 @@
 """Each routing decision's prediction beside what happened, and the report over a run: how far each
 price the policy used came true, and what the decisions that left a longer cached prefix behind bought.
 
-Kept per served request (a bounded ring of the latest; `seq` numbers them so a caller can ask for the
-decisions after a point, as a bench does for its measured window):
-
-- TTFT: the policy's estimate vs the router's end-to-end time to first token.
-- Wait (queue + prefill): the estimate's queue and prefill vs the agent's TTFT less its pull time
-  (the agent's clock: what the node spent before the first token that was not the pull).
-- Pull: the estimated pull seconds vs the agent's measured pull (only decisions that planned one).
-- Prefill tokens: the tokens the decision expected to compute vs those the node computed.
-- Left behind: a decision whose reuse (local + pulled) is shorter than the longest prefix some
-  candidate held: the cached tokens it gave up, and the estimated TTFT it bought (the longest
-  holder's estimate minus the chosen one's, when the policy priced it).
-
-Calibration is the ratio realized / predicted, median and p90 (1.0 is a price that came true; a p50
-of 2 means the price was half the truth). Regret in hindsight is the router's `routing_regret_tokens`
-(tokens cached somewhere per the index, recomputed anyway); this report explains it per decision.
+Kept per served request in a bounded ring (`seq` numbers them, so a caller can ask for the decisions
+after a point): TTFT, wait, pull and prefill tokens, estimated vs realized, and what a decision left
+behind. Calibration is realized / predicted, median and p90. What each figure compares:
+docs/routing.md#decision-calibration.
 """
 
 import collections

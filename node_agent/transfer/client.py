@@ -1,21 +1,10 @@
 """TransferClient: pull prefix blocks from a peer into the local pool and PrefixCache.
 
-Two ways in: `pull` does it all (allocate, receive, insert: three jobs on the pool's `serial`);
-`receive` only streams into blocks that the caller allocated and keeps or frees afterwards (the node
-agent: its engine allocates them as it queues the request and lands them when the pull ends, two
-engine-thread jobs per pull, none per chunk). Chunks are written into the blocks on the event loop's
-thread: blocks that no cache or table names yet are read by no step, and no pool state changes.
-
-A pull never fails the caller's request: whatever goes wrong (refusal, timeout, dead peer, corrupted
-chunk) it returns the blocks that arrived intact, a prefix of the asked hashes, and an outcome;
-the caller recomputes the rest. Blocks that did not arrive intact go back to the pool.
-
-Nothing the owner says sizes anything here: the blocks are allocated before asking, the header
-must announce the chunk size the request asked for and at most the blocks allocated, and every
-chunk must arrive in order with exactly its share of bytes (and its MAC, when asked). Request,
-header and chunk MACs are bound to the channel's session and to this request (transfer.binding).
-Checksums and MACs of large chunks are verified on a worker thread (hashlib, zlib and Poly1305
-release the GIL), so the event loop keeps receiving the next chunk meanwhile.
+Two ways in: `pull` does it all (allocate, receive, insert); `receive` only streams into blocks the
+caller allocated and lands (the node agent). A pull never fails the caller's request: it returns
+the intact prefix that arrived and an outcome, and frees the rest. Nothing the owner says sizes
+anything here, and every message is bound to the session (transfer.binding). Threads, checks and
+why: docs/routing.md#the-requesters-side.
 """
 
 import asyncio

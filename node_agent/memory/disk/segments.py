@@ -3,18 +3,10 @@
     dir/00000007.seg   [record 0][record 1]...[record n-1]     n = records_per_segment
     dir/00000008.seg   [record 0]...[record k-1]  <- the one being appended to
 
-Records have one size (record.DiskIdentity.record_bytes), so record i of a segment is at
-i * record_bytes: a damaged record costs only itself, and a scan never loses its footing.
-Segments are written once, front to back, in large sequential writes, and never rewritten; the
-index (block hash -> segment, slot) lives in memory and is rebuilt by `open`, which verifies every
-record and drops (never serves) those that fail. Capacity is a whole number of segments; the
-oldest segment is deleted to make room (FIFO by segment: cheap, and demotions arrive in roughly
-the order the host tier stops wanting them). The directory is checked, locked and read through
-directory.SegmentDirectory: one agent's, never followed through links.
-
-Locking: one lock guards the index and the open files; the bytes of an append are written outside
-it (only the writer thread appends), so reads are never held up behind a large write. A read holds
-the lock throughout, its reader thread's preadvs included (they use the open files).
+Records have one size, segments are written once and never rewritten, the index (block hash ->
+segment, slot) is rebuilt by `open` from verified records, and the oldest segment goes to make
+room. One lock guards the index and open files; appends write outside it. Why each:
+docs/memory.md#disk-segments.
 """
 
 import os

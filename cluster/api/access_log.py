@@ -2,19 +2,10 @@
 
     POST /v1/completions 200 0.231s id=cmpl-3f... node=node-1 cached_tokens=48
 
-Every request has an id: the caller's `X-Request-Id` when it is one a log line can carry
-(REQUEST_ID: 1 to 64 of `A-Za-z0-9._:@/+=-`), else a fresh one; every response echoes it in
-`X-Request-Id` (`echo_request_id`, before the headers go out, so streams carry it too). A generation
-request runs under `<cmpl|chatcmpl>-<caller's id>-<8 hex>` (unique even when callers reuse an id),
-or `<cmpl|chatcmpl>-<32 hex>` without one: the id its agent logs and its response body names.
-
-Handlers of generation requests fill the rest of the AccessNote (the id they run under, the node
-that served it, cached prompt tokens); other paths log "-" for node and cached tokens. Lines go to
-the `radixmesh.access` logger at INFO, so `--log-level warning` or `--no-access-log` turns them off.
-
-Text fields are escaped as nginx escapes its log: control characters (C0, DEL, C1, the Unicode line
-and paragraph separators), the space and the backslash become `\\xNN` (`\\uNNNN`), so a request for
-`/a%0A...` can neither start a forged line nor shift the fields of its own.
+Every request has an id (the caller's `X-Request-Id` when a log line can carry it, else a fresh
+one), echoed on every response; a generation runs under an id derived from it. Lines go to the
+`radixmesh.access` logger at INFO; text fields are escaped as nginx escapes its log, so a request
+can neither forge a line nor shift its fields. The ids and the escaping: docs/routing.md#access-log.
 """
 
 import asyncio

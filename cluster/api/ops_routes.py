@@ -1,19 +1,10 @@
 """The router's operational endpoints: models, tokenizer, probes, statistics, metrics, route
-explanations, and the prefix-cache reset.
+explanations, and the prefix-cache reset (POST /reset_prefix_cache, SGLang's /flush_cache too).
 
-    POST /reset_prefix_cache   (vLLM's; SGLang's POST /flush_cache is the same) drop every agent's
-                               cached blocks nothing holds, and the index entries with them.
-                               `?wait=true` (or the JSON body {"wait": true}) waits up to `timeout`
-                               seconds (default 60) for the router's running requests to end;
-                               without it, while any runs: 409 `requests_running`. 200 with the
-                               blocks dropped per node and tier; 409 when an agent refused (requests
-                               of another router run on it), 503 when one could not be reset, both
-                               with what the others dropped.
-
-The reset is an admin endpoint: only the admin key opens it (api.admin: derived from the cluster
-secret, never the tenants' API key; 403 otherwise, loopback or not), and at most one runs per
-AdminConfig.reset_interval_s (429 with Retry-After). /stats shows the per-tenant table only to the
-admin, each tenant under a keyed digest of its salt, never the salt.
+The reset is an admin endpoint: only the admin key opens it (api.admin; 403 otherwise, loopback or
+not), at most one runs per AdminConfig.reset_interval_s (429 with Retry-After), and `?wait=true`
+waits for the router's running requests (409 `requests_running` without it). /stats shows the
+per-tenant table only to the admin. Its answers, code by code: docs/routing.md#endpoints.
 """
 
 import asyncio

@@ -7,14 +7,12 @@ joins an existing cluster. Placement:
     --local N      N agents on this machine, each pinned to its own custom resource (a simulated
                    node), every server on 127.0.0.1, UCX over loopback TCP
     Ray cluster    one agent per GPU (num_gpus=1), or one on a CPU-only node that offers the
-                   `radixmesh_agent` resource, pinned to its node by Ray's `node:<ip>` resource;
-                   its transfer server binds that node's address and UCX that address's interface.
-                   Router and metadata service bind the address of the node `up` runs on (the
-                   head), unless told otherwise. Agents follow the cluster (reconcile.py).
+                   `radixmesh_agent` resource, pinned to its node (`node:<ip>`), serving transfers
+                   on that node's address; router and metadata service on the head's, unless told
+                   otherwise. Agents follow the cluster (reconcile.py).
 
-Order: the metadata service first (agents register with it on start), then the router actor,
-which creates the agents, waits for the first ones and opens HTTP. `down` reverses it; it is
-idempotent.
+Order: the metadata service (agents register with it), then the router actor, which creates the
+agents, waits for the first ones and opens HTTP. `down` reverses it; it is idempotent.
 """
 
 import asyncio

@@ -2,18 +2,12 @@
 CPU-only node that offers the custom resource AGENT_RESOURCE), started when the node joins and
 dropped when it leaves.
 
-`AgentReconciler` compares the slots the cluster offers now (`desired`, a callable) with the agents
-it runs and closes the gap, one round at a time:
-
-    slot offered, no agent    -> start one; it joins the router's directory once it has started
-    agent, slot gone          -> leave the directory, kill the actor (Ray would otherwise keep
-                                 restarting it on a node that is not there); its metadata lease is
-                                 not touched and simply expires, so the index drops its blocks
-    agent whose start failed  -> forgotten, retried next round (starts run in the background:
-                                 a slow one holds up no other node)
-
-It is a plain class (slots, starting and stopping are injected), so tests run it without Ray; the
-router actor runs it with `ray_slots` and real agent actors.
+`AgentReconciler` compares the slots the cluster offers now (`desired`) with the agents it runs and
+closes the gap one round at a time: a new slot starts an agent (in the background), a gone slot's
+agent leaves the directory and is killed (Ray would keep restarting it on a node that is not there;
+its lease simply expires), a failed start is retried next round. A plain class (slots, starting
+and stopping injected), so tests run it without Ray; the router actor runs it with `ray_slots` and
+real agent actors.
 """
 
 import asyncio

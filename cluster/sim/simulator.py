@@ -1,17 +1,10 @@
 """Compute-free cluster simulator: the production GlobalIndex, PrefixCache/BlockPool eviction and
 routing policies, driven by a trace on simulated time.
 
-Per arrival: ask the index (fed by every node's cache events, its tiers' too) for each node's prefix,
-then run the router's own routing step (policy.step.RoutingStep: pending holders, candidates, views,
-the policy's decision, held as pending), and queue the job on the chosen node. As the router's, the
-hold stands until the job's prefill ends (its first token) and `pending_ttl_s` after that. Nodes prefill FIFO,
-one job at a time; a job takes read time from its host/disk tiers (bytes / the tier's bandwidth), then
-pull time (fixed cost + bytes / bandwidth, when the decision pulls: the fixed cost even when the peer
-had nothing to send), then prefill time (tokens / rate).
-TTFT = prefill end - arrival (decode is not modelled: it does not delay TTFT here).
-Hit rate is block-weighted over trace blocks: local, pulled from a peer (remote), read back from the
-node's host or disk tier (local_host, local_disk; counted only when the nodes have tiers), or
-computed (miss).
+Per arrival: ask the index for each node's prefix, run the router's own routing step
+(policy.step.RoutingStep), and queue the job on the chosen node, which prefills FIFO (tier reads,
+then the pull, then the prefill). TTFT = prefill end - arrival; the hit rate is block-weighted by
+source. What it models and what not: docs/routing.md#what-the-simulator-models.
 
 `SimConfig(nodes=n, capacity_blocks=c)` is what `radixmesh up` runs (see SimConfig for what differs).
 """

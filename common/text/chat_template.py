@@ -1,15 +1,9 @@
 """Chat templates: how /v1/chat/completions turns messages into one prompt.
 
-`PlainChatTemplate` is the documented template of the tiny model. Each message renders on its own,
-independent of what follows it::
-
-    <|role|>\\n{content}<|end|>\\n            e.g. <|user|>\\nHi<|end|>\\n
-
-and the prompt is the messages in order followed by the generation header ``<|assistant|>\\n``.
-Because a message's text never depends on later ones and the header is the start of the rendered
-assistant reply, the prompt of turn k is a prefix of the prompt of turn k+1 whenever the client sends
-the reply back unchanged: a conversation's history is a growing shared prefix, which is exactly
-what the prefix cache reuses. Tenants that share a system prompt share its leading blocks too.
+`PlainChatTemplate` is the documented template of the tiny model: each message renders on its own
+(`<|role|>\\n{content}<|end|>\\n`), then the generation header `<|assistant|>\\n`, so the prompt of
+turn k is a prefix of turn k+1's whenever the client sends the reply back unchanged: a
+conversation's history is a growing shared prefix, which is what the prefix cache reuses.
 
 `JinjaChatTemplate` is a real model's own template (Jinja source from tokenizer_config.json, a
 chat_template.jinja file or a GGUF's `tokenizer.chat_template`), rendered as transformers'

@@ -1,13 +1,11 @@
 """A seeded bench workload as a Mooncake trace, so the simulator replays the bench's sessions.
 
-The requests are the bench's own (`open_loop`: Poisson arrivals at the offered rate, the session
-ready longest sends its next turn); each becomes one trace line::
+The requests are the bench's own (`open_loop`), each one trace line::
 
     {"timestamp": arrival ms, "input_length": len(prompt), "output_length": max_tokens,
      "hash_ids": [one id per block of the prompt]}
 
-The prompt is cut into `block_tokens`-token blocks, the partial last one counted as a block as
-Mooncake does::
+The prompt is cut into `block_tokens`-token blocks, the partial last one a block too (as Mooncake)::
 
     prompt  |<- block 0 ->|<- block 1 ->| ... |<- block n-1 ->|<- tail ->|
     ids          id0           id1              id(n-1)          id(n)

@@ -1,8 +1,7 @@
 """The bench's workloads: three seeded generators and the Mooncake traces, as sessions of turns.
 
-Prompts are token ids drawn from [0, vocab) (the byte tokenizer's ids by default, valid in every
-model's vocabulary), so block sharing is exact at any block size, and the history a session resends
-holds the assistant's replies as the generator wrote them, the same for every arm.
+Prompts are token ids from [0, vocab) (the byte tokenizer's by default), so block sharing is exact
+at any block size; a resent history holds the generator's replies, the same for every arm.
 
     chat    users with think times of seconds to minutes; a few shared system prompts; each turn
             resends the conversation so far (system | user 1 | reply 1 | ... | user k)

@@ -6,7 +6,7 @@ model types whose decoder is Llama's up to biases and RoPE frequencies: Llama (o
 llama3 RoPE scaling and biases), Mistral without a sliding window, and Qwen2 (q/k/v biases).
 """
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from radixmesh.common.text.tokenizer import BYTE_VOCAB_SIZE
@@ -42,9 +42,6 @@ class Llama3RopeScaling:
         if not 0 < self.low_freq_factor < self.high_freq_factor:
             raise ValueError(f"rope_scaling needs 0 < low_freq_factor < high_freq_factor, got "
                              f"{self.low_freq_factor}, {self.high_freq_factor}")
-
-    def to_hf_dict(self) -> dict[str, Any]:
-        return {"rope_type": "llama3", **asdict(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,14 +112,6 @@ class LlamaConfig:
     def prompt_limits(self) -> PromptLimits:
         """What a prompt for this model must satisfy (its vocabulary and context length)."""
         return PromptLimits(self.vocab_size, self.max_position_embeddings)
-
-    def to_hf_dict(self) -> dict[str, Any]:
-        """The config.json content of the matching Hugging Face checkpoint."""
-        raw = {f.name: getattr(self, f.name) for f in fields(self)}
-        raw["rope_scaling"] = self.rope_scaling.to_hf_dict() if self.rope_scaling else None
-        if self.model_type != "llama":  # HF has these flags on Llama only
-            del raw["attention_bias"], raw["mlp_bias"]
-        return {"architectures": [ARCHITECTURES[self.model_type]], **raw}
 
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any]) -> "LlamaConfig":

@@ -17,7 +17,7 @@ from radixmesh.node_agent.model.weights import (
     load_checkpoint,
     random_model,
 )
-from tests.support.checkpoint import save_checkpoint
+from tests.support.checkpoint import hf_config, save_checkpoint
 from tests.support.tiny_model import small_config
 
 CFG = small_config(vocab_size=40, intermediate_size=48, max_position_embeddings=64)
@@ -96,7 +96,7 @@ def test_bad_checkpoints_raise_value_errors(tmp_path: Path) -> None:
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="shape"):
         load_checkpoint(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({**CFG.to_hf_dict(), "rope_scaling": {"type": "llama3"}}))
+    (tmp_path / "config.json").write_text(json.dumps({**hf_config(CFG), "rope_scaling": {"type": "llama3"}}))
     with pytest.raises(ValueError, match="rope_scaling"):
         load_checkpoint(tmp_path)
 
@@ -147,6 +147,6 @@ def test_save_then_load_round_trips_family_configs(tmp_path: Path, family: dict[
 
 
 def test_transformers5_rope_parameters_carry_rope_theta() -> None:
-    raw = {**CFG.to_hf_dict(), "rope_theta": None, "rope_scaling": None,
+    raw = {**hf_config(CFG), "rope_theta": None, "rope_scaling": None,
            "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}
     assert LlamaConfig.from_hf_dict(raw) == replace(CFG, rope_theta=5e5)

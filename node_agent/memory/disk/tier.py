@@ -26,7 +26,7 @@ from radixmesh.node_agent.memory.disk.metrics import DiskStats
 from radixmesh.node_agent.memory.disk.record import DiskBlock, DiskIdentity, Dropped
 from radixmesh.node_agent.memory.disk.segments import SegmentStore
 from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.events import BlockRemoved, BlockStored, CacheEvent, Tier
+from radixmesh.proto.events import BlockRemoved, CacheEvent, Tier, chains
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class DiskTier:
                 if evicted:  # before the arrivals: an append evicts only blocks it does not write
                     self._events.append(BlockRemoved(tuple(evicted), Tier.DISK))
                 if len(self.store) <= ANNOUNCED_BLOCKS:
-                    self._events += stored_chains(head_to_tail([(b.block_hash, b.parent) for b in written]))
+                    self._events += chains(head_to_tail([(b.block_hash, b.parent) for b in written]), Tier.DISK)
             for _ in batch:
                 self._queue.task_done()
 
@@ -296,21 +296,4 @@ def head_to_tail(held: Sequence[tuple[BlockHash, BlockHash | None]]) -> list[tup
         h = stack.pop()
         out.append((h, parents[h]))
         stack += reversed(children.get(h, []))
-    return out
-
-
-def stored_chains(pairs: Sequence[tuple[BlockHash, BlockHash | None]]) -> list[CacheEvent]:
-    """Head-to-tail (hash, parent) pairs as disk BlockStored events, one per run of links."""
-    out: list[CacheEvent] = []
-    run: list[BlockHash] = []
-    parent: BlockHash | None = None
-    for h, p in pairs:
-        if run and p == run[-1]:
-            run.append(h)
-            continue
-        if run:
-            out.append(BlockStored(tuple(run), parent, Tier.DISK))
-        run, parent = [h], p
-    if run:
-        out.append(BlockStored(tuple(run), parent, Tier.DISK))
     return out

@@ -11,11 +11,11 @@ from radixmesh.node_agent.engine.metrics import EngineCounters
 from radixmesh.node_agent.engine.preemption import FixedPreemption
 from radixmesh.node_agent.memory.disk.record import DiskIdentity
 from radixmesh.node_agent.memory.disk.segments import SegmentStore
-from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier, head_to_tail, stored_chains
+from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier, head_to_tail
 from radixmesh.node_agent.memory.sequence import PreemptMode
 from radixmesh.node_agent.memory.tiers import HostTier, TierMemory, persist_resident
 from radixmesh.proto.block_hash import BlockHash, hash_blocks
-from radixmesh.proto.events import BlockRemoved, BlockStored, Tier
+from radixmesh.proto.events import BlockRemoved, BlockStored, Tier, chains
 from radixmesh.proto.kv_layout import KVLayout
 
 BS = 4
@@ -43,8 +43,8 @@ def cache(tier: TierMemory, hashes: list[BlockHash], value: float) -> torch.Tens
 
 def test_a_batch_written_tail_first_is_announced_head_to_tail() -> None:
     pairs = [(CHAIN[i], CHAIN[i - 1] if i else None) for i in reversed(range(3))]  # as the host demotes
-    assert stored_chains(head_to_tail(pairs)) == [BlockStored(tuple(CHAIN), None, Tier.DISK)]
-    assert stored_chains(head_to_tail(pairs[:2])) == [BlockStored((CHAIN[1], CHAIN[2]), CHAIN[0], Tier.DISK)]
+    assert chains(head_to_tail(pairs), Tier.DISK) == [BlockStored(tuple(CHAIN), None, Tier.DISK)]
+    assert chains(head_to_tail(pairs[:2]), Tier.DISK) == [BlockStored((CHAIN[1], CHAIN[2]), CHAIN[0], Tier.DISK)]
 
 
 def test_blocks_written_become_stored_events_with_their_parents(tmp_path: Path) -> None:

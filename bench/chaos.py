@@ -1,19 +1,11 @@
-"""Chaos run: the shared-prefix workload through the router at a set rate while agents are killed,
+"""Chaos run: the shared-prefix workload through the router at a set rate while agents are killed and
 the metadata service and Redis are restarted on a schedule; every answer checked against a cache-less
-engine. The same workload without faults, in the same run, is the baseline; both start from caches that
-hold every prompt once (a warm-up pass).
+engine. The same workload without faults, in the same run, is the baseline.
 
     python bench/chaos.py [--nodes 3] [--rate 8] [--duration 40] [--model random-tiny] [--out bench/results] [--smoke]
 
-A local cluster as `radixmesh up --local N` makes it (Ray, agents as actors that Ray restarts, UCX
-on 127.0.0.1), its metadata service on a Redis this script runs. Faults, spread over the churn run:
-kill an agent (Ray restarts it: a new epoch with an empty cache), restart the metadata service (it
-reloads the index from Redis), restart Redis (the service serves from memory meanwhile), kill another
-agent. Partitions need the multi-host harness (tests/ray/multihost/) and are not part of this run.
-
-Writes OUT/chaos.json with sent / succeeded / failed / refused / wrong_tokens /
-leaked_blocks / hit_rate_churn / hit_rate_steady, TTFT p50/p99 of both runs, and the fault log.
---smoke: 4 req/s for 4 s, 8 short distinct prompts, every fault; marked "smoke": true.
+Writes OUT/chaos.json. --smoke: 4 req/s for 4 s, 8 short distinct prompts, every fault; marked
+"smoke": true. The cluster, the fault schedule and the figures: docs/benchmarks.md#benchchaospy.
 """
 
 import argparse

@@ -1,24 +1,12 @@
 """Engine step on CPU: paged decode attention against dense SDPA, and engine tokens/s with one mixed
 forward per step against the old prefill-forward-then-decode-forward step.
 
-Part 1, attention, at SmolLM2-135M shapes (9 heads, 3 kv heads, head_dim 64, blocks of 16, 350 cached
-tokens): per-layer ms of `kernels.paged_decode_attention` reading a 30-layer pool through random block
-tables (its plan, made once per forward, counted at 1/30 per layer), against
-`scaled_dot_product_attention` over the same K/V laid out contiguously, in the same run, the calls
-interleaved and timed in process CPU time (the box is shared: a descheduled call is not charged);
-`--before PATH` adds that checkout's torch reference (e.g. `git worktree add /tmp/before HEAD`).
-Outputs are compared before timing.
-
-Part 2, engine: SmolLM2-135M-Instruct serving a closed loop of `batch` requests in flight (a new one is
-submitted as one finishes; max_tokens staggered so prefills keep landing beside decodes) under three
-step shapes, interleaved per trial: "mixed" (this engine: one forward per step), "two forwards" (this
-engine's kernels, the plan split into a prefill forward and a decode forward, as before; exists only
-here), and with `--before PATH` that checkout's engine as it is (run in a subprocess with PYTHONPATH
-on it). Generated tokens per wall second and per CPU second; greedy outputs must agree token for
-token. Prints tables, then ONE JSON line, also written to DIR/engine_step.json (--out DIR, default
-bench/results). `--smoke` runs both parts at tiny sizes, the engine on the tiny model.
-
     python bench/engine_step.py --before /tmp/before
+
+`--before PATH` adds that checkout's torch reference and engine (e.g. `git worktree add /tmp/before
+HEAD`). Prints tables, then ONE JSON line, also written to DIR/engine_step.json (--out DIR, default
+bench/results). `--smoke` runs both parts at tiny sizes, the engine on the tiny model. What the two
+parts measure and how: docs/benchmarks.md#benchengine_steppy.
 """
 
 import argparse

@@ -1,24 +1,14 @@
-"""GPU check for a lent device, as one command: three steps, each in its own process under its own time
+"""GPU check for a lent device, as one command: three steps (kernels: bench/gpu_kernels.py, engine:
+bench/gpu_engine.py, cluster: bench/gpu_cluster.py), each in its own process under its own time
 budget, into one JSON.
-
-    kernels  bench/gpu_kernels.py: every Triton kernel against its torch reference, then timings against
-             same-run baselines (device copy, SDPA), at Llama-3-8B attention shapes
-    engine   bench/gpu_engine.py: the node engine on a seeded random Llama-3-8B in bf16: decode tokens/s
-             at batch 1/16/64, TTFT cold vs warm prefix cache at 1k/4k tokens, greedy outputs agree
-    cluster  bench/gpu_cluster.py: two agents sharing the GPU; needs ray, skipped (with the reason)
-             where it cannot be imported
-
-A step past its budget is killed with everything it started and recorded as "timeout" with the rows it
-had written; the next step still runs, on a device its predecessor's exit gave back whole. The kernels
-and engine steps need torch, triton, numpy and this checkout only (put on the steps' PYTHONPATH), plus,
-for the engine, four small wheels that --wheels unpacks (bench/gpu_wheels.py, docs/gpu_check.md):
 
     python bench/gpu_check.py --fetch-wheels build/gpu_wheels        # here, once: the wheels
     python bench/gpu_check.py --wheels build/gpu_wheels --out DIR    # on the GPU box, about 8 minutes
     python bench/gpu_check.py --smoke --out DIR                      # on a CPU: tiny shapes, seconds
 
 Writes DIR/gpu_check.json (default bench/results/). Exits 2 without CUDA (a smoke run needs none), 1
-when a check failed or a step crashed, else 0 (timeouts and skips are in the JSON).
+when a check failed or a step crashed, else 0 (timeouts and skips are in the JSON). The steps, their
+budgets and what they need: docs/benchmarks.md#benchgpu_checkpy and docs/gpu_check.md.
 """
 
 import argparse

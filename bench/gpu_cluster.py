@@ -1,20 +1,12 @@
 """A 2-agent cluster on one device serving a real model: TTFT cached vs uncached, decode tokens/s and
 the pull rate between the two agents against a device copy, all measured in the same run.
 
-Two agent actors share the machine's one GPU (Ray's fractional `num_gpus=0.5`; each sizes its pool
-with `--gpu-memory-utilization 0.35`) and talk UCX over 127.0.0.1. Every trial takes a fresh prompt
-(a shared ~1k-token prefix made unique by its first words) through three plans on the same tokens:
-
-    uncached   agent A, nothing cached            (prefill of the whole prompt)
-    local      agent A again                      (the prefix from A's own cache)
-    pulled     agent B, pulling the prefix from A (UCX pull, then the suffix)
-
-Greedy outputs of the three must be identical. Baselines in the same run: uncached TTFT for the
-cached ones, a device-to-device copy of the pulled bytes for the pull rate (host memcpy on a CPU).
 `bench/gpu_check.py` calls `run` on a lent GPU (its cluster step); on a CPU the tiny model runs it:
 
     python bench/gpu_cluster.py [--model smollm2-135m-instruct] [--trials 5] [--out DIR]
     python bench/gpu_cluster.py --smoke --out DIR    # tiny model, 2 trials of 128 tokens
+
+The setup, the three plans and the baselines: docs/benchmarks.md#benchgpu_clusterpy.
 """
 
 import argparse

@@ -1,31 +1,10 @@
 """Replay of the seed's OOM incident on one node pool: an incident-style allocator vs radixmesh.
 
-The request stream (deterministic, ``random.Random(SEED)``):
-
-- 63 distinct 4-shot prefixes: a system prompt of 64-256 tokens plus four examples of 128-640
-  tokens each (token ids uniform in [0, 32000)); every prefix is used at least once, the other
-  137 requests draw a prefix uniformly, so 137 of the 200 requests share an earlier prefix;
-- 200 requests arriving uniformly within 30 s (cold start: the pool is empty at t=0); each is
-  its prefix plus a unique question of 32-1024 tokens, prompts capped at 4096 tokens, and asks
-  for 64-512 output tokens;
-- service time: uncached prompt tokens at 8000 tokens/s, then 50 ms per output token; a request
-  holds its blocks (prompt + output, reserved at admission, block_size 16) from arrival to finish;
-- the pool (Llama-3-8B layout, bf16: 2 MiB blocks) has exactly the peak number of blocks that
-  the live requests would need with no sharing at all, so total demand always fits.
-
-Both allocators see the same stream; an allocation that fails is an OOM and that request is
-dropped (counted, not retried). Figures per allocator: OOMs by reason, peak ghost-block bytes
-(ref 0, neither free nor evictable), peak fragmentation (1 - largest free run / free blocks,
-sampled after every event) and prefix hit rate (prompt blocks found cached / prompt blocks).
-
-(a) ``naive``: the incident's allocator, in this file: every sequence takes one contiguous run
-    (first fit) for its whole KV (prompt + output), as the incident's allocator did, even when its
-    prefix is shared: a hit references the owner's prefix blocks (refcount) and saves their
-    prefill, not their memory. A block's hash is dropped as soon as its refcount reaches 0; a run
-    returns to the free list (coalescing) only when every block in it is at ref 0, so a finished
-    owner's other blocks stay allocated while its prefix is referenced; no GC.
-(b) ``radixmesh``: BlockPool + PrefixCache + SequenceManager (paged, best-fit runs, lazy LRU,
-    two-phase GC on the simulated clock).
+200 deterministic requests over 63 shared 4-shot prefixes, cold start, on a pool of exactly the peak
+blocks the live requests would need unshared. (a) ``naive``: the incident's allocator, in this file:
+one contiguous first-fit run per sequence for its whole KV; (b) ``radixmesh``: BlockPool + PrefixCache
++ SequenceManager. Figures per allocator: OOMs by reason, peak ghost-block bytes, peak fragmentation
+and prefix hit rate. The stream and both allocators in full: docs/benchmarks.md#benchincident_replaypy.
 
 Last line: one JSON object ``{"naive": {...}, "radixmesh": {...}}``, also written to
 DIR/incident_replay.json (default bench/results). Run: ``python bench/incident_replay.py [--out DIR] [--smoke]``.

@@ -3,17 +3,9 @@ shapes the time model prices, and fit the profile's figures (node_agent/model/mo
 
     python bench/modeled_calibrate.py [--model smollm2-135m-instruct] [--trials 3]
 
-One torch thread, as an agent actor gets (placement.set_torch_threads with num_cpus=1). The CPU time
-of the thread running the model's forward (time.thread_time: a core's cost, not what other processes on
-a shared box take from it), of the forward only (the modeled engine runs everything else of a step for
-real); medians over `--trials`. Prints the raw timings, the fitted figures and one JSON line.
-
-    prefill (no decodes):  t = linear_base + linear * n + attention * n * (c + (n + 1) / 2)
-    decode (no prefill):   t = max(weights_read, linear * B) + per_seq * B + kv_read * sum(context)
-
-(step_overhead is folded into linear_base and weights_read: on one CPU thread nothing runs beside them.)
-The prefill fit is least squares; weights_read is then the candidate (0.5 ms steps) whose least-squares
-per_seq and kv_read leave the smallest error over the decodes.
+One torch thread, as an agent actor gets; the CPU time of the thread running the model's forward only,
+medians over `--trials`. Prints the raw timings, the fitted figures and one JSON line. The timing and
+the fit: docs/benchmarks.md#benchmodeled_calibratepy.
 """
 
 import argparse

@@ -3,15 +3,9 @@
 
     python bench/overload.py [--nodes 2] [--duration 20] [--factor 4] [--out bench/results] [--smoke]
 
-One local cluster (`radixmesh up --local N`, tiny model), three runs of the same workload
-(bench/checked_answers.py, open-loop Poisson arrivals, every answer checked against a cache-less engine):
-
-    saturation   closed loop, as many clients as the router runs at once: what the cluster
-                 completes per second is the sustainable rate R (an open-loop flood would measure the
-                 load generator, which shares the machine)
-    unloaded     0.25 R: the baseline latency
-    overload     factor x R: refused share, and the p99 latency of the accepted requests as a ratio
-                 to the unloaded p99 (goal <= 2)
+One local cluster (`radixmesh up --local N`, tiny model), three runs of the same checked workload:
+saturation (the sustainable rate R), unloaded (0.25 R) and overload (factor x R; goal: accepted p99
+<= 2x unloaded p99). The runs in full: docs/benchmarks.md#benchoverloadpy.
 
 Writes OUT/overload.json. --smoke: 1 node, 3 s runs, 8 short distinct prompts, marked "smoke": true.
 """

@@ -1,18 +1,8 @@
 """Hot-path throughput of node memory: PrefixCache.match (+ release) and BlockPool allocate + free.
 
-Setup: 256 distinct 64-block chained prefixes are inserted and released, so every one is cached
-(ref 0, in the LRU). Measured in the same run over the same hashes, best of 9 interleaved rounds
-each, per CPU second of this process:
-
-- match: ``cache.match(prefix)`` (lookup + pin) then ``cache.release(blocks)`` (unpin, back to
-  the LRU) per prefix, in blocks per second. Each release gives back exactly the blocks released
-  together last time, so the pool moves their LRU group to the tail whole (LazyLRU.renew), the
-  path of transfer sources and host promotions; a release that mixes in other blocks (a request's
-  own blocks after its prefix) restamps per block and runs at about half this rate;
-- baseline: a bare ``for h in prefix: if h not in table: break`` loop over a plain dict holding the
-  same hashes (no pinning, no LRU), in blocks per second;
-- alloc+free: ``pool.allocate(64)`` then ``pool.free(blocks)`` on a pool with free space, in
-  blocks per second.
+256 cached 64-block chained prefixes; match + release, a bare dict-lookup loop over the same hashes
+(the baseline), and allocate(64) + free, in blocks per CPU second, best of 9 interleaved rounds each.
+The setup and what each figure includes: docs/benchmarks.md#benchpool_opspy.
 
 Prints the figures and ``ratio_match_vs_baseline``; the last line is one JSON object, also written
 to DIR/pool_ops.json (default bench/results). Run: ``python bench/pool_ops.py [--out DIR] [--smoke]``.

@@ -2,17 +2,10 @@
 
     python bench/scale.py [--limit K] [--route-decisions N] [--lag-events N] [--out DIR] [--smoke]
 
-For each size it replays the synthetic trace with the `cost` policy (500 blocks per node) and
-measures, on this machine: GlobalIndex match latency per request, full routing-decision time per
-request (index match + pending match + cost policy over every node), and index memory per
-(block, holder) entry (tracemalloc while rebuilding the index from every node's cache snapshot).
-Baseline in the same run: the 8-node figures; ratios are against them.
-
-Then the production Router's decision at 8, 64 and 512 nodes (bench/route_paths.py): on its
-in-process index replica (WatchIndex), on today's Match RPC (real grpc.aio on 127.0.0.1), and a bare
-dict lookup of the prompt's hashes as the floor, all on the same requests in the same run
-(`replica_route_p99_ms` by node count, wall time); and replica lag, BlockStored published by an
-agent until the router's replica applied it, at the trace's pace x `--lag-speedup`.
+Per size: index match latency, routing-decision time and index memory per entry, against the 8-node
+figures; then the production Router's decision on its index replica vs the Match RPC vs a dict
+lookup (bench/route_paths.py), and replica lag. What each figure measures:
+docs/benchmarks.md#benchscalepy.
 
 Writes DIR/scale.json and DIR/scale.png (default bench/results); the last line printed is the JSON.
 --smoke: the trace's first SMOKE_REQUESTS requests, fewer nodes and decisions, marked "smoke": true.

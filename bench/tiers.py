@@ -4,28 +4,10 @@ tier's read bandwidth next to a plain sequential read of a file of the same size
 
     python bench/tiers.py [--prefix 2048] [--rounds 5] [--threads 1] [--dir DIR] [--model SPEC] [--out DIR] [--smoke]
 
-One process, two engines on one model: one with a host and a disk tier (DIR, a temporary directory
-under /var/tmp by default), one with prefix caching off. Each round serves one prompt (the prefix plus
-a fresh suffix shorter than a block, so only the prefix is ever cached) once per case, in a rotated
-order, after putting the prefix where the case needs it:
-
-    gpu        nothing to do: every cached case leaves the prefix in the gpu tier
-    host       the gpu tier evicts everything (demoted to the host tier)
-    disk       every tier evicts everything (gpu -> host -> disk); the disk tier is flushed, its files
-               fsynced and dropped from the page cache (posix_fadvise DONTNEED)
-    recompute  the caching-off engine
-
-The outputs of the four cases must be equal, and each case's prompt tokens must come from its
-source. Disk read bandwidth, each round, page cache dropped before every read:
-- the disk tier's own read path as the host tier uses it (DiskTier.get_run_into: preadv straight into
-  blocks of a tensor allocated once, record checks) over a chain of --bandwidth-mb of blocks, written
-  through the tier (offer, flush) into a directory of its own;
-- a plain sequential read of a file of the same size, 8 MiB a read (what `cat` does);
-- the ratio of the two (issue 29's goal: >= 0.5x); the tier's read of the same chain again with its
-  pages cached (no device time: the read path's CPU ceiling on this machine); and the tier's read
-  rate inside each disk case (its read counters), where the run is only the prefix's size.
-Prints a table; writes OUT/tiers.json (default bench/results). --smoke: the tiny seeded model, a short
-prefix, small reads, marked "smoke": true.
+DIR is the disk tier's directory (a temporary one under /var/tmp by default). The four cases' outputs
+must be equal. Prints a table; writes OUT/tiers.json (default bench/results). --smoke: the tiny seeded
+model, a short prefix, small reads, marked "smoke": true. How each case and read is set up:
+docs/benchmarks.md#benchtierspy.
 """
 
 import argparse

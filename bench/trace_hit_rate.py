@@ -3,26 +3,11 @@ infinite-cache bound and one global LRU of the same total memory, measured in th
 
     python bench/trace_hit_rate.py [--capacity 500] [--limit K] [--seeds 3] [--out DIR] [--smoke]
 
-Per-node capacity is in trace blocks (512 tokens; 64 MiB of KV each at the simulator's default
-Llama-3-8B layout, so 500 blocks = 32 GiB). Prints a table, the goal check (cost >= 0.95 x global
-LRU, every cost policy with a changed eviction >= 1.0 x (issue 16), with max load <= 1.25 x mean,
-load judged both as prompt tokens routed per node, the measure the bounded-load cap uses, and as
-requests routed per node) and Mooncake's published cache ratio beside ours; the last line is one
-JSON object, also written to DIR/trace_hit_rate.json (default bench/results). Beside global LRU it prints
-global S3-FIFO (one cache of the same memory with the nodes' scan-resistant eviction), so a reader
-sees what routing costs and what eviction buys; and every policy's computed blocks by cause
-(SimReport.misses_by_cause: first touch, held elsewhere but not pulled, being computed elsewhere,
-evicted everywhere) beside the blocks global LRU evicts and later misses, which says where a cell
-loses to it; every policy's evictions by kind with their median age (SimReport.evictions: last
-copies in the cluster, duplicates, and global LRU's own); and per cell the headroom any cache has
-over global LRU (infinite bound / global LRU) and what load balance alone allows (sim.balance:
-online greedy and offline LPT max/mean tokens), against which the goal's load bar is judged.
-The "arXiv" trace of issue 16 is mooncake_trace_1000 (the first 1,000 requests of Mooncake's
-arXiv trace).
-
-The policy's random tie-breaks move a run's hit rate by up to ~3% of global LRU on the arXiv trace
-(more than the eviction changes do there), so the goal policies also run with seeds 1..S-1 and the
-goal is judged on the mean over S seeds (the table's rows are seed 0).
+Per-node capacity is in trace blocks (512 tokens; 500 blocks = 32 GiB of Llama-3-8B KV). Prints a
+table, the goal check (cost >= 0.95 x global LRU, changed evictions >= 1.0 x, max load <= 1.25 x
+mean; judged on the mean over --seeds policy seeds) and Mooncake's published cache ratio beside ours;
+the last line is one JSON object, also written to DIR/trace_hit_rate.json (default bench/results).
+Every column the table prints, and why seeds: docs/benchmarks.md#benchtrace_hit_ratepy.
 """
 
 import argparse

@@ -1,46 +1,18 @@
 """KV transfer plane throughput beside the peers built for the job: same bytes, same run, loopback.
 
-Four ways to move `size` bytes (64 KiB, 1 MiB, 16 MiB, 256 MiB) from one process to another on this
-machine, measured in one run, GB/s:
+Moves 64 KiB to 256 MiB between two processes four ways, GB/s: a plain TCP socket, Mooncake Transfer
+Engine (bench-only, when installed), one raw ucxx message, and our pull on the production path with
+both engines busy (plus `--mac`: the pull with every chunk MAC'd). Medians over --trials rotated
+trials, each ratio within one trial. Every column's setup: docs/benchmarks.md#benchtransferpy.
 
-- socket: a plain Python TCP socket over 127.0.0.1; a sender thread in a peer process answers each
-  8-byte request with `sendall` of the bytes, received here with `recv_into` a preallocated buffer;
-- mooncake: Mooncake Transfer Engine (`mooncake-transfer-engine-non-cuda`, bench-only, never a
-  dependency of the package), its tcp protocol with P2PHANDSHAKE metadata (no etcd): one
-  `transfer_sync_read` of the peer's registered buffer into ours; the row says why when it is missing;
-- raw_ucxx: one ucxx tagged message per transfer from the same peer process, UCX configured as the
-  plane configures it (ucx_env(loopback=True): shared memory, then TCP on lo), no protocol around it;
-- pull: our pull on the production path. Two agents' transfer planes, each built the way the agent
-  builds it (make_transfer_plane(engine.memory.gpu, engine.layout, config, runner.call)), one in an
-  owner process and one here; every pool touch (the owner's pin and unpin, our allocate and land)
-  runs on an EngineRunner's thread while that engine is busy decoding requests of the test's tiny
-  model (--busy, two at a time, resubmitted as they finish). The blocks are the engine's own KV
-  blocks, sized to 64 KiB (the tiny model's KV of 128 tokens), so a pull of `size` bytes is
-  size / 64 KiB blocks, contiguous in both pools, checksum "none", no MAC (the defaults). One pull
-  is what the agent's serve does: allocate (an engine job), TransferPlane.receive (the stream, off
-  the engine thread), land (an engine job); all three are timed. Also reported: "stream only"
-  (receive alone: the owner's pin and unpin jobs are still in it) and the requester's engine-job
-  milliseconds per pull (allocate + land, mostly waiting for the step in progress);
-- pull_mac (with --mac): the same pull with every chunk MAC'd (PullConfig.mac: the agent's
-  --transfer-mac), through a second plane of the same requester agent, in the same trials, so its
-  ratios to raw_ucxx and to pull share the machine's state of the moment.
+    python bench/transfer.py [--max-bytes N] [--trials T] [--mac] [--out DIR] [--smoke]
 
-The UCX settings are ucx_env()'s unless the environment sets them (an operator's values win), so
-the configuration before issue 25 is measured with
+The configuration before issue 25 (an operator's UCX_* values win over ucx_env()) is measured with
 ``UCX_TLS=tcp,self UCX_MM_ERROR_HANDLING=n UCX_TCP_TX_SEG_SIZE=8K UCX_TCP_RX_SEG_SIZE=64K
 UCX_MM_FIFO_SIZE=256 python bench/transfer.py``.
 
-The busy requester engine shares this process with every column (its thread takes its share of the
-GIL and the cores); the baseline peers run in a process of their own without an engine, the pull's
-owner in one with a busy engine: the baselines are measured in conditions at least as good as ours.
-
-Stable ratios: one trial runs every column once (a batch of `reps` transfers each), in an order that
-rotates from trial to trial, so all four share the machine's state of the moment; a ratio is pull /
-baseline of the same trial. Reported: medians over --trials trials (at least 5), spread (min, max).
-The sizes are capped by --max-bytes (256 MiB by default; skipped sizes are listed).
 Prints a table, then writes OUT/transfer.json (--out, bench/results by default) with the machine's
-description. Run: ``python bench/transfer.py [--max-bytes N] [--trials T] [--mac] [--out DIR] [--smoke]``;
---smoke measures 64 KiB only and marks the result "smoke": true.
+description. --smoke measures 64 KiB only and marks the result "smoke": true.
 """
 
 import argparse

@@ -2,17 +2,11 @@
 
     python bench/two_routers.py [--requests 200] [--concurrency 4] [--trace mooncake|synthetic] [--out DIR] [--smoke]
 
-Real parts, in this process: a metadata gRPC service on 127.0.0.1, NODES NodeAgents (tiny seeded
-model, CAPACITY GPU blocks each, so the trace evicts) publishing their cache events to it, and
-Router instances, each with its own metadata client and index replica fed by WatchIndex. The
-first `--requests` of the trace (prompts cut to MAX_BLOCKS blocks, one trace block = one cluster
-block) go out `--concurrency` at a time in trace order; with two routers request i goes to router
-i % 2, as a round-robin load balancer in front would. Every run starts on a fresh cluster.
-
-Rows: one router (the baseline), one router again (another seed: the run-to-run noise, since
-concurrent requests make each replay's interleaving differ), two routers, and two routers that ignore each other's routed work
-(the RoutedWork the metadata stream carries: the only router state the routers share; each keeps
-its own speculative pending holders). Hit rate: prompt tokens served from cache / prompt tokens.
+Real parts, in this process: a metadata gRPC service on 127.0.0.1, NODES NodeAgents publishing their
+cache events to it, and Router instances, each with its own index replica fed by WatchIndex; with two
+routers request i goes to router i % 2. Rows: one router (twice: the run-to-run noise), two routers,
+and two routers that ignore each other's routed work. Hit rate: prompt tokens served from cache /
+prompt tokens. The setup and rows in full: docs/benchmarks.md#benchtwo_routerspy.
 Writes DIR/two_routers.json (default bench/results); the last line printed is the JSON.
 """
 

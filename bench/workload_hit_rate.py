@@ -3,24 +3,11 @@ sizes, over one global LRU of the same total memory, next to the fixed eviction 
 
     python bench/workload_hit_rate.py [--nodes 8 64] [--seeds 2] [--workers 2] [--limit K] [--out DIR] [--smoke]
 
-Workloads (tests/data/traces, each with its README entry): Mooncake's arXiv and synthetic traces and
-four seeded generators' traces (two chat populations, document QA, agent runs). Defaults were chosen
-on the TUNING half; the HELD_OUT half was run only once the default was fixed, and its first figures
-are kept in the README as they came.
-
-Memory per node: tight, medium and generous give each node 10%, 30% and 100% of the workload's unique
-blocks over 8 (the 8-node cluster's share of them), the same per node at 64 nodes (a cluster grows
-by nodes of the same memory), and at least the longest prompt (a node must hold one request). The
-global LRU reference gets the cluster's total.
-
-Rows: `default` is exactly what `radixmesh up` runs (SimConfig's defaults); the fixed rows are the
-cost policy with a named eviction order and the cluster features on or off (`+recall`: the cluster's
-ghost of evicted last copies; `+handoff`: a pull's source evicts what it sent first; `+cluster`:
-cluster-aware eviction with hand-off, which only the simulator runs: the agents do not wire it).
-`best fixed` is the best fixed row of the cell that `up` can run; `best sim-only` the `+cluster` rows. Figures are means over `--seeds` policy seeds (random tie-breaks move a
-run by a few percent). Goals (issue 27): default >= 0.97x global LRU in every cell and >= 1.0x in at
-least half; never more than 2% below the best fixed row; max/mean prompt tokens per node <= 1.25
-where a workload has at least 50 requests per node.
+Workloads: tests/data/traces (tuning and held-out halves). Rows: `default` (what `radixmesh up` runs)
+and the cost policy's fixed eviction and cluster-feature configurations; means over `--seeds`.
+Goals (issue 27): default >= 0.97x global LRU in every cell and >= 1.0x in at least half, never
+more than 2% below the best fixed row. Memory sizes, rows and goals in full:
+docs/benchmarks.md#benchworkload_hit_ratepy.
 
 Prints a Markdown table (the README's) and writes DIR/workload_hit_rate.json (default bench/results).
 """

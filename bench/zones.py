@@ -3,19 +3,12 @@
 
     python bench/zones.py [--requests 1500] [--slo 0.5] [--rate 14] [--seed 0] [--out DIR] [--smoke]
 
-A node serves requests on the real BlockPool, PrefixCache and ZoneGovernor (radixmesh.node_agent.memory)
-with simulated step times (so 2 CPU cores can sweep arrival rates): Poisson arrivals; prompts = one of
-24 shared system prompts (Zipf popularity) + a private suffix; continuous batching under a token budget;
-a running sequence that cannot grow preempts the youngest one (recompute). Two-phase GC runs once per
-simulated second, as a node's idle cached blocks age out.
-
-The workload's shape and the common rate (14 req/s) were tuned so that its zone pressure follows
-production (running KV mean 0.78, peak 0.94; prefix cache mean 0.42, peak 0.61, of each zone's
-allotment, sampled every simulated second); the run prints the pressure it really produced (the
-peaks come out higher than production's: the bursts of a Poisson arrival process). For each policy: the highest
-arrival rate whose TTFT p99 stays under the SLO (bisection), and at that rate hit rate, OOMs and
-preemptions; plus every policy at one common rate. Ratios against `shared`. Last line: JSON, also in
-DIR/zones.json (default bench/results). A smoke run sweeps the same with 60 requests per run.
+A node serves requests on the real BlockPool, PrefixCache and ZoneGovernor with simulated step times.
+For each policy: the highest arrival rate whose TTFT p99 stays under the SLO, and there hit rate, OOMs
+and preemptions; plus every policy at one common rate; ratios against `shared`. The workload and how
+it was tuned to production's pressure: docs/benchmarks.md#benchzonespy.
+Last line: JSON, also in DIR/zones.json (default bench/results). A smoke run sweeps the same with 60
+requests per run.
 """
 
 import argparse

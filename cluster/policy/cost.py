@@ -4,20 +4,12 @@ Each candidate may pull the blocks the best other holder has computed beyond its
 blocks a holder is still computing: that pull would get nothing); `cost_no_pull` is the same policy
 with the null pull source, to measure what pulling adds.
 
-Scores add two prices to the TTFT, both for work a node does that another candidate would not:
-- Prefilling blocks another node is already computing for an earlier request (a pending prefix).
-  Two requests that need the same uncached prefix in one burst would otherwise both prefill it,
-  since the second's TTFT alone is lower on an idle node; charged for the duplicate work, it goes
-  where the first computes the prefix and hits it there, unless the load cap or a long queue there
-  makes the duplicate worth its price.
-- The delay to others of the extra work (`cost_model.delay_to_others`): what a candidate recomputes
-  or pulls beyond the cheapest candidate's work holds up the requests queued there. Own TTFT alone
-  made a move to a modestly shorter queue look free, and on a busy cluster everyone paid for the
-  recompute (docs/routing.md). An idle node is charged nothing: a busy holder still loses to one.
-
-A candidate that would leave part of the longest cached prefix behind (reusing fewer blocks, local
-and pulled, than the longest holder has) is also charged the view's `move_margin_s`: the router's
-recent 90th-percentile TTFT error, so a move must buy more than the estimates' own noise.
+Scores add two prices to the TTFT (cost_model), both for work a node does that another candidate
+would not: prefilling blocks another node is already computing for an earlier request (a pending
+prefix), and the delay to others of the extra work (`cost_model.delay_to_others`). A candidate that
+would leave part of the longest cached prefix behind is also charged the view's `move_margin_s`: the
+router's recent 90th-percentile TTFT error, so a move must buy more than the estimates' own noise.
+Why each price: docs/routing.md#the-cost-model.
 """
 
 import random

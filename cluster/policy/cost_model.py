@@ -1,49 +1,17 @@
 """Estimated time to first token of a request on one node, the quantity the `cost` policy minimises.
 
     TTFT = queue (waiting prefill + pulls in progress + decode passes of running requests
-                  + the wait for a sequence slot when the node runs as many as its engine allows)
-           + host swap-in of the local prefix's host part, and the read of its disk part (the tail past
-             the gpu and host runs, at the node's measured disk read rate)
+                  + the wait for a sequence slot)
+           + host swap-in and disk read of the local prefix
            + pull of the blocks a peer has computed beyond the local prefix (only when cheaper than recomputing them)
            + prefill of the rest
            + the time nodes sharing this node's cores take from it (processor sharing)
 
-Prices: a pull of k blocks costs ``fixed + k x block_bytes / bandwidth``, both measured by the puller
-per peer (NodeLoad.pull_latency_s, pull_gbps: decayed averages of its own pulls), else the
-PolicyConfig defaults (3 ms, 2.5 GB/s: this box's production-path pulls on an open channel, not what
-a datacenter link promises). A busy holder does not delay it: its pins run beside its engine's
-forward (EngineRunner.call_short); they used to wait for the step in progress, and the router priced
-that wait, which made a pull from a busy holder cost as much as recomputing ~300 tokens. Prefill runs at the node's measured rate. A running request's decode pass runs once
-per engine step, so it delays the queue and the prefill by ``steps x (decode_pass_tokens + decodes)``
-prefill tokens' time, ``steps = ceil(tokens / step_tokens)``.
-
-Steps: where the node measured its step floor (NodeView.step_floor_s: a decode-only step's time;
-its prefill rate is then the rate beyond it), every step costs the floor plus its prefill tokens, so
-``steps x floor`` replaces the decode passes, a request waits for the node's step in progress (half a
-step), and at least one step runs even when the whole prompt is cached. Priced per token alone, a
-modeled H100 node's ~7 ms steps looked like 1 ms for a short uncached tail: on a workload of cached
-documents, TTFT estimates were 1.3-1.9x optimistic and every queue looked empty. Without a floor (the
-simulator's engine, which has no steps) the per-token prices stand.
-
-Sequence slots: an engine runs at most `max_seqs` requests at once (EngineConfig.max_num_seqs); a
-request routed to a node with `inflight >= max_seqs` waits until `k = inflight - max_seqs + 1` of them
-finish. Their decodes end spread over the node's mean decode time `D` (NodeView.decode_s, measured by
-the router), so the k-th of max_seqs ends after about ``k / (max_seqs + 1) x D`` (uniform residuals),
-growing past D when more wait than run. Unpriced, a node holding a hot document looked as fast with
-70 requests in flight as with 10: its queue of prefill tokens is empty (every prompt is cached), while
-each new request waited for a slot, seconds of decode, there.
-
-Sharing: agents of one compute group run on the same cores, each measuring its rate as if they were
-its own. Under processor sharing a stream of work x next to m busy streams w_j finishes after
-``x + f x sum_j min(w_j, x)``: an idle neighbour costs nothing, a busy one up to f x. f is how far the
-busy agents' compute shares (threads over cores, NodeLoad.compute_share) overrun the cores:
-``(max(1, s + sum_j s_j) - 1) / m``, each of them slowed by their total demand; 1 (the whole group)
-where a share is unknown. Two one-thread agents on two cores share nothing (f = 0); two agents each
-using every core, f = 1.
-
 Block ranges of the prompt, for a candidate with local prefix L and a peer that computed H > L::
 
     [0, L)  local (gpu, then host)   [L, H)  pulled from the peer   [H, n)  prefilled (+ the partial tail)
+
+How each term is priced (pulls, steps, sequence slots, sharing) and why: docs/routing.md#the-cost-model.
 """
 
 import math

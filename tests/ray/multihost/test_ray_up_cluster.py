@@ -8,6 +8,7 @@ partitioned and healed, a host killed. Every wait polls observable state with a 
 import asyncio
 import concurrent.futures
 import http.client
+import itertools
 import json
 import threading
 import urllib.error
@@ -230,8 +231,13 @@ def test_a_host_that_joins_gets_an_agent_and_traffic(ray_up_cluster: RayUpCluste
     node = agent_of(host)
     wait_for(f"agent {node} in the router", lambda: node in router_nodes(c) or None, 240, c.logs)
 
+    conversations = itertools.count()
+
     def served() -> bool:
-        complete(c, f"A new conversation {len(router_nodes(c)[node])}-{id(c)}", max_tokens=2)
+        # Each a new conversation from its first block on: prompts that began alike ("A new
+        # conversati...") all went to the node caching that block, as the router keeps a cached prefix
+        # on an idle cluster, and the new host got traffic only when the load cap sent it some.
+        complete(c, f"{next(conversations)}-{id(c)}: a new conversation", max_tokens=2)
         return router_nodes(c)[node]["requests"] > 0
 
     wait_for(f"{node} serving", served, 60)

@@ -27,6 +27,7 @@ import click
 
 from radixmesh.cluster.api.admin import NO_ADMIN, AdminConfig
 from radixmesh.cluster.api.app import start_http
+from radixmesh.cluster.cli.options import check_tls_choice
 from radixmesh.cluster.cli.route_stats import API_KEY_ENV
 from radixmesh.cluster.fleet.agent_client import StaticAgentDirectory
 from radixmesh.cluster.fleet.external_fleet import ExternalFleet
@@ -219,10 +220,7 @@ def api_tls(host: str, tls_cert: Path | None, tls_key: Path | None, tls_dir: Pat
     `tls_dir`, or none (loopback, or `no_tls`). ValueError beyond loopback with none of them (the
     front's secret is fresh each run, so there is no CA of its own clients could know), for options
     that exclude each other, and for files that are not a certificate and its key."""
-    if (tls_cert is None) != (tls_key is None):
-        raise ValueError("--tls-cert and --tls-key go together")
-    if sum((tls_cert is not None, tls_dir is not None, no_tls)) > 1:
-        raise ValueError("--tls-cert/--tls-key, --tls-dir and --no-tls exclude each other")
+    check_tls_choice(tls_cert, tls_key, tls_dir, no_tls)
     if tls_cert is not None and tls_key is not None:
         try:
             return server_tls(tls_cert, tls_key)

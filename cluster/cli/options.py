@@ -7,6 +7,7 @@ and `ByteSize`, the one way a size is written on the command line (`--host-cache
 import math
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import click
@@ -108,3 +109,13 @@ def chosen_gpu_blocks(gpu_blocks: int | None, modeled: ModeledEngine | None, blo
 
 
 DEFAULT_GPU_BLOCKS = 1024
+
+
+def check_tls_choice(tls_cert: Path | None, tls_key: Path | None, tls_dir: Path | None, no_tls: bool) -> None:
+    """The TLS options of a command that serves (`up`, `front`): a certificate comes with its key, and
+    given files, a CA to mint from (`--tls-dir`) and plain text (`--no-tls`) exclude each other.
+    ValueError naming the options."""
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if sum((tls_cert is not None, tls_dir is not None, no_tls)) > 1:
+        raise ValueError("--tls-cert/--tls-key, --tls-dir and --no-tls exclude each other")

@@ -19,6 +19,7 @@ import ray
 from radixmesh.cluster.cli.options import (
     ByteSize,
     cache_options,
+    check_tls_choice,
     chosen_engine,
     chosen_gpu_blocks,
     chosen_log_level,
@@ -142,10 +143,10 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
        eviction: str, handoff: bool, engine: str, speedup: float) -> None:
     """Start metadata service, node agents and router; print the router URL."""
     _refuse_a_live_record()
-    if (tls_cert is None) != (tls_key is None):
-        raise click.UsageError("--tls-cert and --tls-key go together")
-    if sum((tls_cert is not None, tls_dir is not None, no_tls)) > 1:
-        raise click.UsageError("--tls-cert/--tls-key, --tls-dir and --no-tls exclude each other")
+    try:
+        check_tls_choice(tls_cert, tls_key, tls_dir, no_tls)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     tls = TlsFiles(tls_cert.read_bytes(), tls_key.read_bytes()) if tls_cert and tls_key else None
     modeled, model = chosen_engine(engine, speedup, model_spec)
     try:

@@ -70,7 +70,7 @@ def step_in_progress(view: NodeView, config: PolicyConfig) -> float:
 
 
 def seat_wait(view: NodeView, config: PolicyConfig) -> float:
-    """Expected seconds a new request waits on `view`'s node for a sequence slot (module docstring):
+    """Expected seconds a new request waits on `view`'s node for a sequence slot (docs/routing.md#the-cost-model):
     0 below the engine's `max_seqs`, where nothing is measured yet, or where the cap is unknown."""
     ahead = view.inflight - config.max_seqs + 1
     if not config.max_seqs or ahead <= 0:
@@ -92,7 +92,7 @@ def delay_to_others(view: NodeView, extra_s: float) -> float:
 
 
 def sharing(view: NodeView, busy_mates: Sequence[NodeView]) -> float:
-    """The fraction of each busy mate's work that delays `view`'s node's (see the module docstring):
+    """The fraction of each busy mate's work that delays `view`'s node's (docs/routing.md#the-cost-model):
     0 while their compute shares and its own fit in the cores, 1 where any share is unknown."""
     if not busy_mates:
         return 0.0

@@ -1,10 +1,12 @@
 """A modeled cluster end to end (issue 36's must-show): `launcher.up` with two agents running
 `--engine modeled:cpu-smollm2` serves shared-prefix requests through the router, hitting and pulling
-prefixes, and a second deployment with caching off gives the same outputs token for token."""
+prefixes, and a second pass with caching off gives the same outputs token for token: caching off as
+`radixmesh bench`'s `off` arm has it, each request its own `cache_salt`, on the same deployment (one
+cluster start less; the engine with `enable_prefix_caching` off is tests/node_agent/model/test_modeled_engine.py's)."""
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
+from typing import Any
 
 import aiohttp
 import pytest
@@ -47,13 +49,16 @@ async def deployed(config: LauncherConfig) -> AsyncIterator[str]:
         assert await launcher.down()
 
 
-async def complete_all(url: str) -> list[list[int]]:
-    """Every prompt, one at a time, twice over; the text and usage of each."""
+async def complete_all(url: str, salted: bool = False) -> list[list[Any]]:
+    """Every prompt, one at a time, twice over; the text and usage of each. `salted`: each request with
+    its own cache_salt, so none reuses another's prefix."""
     outs = []
     async with aiohttp.ClientSession() as http:
-        for tokens in PROMPTS + PROMPTS:
-            body = {"model": CONFIG.served_model_name, "prompt": tokens, "max_tokens": 6, "temperature": 0,
-                    "ignore_eos": True}
+        for i, tokens in enumerate(PROMPTS + PROMPTS):
+            body: dict[str, Any] = {"model": CONFIG.served_model_name, "prompt": tokens, "max_tokens": 6,
+                                    "temperature": 0, "ignore_eos": True}
+            if salted:
+                body["cache_salt"] = f"off-{i}"
             async with http.post(f"{url}/v1/completions", json=body) as r:
                 assert r.status == 200, await r.text()
                 doc = await r.json()
@@ -66,8 +71,7 @@ async def test_modeled_outputs_equal_a_second_run_with_caching_off(local_ray: No
         cached = await complete_all(url)
         stats = await router_stats(url)
         assert await deployment_engine(url, KEYLESS) == "modeled:cpu-smollm2"  # what `bench --url` labels it with
-    async with deployed(replace(CONFIG, prefix_caching=False)) as url:
-        uncached = await complete_all(url)
+        uncached = await complete_all(url, salted=True)
     assert [text for text, _ in cached] == [text for text, _ in uncached]
     assert all(len(text) > 0 for text, _ in cached)
     hits = sum((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) for _, u in cached)

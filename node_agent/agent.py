@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from radixmesh.common.block_pool.config import PoolHooks
@@ -30,21 +29,13 @@ from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished, NewTokens
-from radixmesh.node_agent.engine_setup import build_engine
 from radixmesh.node_agent.kv_events.publisher import KVEventsOut, NoKVEvents, ZmqKVEventPublisher
 from radixmesh.node_agent.kv_events.token_book import TokenBook
 from radixmesh.node_agent.memory.node_memory import NodeMemory
 from radixmesh.node_agent.metrics import AgentCounters, render_agent_metrics
+from radixmesh.node_agent.node_setup import build_engine, transfer_config
 from radixmesh.node_agent.plan_pull import check_pull, pending_prefix, pull_prefix, unpulled
-from radixmesh.node_agent.transfer.client import PullConfig
-from radixmesh.node_agent.transfer.handshake import NodeIdentity
-from radixmesh.node_agent.transfer.plane import (
-    NoTransfer,
-    Pulled,
-    TransferConfig,
-    TransferPlane,
-    make_transfer_plane,
-)
+from radixmesh.node_agent.transfer.plane import NoTransfer, Pulled, TransferPlane, make_transfer_plane
 from radixmesh.proto.block_hash import BlockHash, tenant_salt
 from radixmesh.proto.events import BlockStored, CacheEvent
 from radixmesh.proto.ids import NodeId
@@ -60,16 +51,6 @@ logger = logging.getLogger(__name__)
 
 FIRST_ROUND_S = 5.0
 """How long `start` waits for the publisher's first round (registration and snapshot) at most."""
-
-
-def transfer_config(config: AgentConfig, layout: KVLayout) -> TransferConfig:
-    """The transfer plane's settings in `config`; a modeled engine's pulls count and pace its wire bytes."""
-    pull = PullConfig(timeout_s=config.pull_timeout_s, mac=config.transfer_mac)
-    if config.modeled is not None:
-        pull = replace(pull, wire_block_bytes=config.modeled.wire_block_bytes(layout.block_size),
-                       wire_gbps=config.modeled.wire_gbps)
-    return TransferConfig(config.transfer, NodeIdentity(config.secret, config.node_id), config.host,
-                          config.transfer_port, config.handoff, pull)
 
 
 def new_epoch() -> int:

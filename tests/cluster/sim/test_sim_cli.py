@@ -16,7 +16,7 @@ from radixmesh.cluster.metadata.service_config import ServiceConfig
 from radixmesh.cluster.sim.config import SimConfig
 from radixmesh.common.block_pool.config import PoolHooks
 from radixmesh.common.block_pool.eviction import EVICTION_ORDERS
-from radixmesh.node_agent import engine_setup
+from radixmesh.node_agent import node_setup
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.ids import NodeId
 from tests.support.tiny_model import SOURCE
@@ -51,13 +51,13 @@ async def test_an_agent_of_up_builds_its_pool_as_the_simulator_runs_its_nodes(mo
     """What the agent hands its gpu pool (PoolHooks): the eviction order, the cluster's recall, and no
     cluster-aware eviction, which no agent setting turns on."""
     built: list[PoolHooks | None] = []
-    engine = engine_setup.Engine
+    engine = node_setup.Engine
 
     def recording_engine(*args: Any, gpu_hooks: PoolHooks | None = None, **kw: Any) -> Any:
         built.append(gpu_hooks)
         return engine(*args, gpu_hooks=gpu_hooks, **kw)
 
-    monkeypatch.setattr(engine_setup, "Engine", recording_engine)
+    monkeypatch.setattr(node_setup, "Engine", recording_engine)
     # The tiny model, no transfer plane and no metadata service, so the agent starts in-process.
     config = dataclasses.replace(_up_agent(), model=SOURCE, transfer="none", metadata_address=None)
     agent = NodeAgent(config)

@@ -1,5 +1,6 @@
-"""Building a node's engine from its AgentConfig: place and load the model (or model its forward),
-then size the tiers (host from a byte budget, gpu from a measured memory budget) and build the Engine."""
+"""Building a node's parts from its AgentConfig: the engine (place and load the model, or model its
+forward, then size the tiers: host from a byte budget, gpu from a measured memory budget) and the
+transfer plane's settings."""
 
 import asyncio
 import logging
@@ -15,6 +16,10 @@ from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.gpu_budget import measure_gpu_budget
 from radixmesh.node_agent.model.base import CausalLM
 from radixmesh.node_agent.placement import place_model, set_torch_threads
+from radixmesh.node_agent.transfer.client import PullConfig
+from radixmesh.node_agent.transfer.handshake import NodeIdentity
+from radixmesh.node_agent.transfer.plane import TransferConfig
+from radixmesh.proto.kv_layout import KVLayout
 
 logger = logging.getLogger(__name__)
 
@@ -58,3 +63,13 @@ async def build_engine(config: AgentConfig, clock: Callable[[], float], gpu_hook
     engine = Engine(model, engine_config, device=placement.device, clock=clock, tokenizer=tokenizer,
                     gpu_hooks=gpu_hooks)
     return BuiltEngine(engine, placement.device, threads)
+
+
+def transfer_config(config: AgentConfig, layout: KVLayout) -> TransferConfig:
+    """The transfer plane's settings in `config`; a modeled engine's pulls count and pace its wire bytes."""
+    pull = PullConfig(timeout_s=config.pull_timeout_s, mac=config.transfer_mac)
+    if config.modeled is not None:
+        pull = replace(pull, wire_block_bytes=config.modeled.wire_block_bytes(layout.block_size),
+                       wire_gbps=config.modeled.wire_gbps)
+    return TransferConfig(config.transfer, NodeIdentity(config.secret, config.node_id), config.host,
+                          config.transfer_port, config.handoff, pull)

@@ -99,9 +99,12 @@ class ClusterCa:
             raise ValueError(f"--tls-dir: {key_path} is not the EC key of {cert_path}")
         return cls(pem, key)
 
-    def issue(self, hosts: Sequence[str], now: datetime.datetime | None = None) -> ServerCertificate:
+    def issue(self, hosts: Sequence[str], now: datetime.datetime | None = None, *,
+              client: bool = False) -> ServerCertificate:
         """A server certificate for `hosts` (IP literals become IP SANs, other names DNS SANs), valid
-        from an hour before `now` (clock skew between nodes) for LEAF_DAYS. ValueError without a host."""
+        from an hour before `now` (clock skew between nodes) for LEAF_DAYS; `client`: also for TLS
+        clients (mutual TLS, as Ray's processes present one certificate both ways). ValueError
+        without a host."""
         names = list(dict.fromkeys(h.strip("[]") for h in hosts if h))
         if not names:
             raise ValueError("a server certificate needs at least one host name or address")
@@ -117,7 +120,9 @@ class ClusterCa:
                 .add_extension(x509.SubjectAlternativeName([_san(n) for n in names]), critical=False)
                 .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                 .add_extension(_LEAF_KEY_USAGE, critical=True)
-                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                      *([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])]),
+                               critical=False)
                 # Key identifier only (no issuer serial): any build of the same CA is this leaf's issuer.
                 .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
                                critical=False)

@@ -1,16 +1,19 @@
-"""`radixmesh admin-key` / `ca-cert` / `kv-events-keys`: print the router's admin key, the cluster CA's
-certificate, or the CURVE keys of the agents' KV-events sockets, all derived from the cluster secret.
+"""`radixmesh admin-key` / `ca-cert` / `kv-events-keys` / `ray-tls`: print the router's admin key, the
+cluster CA's certificate, the CURVE keys of the agents' KV-events sockets, or the environment of Ray's
+TLS with this host's certificate, all derived from the cluster secret.
 
 The admin key opens the prefix-cache reset and /stats' per-tenant table (cluster/api/admin.py). It
 is never stored: whoever holds the secret derives it again, so it is printed where the secret is
 (the head, as the user `up` ran as). Nothing is made here: no secret is an error, not a new one.
 """
 
+import shlex
 from pathlib import Path
 
 import click
 
 from radixmesh.cluster.api.admin import admin_key
+from radixmesh.cluster.launch.ray_tls import host_addresses, ray_tls_files
 from radixmesh.cluster.launch.secret_file import SECRET_ENV, node_secret
 from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.common.kv_events_curve import key_pair
@@ -50,6 +53,25 @@ def kv_events_keys_command(secret_file: Path | None) -> None:
     server, client = key_pair(secret, KeyPurpose.KV_EVENTS_SERVER), key_pair(secret, KeyPurpose.KV_EVENTS_CLIENT)
     click.echo(f"server_public={server.public.decode()}\nclient_public={client.public.decode()}\n"
                f"client_secret={client.secret.decode()}")
+
+
+@click.command("ray-tls")
+@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=f"Cluster secret (hex, mode 0600) [default: ${SECRET_ENV}, else $RADIXMESH_HOME/secret].")
+@click.option("--address", "addresses", multiple=True,
+              help="An address peers dial this host by (repeatable) [default: every address of this host].")
+def ray_tls_command(secret_file: Path | None, addresses: tuple[str, ...]) -> None:
+    """Print `export` lines for Ray's mutual TLS with this host's certificate of the cluster CA.
+
+    The certificate is minted from the secret under $RADIXMESH_HOME/ray-tls/<address>/ when none
+    naming these addresses is there; run `eval "$(radixmesh ray-tls)"` before `ray start` and every
+    Ray command on each host (deploy/*.yaml do)."""
+    secret = _secret(secret_file)
+    try:
+        files = ray_tls_files(secret, list(addresses) or host_addresses())
+    except (OSError, ValueError) as e:
+        raise click.ClickException(f"Ray's TLS files: {e}") from None
+    click.echo("\n".join(f"export {name}={shlex.quote(value)}" for name, value in files.environment().items()))
 
 
 def _secret(secret_file: Path | None) -> ClusterSecret:

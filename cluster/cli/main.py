@@ -32,6 +32,8 @@ COMMANDS = {
                 "Print the cluster CA's certificate (PEM), derived from the cluster secret."),
     "kv-events-keys": ("radixmesh.cluster.cli.keys:kv_events_keys_command",
                        "Print the CURVE keys of the agents' tcp KV-events sockets (from the secret)."),
+    "ray-tls": ("radixmesh.cluster.cli.keys:ray_tls_command",
+                "Print the environment of Ray's mutual TLS, minting this host's certificate (from the secret)."),
     "route": ("radixmesh.cluster.cli.route_stats:route", "Serve PROMPT once and print where it went and why."),
     "stats": ("radixmesh.cluster.cli.route_stats:stats", "The cluster table: global hit rate by source, per-node hits."),
     "bench": ("radixmesh.cluster.cli.bench:bench",

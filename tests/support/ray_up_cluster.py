@@ -131,8 +131,9 @@ class RayUpCluster:
         """Names of the agent actors alive in the Ray cluster, asked on the head (a Ray driver there)."""
         code = ("import json, ray; ray.init(address='auto', logging_level='ERROR'); "
                 "print(json.dumps([a['name'] for a in ray.util.list_named_actors(all_namespaces=True)]))")
-        # Ray reads RAY_AUTH_MODE when it is imported: set in the driver's environment, not in its code.
-        command = f"RAY_AUTH_MODE=token python3 -c {shlex.quote(code)}"
+        # Ray reads RAY_AUTH_MODE and its TLS variables when it is imported: set in the driver's
+        # environment, not in its code, as the YAML's own drivers do.
+        command = f'eval "$(radixmesh ray-tls)" && RAY_AUTH_MODE=token python3 -c {shlex.quote(code)}'
         done = subprocess.run([*self.ssh(self.head), "bash", "--login", "-c", shlex.quote(command)],
                               check=False, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:

@@ -10,6 +10,8 @@ import concurrent.futures
 import http.client
 import itertools
 import json
+import socket
+import ssl
 import threading
 import urllib.error
 import urllib.request
@@ -23,6 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixmesh.cluster.api.explain import ROUTE_PATH
+from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.common.secret import ClusterSecret
@@ -222,6 +225,44 @@ def test_the_head_serves_tls_by_default_and_refuses_plain_text(ray_up_cluster: R
     assert asyncio.run(ask(ca)) >= 2
     with pytest.raises(grpc.aio.AioRpcError):
         asyncio.run(ask(None))
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""What a plain-text gRPC client sends first: the HTTP/2 preface and an empty SETTINGS frame."""
+
+
+def test_ray_between_hosts_is_mutual_tls_of_the_cluster_ca(ray_up_cluster: RayUpCluster, tmp_path: Path) -> None:
+    """The head's GCS, which every raylet and driver dials, answers only TLS: with a certificate of
+    the cluster CA naming the head's address, and only to a client presenting one of the same CA
+    (Ray's mutual TLS, `radixmesh ray-tls` in the YAML); plain-text gRPC gets no HTTP/2 answer."""
+    c = ray_up_cluster
+    head = c.head.address
+    secret = ClusterSecret.from_hex((c.home / ".radixmesh" / "secret").read_text())
+    ca = ClusterCa.derive(secret)
+    mine = ca.issue(["tester"], client=True)
+    (tmp_path / "me.pem").write_bytes(mine.cert_chain)
+    (tmp_path / "me.key").write_bytes(mine.private_key)
+
+    def handshake(with_cert: bool) -> bytes:
+        ctx = ssl.create_default_context(cadata=ca.certificate.decode())
+        ctx.set_alpn_protocols(["h2"])
+        if with_cert:
+            ctx.load_cert_chain(tmp_path / "me.pem", tmp_path / "me.key")
+        with socket.create_connection((head, 6379), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname=head) as tls:  # verifies the chain and the head's address
+            tls.sendall(HTTP2_PREFACE)
+            try:
+                return tls.recv(64)
+            except (ssl.SSLError, ConnectionResetError):
+                return b""
+
+    answer = handshake(with_cert=True)
+    assert len(answer) >= 9 and answer[3] == 4, answer  # the server's SETTINGS frame: a gRPC server spoke
+    assert handshake(with_cert=False) == b""  # TLS 1.3 reports the refused client certificate on first read
+    with socket.create_connection((head, 6379), timeout=10) as plain:
+        plain.sendall(HTTP2_PREFACE)
+        reply = plain.recv(64)
+    assert not (len(reply) >= 9 and reply[3] == 4), reply  # no HTTP/2 in plain text (a TLS alert, or closed)
 
 
 def test_a_host_that_joins_gets_an_agent_and_traffic(ray_up_cluster: RayUpCluster) -> None:

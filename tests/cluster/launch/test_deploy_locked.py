@@ -94,3 +94,33 @@ def test_front_takes_its_api_key_from_the_environment(monkeypatch: pytest.Monkey
                                        "name=e0,url=http://127.0.0.1:1,events=tcp://127.0.0.1:2"])
     assert result.exit_code == 0, result.output
     assert seen == ["key-from-env"]
+
+
+@pytest.mark.parametrize("name", YAMLS)
+def test_every_ray_start_runs_with_rays_tls_and_none_without_it(name: str, tmp_path: Path) -> None:
+    """Each `ray start` command, run by bash as Ray's command runner does, with stand-ins for
+    `radixmesh` and `ray` on PATH: Ray starts with the variables `radixmesh ray-tls` printed, and
+    not at all when it fails (no secret, say): never quietly without TLS."""
+    config = _config(name)
+    starts = [c for c in _commands(config, "head_start_ray_commands", "worker_start_ray_commands") if "ray start" in c]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "ray-saw"
+    (bin_dir / "ray").write_text(f'#!/bin/sh\necho "$RAY_USE_TLS $RAY_TLS_SERVER_CERT" > {seen}\n')
+    for ok in (True, False):
+        body = 'echo "export RAY_USE_TLS=1 RAY_TLS_SERVER_CERT=/certs/node.pem"' if ok else "echo 'no secret' >&2; exit 1"
+        (bin_dir / "radixmesh").write_text(f"#!/bin/sh\n{body}\n")
+        for tool in ("ray", "radixmesh"):
+            (bin_dir / tool).chmod(0o755)
+        for command in starts:
+            seen.unlink(missing_ok=True)
+            env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RAY_HEAD_IP": "10.0.0.10", "HOME": str(tmp_path)}
+            done = subprocess.run(["bash", "-c", command], check=False, env=env, capture_output=True, text=True, timeout=30)
+            if ok:
+                assert done.returncode == 0, done.stderr
+                assert seen.read_text().split() == ["1", "/certs/node.pem"], command
+            else:
+                assert done.returncode != 0 and not seen.exists(), command
+    [up] = [c for c in config["head_start_ray_commands"] if "radixmesh up" in c]
+    # The driver and `ray status` speak to the GCS: Ray's TLS variables before either.
+    assert up.index('eval "$(radixmesh ray-tls || echo exit 1)"') < up.index("ray status") < up.index("radixmesh up")

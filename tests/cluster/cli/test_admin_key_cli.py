@@ -19,14 +19,6 @@ from radixmesh.common.secret import ClusterSecret, KeyPurpose
 SECRET = "5" * 64
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("RADIXMESH_HOME", str(tmp_path))
-    for name in [n for n in os.environ if n.startswith("RADIXMESH_") and n != "RADIXMESH_HOME"]:
-        monkeypatch.delenv(name)
-    return tmp_path
-
-
 def test_it_prints_the_key_of_the_secret_up_uses(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     made = create_secret(home / "secret")  # what `up` made on first use
     result = CliRunner().invoke(main, ["admin-key"])

@@ -25,16 +25,13 @@ class _RayStarted(Exception):
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("RADIXMESH_HOME", str(tmp_path))
-    for name in [n for n in os.environ if n.startswith("RADIXMESH_") and n != "RADIXMESH_HOME"]:
-        monkeypatch.delenv(name)
-
+def home(home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """conftest's home, with Ray's start stood in for."""
     def no_ray(config: LauncherConfig, **_: object) -> None:
         raise _RayStarted
 
     monkeypatch.setattr(cluster_cli.launcher, "init_local_ray", no_ray)
-    return tmp_path
+    return home
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in sorted(COMMANDS))])

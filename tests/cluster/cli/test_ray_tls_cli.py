@@ -4,13 +4,11 @@ only for another CA, missing addresses or a certificate near its end. Ray itself
 between hosts: tests/ray/multihost/test_ray_up_cluster.py."""
 
 import datetime
-import os
 import shlex
 import ssl
 import stat
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -20,14 +18,6 @@ from radixmesh.cluster.launch.ray_tls import RENEW_DAYS, host_addresses, ray_tls
 from radixmesh.cluster.launch.secret_file import create_secret
 from radixmesh.common.cluster_ca import LEAF_DAYS, ClusterCa
 from radixmesh.common.secret import ClusterSecret
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("RADIXMESH_HOME", str(tmp_path))
-    for name in [n for n in os.environ if n.startswith("RADIXMESH_") and n != "RADIXMESH_HOME"]:
-        monkeypatch.delenv(name)
-    return tmp_path
 
 
 def exported(output: str) -> dict[str, str]:

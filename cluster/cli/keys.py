@@ -4,7 +4,8 @@ TLS with this host's certificate, all derived from the cluster secret.
 
 The admin key opens the prefix-cache reset and /stats' per-tenant table (cluster/api/admin.py). It
 is never stored: whoever holds the secret derives it again, so it is printed where the secret is
-(the head, as the user `up` ran as). Nothing is made here: no secret is an error, not a new one.
+(the head, as the user `up` ran as). No secret is made here: none is an error, not a new one (`ray-tls`
+writes only this host's certificate, from the secret there).
 """
 
 import shlex

@@ -20,7 +20,8 @@ import aiohttp
 
 from radixmesh.cluster.bench.client import Reply, completion_body, stream_completion
 from radixmesh.cluster.bench.schedule import poisson_times
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.source import ModelSource

@@ -27,7 +27,7 @@ from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.source import resolve_model
 from radixmesh.proto.ids import NodeId

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from radixmesh.kernels import ops as kernels
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig, StepOutput
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine, StepOutput
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.llama import LlamaForCausalLM

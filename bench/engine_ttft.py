@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.llama import LlamaForCausalLM

@@ -26,10 +26,10 @@ from radixmesh.cluster.launch.local_ray import init_loopback_ray
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor, node_resource
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.source import ModelSource, resolve_model
-from radixmesh.node_agent.transfer.ucx_transport import ucx_env
+from radixmesh.node_agent.transfer.ucx_env import ucx_env
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult
 from radixmesh.proto.serve.sampling import SamplingParams

@@ -23,7 +23,8 @@ from typing import NamedTuple
 import torch
 from gpu_step import StepLog
 
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.config import LlamaConfig, named_config

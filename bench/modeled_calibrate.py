@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.base import CausalLM

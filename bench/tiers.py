@@ -26,7 +26,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.disk.record import DiskIdentity

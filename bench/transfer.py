@@ -229,7 +229,7 @@ async def measure(max_bytes: int, trials: int, busy: int, mac: bool) -> dict[str
 def machine() -> dict[str, Any]:
     import ucxx
 
-    from radixmesh.node_agent.transfer.ucx_transport import ucx_env
+    from radixmesh.node_agent.transfer.ucx_env import ucx_env
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())

@@ -16,20 +16,19 @@ step_aside(__name__)  # importable only as radixmesh.node_agent (radixmesh/impor
 
 if TYPE_CHECKING:
     from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor, node_resource
-    from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
-    from radixmesh.node_agent.engine.engine import EngineConfig
+    from radixmesh.node_agent.config import DTYPES, TRANSFER_PLANES, AgentConfig
+    from radixmesh.node_agent.engine.config import EngineConfig
     from radixmesh.node_agent.memory.config import MemoryConfig
     from radixmesh.node_agent.model.config import NAMED_CONFIGS
     from radixmesh.node_agent.model.modeled.profile import ProfileError, load_profile, profile_names
     from radixmesh.node_agent.model.modeled.spec import ModeledEngine, parse_engine
     from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, random_source, resolve_model
-    from radixmesh.node_agent.placement import DTYPES
-    from radixmesh.node_agent.transfer.ucx_transport import ucx_env
+    from radixmesh.node_agent.transfer.ucx_env import ucx_env
 
 _HOMES = {
     "AgentPlacement": "actor", "make_agent_actor": "actor", "node_resource": "actor",
-    "TRANSFER_PLANES": "config", "AgentConfig": "config",
-    "EngineConfig": "engine.engine",
+    "DTYPES": "config", "TRANSFER_PLANES": "config", "AgentConfig": "config",
+    "EngineConfig": "engine.config",
     "MemoryConfig": "memory.config",
     "NAMED_CONFIGS": "model.config",
     "ProfileError": "model.modeled.profile", "load_profile": "model.modeled.profile",
@@ -37,8 +36,7 @@ _HOMES = {
     "ModeledEngine": "model.modeled.spec", "parse_engine": "model.modeled.spec",
     "SMOLLM2": "model.source", "ModelSource": "model.source", "random_source": "model.source",
     "resolve_model": "model.source",
-    "DTYPES": "placement",
-    "ucx_env": "transfer.ucx_transport",
+    "ucx_env": "transfer.ucx_env",
 }
 
 __all__ = [  # the names of _HOMES, spelled out so linters and type checkers see the re-exports

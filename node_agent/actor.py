@@ -18,18 +18,20 @@ pins end with the stream).
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from radixmesh.common.metrics.scrape import ScrapeTarget
 from radixmesh.common.secret import ClusterSecret
-from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.transfer.ucx_transport import ucx_env
+from radixmesh.node_agent.transfer.ucx_env import ucx_env
 from radixmesh.proto.ids import NodeId, agent_actor_name
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
 from radixmesh.proto.serve.plan import ServeItem, ServePlan
+
+if TYPE_CHECKING:
+    from radixmesh.node_agent.agent import NodeAgent
 
 
 def node_resource(node: NodeId) -> str:
@@ -76,6 +78,10 @@ class AgentActor:
         """Start the agent if it is not running; its registration record."""
         async with self._starting:
             if self._agent is None:
+                # Imported in the actor's own process: the router and `up`, which create agent actors,
+                # never load torch and the engine.
+                from radixmesh.node_agent.agent import NodeAgent
+
                 agent = NodeAgent(self._config if self._config.zone else replace(self._config, zone=_ray_zone()))
                 await agent.start()
                 self._agent = agent

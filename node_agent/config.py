@@ -6,16 +6,18 @@ from pathlib import Path
 from radixmesh.common.block_pool.eviction import DEFAULT_HANDOFF
 from radixmesh.common.block_pool.recall import DEFAULT_RECALL_BLOCKS
 from radixmesh.common.secret import ClusterSecret
-from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.kv_events.endpoint import check_endpoint
 from radixmesh.node_agent.memory.disk.tier import GB, DiskConfig
 from radixmesh.node_agent.model.modeled.spec import ModeledEngine
 from radixmesh.node_agent.model.source import ModelSource, random_source
-from radixmesh.node_agent.placement import DTYPES
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.kv_layout import KV_DTYPES
 from radixmesh.proto.metadata.limits import check_node_id
 
 TRANSFER_PLANES = ("none", "ucx", "ray", "auto")
+DTYPES = tuple(KV_DTYPES)
+"""The precisions an agent may load its weights and KV in (`--dtype`; "auto" picks one: placement)."""
 
 
 @dataclass(frozen=True, slots=True)

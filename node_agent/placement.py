@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import ray
 import torch
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from radixmesh.proto.kv_layout import KV_DTYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +20,7 @@ class DevicePlacement:
 def place_model(device: str = "auto", dtype: str = "auto") -> DevicePlacement:
     """`device`: "auto" (cuda when this process sees a GPU, else cpu), "cpu" or "cuda[:i]";
     `dtype`: "auto" (bfloat16 on a GPU, float32 on the CPU, where bf16 matmuls are slow) or one of
-    DTYPES. ValueError for anything else, or for cuda without a GPU."""
+    proto.kv_layout.KV_DTYPES. ValueError for anything else, or for cuda without a GPU."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
@@ -30,9 +30,9 @@ def place_model(device: str = "auto", dtype: str = "auto") -> DevicePlacement:
         raise ValueError("device cuda asked for, but this process sees no GPU")
     if dtype == "auto":
         return DevicePlacement(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
-    return DevicePlacement(dev, DTYPES[dtype])
+    if dtype not in KV_DTYPES:
+        raise ValueError(f"dtype must be auto or one of {', '.join(KV_DTYPES)}, got {dtype!r}")
+    return DevicePlacement(dev, getattr(torch, dtype))
 
 
 def torch_threads(assigned_cpus: float | None, affinity: int, current: int) -> int:

@@ -10,10 +10,13 @@ which the kernels read through their block stride.
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+KV_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
+"""The KV precisions a layout may name, and the bytes of one element of each."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,15 +34,20 @@ class KVLayout:
     """Tokens per block."""
 
     def __post_init__(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in KV_DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(KV_DTYPES)}, got {self.dtype!r}")
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+    def torch_dtype(self) -> "torch.dtype":
+        # torch is imported where a tensor is made, not with the module: the router, the metadata
+        # service and the CLI read layouts (fingerprints, block bytes) and never load torch.
+        import torch
+
+        dtype: torch.dtype = getattr(torch, self.dtype)
+        return dtype
 
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:
@@ -49,13 +57,15 @@ class KVLayout:
     @property
     def block_bytes(self) -> int:
         n = self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
-        return n * self.torch_dtype.itemsize
+        return n * KV_DTYPES[self.dtype]
 
     def fingerprint(self) -> str:
         """Stable 16-hex-digit id of the layout; the global index is partitioned by it."""
         canon = json.dumps(asdict(self), sort_keys=True).encode()
         return hashlib.blake2b(canon, digest_size=8).hexdigest()
 
-    def new_cache(self, num_blocks: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    def new_cache(self, num_blocks: int, device: "str | torch.device" = "cpu") -> "torch.Tensor":
         """A zeroed cache tensor for `num_blocks` blocks in this layout."""
+        import torch  # as in torch_dtype
+
         return torch.zeros((num_blocks, *self.block_shape), dtype=self.torch_dtype, device=device)

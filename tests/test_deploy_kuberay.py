@@ -1,23 +1,31 @@
 """deploy/kuberay/raycluster.yaml: valid against KubeRay's RayCluster schema (tests/data/kuberay, with
 unknown fields refused, so a misspelled field fails here instead of being dropped by the API server),
-and running radixmesh as the `ray up` files do: the same `radixmesh up`, Redis, agent resource and
-secrets taken from a Kubernetes Secret."""
+and running radixmesh as the `ray up` files do: the same `radixmesh up`, Redis, agent resource,
+secrets taken from a Kubernetes Secret, and Ray's mutual TLS of the cluster CA in every pod (its
+initContainer's command run here for real)."""
 
 import copy
 import functools
 import json
+import os
 import re
 import shlex
-from pathlib import Path
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.x509.verification import PolicyBuilder, Store
 
 from radixmesh.cluster.cli.route_stats import API_KEY_ENV
 from radixmesh.cluster.launch.reconcile import AGENT_RESOURCE
 from radixmesh.cluster.launch.secret_file import SECRET_ENV
+from radixmesh.common.cluster_ca import ClusterCa
+from radixmesh.common.secret import ClusterSecret
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "deploy" / "kuberay" / "raycluster.yaml"
@@ -26,6 +34,10 @@ RAY_UP = ROOT / "deploy" / "cluster.yaml"
 LOCAL_RAY_UP = ROOT / "deploy" / "local-cluster.yaml"
 TOKEN_AUTH_MIN_RAY = (2, 52, 0)
 """The least Ray KubeRay accepts with `authOptions.mode: token`."""
+TLS_FILES = {"RAY_TLS_SERVER_CERT": "node.pem", "RAY_TLS_SERVER_KEY": "node.key", "RAY_TLS_CA_CERT": "ca.pem"}
+"""The variables Ray reads its TLS files from, and the names `radixmesh ray-tls --dir` writes."""
+HEAD_SERVICE = "radixmesh-head-svc.default.svc.cluster.local"
+"""What KubeRay sets FQ_RAY_IP to in every initContainer (namespace `default`): workers dial the GCS by it."""
 
 
 def closed(schema: dict[str, Any]) -> dict[str, Any]:
@@ -224,3 +236,96 @@ def test_every_ray_container_runs_the_same_image() -> None:
     images = {head(document)["image"]} | {g["template"]["spec"]["containers"][0]["image"]
                                            for g in document["spec"]["workerGroupSpecs"]}
     assert len(images) == 1, images
+
+
+def pod_specs(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each pod template's spec: the head's, then each worker group's by its name."""
+    return {"head": document["spec"]["headGroupSpec"]["template"]["spec"],
+            **{g["groupName"]: g["template"]["spec"] for g in document["spec"]["workerGroupSpecs"]}}
+
+
+class RayTls:
+    """What one pod template says about Ray's TLS: the folder its Ray container reads, the volume
+    mount holding it, and the initContainer that writes it."""
+
+    def __init__(self, pod: dict[str, Any]) -> None:
+        ray = pod["containers"][0]  # KubeRay runs Ray in the first container
+        env = {e["name"]: e for e in ray["env"]}
+        assert env["RAY_USE_TLS"] == {"name": "RAY_USE_TLS", "value": "1"}
+        paths = {PurePosixPath(env[name]["value"]) for name in TLS_FILES}
+        assert {p.name for p in paths} == set(TLS_FILES.values())
+        [self.folder] = {p.parent for p in paths}
+        [self.mount] = [m for m in ray["volumeMounts"] if self.folder.is_relative_to(m["mountPath"])]
+        [self.volume] = [v for v in pod["volumes"] if v["name"] == self.mount["name"]]
+        [self.init] = [c for c in pod["initContainers"] if c["command"][:2] == ["radixmesh", "ray-tls"]]
+        self.options = options(self.init["command"][2:])
+
+    def env_in(self, volume: Path) -> dict[str, Path]:
+        """The Ray container's TLS paths with the volume's mount path mapped to `volume`."""
+        mount = PurePosixPath(self.mount["mountPath"])
+        return {name: volume / (self.folder / file).relative_to(mount) for name, file in TLS_FILES.items()}
+
+
+@pytest.mark.parametrize("name", ["head", "gpu", "cpu"])
+def test_every_ray_container_reads_rays_tls_files_its_init_container_writes(name: str) -> None:
+    pod = pod_specs(manifest())[name]
+    tls = RayTls(pod)
+    # The folder lives in a volume of the pod alone, in memory, which Ray only reads.
+    assert tls.volume == {"name": tls.mount["name"], "emptyDir": {"medium": "Memory"}}
+    assert tls.mount["readOnly"] is True
+    # The initContainer writes that folder into the same volume, at the same path.
+    assert PurePosixPath(tls.options["--dir"]) == tls.folder
+    assert [m for m in tls.init["volumeMounts"] if m["name"] == tls.mount["name"]] == [
+        {"name": tls.mount["name"], "mountPath": tls.mount["mountPath"]}]
+    # From the cluster secret, out of the Kubernetes Secret, as the Ray container gets it.
+    [secret] = tls.init["env"]
+    assert secret["name"] == SECRET_ENV and set(secret["valueFrom"]["secretKeyRef"]) == {"name", "key"}
+    assert secret in pod["containers"][0]["env"]
+    assert tls.init["image"] == pod["containers"][0]["image"]  # its user, who alone reads the 0700 folder
+    # For the pod's own addresses (ray-tls finds them: an initContainer shares the pod's network); the
+    # head's also for its Service, which workers dial the GCS by.
+    assert "--address" not in tls.options
+    assert tls.options.get("--also-address") == ("$(FQ_RAY_IP)" if name == "head" else None)
+
+
+def kubelet_args(command: list[str], env: dict[str, str]) -> list[str]:
+    """`command` with $(VAR) expanded from `env` as the kubelet does (an unknown one stays as written)."""
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg) for arg in command]
+
+
+def run_init_container(tls: RayTls, volume: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The pod's ray-tls initContainer, for real: this checkout's `radixmesh` with the volume's mount
+    path mapped to `volume`, in `env` alone (as a container gets only its own variables)."""
+    mount = tls.mount["mountPath"]
+    args = [arg.replace(mount, str(volume), 1) if arg.startswith(mount) else arg
+            for arg in kubelet_args(tls.init["command"], env)]
+    path = f"{Path(sys.executable).parent}{os.pathsep}/usr/bin:/bin"
+    return subprocess.run(args, env={**env, "PATH": path}, capture_output=True, text=True, timeout=120, check=False)
+
+
+# cpu's initContainer is gpu's (one YAML anchor; the test above checks each pod): run once.
+@pytest.mark.parametrize("name", ["head", "gpu"])
+def test_the_init_container_writes_exactly_the_files_ray_reads_of_the_clusters_ca(name: str, tmp_path: Path) -> None:
+    tls = RayTls(pod_specs(manifest())[name])
+    secret = ClusterSecret(bytes(range(32)))
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    volume.chmod(0o777)  # as the kubelet makes an emptyDir
+    env = {SECRET_ENV: secret.to_hex(), "RADIXMESH_HOME": str(tmp_path / "home"), "HOME": str(tmp_path),
+           "FQ_RAY_IP": HEAD_SERVICE}  # KubeRay gives every initContainer FQ_RAY_IP
+    done = run_init_container(tls, volume, env)
+    assert done.returncode == 0, done.stderr
+    files = tls.env_in(volume)
+    folder = files["RAY_TLS_SERVER_CERT"].parent
+    assert sorted(os.listdir(volume)) == [folder.name] and sorted(os.listdir(folder)) == sorted(TLS_FILES.values())
+    assert not (tmp_path / "home").exists()  # nothing else written
+    ca = ClusterCa.derive(secret).certificate
+    assert files["RAY_TLS_CA_CERT"].read_bytes() == ca
+    leaf, *chain = x509.load_pem_x509_certificates(files["RAY_TLS_SERVER_CERT"].read_bytes())
+    verifier = PolicyBuilder().store(Store([x509.load_pem_x509_certificate(ca)]))
+    verifier.build_client_verifier().verify(leaf, chain)  # Ray presents it as a client too; raises if not
+    if name == "head":  # workers verify the name they dial the GCS by
+        verifier.build_server_verifier(x509.DNSName(HEAD_SERVICE)).verify(leaf, chain)
+    # The key is the certificate's (Ray's TLS would refuse them otherwise).
+    ssl_context = __import__("ssl").create_default_context()
+    ssl_context.load_cert_chain(files["RAY_TLS_SERVER_CERT"], files["RAY_TLS_SERVER_KEY"])

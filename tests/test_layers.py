@@ -19,6 +19,13 @@ DEFERRED_IMPORTS = {
     ("kernels/dispatch.py", "radixmesh.kernels.decode_attention_triton"),
     ("kernels/dispatch.py", "radixmesh.kernels.kv_write_triton"),
     ("kernels/dispatch.py", "radixmesh.kernels.prefill_attention_triton"),
+    # torch stays out of the processes that only describe agents (the router, the metadata service,
+    # `up`): tests/cluster/launch/test_torch_free.py.
+    ("node_agent/actor.py", "radixmesh.node_agent.agent"),
+    ("node_agent/model/modeled/spec.py", "radixmesh.node_agent.model.modeled.forward"),
+    ("node_agent/model/source.py", "radixmesh.node_agent.model.gguf"),
+    ("node_agent/model/source.py", "radixmesh.node_agent.model.llama"),
+    ("node_agent/model/source.py", "radixmesh.node_agent.model.weights"),
 }
 # node_agent's public face (node_agent/__init__.py) loads its names on first use, so a command that
 # needs a model name does not import torch; its `if TYPE_CHECKING:` imports give static tools

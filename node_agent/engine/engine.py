@@ -11,7 +11,6 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -20,12 +19,12 @@ from radixmesh.common.block_pool.config import PoolHooks
 from radixmesh.common.metrics.exposition import render_prometheus
 from radixmesh.common.text.stop_strings import StopText
 from radixmesh.common.text.tokenizer import Tokenizer
+from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.engine.metrics import EngineCounters, EngineStats, engine_stats
 from radixmesh.node_agent.engine.preemption import make_preemption_policy
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput, RequestStats, SequenceState
 from radixmesh.node_agent.engine.sampler import sample, token_logprob
 from radixmesh.node_agent.engine.scheduler import ScheduledChunk, Scheduler
-from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.node_memory import NodeMemory
 from radixmesh.node_agent.memory.sequence import PendingPrefix
 from radixmesh.node_agent.model.base import CausalLM
@@ -43,27 +42,6 @@ class StepOutput(NamedTuple):
     this step, in order."""
     finished: list[RequestOutput]
     """Requests that finished this step (their last token is in `tokens` too)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """How one node engine batches and where its KV lives."""
-
-    block_size: int = 16
-    max_num_batched_tokens: int = 512
-    """Token budget of one step: decode tokens plus prefill chunks."""
-    max_num_seqs: int = 64
-    """Running sequences at most."""
-    preemption: str = "cost"
-    """Preemption policy: "cost" (swap or recompute, whichever is estimated cheaper), "swap", "recompute"."""
-    keep_logits: bool = False
-    """Return every sampled position's logits in RequestOutput (exactness tests)."""
-    model_id: str = "seed-0"
-    """Names the weights in the KV layout fingerprint."""
-    eos_token_ids: tuple[int, ...] = ()
-    """More end-of-sequence ids (generation_config.json may list several); the model config's
-    eos_token_id always ends a sequence too."""
-    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
 class Engine:

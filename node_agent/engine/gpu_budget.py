@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.model.base import CausalLM
 from radixmesh.proto.serve.sampling import SamplingParams

@@ -10,6 +10,7 @@ never imports the engine."""
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -18,6 +19,7 @@ from radixmesh.common.block_pool.config import PoolHooks
 from radixmesh.common.block_pool.counters import OutOfBlocks
 from radixmesh.common.prefix_cache.block_table import BlockTable, SequenceManager
 from radixmesh.node_agent.memory.config import MemoryConfig
+from radixmesh.node_agent.memory.disk.metrics import DiskStats
 from radixmesh.node_agent.memory.disk.record import DiskIdentity
 from radixmesh.node_agent.memory.disk.tier import ANNOUNCED_BLOCKS, DiskTier
 from radixmesh.node_agent.memory.metrics import memory_stats
@@ -49,6 +51,15 @@ class PrefixHit:
     block_ids: list[BlockId]
     host_blocks: int = 0
     disk_blocks: int = 0
+
+
+class BlockCounts(NamedTuple):
+    """A tier's blocks by state, adding up to its size: `free`, `cached` (hashed and held by no one:
+    evictable) and `in_use` (held by a sequence, a pull or a caller)."""
+
+    free: int
+    cached: int
+    in_use: int
 
 
 def allocate_up_to(pool: BlockPool, n: int) -> list[BlockId]:
@@ -159,7 +170,7 @@ class NodeMemory:
         if not self.config.enable_prefix_caching:
             return
         hashes = self.sequences.block_hashes(seq.table, pull.end_block)
-        start = self.gpu.cache.longest_prefix(hashes)
+        start = self.cached_prefix(Tier.GPU, hashes)
         pull.start, pull.hashes = start, tuple(hashes[start:])
         pull.parent = hashes[start - 1] if start else None
         pull.block_ids = tuple(allocate_up_to(self.gpu.pool, len(pull.hashes)))
@@ -276,6 +287,42 @@ class NodeMemory:
         """Gpu blocks an allocation may take: free, or cached and evictable."""
         return self.gpu.pool.num_free + self.gpu.pool.num_cached
 
+    def block_counts(self, tier: Tier) -> BlockCounts:
+        """The gpu or host tier's blocks by state (all 0 for a host tier this node lacks)."""
+        pool = self._pool(tier)
+        return BlockCounts(pool.num_free, pool.num_cached, pool.num_in_use) if pool else BlockCounts(0, 0, 0)
+
+    def cached_prefix(self, tier: Tier, hashes: Sequence[BlockHash]) -> int:
+        """How many of `hashes`, from the first, `tier` holds now (the disk's written or queued
+        blocks), 0 on a tier this node lacks; pins nothing and counts no query."""
+        if tier is Tier.DISK:
+            return self.disk.run_length(hashes) if self.disk is not None else 0
+        return next((t.cache.longest_prefix(hashes) for t in self.tiers if t.cache.tier is tier), 0)
+
+    def evict(self, tier: Tier, n: int | None = None) -> int:
+        """Evict `n` (every one when None) of the gpu or host tier's cached blocks in its eviction
+        order, as memory pressure would: the gpu's go down to the host on their way out when it
+        demotes, the host's to disk. Held blocks stay. Returns how many were evicted."""
+        pool = self._pool(tier)
+        if pool is None:
+            return 0
+        return pool.evict(pool.num_cached if n is None else n)
+
+    def _pool(self, tier: Tier) -> BlockPool | None:
+        if tier is Tier.DISK:  # no pool: it writes and evicts segments on its own thread
+            raise ValueError("the disk tier has no block pool: see disk_stats and reset_prefix_cache")
+        return next((t.pool for t in self.tiers if t.pool.tier is tier), None)
+
+    def flush_disk(self) -> None:
+        """Return once the disk tier has written every block offered to it so far (at once without
+        one): what it holds and counts is settled then."""
+        if self.disk is not None:
+            self.disk.flush()
+
+    def disk_stats(self) -> DiskStats | None:
+        """The disk tier's size and counters now, None without a disk tier."""
+        return self.disk.stats() if self.disk is not None else None
+
     def disk_read_bytes_per_s(self) -> float:
         """The disk tier's measured read rate (0.0 without a disk tier)."""
         return self.disk.read_bytes_per_s() if self.disk is not None else 0.0
@@ -307,8 +354,8 @@ class NodeMemory:
         """Every tier's, the disk's, every zone's and the physical layer's stats, for the node's
         Prometheus exposition."""
         snaps: list[object] = [memory_stats(t.pool, t.cache) for t in self.tiers]
-        if self.disk is not None:
-            snaps.append(self.disk.stats())
+        if (disk := self.disk_stats()) is not None:
+            snaps.append(disk)
         physical = physical_stats(process_resident_bytes(), device_memory(self._device), self.zones.activation_peak)
         return [*snaps, *zone_stats(self.zones), physical]
 
@@ -327,7 +374,7 @@ class NodeMemory:
             disk.flush()  # what the host spilled before the reset counts as the disk's
             dropped["disk"] = len(disk.store)
         for t in tiers:
-            t.pool.evict(t.pool.num_cached)
+            self.evict(t.pool.tier)
         assert all(t.pool.num_cached == 0 for t in tiers), "a cached block survived the reset"
         if disk is not None:
             disk.clear()

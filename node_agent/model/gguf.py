@@ -8,17 +8,14 @@ tokenizer stored in the same file is read by `tokenizer.py`, not here.
 import logging
 import re
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from radixmesh.common.text.gguf_file import open_gguf
-from radixmesh.node_agent.model.config import LlamaConfig
+from radixmesh.node_agent.model.checkpoint import config_from_gguf
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
-from radixmesh.node_agent.model.weights import file_digest
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +36,6 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
-
-
-def gguf_identity(path: str | Path) -> str:
-    """A short hex digest naming a GGUF file's weights (all its bytes): the KV layout's model id."""
-    return file_digest(path)[:32]
 
 
 def hf_name(gguf_name: str) -> str:
@@ -69,53 +61,6 @@ def unpermute_rope_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
     assert rows % (2 * n_head) == 0, (weight.shape, n_head)
     return (weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:])
             .swapaxes(1, 2).reshape(weight.shape))
-
-
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        if default is None:
-            raise ValueError(f"GGUF metadata lacks {key!r}")
-        return default
-    return field.contents()
-
-
-def config_from_gguf(reader: GGUFReader) -> LlamaConfig:
-    """The LlamaConfig a GGUF's llama.* and tokenizer.ggml.* metadata describe.
-
-    Raises ValueError for another architecture or a RoPE variant not implemented.
-    """
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; valid: 'llama'")
-    scaling = _field(reader, "llama.rope.scaling.type", "none")
-    if scaling != "none":
-        raise ValueError(f"GGUF rope scaling {scaling!r} is not supported")
-    tensors = {t.name: t for t in reader.tensors}
-    if "token_embd.weight" not in tensors:
-        raise ValueError("GGUF lacks token_embd.weight")
-    # GGUF shapes list the fastest-varying dimension first: [hidden, vocab].
-    vocab = int(tensors["token_embd.weight"].shape[1])
-    hidden = int(_field(reader, "llama.embedding_length"))
-    heads = int(_field(reader, "llama.attention.head_count"))
-    head_dim = int(_field(reader, "llama.attention.key_length", hidden // heads))
-    if int(_field(reader, "llama.rope.dimension_count", head_dim)) != head_dim:
-        raise ValueError("partial rotary embeddings (rope.dimension_count < head_dim) are not supported")
-    return LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=int(_field(reader, "llama.feed_forward_length")),
-        num_hidden_layers=int(_field(reader, "llama.block_count")),
-        num_attention_heads=heads,
-        num_key_value_heads=int(_field(reader, "llama.attention.head_count_kv", heads)),
-        max_position_embeddings=int(_field(reader, "llama.context_length")),
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        tie_word_embeddings="output.weight" not in tensors,
-        bos_token_id=int(_field(reader, "tokenizer.ggml.bos_token_id")),
-        eos_token_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
-        head_dim=head_dim,
-    )
 
 
 def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32,

@@ -14,8 +14,7 @@ import importlib.util
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from radixmesh.common.text.chat_template import (
     ChatTemplate,
@@ -25,10 +24,13 @@ from radixmesh.common.text.chat_template import (
 )
 from radixmesh.common.text.gguf_file import open_gguf
 from radixmesh.common.text.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from radixmesh.node_agent.model.checkpoint import checkpoint_identity, config_from_gguf, gguf_identity
 from radixmesh.node_agent.model.config import NAMED_CONFIGS, LlamaConfig, named_config
-from radixmesh.node_agent.model.gguf import config_from_gguf, gguf_identity, load_gguf
-from radixmesh.node_agent.model.llama import LlamaForCausalLM
-from radixmesh.node_agent.model.weights import checkpoint_identity, load_checkpoint, random_model
+
+if TYPE_CHECKING:
+    import torch
+
+    from radixmesh.node_agent.model.llama import LlamaForCausalLM
 
 SMOLLM2 = "smollm2-135m-instruct"
 RANDOM = "random-"
@@ -63,7 +65,17 @@ class ModelSource:
             return f"gguf-{gguf_identity(self.weights)}"
         return f"hf-{checkpoint_identity(self.weights)}"
 
-    def load(self, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LlamaForCausalLM:
+    def load(self, *, dtype: "torch.dtype | None" = None, device: "str | torch.device" = "cpu") -> "LlamaForCausalLM":
+        """The model, in `dtype` (default float32) on `device`."""
+        # The loaders (and torch with them) are imported here, not with the module: a ModelSource
+        # travels inside the launcher's config to the router and the metadata service, which read
+        # its name and never load weights.
+        import torch
+
+        from radixmesh.node_agent.model.gguf import load_gguf
+        from radixmesh.node_agent.model.weights import load_checkpoint, random_model
+
+        dtype = dtype or torch.float32
         if self.weights is None:
             return random_model(self.config, self.seed, dtype=dtype, device=device)
         if self.is_gguf:

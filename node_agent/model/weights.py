@@ -7,7 +7,6 @@ order, so the same (config, seed) gives bit-identical weights on every node and 
 lets nodes of one layout share KV blocks.
 """
 
-import hashlib
 import json
 import logging
 import math
@@ -23,32 +22,6 @@ logger = logging.getLogger(__name__)
 
 # HF checkpoints of older transformers versions carry RoPE buffers; they are recomputed, not loaded.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
-_DIGEST_CHARS = 32
-"""Hex characters of an identity: 128 bits, so two different weight sets never collide in practice."""
-
-
-def file_digest(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
-    """sha256 hex digest of a file's bytes, read in chunks (weights can be many GB)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def checkpoint_identity(directory: str | Path) -> str:
-    """A short hex digest naming a checkpoint directory's weights: the KV layout's model id.
-
-    Covers config.json and every *.safetensors file (by name, in sorted order), so checkpoints
-    that differ in any weight or hyperparameter never share KV blocks. Reads every byte.
-    """
-    path = Path(directory)
-    h = hashlib.sha256(b"radixmesh-checkpoint-v1\0")
-    for file in [path / "config.json", *sorted(path.glob("*.safetensors"))]:
-        if not file.is_file():
-            raise ValueError(f"{path} has no {file.name}")
-        h.update(f"{file.name}\0{file_digest(file)}\0".encode())
-    return h.hexdigest()[:_DIGEST_CHARS]
 
 
 def random_model(config: LlamaConfig, seed: int, *, dtype: torch.dtype = torch.float32,

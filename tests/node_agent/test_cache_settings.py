@@ -11,7 +11,7 @@ from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.common.block_pool.config import PoolConfig
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.proto.ids import NodeId
 from tests.support.agents import SECRET

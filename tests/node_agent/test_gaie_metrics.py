@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from radixmesh.cluster.fleet.ingest.engine_metrics import EngineMetrics, parse_engine_metrics
 from radixmesh.node_agent.agent import NodeAgent
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.sequence import PendingPrefix
 from radixmesh.proto.serve.plan import ServePlan, ServeResult

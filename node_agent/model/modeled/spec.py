@@ -1,12 +1,15 @@
 """`--engine real | modeled[:PROFILE]`: which engine an agent runs, and what a modeled one needs."""
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from radixmesh.common.text.tokenizer import Tokenizer
 from radixmesh.node_agent.model.config import LlamaConfig
-from radixmesh.node_agent.model.modeled.forward import ModeledModel
 from radixmesh.node_agent.model.modeled.profile import Profile, load_profile
 from radixmesh.node_agent.model.modeled.time_model import StepTimeModel
+
+if TYPE_CHECKING:
+    from radixmesh.node_agent.model.modeled.forward import ModeledModel
 
 DEFAULT_PROFILE = "h100-llama3-8b"
 REAL = "real"
@@ -31,10 +34,14 @@ class ModeledEngine:
         """How figures from this engine are labelled: modeled:<profile>."""
         return f"modeled:{self.profile.name}"
 
-    def model(self, config: LlamaConfig, seed: int = 0, tokenizer: Tokenizer | None = None) -> ModeledModel:
+    def model(self, config: LlamaConfig, seed: int = 0, tokenizer: Tokenizer | None = None) -> "ModeledModel":
         """The modeled forward for a model of `config`, its outputs seeded by `seed` and drawn from
         `tokenizer`'s vocabulary (never its end of sequence nor its stop tokens: a modeled reply is
         max_tokens long)."""
+        # Imported here (it is torch): a ModeledEngine travels inside the launcher's config to the
+        # router and the metadata service, which only read its label.
+        from radixmesh.node_agent.model.modeled.forward import ModeledModel
+
         never = frozenset() if tokenizer is None else frozenset(
             {*tokenizer.stop_token_ids, *([] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id])})
         return ModeledModel(config, StepTimeModel(self.profile.figures), speedup=self.speedup, seed=seed,

@@ -15,7 +15,8 @@ from radixmesh.cluster.api.admin import AdminConfig, admin_key
 from radixmesh.cluster.api.app import create_app, start_http
 from radixmesh.common.block_pool.config import PoolConfig
 from radixmesh.common.block_pool.eviction import EVICTION_ORDERS
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.proto.events import BlockRemoved

@@ -27,7 +27,7 @@ from radixmesh.cluster.router.router import Router
 from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.agent import NodeAgent
-from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.disk.metrics import DiskStats
 from tests.support.agents import plan, prompt

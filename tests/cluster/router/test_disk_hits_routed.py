@@ -12,7 +12,7 @@ from radixmesh.cluster.policy.base import PolicyConfig
 from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.proto.ids import NodeId
 from tests.support.agents import SECRET, plan, prompt, reference

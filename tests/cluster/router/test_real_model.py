@@ -16,7 +16,7 @@ from radixmesh.common.secret import ClusterSecret
 from radixmesh.common.text.chat_template import ChatMessage
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, resolve_model
 from radixmesh.proto.ids import NodeId

@@ -5,7 +5,8 @@ import pytest
 
 from radixmesh.common.text.stop_strings import StopCheck, StopStrings
 from radixmesh.common.text.tokenizer import ByteTokenizer
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS, FinishReason, SamplingParams

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from radixmesh.kernels import ops as kernels
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId, RequestOutput
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.sequence import PreemptMode

@@ -6,7 +6,7 @@ import torch
 
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.engine.gpu_budget import GpuBudget, measure_gpu_budget
 from radixmesh.proto.ids import NodeId
 from tests.support.tiny_model import tiny_model

@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 import torch
 
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.proto.serve.sampling import SamplingParams, TokenLogprob

@@ -4,7 +4,8 @@ the pool lock the step lets go of only for its forward; everything else still wa
 import asyncio
 import threading
 
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
 from radixmesh.node_agent.memory.config import MemoryConfig

@@ -16,7 +16,7 @@ from radixmesh.cluster.fleet.ingest.subscriber import KVEventSubscriber, Subscri
 from radixmesh.common.kv_events_curve import connect_curve
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.kv_events.publisher import ZmqKVEventPublisher
 from radixmesh.node_agent.kv_events.token_book import TokenBook
 from radixmesh.node_agent.memory.config import MemoryConfig

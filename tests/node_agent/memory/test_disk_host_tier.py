@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from radixmesh.common.block_pool.config import PoolConfig
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.metrics import EngineCounters
 from radixmesh.node_agent.engine.preemption import FixedPreemption
 from radixmesh.node_agent.engine.request import Request, RequestId

@@ -10,7 +10,7 @@ from radixmesh.cluster.metadata.server import MetadataServer
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.proto.block_hash import hash_blocks
 from radixmesh.proto.ids import NodeId

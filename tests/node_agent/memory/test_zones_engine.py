@@ -11,7 +11,8 @@ import sys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.zones.budget import ZONES, ZoneName

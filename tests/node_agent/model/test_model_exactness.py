@@ -16,14 +16,16 @@ import torch
 import transformers
 from gguf import GGUFWriter
 
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
 from radixmesh.node_agent.memory.config import MemoryConfig
+from radixmesh.node_agent.model.checkpoint import checkpoint_identity, gguf_identity
 from radixmesh.node_agent.model.config import LlamaConfig
-from radixmesh.node_agent.model.gguf import gguf_identity, load_gguf, unpermute_rope_rows
+from radixmesh.node_agent.model.gguf import load_gguf, unpermute_rope_rows
 from radixmesh.node_agent.model.llama import LlamaForCausalLM, rope_inv_freq
 from radixmesh.node_agent.model.source import smollm2_file
-from radixmesh.node_agent.model.weights import checkpoint_identity, load_checkpoint
+from radixmesh.node_agent.model.weights import load_checkpoint
 from radixmesh.proto.serve.sampling import SamplingParams
 
 STEPS = 16

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from radixmesh.common.text.tokenizer import ByteTokenizer
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.model.config import NAMED_CONFIGS, named_config
 from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, random_source, resolve_model

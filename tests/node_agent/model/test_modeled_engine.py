@@ -12,7 +12,8 @@ import yaml
 from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.node_agent import ModeledEngine, ProfileError, load_profile, parse_engine, profile_names
 from radixmesh.node_agent.agent import NodeAgent
-from radixmesh.node_agent.engine.engine import Engine, EngineConfig, StepOutput
+from radixmesh.node_agent.engine.config import EngineConfig
+from radixmesh.node_agent.engine.engine import Engine, StepOutput
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
 from radixmesh.node_agent.memory.config import MemoryConfig

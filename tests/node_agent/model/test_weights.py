@@ -10,13 +10,10 @@ import torch
 from safetensors.torch import save_file
 
 from radixmesh.common.text.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from radixmesh.node_agent.model.checkpoint import checkpoint_identity
 from radixmesh.node_agent.model.config import ARCHITECTURES, Llama3RopeScaling, LlamaConfig
 from radixmesh.node_agent.model.llama import AttentionBatch, LlamaForCausalLM, SeqChunk
-from radixmesh.node_agent.model.weights import (
-    checkpoint_identity,
-    load_checkpoint,
-    random_model,
-)
+from radixmesh.node_agent.model.weights import load_checkpoint, random_model
 from tests.support.checkpoint import hf_config, save_checkpoint
 from tests.support.tiny_model import small_config
 

@@ -6,7 +6,7 @@ import torch
 from radixmesh.common.secret import ClusterSecret
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
-from radixmesh.node_agent.engine.engine import EngineConfig
+from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.source import random_source
 from radixmesh.node_agent.transfer.handshake import NodeIdentity

@@ -20,8 +20,9 @@ from radixmesh.node_agent.transfer import ucx_progress
 from radixmesh.node_agent.transfer.client import PullConfig, PullOutcome, PullResult, TransferClient
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.transport import Peer
+from radixmesh.node_agent.transfer.ucx_env import ucx_env
 from radixmesh.node_agent.transfer.ucx_progress import UcxProgress
-from radixmesh.node_agent.transfer.ucx_transport import UcxTransport, import_ucxx, ucx_env
+from radixmesh.node_agent.transfer.ucx_transport import UcxTransport, import_ucxx
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.ids import NodeId
@@ -327,7 +328,7 @@ def _pull_once() -> None:
 def test_agents_of_one_host_move_payload_over_shared_memory() -> None:
     """UCX picks a shared-memory transport (posix/sysv) for the payload between two processes of one
     host, not TCP: ucxx's endpoints ask for peer error handling, which UCX grants shared memory only
-    with UCX_MM_ERROR_HANDLING (ucx_transport.LOOPBACK_ENV). UCX names each endpoint's lanes at info
+    with UCX_MM_ERROR_HANDLING (ucx_env.LOOPBACK_ENV). UCX names each endpoint's lanes at info
     level ("intra-node cfg#N tag(<transport>/<device>) ..."), so both processes are run with it."""
     env = {k: v for k, v in os.environ.items() if k not in ucx_env(loopback=True)}  # ucx_env's own values
     env["UCX_LOG_LEVEL"] = "info"

@@ -23,6 +23,7 @@ RAY_MARK = "pytest.mark." + "ray"  # spelt so that this module does not carry it
 MH = "tests/ray/multihost/test_ray_up_cluster.py"
 CLI, LOCAL = "tests/ray/test_cli.py", "tests/ray/test_local_ray.py"
 SIM, ROUTER = "tests/cluster/sim/test_sim.py::test_a", "tests/cluster/router/test_router.py::test_b"
+SMOKE_A, SMOKE_B = "tests/ray/test_bench_smoke.py::test_bench_smoke[chaos]", "tests/ray/test_bench_smoke.py::test_bench_smoke[overload]"
 
 
 @pytest.fixture
@@ -57,6 +58,15 @@ def test_other_tests_are_scopes_of_their_own(schedule: RayTestsTogether, nodeid:
 def test_multihost_modules_then_other_ray_modules_then_the_rest_each_in_file_order() -> None:
     assert queue_order([SIM, CLI, MH, ROUTER, LOCAL]) == [MH, CLI, LOCAL, SIM, ROUTER]
     assert multihost(MH) and not multihost(CLI)
+
+
+def test_a_split_ray_modules_tests_are_scopes_of_their_own_queued_after_the_other_ray_modules(
+        schedule: RayTestsTogether) -> None:
+    assert [schedule._split_scope(n) for n in (SMOKE_A, SMOKE_B)] == [SMOKE_A, SMOKE_B]
+    assert under_ray_folder(SMOKE_A)  # still Ray scopes: the one-worker and two-worker rules hold
+    assert queue_order([SIM, SMOKE_A, CLI, SMOKE_B, MH]) == [MH, CLI, SMOKE_A, SMOKE_B, SIM]
+    assert next_scope([SMOKE_B, SIM], [SMOKE_A]) == SIM  # while other tests are left, one Ray worker
+    assert next_scope([SMOKE_B], [SMOKE_A]) == SMOKE_B  # the tail: both
 
 
 @pytest.mark.parametrize(("queue", "elsewhere", "taken"), [

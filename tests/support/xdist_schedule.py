@@ -4,7 +4,8 @@ Every module under tests/ray/ starts a Ray head (in-process, `radixmesh up` or t
 and is one scope, so its module fixtures build the head once; every other test is a scope of its own.
 Which scope a worker takes next (`next_scope`):
 
-1. Ray modules are queued first, the multi-host modules first of all, then the rest in file order.
+1. Ray modules are queued first, the multi-host modules first of all, then the rest in file order,
+   then the tests of the Ray modules in SPLIT_RAY_MODULES, each a scope of its own.
 2. While other tests are left, Ray modules go to one worker at a time (the one already running them),
    one after another, and the other workers take the rest: one Ray head beside the other tests.
 3. Once only Ray modules are left, a second worker takes them too (the tail), so neither worker waits
@@ -26,6 +27,14 @@ MULTIHOST_FOLDER = RAY_FOLDER / "multihost"
 """The modules whose head spans network namespaces (`ray up` on namespace hosts)."""
 MAX_RAY_WORKERS = 2
 """Workers that may run Ray modules at once, in the tail (3.)."""
+SPLIT_RAY_MODULES = frozenset({RAY_FOLDER / "test_bench_smoke.py"})
+"""Ray modules whose tests share no module fixture (each smoke starts its own cluster in a subprocess):
+each test is a scope, queued last, so the tail, where both workers take Ray scopes, ends in short units
+and neither worker waits out a long module alone (15-50 s units against 25-50 s modules)."""
+
+
+def split(nodeid: str) -> bool:
+    return _module(nodeid) in SPLIT_RAY_MODULES
 
 
 def under_ray_folder(nodeid: str) -> bool:
@@ -59,9 +68,10 @@ def next_scope(queue: Sequence[str], elsewhere: Collection[str]) -> str | None:
 
 
 def queue_order(scopes: Sequence[str]) -> list[str]:
-    """Multi-host modules, the other Ray modules, then every other scope; each group in file order."""
+    """Multi-host modules, the other Ray modules, the split Ray modules' tests, then every other scope;
+    each group in file order."""
     def group(scope: str) -> int:
-        return 0 if multihost(scope) else 1 if under_ray_folder(scope) else 2
+        return 0 if multihost(scope) else 2 if split(scope) else 1 if under_ray_folder(scope) else 3
     return sorted(scopes, key=group)  # stable: file order within a group
 
 
@@ -72,7 +82,7 @@ class RayTestsTogether(LoadScopeScheduling):
     _ordered = False
 
     def _split_scope(self, nodeid: str) -> str:
-        return str(_module(nodeid)) if under_ray_folder(nodeid) else nodeid
+        return str(_module(nodeid)) if under_ray_folder(nodeid) and not split(nodeid) else nodeid
 
     def _assign_work_unit(self, node: Any) -> None:
         if not self._ordered:  # the first call (from `schedule`): the queue is complete, order it once

@@ -30,11 +30,13 @@ from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
 from radixmesh.node_agent.memory.config import MemoryConfig
+from radixmesh.node_agent.memory.disk.metrics import DiskStats
 from radixmesh.node_agent.memory.disk.record import DiskIdentity
 from radixmesh.node_agent.memory.disk.segments import SCAN_BYTES
 from radixmesh.node_agent.memory.disk.tier import DiskConfig, DiskTier
 from radixmesh.node_agent.model.source import SMOLLM2, resolve_model
 from radixmesh.proto.block_hash import HASH_BYTES, BlockHash
+from radixmesh.proto.events import Tier
 from radixmesh.proto.serve.sampling import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
@@ -117,8 +119,12 @@ def run(a: argparse.Namespace, work: Path, block_size: int) -> dict[str, object]
                       clock=time.perf_counter),
     }
     engine = engines["tiered"]
-    disk = engine.memory.disk
-    assert disk is not None
+    memory = engine.memory
+
+    def disk_stats() -> DiskStats:
+        stats = memory.disk_stats()
+        assert stats is not None, "the tiered engine has a disk tier"
+        return stats
     rng = random.Random(0)
     # Token ids below 256 exist in every vocabulary; the engine never detokenizes them.
     prefix = [rng.randrange(256) for _ in range(a.prefix)]
@@ -174,15 +180,15 @@ def run(a: argparse.Namespace, work: Path, block_size: int) -> dict[str, object]
         outputs: dict[str, RequestOutput] = {}
         for case in CASES[i % len(CASES):] + CASES[: i % len(CASES)]:
             if case == "host":
-                engine.memory.gpu.pool.evict(engine.memory.gpu.pool.num_cached)
+                memory.evict(Tier.GPU)
             elif case == "disk":
                 # evict gpu and host only: a prefix-cache reset also empties the disk tier (issue 38)
-                for t in engine.memory.tiers:
-                    t.pool.evict(t.pool.num_cached)
-                disk.flush()
+                memory.evict(Tier.GPU)
+                memory.evict(Tier.HOST)
+                memory.flush_disk()
                 for segment in disk_dir.iterdir():
                     drop_page_cache(segment)
-            read_bytes, read_s = disk.store.counters.read_bytes, disk.store.counters.read_seconds
+            before = disk_stats()
             served = Request(RequestId(f"{request.request_id}-{case}"), request.prompt_token_ids, params)
             out = engines["off" if case == "recompute" else "tiered"].generate([served])[0]
             outputs[case] = out
@@ -192,9 +198,10 @@ def run(a: argparse.Namespace, work: Path, block_size: int) -> dict[str, object]
             assert getattr(sources, SOURCE_OF[case]) == expected, f"{case}: {sources}"
             ttft[case].append(out.stats.ttft_s or 0.0)
             if case == "disk":
-                got = disk.store.counters.read_bytes - read_bytes
+                after = disk_stats()
+                got = after.disk_read_bytes - before.disk_read_bytes
                 assert got == prefix_bytes, f"the disk case read {got} bytes, not the prefix's {prefix_bytes}"
-                case_gbps.append(got / (disk.store.counters.read_seconds - read_s) / 1e9)
+                case_gbps.append(got / (after.disk_read_seconds - before.disk_read_seconds) / 1e9)
         assert len({tuple(o.output_token_ids) for o in outputs.values()}) == 1, "outputs differ between cases"
         # Alternate which read goes first, so neither always follows the other's writeback.
         reads = [("tier", tier_read_s), ("plain", lambda: plain_read_s(plain, buffer))]
@@ -204,7 +211,7 @@ def run(a: argparse.Namespace, work: Path, block_size: int) -> dict[str, object]
     chain_tier.close()
     for e in engines.values():
         e.check_invariants()
-    disk_stats = disk.stats()
+    final_disk = disk_stats()
 
     medians = {c: statistics.median(v) for c, v in ttft.items()}
     ratio = statistics.median(disk_gbps) / statistics.median(plain_gbps)
@@ -231,7 +238,7 @@ def run(a: argparse.Namespace, work: Path, block_size: int) -> dict[str, object]
         "disk_over_plain": ratio, "disk_read_warm_gbps": warm_gbps, "disk_case_read_gbps": case_gbps,
         "goal_disk_over_plain": GOAL_DISK_OVER_PLAIN, "met": ratio >= GOAL_DISK_OVER_PLAIN,
         "disk_dir_filesystem": _filesystem(work),
-        "disk_stats": dataclasses.asdict(disk_stats),
+        "disk_stats": dataclasses.asdict(final_disk),
     }
 
 

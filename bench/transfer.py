@@ -132,7 +132,7 @@ class Columns:
         """Allocate (an engine job), stream (TransferPlane.receive: off the engine thread), land (an
         engine job), as the agent's serve does; the stream alone is timed too (`stream_s`)."""
         hashes = hashes_for(nbytes // BLOCK_BYTES)
-        tier = self.agent.engine.memory.gpu
+        tier = self.agent.tier
         start = time.perf_counter()
         blocks = await self.agent.runner.call(allocate_up_to, tier.pool, len(hashes))
         streaming = time.perf_counter()

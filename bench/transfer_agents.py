@@ -50,6 +50,12 @@ class BusyAgent:
     mac_plane: TransferPlane | None = None
     """The plane of the same agent with --transfer-mac (pulls only: nothing serves from it)."""
 
+    @property
+    def tier(self) -> TierMemory:
+        """The gpu tier: the transfer plane's handle on the engine's memory (NodeAgent hands it the
+        same), where the bench seeds blocks and lands its pulls as the plane's callers do."""
+        return self.engine.memory.gpu
+
     @classmethod
     async def start(cls, node: NodeId, num_blocks: int, busy: int, mac: bool = False) -> "BusyAgent":
         """`mac`: also build `mac_plane`."""
@@ -62,9 +68,10 @@ class BusyAgent:
         assert engine.layout.block_bytes == BLOCK_BYTES, engine.layout.block_bytes
         runner = EngineRunner(engine)
         config = TransferConfig("ucx", NodeIdentity(SECRET, node), pull=PullConfig(timeout_s=120.0))
-        plane = make_transfer_plane(engine.memory.gpu, engine.layout, config, runner.call)
+        tier = engine.memory.gpu  # the plane's handle on memory, as NodeAgent gives it (BusyAgent.tier)
+        plane = make_transfer_plane(tier, engine.layout, config, runner.call)
         await plane.start()
-        mac_plane = make_transfer_plane(engine.memory.gpu, engine.layout,
+        mac_plane = make_transfer_plane(tier, engine.layout,
                                         replace(config, pull=replace(config.pull, mac=True)), runner.call) if mac else None
         return cls(engine, runner, plane, [asyncio.create_task(keep_busy(runner, i)) for i in range(busy)],
                    mac_plane)
@@ -114,7 +121,7 @@ def busy_since(agent: BusyAgent, start: tuple[int, int, float]) -> dict[str, flo
 
 def seed(agent: BusyAgent, n: int) -> None:
     """On the engine thread: cache hashes_for(n) in n contiguous blocks of random bytes."""
-    tier = agent.engine.memory.gpu
+    tier = agent.tier
     blocks = tier.pool.allocate(n, contiguous=True)
     tier.kv[blocks[0] : blocks[0] + n].view(-1).view(torch.uint8).random_(0, 256)
     tier.cache.insert(hashes_for(n), blocks)

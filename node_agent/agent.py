@@ -100,6 +100,7 @@ class NodeAgent:
         self._runner = EngineRunner(engine, clock=self._clock)
         try:
             memory = self.memory
+            # The plane moves the gpu tier's KV itself: a data plane beside the door, as vLLM's KV connector.
             self._transfer = make_transfer_plane(memory.gpu, engine.layout, transfer_config(self.config, engine.layout),
                                                  self._runner.call_short)
             await self._transfer.start()

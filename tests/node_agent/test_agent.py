@@ -12,6 +12,7 @@ from radixmesh.cluster.fleet.agent_client import AgentUnavailable, LocalAgentCli
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.engine.request import RequestId
 from radixmesh.node_agent.engine.runner import EngineRunner
+from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, TokenDelta
 from tests.support.agents import agent_config, collect, plan, prompt, reference, ucx_pair
@@ -80,7 +81,7 @@ async def test_bad_plans_raise_value_error_and_change_nothing(agent: NodeAgent, 
     with pytest.raises(ValueError):
         await collect(agent.serve(bad))
     await agent.check_invariants()
-    assert agent.memory.gpu.pool.num_free == 96
+    assert agent.memory.block_counts(Tier.GPU).free == 96
     assert logical_metrics(await agent.prometheus_text()) == before
 
 
@@ -103,7 +104,7 @@ async def test_consumer_leaving_mid_stream_frees_the_request(agent: NodeAgent) -
     assert isinstance(await anext(stream), TokenDelta)
     await stream.aclose()
     await agent.check_invariants()
-    assert agent.memory.gpu.pool.num_in_use == 0
+    assert agent.memory.block_counts(Tier.GPU).in_use == 0
     assert not agent.runner.is_active(RequestId("gone"))
 
 
@@ -230,7 +231,7 @@ async def test_dead_peer_means_recompute_not_failure(pair: tuple[NodeAgent, Node
     assert s.pull_failed and (s.tokens.remote, s.tokens.computed) == (0, 26)
     assert got.output_token_ids == reference(tokens)
     await puller.check_invariants()
-    assert puller.memory.gpu.pool.num_in_use == 0
+    assert puller.memory.block_counts(Tier.GPU).in_use == 0
 
 
 @pytest.mark.integration
@@ -243,7 +244,7 @@ async def test_a_peer_on_another_transport_means_recompute(pair: tuple[NodeAgent
     s = got.stats
     assert s.pull_failed and (s.tokens.remote, s.tokens.computed) == (0, 26)
     assert got.output_token_ids == reference(tokens)
-    assert puller.memory.gpu.pool.num_in_use == 0
+    assert puller.memory.block_counts(Tier.GPU).in_use == 0
 
 
 @contextlib.asynccontextmanager
@@ -285,7 +286,7 @@ async def test_a_pulled_request_is_queued_at_once_and_others_decode_while_it_pul
     assert (got.stats.tokens.remote, got.stats.tokens.computed, got.stats.pull_failed) == (28, 2, False)
     await decoding.aclose()
     await puller.check_invariants()
-    assert puller.memory.gpu.pool.num_in_use == 0
+    assert puller.memory.block_counts(Tier.GPU).in_use == 0
 
 
 @pytest.mark.integration
@@ -301,8 +302,10 @@ async def test_a_request_cancelled_mid_pull_leaks_no_block(pair: tuple[NodeAgent
         await asyncio.gather(serving, return_exceptions=True)
         await until(lambda: on_engine(puller, lambda: puller.memory.pulling_blocks == 0), "the pull landed")
         await puller.check_invariants()
-        assert puller.memory.gpu.pool.num_in_use == 0 and not puller.runner.is_active(RequestId("p"))
-    await until(lambda: on_engine(owner, lambda: owner.memory.gpu.pool.num_in_use == 0), "the owner unpinned")
+        assert puller.memory.block_counts(Tier.GPU).in_use == 0
+        assert not puller.runner.is_active(RequestId("p"))
+    await until(lambda: on_engine(owner, lambda: owner.memory.block_counts(Tier.GPU).in_use == 0),
+                "the owner unpinned")
     await owner.check_invariants()
 
 
@@ -319,7 +322,7 @@ async def test_a_request_cancelled_while_being_queued_leaks_no_pull_block(pair: 
     await asyncio.gather(serving, return_exceptions=True)
     await until(lambda: on_engine(puller, lambda: not puller.engine.has_work), "p aborted")
     await puller.check_invariants()
-    assert puller.memory.gpu.pool.num_in_use == 0
+    assert puller.memory.block_counts(Tier.GPU).in_use == 0
 
 
 @pytest.mark.integration

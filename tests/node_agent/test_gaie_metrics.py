@@ -22,6 +22,7 @@ from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.sequence import PendingPrefix
+from radixmesh.proto.events import Tier
 from radixmesh.proto.serve.plan import ServePlan, ServeResult
 from radixmesh.proto.serve.sampling import SamplingParams
 from tests.node_agent.engine.test_scheduler import BS, MODEL, req
@@ -91,7 +92,7 @@ def test_waiting_is_queued_running_is_scheduled_usage_is_referenced_blocks() -> 
     while eng.has_work:
         eng.step()
     # Idle: the finished requests' blocks stay cached for reuse, but nobody holds them, so they are free.
-    assert eng.memory.gpu.pool.num_cached > 0
+    assert eng.memory.block_counts(Tier.GPU).cached > 0
     assert scrape(eng) == dict.fromkeys(GAIE, 0)
 
 

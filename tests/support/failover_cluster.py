@@ -43,6 +43,7 @@ from radixmesh.common.metadata.auth import CallerCredentials
 from radixmesh.common.metadata.client import MetadataClient
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.block_hash import BlockHash
+from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServePlan
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -136,7 +137,7 @@ def prompt(rng: random.Random) -> tuple[int, ...]:
 
 async def cached_hashes(agent: NodeAgent) -> set[BlockHash]:
     def read() -> set[BlockHash]:
-        return {h for t in agent.memory.tiers for h, _ in t.cache.snapshot()}
+        return {h for s in agent.memory.snapshot() if s.tier is not Tier.DISK for h in s.hashes}
     return await agent.runner.call(read)
 
 

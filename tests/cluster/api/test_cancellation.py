@@ -12,6 +12,7 @@ import pytest
 from radixmesh.cluster.api.app import start_http
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.engine.request import RequestId
+from radixmesh.proto.events import Tier
 from radixmesh.proto.serve.plan import PullPlan, ServePlan
 from radixmesh.proto.serve.sampling import SamplingParams
 from tests.support.agents import collect
@@ -40,7 +41,7 @@ async def all_free(cluster: Cluster) -> None:
     await until(lambda: not running(cluster), "the agents to drop the request")
     for a in cluster.agents:
         await a.check_invariants()
-        assert a.memory.gpu.pool.num_in_use == 0
+        assert a.memory.block_counts(Tier.GPU).in_use == 0
         assert a.engine.counters.generated_tokens < MAX_TOKENS  # it stopped early: it was cancelled
     await until(lambda: cluster.router.metrics.status_counts.get("cancelled") == 1, "the router to count it")
 
@@ -96,8 +97,8 @@ async def test_a_request_cancelled_during_its_pull_frees_both_nodes() -> None:
             # Nothing queued on the engine thread as well: the owner's pin for the abandoned pull runs
             # after the hold, and is released only once its send fails, so no blocks in use before
             # that job ran says nothing.
-            await until(lambda a=agent: a.runner.pending_calls == 0 and a.memory.gpu.pool.num_in_use == 0,
-                        f"{agent.node} to free its blocks")
+            await until(lambda a=agent: a.runner.pending_calls == 0
+                        and a.memory.block_counts(Tier.GPU).in_use == 0, f"{agent.node} to free its blocks")
             await agent.check_invariants()
         assert not puller.runner.is_active(RequestId("pulling")) and not puller.engine.has_work
     finally:

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixmesh.common.text.chat_template import ChatMessage, PlainChatTemplate
+from radixmesh.proto.events import Tier
 from tests.support.router_cluster import MODEL_NAME
 from tests.support.router_http import PROMPT, TOK, Api, api, greedy
 
@@ -135,7 +136,7 @@ async def test_bad_requests_get_openai_errors_and_change_nothing(api: Api, path:
     assert all(router.inflight(a.node) == 0 for a in api.cluster.agents)
     for a in api.cluster.agents:
         await a.check_invariants()
-        assert a.memory.gpu.pool.num_in_use == 0
+        assert a.memory.block_counts(Tier.GPU).in_use == 0
 
 
 async def test_unknown_route_and_method_answer_json_errors(api: Api) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from radixmesh.common.text.chat_template import ChatMessage, PlainChatTemplate
+from radixmesh.proto.events import Tier
 from radixmesh.proto.serve.sampling import SamplingParams
 from tests.support.router_cluster import MODEL_NAME, reference
 from tests.support.router_http import PROMPT, TOK, Api, api, greedy
@@ -68,7 +69,7 @@ async def test_stop_string_cuts_the_reply_before_it(api: Api) -> None:
     assert api.cluster.router.metrics.status_counts == {"ok": 1}
     for a in api.cluster.agents:
         await a.check_invariants()
-        assert a.memory.gpu.pool.num_in_use == 0
+        assert a.memory.block_counts(Tier.GPU).in_use == 0
 
 
 async def test_stop_string_in_a_stream(api: Api) -> None:

@@ -19,7 +19,7 @@ from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.memory.config import MemoryConfig
-from radixmesh.proto.events import BlockRemoved
+from radixmesh.proto.events import BlockRemoved, Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.plan import ServePlan, TokenDelta
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -59,7 +59,7 @@ def _cached(doc: dict[str, Any]) -> int:
 
 
 def _held(cluster: Cluster) -> dict[str, int]:
-    return {a.node: a.memory.gpu.pool.num_cached for a in cluster.agents}
+    return {a.node: a.memory.block_counts(Tier.GPU).cached for a in cluster.agents}
 
 
 async def test_reset_drops_every_cached_block_and_its_index_entries(served: tuple[Cluster, str]) -> None:
@@ -101,7 +101,7 @@ async def test_blocks_pinned_by_a_peer_pull_stay_cached_and_indexed(served: tupl
     async with aiohttp.ClientSession() as http:
         await _complete(http, url)  # round robin: on a
         a = cluster.agent("a")
-        gpu = a.memory.gpu
+        gpu = a.memory.gpu  # the transfer plane's handle on memory: a peer's pull pins through it
         chain = [h for h, _ in gpu.cache.snapshot()]
         pinned = await a.runner.call(gpu.cache.match, chain[:3])  # what a peer's pull pins while it streams
         assert len(pinned) == 3
@@ -111,7 +111,7 @@ async def test_blocks_pinned_by_a_peer_pull_stay_cached_and_indexed(served: tupl
         assert [h in gpu.cache for h in chain] == [True] * 3 + [False] * (len(chain) - 3)
         assert cluster.service.index.node_block_count(NodeId("a")) == 3
         await a.runner.call(gpu.cache.release, pinned)
-        assert gpu.pool.num_cached == 3  # released, they are ordinary cached blocks again
+        assert a.memory.block_counts(Tier.GPU).cached == 3  # released, they are ordinary cached blocks again
         await a.check_invariants()
 
 
@@ -258,16 +258,15 @@ def test_engine_reset_drops_both_tiers_and_emits_the_removals(eviction: str) -> 
     engine = Engine(SOURCE.load(), EngineConfig(block_size=BS, model_id=SOURCE.identity(), memory=memory))
     prompts = [tuple(range(3 + i, 3 + i + 6 * BS)) for i in range(3)]
     engine.generate([Request(RequestId(f"r{i}"), p, SamplingParams(max_tokens=1)) for i, p in enumerate(prompts)])
-    gpu, host = engine.memory.gpu, engine.memory.host.tiers[0]
-    gpu.pool.evict(2)  # two gpu blocks demoted: the host holds some too
-    held = {"gpu": gpu.pool.num_cached, "host": host.pool.num_cached}
+    mem = engine.memory
+    mem.evict(Tier.GPU, 2)  # two gpu blocks demoted: the host holds some too
+    held = {t.value: mem.block_counts(t).cached for t in (Tier.GPU, Tier.HOST)}
     assert held["gpu"] > 0 and held["host"] == 2
-    cached = {h for t in (gpu, host) for h, _ in t.cache.snapshot()}
-    for t in (gpu, host):
-        t.cache.take_events()
-    assert engine.memory.reset_prefix_cache() == held
-    assert (len(gpu.cache), len(host.cache), gpu.pool.num_cached, host.pool.num_cached) == (0, 0, 0, 0)
-    removed = {h for t in (gpu, host) for e in t.cache.take_events() if isinstance(e, BlockRemoved) for h in e.hashes}
+    cached = {h for s in mem.snapshot() for h in s.hashes}
+    mem.take_events()
+    assert mem.reset_prefix_cache() == held
+    assert mem.snapshot() == () and [mem.block_counts(t).cached for t in (Tier.GPU, Tier.HOST)] == [0, 0]
+    removed = {h for e in mem.take_events() if isinstance(e, BlockRemoved) for h in e.hashes}
     assert cached <= removed
     engine.check_invariants()
-    assert engine.memory.reset_prefix_cache() == {"gpu": 0, "host": 0}
+    assert mem.reset_prefix_cache() == {"gpu": 0, "host": 0}

@@ -265,8 +265,7 @@ async def test_disk_panels_and_alerts_find_an_agents_disk_tier(tmp_path: Path) -
         prompts = [prompt(60 + i, 5 * BS + 2) for i in range(6)]
         for i, p in enumerate(prompts):  # the later prompts push the first out of gpu and host, to disk
             await router.complete(plan(f"w{i}", p))
-        assert agent.memory.disk is not None
-        agent.memory.disk.flush()
+        agent.memory.flush_disk()
         again = await router.complete(plan("again", prompts[0]))
         assert again.result.stats.tokens.local_disk > 0
         async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:

@@ -34,8 +34,7 @@ async def test_router_stats_show_hits_read_back_from_disk(tmp_path: Path) -> Non
         prompts = [prompt(60 + i, FULL * BS + 2) for i in range(6)]
         for i, p in enumerate(prompts):  # the later prompts push the first out of gpu and host, to disk
             await router.complete(plan(f"w{i}", p))
-        assert agent.memory.disk is not None
-        agent.memory.disk.flush()
+        agent.memory.flush_disk()
         again = await router.complete(plan("again", prompts[0]))
         assert again.result.output_token_ids == reference(prompts[0])
         assert again.result.stats.tokens.local_disk == FULL * BS and again.cached_tokens == FULL * BS

@@ -63,7 +63,7 @@ async def test_an_agent_of_up_builds_its_pool_as_the_simulator_runs_its_nodes(mo
     agent = NodeAgent(config)
     await agent.start()
     try:
-        pool = agent.memory.gpu.pool
+        pool = agent.memory.gpu.pool  # the live pool: that `up`'s settings reached it is what this checks
     finally:
         await agent.stop()
     [hooks] = built

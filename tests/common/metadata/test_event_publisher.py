@@ -133,8 +133,7 @@ async def test_an_agent_keeps_a_block_the_cluster_lost_as_reused(metadata: Metad
         lost, fresh = prompt(40, 17), prompt(41, 17)
         lost_hashes, fresh_hashes = hash_blocks(lost, BS), hash_blocks(fresh, BS)
         await collect(a.serve(plan("q1", lost)))
-        pool_a = a.memory.gpu.pool
-        await a.runner.call(pool_a.evict, pool_a.num_cached)
+        await a.runner.call(a.memory.evict, Tier.GPU)
         await publisher(a).flush()
         layout = a.layout.fingerprint()
         assert all(metadata.service.index.recalled(layout, h) for h in lost_hashes)
@@ -145,7 +144,7 @@ async def test_an_agent_keeps_a_block_the_cluster_lost_as_reused(metadata: Metad
         assert publisher(b).lease.recalled == ()  # type: ignore[union-attr]
         await collect(b.serve(plan("q2", lost)))
         await collect(b.serve(plan("q3", fresh)))
-        cache = b.memory.gpu.cache
+        cache = b.memory.gpu.cache  # which S3-FIFO queue holds a block: the pool's own state, no door tells
         order = cache.pool._order
         assert all(order.main.is_stamped(cache._table[h]) for h in lost_hashes)  # type: ignore[attr-defined]
         assert not any(order.main.is_stamped(cache._table[h]) for h in fresh_hashes)  # type: ignore[attr-defined]

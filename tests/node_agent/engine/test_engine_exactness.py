@@ -14,9 +14,9 @@ from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId, RequestOutput
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.sequence import PreemptMode
-from radixmesh.node_agent.memory.tiers import HostTier
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.events import Tier
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.sampling import SamplingParams
 from tests.support.tiny_model import tiny_model
@@ -111,12 +111,13 @@ def test_external_prefix_blocks_match_no_cache(model: LlamaForCausalLM) -> None:
     me = engine(model, num_gpu_blocks=64)
     outputs = []
     prefix_hashes = hash_blocks(requests[0].prompt_token_ids[: 3 * BS], BS)
+    peer_gpu, my_gpu = peer.memory.gpu, me.memory.gpu  # the transfer plane's handles on each node's memory
     for r in requests:
-        peer_ids = peer.memory.gpu.cache.match(prefix_hashes)
+        peer_ids = peer_gpu.cache.match(prefix_hashes)
         assert len(peer_ids) == 3
-        mine = me.memory.gpu.pool.allocate(3)
-        kernels.scatter_blocks(kernels.gather_blocks(peer.memory.gpu.kv, peer_ids), me.memory.gpu.kv, mine)
-        peer.memory.gpu.cache.release(peer_ids)
+        mine = my_gpu.pool.allocate(3)
+        kernels.scatter_blocks(kernels.gather_blocks(peer_gpu.kv, peer_ids), my_gpu.kv, mine)
+        peer_gpu.cache.release(peer_ids)
         ext = ExternalPrefix(tuple(mine), tuple(prefix_hashes))
         req = Request(r.request_id, r.prompt_token_ids, r.sampling, external_prefix=ext)
         outputs += run_checked(me, [req])
@@ -179,15 +180,13 @@ def test_evicted_prefix_demoted_to_host_is_served_from_host(model: LlamaForCausa
     for r in requests:  # one at a time: nothing is preempted, so nothing reaches the host by swapping
         run_checked(eng, [r])
     prefix = hash_blocks(requests[0].prompt_token_ids[: 3 * BS], BS)
-    assert eng.memory.gpu.cache.longest_prefix(prefix) == 3
+    assert eng.memory.cached_prefix(Tier.GPU, prefix) == 3
     # Unrelated traffic that needs the whole gpu pool evicts every cached gpu block.
     filler = Request(RequestId("filler"), tuple(range(100, 100 + 15 * BS)), SamplingParams(max_tokens=BS))
     run_checked(eng, [filler])
-    assert eng.memory.gpu.cache.longest_prefix(prefix) == 0
+    assert eng.memory.cached_prefix(Tier.GPU, prefix) == 0
     assert sum(eng.scheduler.num_preemptions.values()) == 0 and eng.counters.swapped_out_bytes == 0
-    host = eng.memory.host
-    assert isinstance(host, HostTier)
-    assert host.cache.longest_prefix(prefix) == (3 if demote else 0)
+    assert eng.memory.cached_prefix(Tier.HOST, prefix) == (3 if demote else 0)
     assert (eng.counters.demoted_blocks > 0) is demote
     again = [Request(RequestId(f"again-{r.request_id}"), r.prompt_token_ids, r.sampling) for r in requests]
     got = run_checked(eng, again)

@@ -10,6 +10,7 @@ from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import ExternalPrefix, RequestId, RequestOutput
 from radixmesh.node_agent.engine.runner import EngineRunner, Finished
 from radixmesh.node_agent.memory.sequence import PendingPrefix
+from radixmesh.proto.events import Tier
 from radixmesh.proto.serve.limits import InvalidRequest
 from tests.node_agent.engine.test_scheduler import BS, drain, make_engine, req
 from tests.support.poll import until
@@ -41,11 +42,13 @@ def finish(eng: Engine) -> dict[str, RequestOutput]:
 
 
 def land_from(src: Engine, dst: Engine, pull: PendingPrefix, received: int) -> None:
-    """What the transfer plane does: write the first `received` blocks' KV, then land the pull."""
-    ids = src.memory.gpu.cache.match(list(pull.hashes[:received]))
+    """What the transfer plane does, through its handle on each node's memory (the gpu tier, as the
+    agent gives it): write the first `received` blocks' KV, then land the pull."""
+    source, dest = src.memory.gpu, dst.memory.gpu
+    ids = source.cache.match(list(pull.hashes[:received]))
     assert len(ids) == received
-    dst.memory.gpu.kv[list(pull.block_ids[:received])] = src.memory.gpu.kv[ids]
-    src.memory.gpu.cache.release(ids)
+    dest.kv[list(pull.block_ids[:received])] = source.kv[ids]
+    source.cache.release(ids)
     dst.land_pull(pull, received)
 
 
@@ -57,7 +60,7 @@ def test_submit_allocates_the_blocks_missing_after_the_local_prefix() -> None:
     eng.submit(req("p", PROMPT, pending_prefix=pull))
     assert (pull.start, len(pull.block_ids), len(pull.hashes)) == (2, 4, 4)
     assert pull.parent is not None and pull.parent not in pull.hashes
-    assert eng.memory.gpu.pool.num_in_use == 4
+    assert eng.memory.block_counts(Tier.GPU).in_use == 4
     eng.check_invariants()  # the pull's blocks are accounted for while it streams
 
 
@@ -78,7 +81,7 @@ def test_a_waiting_pull_holds_up_no_one_and_its_request_runs_once_landed() -> No
     out = finish(eng)
     assert out["p"].output_token_ids == reference(PROMPT)
     assert (out["p"].stats.sources.remote, out["p"].stats.sources.computed) == (24, 2)  # type: ignore[union-attr]
-    assert eng.memory.gpu.pool.num_in_use == 0
+    assert eng.memory.block_counts(Tier.GPU).in_use == 0
 
 
 def test_a_step_with_nothing_but_pulls_to_wait_for_is_idle_and_a_landed_pull_ends_it() -> None:
@@ -121,7 +124,7 @@ def test_a_failed_or_partial_pull_computes_the_rest_and_gives_the_same_tokens(re
     assert out.output_token_ids == reference(PROMPT)
     assert out.stats.sources is not None and out.stats.sources.remote == received * BS
     assert out.stats.sources.computed == len(PROMPT) - received * BS
-    assert eng.memory.gpu.pool.num_in_use == 0
+    assert eng.memory.block_counts(Tier.GPU).in_use == 0
 
 
 def test_an_aborted_request_keeps_its_pull_blocks_until_the_pull_lands() -> None:
@@ -129,21 +132,22 @@ def test_an_aborted_request_keeps_its_pull_blocks_until_the_pull_lands() -> None
     pull = PendingPrefix(6)
     eng.submit(req("p", PROMPT, pending_prefix=pull))
     assert eng.abort(RequestId("p"))
-    assert eng.memory.gpu.pool.num_in_use == 6  # the transfer may still write them
+    assert eng.memory.block_counts(Tier.GPU).in_use == 6  # the transfer may still write them
     eng.check_invariants()
     land_from(src, eng, pull, 2)
     eng.check_invariants()
-    assert eng.memory.gpu.pool.num_in_use == 0
-    assert eng.memory.gpu.cache.longest_prefix(list(pull.hashes)) == 2  # what arrived stays cached
+    assert eng.memory.block_counts(Tier.GPU).in_use == 0
+    assert eng.memory.cached_prefix(Tier.GPU, pull.hashes) == 2  # what arrived stays cached
 
 
 def test_no_room_pulls_what_fits_and_a_full_local_prefix_pulls_nothing() -> None:
     eng = make_engine(16)
-    held = eng.memory.gpu.pool.allocate(13)
+    plane = eng.memory.gpu  # the transfer plane's handle: it holds 13 blocks for another pull
+    held = plane.pool.allocate(13)
     short = PendingPrefix(6)
     eng.submit(req("short", PROMPT, pending_prefix=short))
     assert (len(short.hashes), len(short.block_ids)) == (6, 3)
-    eng.memory.gpu.pool.free(held)
+    plane.pool.free(held)
     eng.land_pull(short, 0)
     drain(eng)
     cached = PendingPrefix(6)  # "short" computed and cached all six blocks
@@ -157,13 +161,13 @@ def test_a_bad_pending_prefix_is_refused_and_takes_nothing(pull: PendingPrefix) 
     eng = make_engine(64)
     with pytest.raises(InvalidRequest, match="pending prefix"):
         eng.submit(req("bad", PROMPT, pending_prefix=pull))
-    assert eng.memory.gpu.pool.num_in_use == 0 and not eng.has_work
+    assert eng.memory.block_counts(Tier.GPU).in_use == 0 and not eng.has_work
 
 
 def test_a_request_cannot_both_bring_and_pull_its_prefix() -> None:
     eng = make_engine(64)
-    held = eng.memory.gpu.pool.allocate(1)
+    held = eng.memory.gpu.pool.allocate(1)  # an external block, as the transfer plane holds one
     ext = ExternalPrefix(tuple(held), (eng.memory.sequences.block_hashes(eng.memory.new_sequence(PROMPT, b""), 1)[0],))
     with pytest.raises(InvalidRequest, match="not both"):
         eng.submit(req("both", PROMPT, external_prefix=ext, pending_prefix=PendingPrefix(6)))
-    assert eng.memory.gpu.pool.num_in_use == 1
+    assert eng.memory.block_counts(Tier.GPU).in_use == 1

@@ -12,6 +12,7 @@ from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.modeled.forward import ModeledModel
 from radixmesh.node_agent.model.modeled.profile import load_profile
 from radixmesh.node_agent.model.modeled.time_model import StepTimeModel
+from radixmesh.proto.events import Tier
 from radixmesh.proto.serve.sampling import SamplingParams
 from tests.support.agents import prompt
 from tests.support.tiny_model import BS, SOURCE
@@ -39,8 +40,8 @@ def test_a_short_job_runs_during_a_forward_and_a_call_waits_for_the_step() -> No
         # The step is inside its forward: a short job takes the pool now (it reads and pins nothing
         # the forward touches) while an ordinary call waits for the step to end.
         ordinary = asyncio.create_task(runner.call(lambda: release.is_set()))
-        thread, free = await asyncio.wait_for(
-            runner.call_short(lambda: (threading.current_thread().name, engine.memory.gpu.pool.num_free)), WAIT_S)
+        thread, free = await asyncio.wait_for(runner.call_short(
+            lambda: (threading.current_thread().name, engine.memory.block_counts(Tier.GPU).free)), WAIT_S)
         assert thread.startswith("engine-short") and free < 64 and not release.is_set()
         release.set()
         assert await ordinary  # it ran after the step let the forward end

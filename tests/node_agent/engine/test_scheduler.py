@@ -17,9 +17,11 @@ from radixmesh.node_agent.engine.preemption import (
 from radixmesh.node_agent.engine.request import ExternalPrefix, Request, RequestId, RequestOutput
 from radixmesh.node_agent.engine.sampler import sample
 from radixmesh.node_agent.memory.config import MemoryConfig
+from radixmesh.node_agent.memory.metrics import MemoryStats
 from radixmesh.node_agent.model.llama import LlamaForCausalLM
 from radixmesh.node_agent.model.weights import random_model
 from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.events import Tier
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.sampling import SamplingParams
 from tests.support.tiny_model import small_config
@@ -59,8 +61,7 @@ def drain(eng: Engine) -> dict[str, RequestOutput]:
 
 def assert_no_leak(eng: Engine) -> None:
     eng.check_invariants()
-    assert eng.memory.gpu.pool.num_in_use == 0
-    assert all(t.pool.num_in_use == 0 for t in eng.memory.tiers)
+    assert [eng.memory.block_counts(t).in_use for t in (Tier.GPU, Tier.HOST)] == [0, 0]
 
 
 def test_many_requests_under_a_small_pool_all_finish_with_preemptions_counted() -> None:
@@ -74,7 +75,8 @@ def test_many_requests_under_a_small_pool_all_finish_with_preemptions_counted() 
     total = sum(eng.scheduler.num_preemptions.values())
     assert total > 0
     assert sum(o.stats.preemptions for o in done.values()) == total
-    assert eng.memory.gpu.pool.counters.preemptions == total
+    [gpu] = [s for s in eng.memory.stats_snapshots() if isinstance(s, MemoryStats) and s.tier == Tier.GPU]
+    assert gpu.preemptions == total
     assert_no_leak(eng)
     text = eng.prometheus_text()
     assert "radixmesh_engine_preemptions_total" in text and 'tier="host"' in text
@@ -133,8 +135,10 @@ def test_cost_policy_compares_swap_time_with_recompute_time() -> None:
 
 def test_bad_requests_are_refused_before_any_block_is_taken() -> None:
     eng = make_engine(gpu=8, host=4)
-    ext_blocks = eng.memory.gpu.pool.allocate(2)
-    free_before = eng.memory.gpu.pool.num_free
+    # The caller is the transfer plane, which holds external blocks through its handle, the gpu tier.
+    plane = eng.memory.gpu
+    ext_blocks = plane.pool.allocate(2)
+    free_before = eng.memory.block_counts(Tier.GPU).free
     prompt = list(range(2, 14))
     bad = [
         req("empty", []),
@@ -160,10 +164,10 @@ def test_bad_requests_are_refused_before_any_block_is_taken() -> None:
     with pytest.raises(InvalidRequest, match="already active"):
         eng.submit(req("ok", prompt))
     # Nothing moved: the caller still holds its two blocks, no other block was taken.
-    assert eng.memory.gpu.pool.num_free == free_before
-    assert [eng.memory.gpu.pool.ref_count(b) for b in ext_blocks] == [1, 1]
+    assert eng.memory.block_counts(Tier.GPU).free == free_before
+    assert [plane.pool.ref_count(b) for b in ext_blocks] == [1, 1]
     assert not eng.has_work or len(eng.scheduler.waiting) == 1
-    eng.memory.gpu.pool.free(ext_blocks)
+    plane.pool.free(ext_blocks)
     drain(eng)
     assert_no_leak(eng)
 
@@ -172,7 +176,7 @@ def test_abort_releases_a_running_request() -> None:
     eng = make_engine(gpu=16)
     eng.submit(req("a", list(range(2, 20)), max_tokens=30))
     eng.step()
-    assert eng.memory.gpu.pool.num_in_use > 0
+    assert eng.memory.block_counts(Tier.GPU).in_use > 0
     assert eng.abort(RequestId("a")) and not eng.abort(RequestId("a"))
     assert not eng.has_work
     assert_no_leak(eng)

@@ -13,6 +13,7 @@ from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.proto.block_hash import hash_blocks
+from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchQuery, NodeMatch
 from tests.support.agents import SECRET, collect, plan, prompt, reference
@@ -58,9 +59,9 @@ async def test_a_restarted_agent_announces_its_disk_and_serves_from_it(
     try:
         for i, p in enumerate(prompts):  # the later prompts push the first out of gpu and host, to disk
             await collect(first.serve(plan(f"w{i}", p)))
-        assert first.memory.disk is not None
-        first.memory.disk.flush()
-        assert first.memory.disk.stats().disk_blocks >= FULL
+        first.memory.flush_disk()
+        disk = first.memory.disk_stats()
+        assert disk is not None and disk.disk_blocks >= FULL
     finally:
         await first.stop()  # gpu and host are gone with the process; the disk stays
 
@@ -75,8 +76,8 @@ async def test_a_restarted_agent_announces_its_disk_and_serves_from_it(
         assert held is not None and (held.gpu_blocks, held.host_blocks, held.any_tier_blocks) == (0, 0, FULL)  # on disk only
         member = server.service.membership.get(NodeId("a"))
         assert member is not None and member.info.epoch == second.epoch
-        disk = second.memory.disk
-        assert disk is not None and server.service.index.node_block_count(NodeId("a")) == disk.stats().disk_blocks
+        disk = second.memory.disk_stats()
+        assert disk is not None and server.service.index.node_block_count(NodeId("a")) == disk.disk_blocks
 
         deltas, result = await collect(second.serve(plan("again", prompts[0])))
         tokens = result.stats.tokens
@@ -95,14 +96,14 @@ async def test_a_reset_clears_the_disk_tier_too_and_nothing_comes_back_after_a_r
     try:
         for i, p in enumerate(prompts):
             await collect(first.serve(plan(f"w{i}", p)))
-        disk = first.memory.disk
-        assert disk is not None and first.publisher is not None
-        disk.flush()
-        on_disk = disk.stats().disk_blocks
-        assert on_disk >= FULL
+        assert first.publisher is not None
+        first.memory.flush_disk()
+        disk = first.memory.disk_stats()
+        assert disk is not None and disk.disk_blocks >= FULL
         await first.publisher.flush()
         dropped = await first.reset_prefix_cache()
-        assert dropped["disk"] == on_disk and disk.stats().disk_blocks == 0
+        after = first.memory.disk_stats()
+        assert dropped["disk"] == disk.disk_blocks and after is not None and after.disk_blocks == 0
         assert list(tmp_path.glob("*.seg")) == []
         assert server.service.index.node_block_count(NodeId("a")) == 0  # the disk's removals were published
         _, result = await collect(first.serve(plan("after", prompts[0])))
@@ -111,10 +112,9 @@ async def test_a_reset_clears_the_disk_tier_too_and_nothing_comes_back_after_a_r
         await first.stop()
     second = await started(address, tmp_path)
     try:
-        disk = second.memory.disk
-        assert disk is not None
+        assert second.memory.disk_stats() is not None
         # Only what was served after the reset can be here; prompts[1] was not.
-        assert disk.run_length(hash_blocks(prompts[1], BS)) == 0
+        assert second.memory.cached_prefix(Tier.DISK, hash_blocks(prompts[1], BS)) == 0
         _, result = await collect(second.serve(plan("restarted", prompts[1])))
         assert result.stats.tokens.local_disk == 0
     finally:
@@ -131,8 +131,8 @@ async def test_a_clean_stop_keeps_what_gpu_and_host_held_so_a_restart_at_roomy_s
     try:
         for i, p in enumerate(prompts):
             await collect(first.serve(plan(f"w{i}", p)))
-        disk = first.memory.disk
-        assert disk is not None and disk.stats().disk_writes == 0
+        disk = first.memory.disk_stats()
+        assert disk is not None and disk.disk_writes == 0
     finally:
         await first.stop()  # a clean stop writes what the gpu caches
 
@@ -161,15 +161,16 @@ async def test_blocks_reaching_disk_are_indexed_without_waiting_for_a_new_regist
         await agent.publisher.flush()  # registered: later blocks travel only as events
         for i, p in enumerate(prompts):  # the later prompts push the first out of gpu and host, to disk
             await collect(agent.serve(plan(f"w{i}", p)))
-        memory = agent.engine.memory
-        assert memory.disk is not None
-        memory.disk.flush()
+        memory = agent.memory
+        assert memory.disk_stats() is not None
+        memory.flush_disk()
         await agent.publisher.flush()
         first_hashes = set(hash_blocks(prompts[0], BS))
-        assert not first_hashes & {h for t in memory.tiers for h, _ in t.cache.snapshot()}  # on disk only
+        in_gpu_or_host = {h for s in memory.snapshot() if s.tier is not Tier.DISK for h in s.hashes}
+        assert not first_hashes & in_gpu_or_host  # on disk only
         held = await indexed(client, agent, prompts[0])
         assert held is not None and (held.gpu_blocks, held.host_blocks, held.any_tier_blocks) == (0, 0, FULL)
-        everywhere = {h for t in memory.tiers for h, _ in t.cache.snapshot()} | set(memory.disk.store.hashes())
+        everywhere = {h for s in memory.snapshot() for h in s.hashes}  # all of a disk under ANNOUNCED_BLOCKS
         assert server.service.index.node_block_count(NodeId("a")) == len(everywhere)
     finally:
         await agent.stop()

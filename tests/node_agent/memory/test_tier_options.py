@@ -12,6 +12,7 @@ from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.memory.config import STAGING_HOST_BLOCKS
+from radixmesh.proto.events import Tier
 from radixmesh.proto.ids import NodeId
 from tests.support.agents import agent_config
 
@@ -136,7 +137,7 @@ async def test_an_agent_sizes_its_host_tier_from_bytes_with_its_models_block_byt
     await agent.start()
     try:
         block_bytes = agent.layout.block_bytes
-        assert agent.memory.host.tiers[0].pool.num_blocks == (1 << 20) // block_bytes
+        assert sum(agent.memory.block_counts(Tier.HOST)) == (1 << 20) // block_bytes  # every state: the size
     finally:
         await agent.stop()
     too_small = NodeAgent(agent_config("b", host_cache_bytes=block_bytes - 1))

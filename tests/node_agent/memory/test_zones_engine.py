@@ -102,6 +102,6 @@ def test_zone_policies_keep_greedy_output(model: LlamaForCausalLM, policy: str) 
     assert got == want
     eng.memory.zones.budget.check_invariants()
     eng.check_invariants()
-    kv, prefix = eng.memory.gpu.pool.zone_limits
+    kv, prefix = eng.memory.gpu.pool.zone_limits  # the caps the zones set on the live pool: no door tells
     assert kv is not None and prefix is not None and kv + prefix == 24
     assert eng.memory.zones.budget[ZoneName.KV].base == int(24 * 0.6) * eng.layout.block_bytes

@@ -158,7 +158,7 @@ def test_a_corrupted_cached_block_changes_the_output() -> None:
     tokens = prompt(5, 40)
     e = engine(modeled())
     first = generate(e, "a", tokens)
-    e.memory.gpu.kv.add_(1.0)  # every cached block's state now wrong
+    e.memory.kv.add_(1.0)  # every cached block's state now wrong
     assert generate(e, "b", tokens) != first
 
 

@@ -98,11 +98,11 @@ async def test_agent_owner_evicts_what_a_peer_pulled_first(pair: tuple[NodeAgent
     def hashes(tokens: tuple[int, ...]) -> list[BlockHash]:
         return owner_agent.memory.hash_prompt(tokens[:28], tenant_salt(""))
 
-    cache = owner_agent.memory.gpu.cache
+    memory = owner_agent.memory
 
     def evict_7() -> tuple[int, int]:
-        cache.pool.evict(7)
-        return cache.longest_prefix(hashes(moved)), cache.longest_prefix(hashes(stays))
+        memory.evict(Tier.GPU, 7)
+        return memory.cached_prefix(Tier.GPU, hashes(moved)), memory.cached_prefix(Tier.GPU, hashes(stays))
 
     kept_moved, kept_stays = await owner_agent.runner.call(evict_7)
     if owner_agent.config.handoff:  # the pulled prefix goes first

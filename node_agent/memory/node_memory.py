@@ -1,15 +1,14 @@
 """The node's KV memory behind one door (as vLLM's KVCacheManager between its scheduler and block pool).
 
-`NodeMemory` is the scheduler's `BlockSpace`: prefix hits (gpu, then host or disk with promotion),
-adopted external blocks, growth, swap out / in, insertion of computed blocks into the prefix cache,
-and demotion of evicted gpu prefix blocks to the host tier (memory.tiers makes the host's moves). It
-is also the agent's one handle on memory: what the node announces (capacity, events, snapshot), its
-load, the reset and the clean close. It sees a sequence as memory.sequence.SequenceBlocks, so memory
-never imports the engine."""
+`NodeMemory` is the scheduler's `BlockSpace`: prefix hits (memory.prefix_match: gpu, then host or
+disk with promotion), adopted external blocks, growth, swap out / in, insertion of computed blocks
+into the prefix cache, and demotion of evicted gpu prefix blocks to the host tier (memory.tiers
+makes the host's moves). It is also the agent's one handle on memory: what the node announces
+(capacity, events, snapshot), its load, the reset and the clean close. It sees a sequence as
+memory.sequence.SequenceBlocks, so memory never imports the engine."""
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -21,9 +20,10 @@ from radixmesh.common.prefix_cache.block_table import BlockTable, SequenceManage
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.disk.metrics import DiskStats
 from radixmesh.node_agent.memory.disk.record import DiskIdentity
-from radixmesh.node_agent.memory.disk.tier import ANNOUNCED_BLOCKS, DiskTier
+from radixmesh.node_agent.memory.disk.tier import ANNOUNCED_BLOCKS, DiskTier, NoDiskTier
 from radixmesh.node_agent.memory.metrics import memory_stats
 from radixmesh.node_agent.memory.physical import StepPeakMeter, device_memory, process_resident_bytes
+from radixmesh.node_agent.memory.prefix_match import count_sources, match_prefix
 from radixmesh.node_agent.memory.sequence import PendingPrefix, PreemptMode, SequenceBlocks
 from radixmesh.node_agent.memory.tiers import (
     HostTier,
@@ -40,17 +40,6 @@ from radixmesh.proto.events import BlockStored, CacheEvent, Tier, chains
 from radixmesh.proto.ids import BlockId
 from radixmesh.proto.kv_layout import KVLayout
 from radixmesh.proto.serve.limits import usable_prefix_blocks
-from radixmesh.proto.serve.tokens import TokenSources
-
-
-@dataclass(slots=True)
-class PrefixHit:
-    """The pinned gpu blocks of a sequence's matched prefix, and how many of them were promoted
-    from the host tier and from the disk tier (the rest were already in the gpu)."""
-
-    block_ids: list[BlockId]
-    host_blocks: int = 0
-    disk_blocks: int = 0
 
 
 class BlockCounts(NamedTuple):
@@ -98,10 +87,10 @@ class NodeMemory:
         self.counters = counters
         self.policy = policy
         self._clock = clock
-        self.disk: DiskTier | None = (DiskTier(config.disk, DiskIdentity.of(layout, config.hash_key))
-                                      if config.disk is not None else None)
-        host = (HostTier(layout, config.host_blocks, config.pool, counters, policy, clock, disk=self.disk)
+        disk = DiskTier(config.disk, DiskIdentity.of(layout, config.hash_key)) if config.disk is not None else None
+        host = (HostTier(layout, config.host_blocks, config.pool, counters, policy, clock, disk=disk)
                 if config.host_blocks else None)
+        self.disk: DiskTier | NoDiskTier = disk or NoDiskTier()
         demote = None
         if host is not None and config.demote_evicted:
             demote = lambda evicted: host.demote(self.gpu, evicted)
@@ -209,7 +198,8 @@ class NodeMemory:
             return self._swap_in(seq, budget)
         assert seq.num_computed == 0 and not seq.block_ids, seq
         table = seq.table
-        hit = self._match_prefix(seq)
+        usable = usable_prefix_blocks(len(seq.tokens), self.block_size) if self.config.enable_prefix_caching else 0
+        hit = match_prefix(self.gpu, self.host, self.sequences.block_hashes(table, usable))
         self.sequences.attach_prefix(table, hit.block_ids)
         computed = table.num_cached_blocks * self.block_size
         n = min(len(seq.tokens) - computed, budget)
@@ -219,7 +209,7 @@ class NodeMemory:
             self.sequences.drop_blocks(table)
             return 0
         seq.num_computed = computed
-        self._count_hits(seq, hit, table.num_cached_blocks)
+        count_sources(seq, hit, table.num_cached_blocks, self.block_size)
         return n
 
     def grow(self, seq: SequenceBlocks, num_tokens: int) -> bool:
@@ -296,7 +286,7 @@ class NodeMemory:
         """How many of `hashes`, from the first, `tier` holds now (the disk's written or queued
         blocks), 0 on a tier this node lacks; pins nothing and counts no query."""
         if tier is Tier.DISK:
-            return self.disk.run_length(hashes) if self.disk is not None else 0
+            return self.disk.run_length(hashes)
         return next((t.cache.longest_prefix(hashes) for t in self.tiers if t.cache.tier is tier), 0)
 
     def evict(self, tier: Tier, n: int | None = None) -> int:
@@ -316,39 +306,32 @@ class NodeMemory:
     def flush_disk(self) -> None:
         """Return once the disk tier has written every block offered to it so far (at once without
         one): what it holds and counts is settled then."""
-        if self.disk is not None:
-            self.disk.flush()
+        self.disk.flush()
 
     def disk_stats(self) -> DiskStats | None:
         """The disk tier's size and counters now, None without a disk tier."""
-        return self.disk.stats() if self.disk is not None else None
+        return self.disk.stats()
 
     def disk_read_bytes_per_s(self) -> float:
         """The disk tier's measured read rate (0.0 without a disk tier)."""
-        return self.disk.read_bytes_per_s() if self.disk is not None else 0.0
+        return self.disk.read_bytes_per_s()
 
     def capacity(self) -> int:
         """What the node declares it may cache (NodeInfo): every tier's blocks, the disk's up to what
         it announces; the index refuses a node holding more than it declared."""
-        disk = self.disk
-        return self.tier_blocks + (min(disk.capacity_blocks, ANNOUNCED_BLOCKS) if disk is not None else 0)
+        return self.tier_blocks + min(self.disk.capacity_blocks, ANNOUNCED_BLOCKS)
 
     def take_events(self) -> list[CacheEvent]:
         """Every tier's events since the last call, gpu first, then what reached or left the disk
         (the disk publishes its own changes between snapshots, while it holds at most ANNOUNCED_BLOCKS)."""
-        events = [e for t in self.tiers for e in t.cache.take_events()]
-        if self.disk is not None:
-            events += self.disk.take_events()
-        return events
+        return [e for t in self.tiers for e in t.cache.take_events()] + self.disk.take_events()
 
     def snapshot(self) -> tuple[BlockStored, ...]:
         """Every cached block of the gpu and host tiers as chains, and the disk tier's newest
         ANNOUNCED_BLOCKS (how a restarted node's disk blocks reach the index under its new
         epoch); drain the events first, so that the snapshot covers what they said."""
         stored = [c for t in self.tiers for c in chains(t.cache.snapshot(), t.cache.tier)]
-        if self.disk is not None:
-            stored += chains(self.disk.chains(ANNOUNCED_BLOCKS), Tier.DISK)
-        return tuple(stored)
+        return (*stored, *chains(self.disk.chains(ANNOUNCED_BLOCKS), Tier.DISK))
 
     def stats_snapshots(self) -> list[object]:
         """Every tier's, the disk's, every zone's and the physical layer's stats, for the node's
@@ -370,13 +353,13 @@ class NodeMemory:
         reset and no copy outlives it, not even in a restart's re-index (issue 38)."""
         tiers, disk = self.tiers, self.disk
         dropped = {t.pool.tier.value: t.pool.num_cached for t in tiers}
-        if disk is not None:
+        if isinstance(disk, DiskTier):
             disk.flush()  # what the host spilled before the reset counts as the disk's
             dropped["disk"] = len(disk.store)
         for t in tiers:
             self.evict(t.pool.tier)
         assert all(t.pool.num_cached == 0 for t in tiers), "a cached block survived the reset"
-        if disk is not None:
+        if isinstance(disk, DiskTier):
             disk.clear()
             assert len(disk.store) == 0, "a disk block survived the reset"
         return dropped
@@ -385,45 +368,11 @@ class NodeMemory:
         """On a clean stop, after the engine thread (no offer comes after the disk writer's last
         flush): write what the gpu and host tiers cache and the disk lacks, so a restart over the
         same disk is warm, then close the disk tier. Nothing to do without one."""
-        if self.disk is not None:
+        if isinstance(self.disk, DiskTier):
             persist_resident(self.tiers, self.disk)
             self.disk.close()
 
     # --- moves -------------------------------------------------------------------------------
-    def _match_prefix(self, seq: SequenceBlocks) -> PrefixHit:
-        """Pinned gpu blocks of the longest reusable prefix: gpu hits, then host (or, through the
-        host, disk) hits promoted to the gpu, alternating while either advances. The last prompt
-        token is always left to compute, because its logits are what the first sampled token needs."""
-        hit = PrefixHit([])
-        if not self.config.enable_prefix_caching:
-            return hit
-        limit = usable_prefix_blocks(len(seq.tokens), self.block_size)
-        hashes = self.sequences.block_hashes(seq.table, limit)
-        while len(hit.block_ids) < limit:
-            got = self.gpu.cache.match(hashes[len(hit.block_ids):])
-            if not got:
-                promoted = self.host.promote(self.gpu, hashes, len(hit.block_ids))
-                got = promoted.block_ids
-                hit.disk_blocks += promoted.from_disk
-                hit.host_blocks += len(got) - promoted.from_disk
-            if not got:
-                break
-            hit.block_ids += got
-        return hit
-
-    def _count_hits(self, seq: SequenceBlocks, hit: PrefixHit, num_blocks: int) -> None:
-        """The request's prompt tokens by source, set once (at its first admission): of its
-        `num_blocks` cached blocks, those promoted from host or disk, those pulled or adopted
-        (external), and the rest found in the gpu tier."""
-        if seq.stats.sources is not None:
-            return
-        bs = self.block_size
-        external = sum(1 for h in seq.table.hashes[:num_blocks] if h in seq.external_hashes)
-        local_gpu = num_blocks - hit.host_blocks - hit.disk_blocks - external
-        seq.stats.sources = TokenSources.of_prompt(
-            seq.stats.prompt_tokens, local_gpu=local_gpu * bs, local_host=hit.host_blocks * bs,
-            local_disk=hit.disk_blocks * bs, remote=external * bs)
-
     def _swap_out(self, seq: SequenceBlocks, written: list[BlockId]) -> list[BlockId] | None:
         """Host copies of `written` (hashed full blocks also become host-cached), or None when the
         host tier is absent or full."""

@@ -262,7 +262,9 @@ class DiskTier:
 
 
 class NoDiskTier:
-    """No disk tier: nothing is kept, nothing is found."""
+    """No disk tier: nothing is kept, nothing is found, nothing is announced or measured."""
+
+    capacity_blocks = 0
 
     def __contains__(self, block_hash: BlockHash) -> bool:
         return False
@@ -276,8 +278,20 @@ class NoDiskTier:
     def get_run_into(self, hashes: Sequence[BlockHash], into: Sequence[memoryview]) -> int:
         return 0
 
+    def read_bytes_per_s(self) -> float:
+        return 0.0
+
+    def chains(self, limit: int) -> list[tuple[BlockHash, BlockHash | None]]:
+        return []
+
+    def flush(self) -> None:
+        pass
+
     def take_events(self) -> list[CacheEvent]:
         return []
+
+    def stats(self) -> None:
+        return None
 
     def close(self) -> None:
         pass

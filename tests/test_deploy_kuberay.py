@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import ssl
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
@@ -327,5 +328,4 @@ def test_the_init_container_writes_exactly_the_files_ray_reads_of_the_clusters_c
     if name == "head":  # workers verify the name they dial the GCS by
         verifier.build_server_verifier(x509.DNSName(HEAD_SERVICE)).verify(leaf, chain)
     # The key is the certificate's (Ray's TLS would refuse them otherwise).
-    ssl_context = __import__("ssl").create_default_context()
-    ssl_context.load_cert_chain(files["RAY_TLS_SERVER_CERT"], files["RAY_TLS_SERVER_KEY"])
+    ssl.create_default_context().load_cert_chain(files["RAY_TLS_SERVER_CERT"], files["RAY_TLS_SERVER_KEY"])

@@ -61,15 +61,22 @@ def kv_events_keys_command(secret_file: Path | None) -> None:
               help=f"Cluster secret (hex, mode 0600) [default: ${SECRET_ENV}, else $RADIXMESH_HOME/secret].")
 @click.option("--address", "addresses", multiple=True,
               help="An address peers dial this host by (repeatable) [default: every address of this host].")
-def ray_tls_command(secret_file: Path | None, addresses: tuple[str, ...]) -> None:
+@click.option("--also-address", "also", multiple=True,
+              help="A further address or DNS name peers dial this host by, such as a Kubernetes Service's "
+                   "(repeatable).")
+@click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write node.pem, node.key and ca.pem into this folder, made 0700 if missing; one others "
+                   "can write is refused [default: $RADIXMESH_HOME/ray-tls/<address>].")
+def ray_tls_command(secret_file: Path | None, addresses: tuple[str, ...], also: tuple[str, ...],
+                    folder: Path | None) -> None:
     """Print `export` lines for Ray's mutual TLS with this host's certificate of the cluster CA.
 
-    The certificate is minted from the secret under $RADIXMESH_HOME/ray-tls/<address>/ when none
-    naming these addresses is there; run `eval "$(radixmesh ray-tls)"` before `ray start` and every
-    Ray command on each host (deploy/*.yaml do)."""
+    The certificate is minted from the secret into --dir, or $RADIXMESH_HOME/ray-tls/<address>/, when
+    none naming these addresses is there; run `eval "$(radixmesh ray-tls)"` before `ray start` and every
+    Ray command on each host (deploy/*.yaml do; deploy/kuberay runs it with --dir in an initContainer)."""
     secret = _secret(secret_file)
     try:
-        files = ray_tls_files(secret, list(addresses) or host_addresses())
+        files = ray_tls_files(secret, [*(addresses or host_addresses()), *also], folder)
     except (OSError, ValueError) as e:
         raise click.ClickException(f"Ray's TLS files: {e}") from None
     click.echo("\n".join(f"export {name}={shlex.quote(value)}" for name, value in files.environment().items()))

@@ -6,7 +6,7 @@ and as client, so each host needs its own, naming every address a peer may dial 
 node registers, and 127.0.0.1 for its local calls). Each host mints its own from the secret it
 already holds (common.cluster_ca), so nothing is distributed; the files live under
 $RADIXMESH_HOME/ray-tls/<the host's first address>/, one folder per host, since one home may be
-shared by every host (NFS).
+shared by every host (NFS), or in a folder given (`--dir`: a KubeRay pod's volume).
 
 A certificate is kept while it names the host's addresses and has RENEW_DAYS left: Ray's Python side
 reads the files again for every channel it opens, so a new certificate written while Ray runs could
@@ -16,8 +16,10 @@ be read beside the old key. The YAMLs run this right after `ray stop`, where a r
 import datetime
 import ipaddress
 import os
+import re
 import shutil
 import socket
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,19 +63,56 @@ def host_addresses() -> list[str]:
     return list(dict.fromkeys([*found, "127.0.0.1", "localhost", socket.gethostname()]))
 
 
-def ray_tls_files(secret: ClusterSecret, addresses: Sequence[str], home: Path | None = None,
+def ray_tls_files(secret: ClusterSecret, addresses: Sequence[str], folder: Path | None = None,
                   now: datetime.datetime | None = None) -> RayTlsFiles:
-    """This host's files under `home` (default: $RADIXMESH_HOME), minted from `secret` for
-    `addresses` unless a certificate of the same CA naming them all, with RENEW_DAYS left, is there."""
+    """This host's files in `folder` (default: $RADIXMESH_HOME/ray-tls/<first address>/), minted from
+    `secret` for `addresses` unless a certificate of the same CA naming them all, with RENEW_DAYS left,
+    is there. ValueError without an address, for one that is neither an IP nor a host name, or for a
+    folder that is a link, another user's, or one others can write (`_check_private`)."""
     if not addresses:
         raise ValueError("Ray's certificate needs at least one address of this host")
-    root = (home or record_path().parent) / "ray-tls"
-    folder = root / addresses[0].strip("[]").replace(":", "_")
+    if bad := [a for a in addresses if not _is_name(a)]:
+        raise ValueError(f"not an IP address nor a host name: {', '.join(bad)}")
+    if folder is None:
+        folder = record_path().parent / "ray-tls" / addresses[0].strip("[]").replace(":", "_")
+    folder = folder.absolute()  # Ray's processes read the paths from any working directory
+    _check_private(folder)
     ca = ClusterCa.derive(secret)
     now = now or datetime.datetime.now(datetime.UTC)
     if not _still_good(folder, ca, addresses, now):
         _mint(folder, ca, addresses, now)
     return RayTlsFiles(folder)
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+"""Letters, digits, dots, hyphens (and underscores, which some hosts' names carry): what a peer can
+dial. A Kubernetes `$(VAR)` left unexpanded, or a shell word, is none of these."""
+
+
+def _is_name(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address.strip("[]"))
+        return True
+    except ValueError:
+        return _HOST_NAME.fullmatch(address) is not None
+
+
+def _check_private(folder: Path) -> None:
+    """Refuse a folder this user did not make private: another user's, a link, or one group or others
+    can write. Whoever can write it may have put a key they know there, or a link, so nothing in it is
+    trusted; and it is refused rather than replaced, since `_mint` never makes such a folder (0700),
+    so someone else did, and replacing it quietly would hide that (as disk-tier folders are refused)."""
+    try:
+        st = folder.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{folder}: not a directory (a link or a file); remove it, or name another folder")
+    if st.st_uid != os.getuid():
+        raise ValueError(f"{folder}: owned by another user (uid {st.st_uid}); name a folder of your own")
+    if st.st_mode & 0o022:
+        raise ValueError(f"{folder}: group or others can write it (mode {stat.S_IMODE(st.st_mode):o}); "
+                         "name a folder inside it, which ray-tls makes 0700")
 
 
 def _still_good(folder: Path, ca: ClusterCa, addresses: Sequence[str], now: datetime.datetime) -> bool:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 from cryptography import x509
-from cryptography.x509.verification import PolicyBuilder, Store
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.x509.verification import PolicyBuilder, Store
 
 from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.launch.ray_tls import RENEW_DAYS, host_addresses, ray_tls_files

@@ -21,7 +21,7 @@ TESTS = Path(__file__).resolve().parent
 RAY_MARK = "pytest.mark." + "ray"  # spelt so that this module does not carry it
 
 MH = "tests/ray/multihost/test_ray_up_cluster.py"
-CLI, LOCAL = "tests/ray/test_cli.py", "tests/ray/test_local_ray.py"
+CLI, LOCAL, AGENT = "tests/ray/test_cli.py", "tests/ray/test_local_ray.py", "tests/ray/test_agent_ray.py"
 SIM, ROUTER = "tests/cluster/sim/test_sim.py::test_a", "tests/cluster/router/test_router.py::test_b"
 SMOKE_A, SMOKE_B = "tests/ray/test_bench_smoke.py::test_bench_smoke[chaos]", "tests/ray/test_bench_smoke.py::test_bench_smoke[overload]"
 
@@ -65,23 +65,24 @@ def test_a_split_ray_modules_tests_are_scopes_of_their_own_queued_after_the_othe
     assert [schedule._split_scope(n) for n in (SMOKE_A, SMOKE_B)] == [SMOKE_A, SMOKE_B]
     assert under_ray_folder(SMOKE_A)  # still Ray scopes: the one-worker and two-worker rules hold
     assert queue_order([SIM, SMOKE_A, CLI, SMOKE_B, MH]) == [MH, CLI, SMOKE_A, SMOKE_B, SIM]
-    assert next_scope([SMOKE_B, SIM], [SMOKE_A]) == SIM  # while other tests are left, one Ray worker
-    assert next_scope([SMOKE_B], [SMOKE_A]) == SMOKE_B  # the tail: both
+    assert next_scope([SMOKE_B, SIM], [[SMOKE_A]]) == SIM  # while other tests are left, one Ray worker
+    assert next_scope([SMOKE_B], [[SMOKE_A]]) == SMOKE_B  # the tail: both
 
 
 @pytest.mark.parametrize(("queue", "elsewhere", "taken"), [
     ([MH, CLI, SIM], [], MH),  # no Ray module runs: this worker takes them, the multi-host one first
-    ([CLI, LOCAL, SIM], [ROUTER], CLI),  # another worker's plain test does not matter
-    ([CLI, LOCAL, SIM, ROUTER], [MH], SIM),  # the other worker runs the Ray modules: the rest here
-    ([CLI, LOCAL, SIM], [LOCAL], SIM),
-    ([CLI, LOCAL], [LOCAL], CLI),  # only Ray modules left: the tail runs on both workers
-    ([CLI, LOCAL], [MH], None),  # never beside the multi-host module: wait
-    ([MH, CLI], [LOCAL], CLI),
-    ([MH], [LOCAL], None),  # the multi-host module never beside another Ray module
-    ([CLI], [LOCAL, "tests/ray/test_agent_ray.py"], None),  # two Ray workers at most
-    ([], [LOCAL], None),
+    ([CLI, LOCAL, SIM], [[ROUTER]], CLI),  # another worker's plain test does not matter
+    ([CLI, LOCAL, SIM, ROUTER], [[MH]], SIM),  # the other worker runs the Ray modules: the rest here
+    ([CLI, LOCAL, SIM], [[LOCAL]], SIM),
+    ([CLI, LOCAL], [[LOCAL]], CLI),  # only Ray modules left: the tail runs on both workers
+    ([CLI], [[LOCAL, AGENT]], CLI),  # one worker running one Ray module and sent the next is one worker
+    ([CLI, LOCAL], [[MH]], None),  # never beside the multi-host module: wait
+    ([MH, CLI], [[LOCAL]], CLI),
+    ([MH], [[LOCAL]], None),  # the multi-host module never beside another Ray module
+    ([CLI], [[LOCAL], [AGENT]], None),  # two Ray workers at most
+    ([], [[LOCAL]], None),
 ])
-def test_next_scope(queue: list[str], elsewhere: list[str], taken: str | None) -> None:
+def test_next_scope(queue: list[str], elsewhere: list[list[str]], taken: str | None) -> None:
     assert next_scope(queue, elsewhere) == taken
 
 
@@ -166,3 +167,14 @@ def test_modules_marked_ray_are_exactly_those_under_tests_ray() -> None:
     in_ray = {p.relative_to(TESTS).as_posix() for p in modules if p.is_relative_to(TESTS / "ray")}
     assert "ray/test_cli.py" in in_ray  # the glob found the folder
     assert marked == in_ray
+
+
+def test_the_tail_starts_on_the_second_worker_as_soon_as_its_other_tests_are_done() -> None:
+    # gw0 runs a long chain of Ray modules and always holds the next one too (xdist sends ahead);
+    # gw1 must join the chain right after its last plain test, not once gw0 holds a single module.
+    chain = [f"tests/ray/test_m{i}.py::test_{j}" for i in range(8) for j in range(2)]
+    plain = [f"tests/cluster/test_p.py::test_{i}" for i in range(10)]
+    ran = play(chain + plain, {f"tests/ray/test_m{i}.py": 5 for i in range(8)})
+    plain_done = max(t for t, n in ran["gw1"] if not under_ray_folder(n)) + 1
+    first_ray = min(t for t, n in ran["gw1"] if under_ray_folder(n))
+    assert first_ray - plain_done <= 10  # at most gw1's one held test's wait, never gw0's whole chain

@@ -50,19 +50,22 @@ def _module(nodeid: str) -> PurePosixPath:
     return PurePosixPath(nodeid.split("::", 1)[0])
 
 
-def next_scope(queue: Sequence[str], elsewhere: Collection[str]) -> str | None:
-    """The first scope of `queue` that a worker may take, given the unfinished scopes that the other
-    workers hold (`elsewhere`); None: nothing yet, ask again when another worker finishes a test.
-    `queue` is in schedule order (`queue_order`)."""
-    ray_elsewhere = [s for s in elsewhere if under_ray_folder(s)]
+def next_scope(queue: Sequence[str], elsewhere: Collection[Collection[str]]) -> str | None:
+    """The first scope of `queue` that a worker may take, given the unfinished scopes that each other
+    worker holds (`elsewhere`, one collection per worker); None: nothing yet, ask again when another
+    worker finishes a test. `queue` is in schedule order (`queue_order`).
+
+    Workers, not scopes, are counted: a worker holds the scope it runs and the next one it was sent
+    (xdist sends ahead), and counting those two as two Ray workers kept the tail on one worker."""
+    ray_workers = [w for w in elsewhere if any(under_ray_folder(s) for s in w)]
     others_left = any(not under_ray_folder(s) for s in queue)
     for scope in queue:
         if not under_ray_folder(scope):
             return scope
-        if not ray_elsewhere:
+        if not ray_workers:
             return scope  # 2.: this worker runs the Ray modules (the multi-host ones first, 1.)
-        if (not others_left and len(ray_elsewhere) < MAX_RAY_WORKERS and not multihost(scope)
-                and not any(multihost(s) for s in ray_elsewhere)):
+        if (not others_left and len(ray_workers) < MAX_RAY_WORKERS and not multihost(scope)
+                and not any(multihost(s) for w in ray_workers for s in w)):
             return scope  # 3. and 4.
     return None
 
@@ -89,8 +92,8 @@ class RayTestsTogether(LoadScopeScheduling):
             self._ordered = True
             scopes = dict.fromkeys(self._split_scope(nodeid) for nodeid in self.collection or ())
             self.workqueue = OrderedDict((s, self.workqueue[s]) for s in queue_order(list(scopes)))
-        elsewhere = [scope for other, work in self.assigned_work.items() if other is not node
-                     for scope, tests in work.items() if not all(tests.values())]
+        elsewhere = [[scope for scope, tests in work.items() if not all(tests.values())]
+                     for other, work in self.assigned_work.items() if other is not node]
         scope = next_scope(list(self.workqueue), elsewhere)
         if scope is None:
             return  # `mark_test_complete` offers it work again

@@ -124,17 +124,21 @@ def test_a_demoted_block_leaves_main_for_probations_head() -> None:
 
 
 class Oracle:
-    """S3-FIFO in plain lists: stamped blocks per queue in eviction order, the ghost as a list."""
+    """S3-FIFO in plain lists: stamped blocks per queue in eviction order, the ghost as a list, and the
+    demoted blocks (at probation's head until released again or evicted), which go before every other
+    member whatever probation's share (EvictionOrder.demote)."""
 
     def __init__(self, n: int, fraction: float = 0.1) -> None:
         self.small: list[int] = []
         self.main: list[int] = []
         self.ghost: list[BlockHash] = []
+        self.demoted: set[int] = set()
         self.cap, self.fraction = n, fraction
 
     def push(self, blocks: list[int], hashes: dict[int, BlockHash]) -> None:
         to_small, to_main = [], []
         for b in blocks:
+            self.demoted.discard(b)
             if b in self.main or b in self.small:
                 (self.main if b in self.main else self.small).remove(b)
                 to_main.append(b)
@@ -150,19 +154,24 @@ class Oracle:
         for b in blocks:
             (self.main if b in self.main else self.small).remove(b)
         self.small[:0] = blocks
+        self.demoted.update(blocks)
 
     def evict(self, k: int, ref: dict[int, int], hashes: dict[int, BlockHash]) -> list[int]:
         excess = len(self.small) - int(self.fraction * (len(self.small) + len(self.main)))
         out = self._take(self.small, min(k, max(0, excess)), ref, hashes)
+        out += self._take(self.small, k - len(out), ref, hashes, only=self.demoted)
         out += self._take(self.main, k - len(out), ref, None)
         out += self._take(self.small, k - len(out), ref, hashes)
         return out
 
-    def _take(self, queue: list[int], k: int, ref: dict[int, int], ghost_of: dict[int, BlockHash] | None) -> list[int]:
-        """The first k unpinned blocks of `queue`, removed; their hashes to the ghost when given."""
-        out = [b for b in queue if not ref[b]][:k]
+    def _take(self, queue: list[int], k: int, ref: dict[int, int], ghost_of: dict[int, BlockHash] | None,
+              only: set[int] | None = None) -> list[int]:
+        """The first k unpinned blocks of `queue` (of those in `only`, when given), removed; their
+        hashes to the ghost when given."""
+        out = [b for b in queue if not ref[b] and (only is None or b in only)][:k]
         for b in out:
             queue.remove(b)
+            self.demoted.discard(b)
             if ghost_of is not None:
                 self.ghost.append(ghost_of[b])
         del self.ghost[: max(0, len(self.ghost) - self.cap)]

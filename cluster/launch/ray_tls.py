@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import socket
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from cryptography import x509
 
 from radixmesh.cluster.launch.cluster_record import record_path
 from radixmesh.common.cluster_ca import ClusterCa
+from radixmesh.common.private_files import check_private_folder, write_new
 from radixmesh.common.secret import ClusterSecret
 
 RENEW_DAYS = 30
@@ -67,8 +67,8 @@ def ray_tls_files(secret: ClusterSecret, addresses: Sequence[str], folder: Path 
                   now: datetime.datetime | None = None) -> RayTlsFiles:
     """This host's files in `folder` (default: $RADIXMESH_HOME/ray-tls/<first address>/), minted from
     `secret` for `addresses` unless a certificate of the same CA naming them all, with RENEW_DAYS left,
-    is there. ValueError without an address, for one that is neither an IP nor a host name, or for a
-    folder that is a link, another user's, or one others can write (`_check_private`)."""
+    is there. ValueError without an address, or for one that is neither an IP nor a host name;
+    PermissionError for a folder that is a link, another user's, or one others can write."""
     if not addresses:
         raise ValueError("Ray's certificate needs at least one address of this host")
     if bad := [a for a in addresses if not _is_name(a)]:
@@ -76,7 +76,9 @@ def ray_tls_files(secret: ClusterSecret, addresses: Sequence[str], folder: Path 
     if folder is None:
         folder = record_path().parent / "ray-tls" / addresses[0].strip("[]").replace(":", "_")
     folder = folder.absolute()  # Ray's processes read the paths from any working directory
-    _check_private(folder)
+    # Refused, not repaired: `_mint` makes only 0700 folders, so someone else made this one and may
+    # have put a key they know in it.
+    check_private_folder(folder)
     ca = ClusterCa.derive(secret)
     now = now or datetime.datetime.now(datetime.UTC)
     if not _still_good(folder, ca, addresses, now):
@@ -95,24 +97,6 @@ def _is_name(address: str) -> bool:
         return True
     except ValueError:
         return _HOST_NAME.fullmatch(address) is not None
-
-
-def _check_private(folder: Path) -> None:
-    """Refuse a folder this user did not make private: another user's, a link, or one group or others
-    can write. Whoever can write it may have put a key they know there, or a link, so nothing in it is
-    trusted; and it is refused rather than replaced, since `_mint` never makes such a folder (0700),
-    so someone else did, and replacing it quietly would hide that (as disk-tier folders are refused)."""
-    try:
-        st = folder.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        raise ValueError(f"{folder}: not a directory (a link or a file); remove it, or name another folder")
-    if st.st_uid != os.getuid():
-        raise ValueError(f"{folder}: owned by another user (uid {st.st_uid}); name a folder of your own")
-    if st.st_mode & 0o022:
-        raise ValueError(f"{folder}: group or others can write it (mode {stat.S_IMODE(st.st_mode):o}); "
-                         "name a folder inside it, which ray-tls makes 0700")
 
 
 def _still_good(folder: Path, ca: ClusterCa, addresses: Sequence[str], now: datetime.datetime) -> bool:
@@ -141,9 +125,7 @@ def _mint(folder: Path, ca: ClusterCa, addresses: Sequence[str], now: datetime.d
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(mode=0o700)
     for name, data, mode in ((CERT, issued.cert_chain, 0o644), (KEY, issued.private_key, 0o600), (CA, issued.ca, 0o644)):
-        fd = os.open(staging / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        write_new(staging / name, data, mode)
     if folder.exists():
         old = folder.with_name(f".{folder.name}.old.{os.getpid()}")
         folder.rename(old)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from radixmesh.cluster.launch.cluster_record import record_path
 from radixmesh.cluster.metadata.server import TlsFiles
+from radixmesh.common.private_files import replace_atomically, write_new
 from radixmesh.common.secret import ClusterSecret
 
 SECRET_ENV = "RADIXMESH_SECRET"
@@ -44,11 +45,9 @@ def read_private(path: Path) -> str:
 
 def write_private(path: Path, text: str) -> None:
     """Write `text` to a new file `path`, mode 0600 from its creation (its folder 0700 if made);
-    FileExistsError if it exists."""
+    FileExistsError if it (or a link) exists."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
+    write_new(path, (text + "\n").encode())
 
 
 def read_secret(path: Path) -> ClusterSecret:
@@ -138,10 +137,8 @@ def stage_private(path: Path, text: str) -> None:
             return
     except ValueError:
         pass  # missing, shared or unreadable: replaced below
-    staging = path.with_name(f".{path.name}.{os.getpid()}")
-    staging.unlink(missing_ok=True)
-    write_private(staging, text)
-    os.replace(staging, path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    replace_atomically(path, (text + "\n").encode())
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,6 @@ writes the CA certificate to $RADIXMESH_HOME/tls/ca.pem, which `radixmesh stats`
 Loopback-only deployments stay plain text: only this host reaches them.
 """
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from radixmesh.cluster.launch.cluster_record import ca_file_path
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.common.cluster_ca import ClusterCa, served_names
+from radixmesh.common.private_files import replace_atomically
 from radixmesh.common.secret import ClusterSecret, is_loopback
 
 
@@ -43,6 +43,4 @@ def write_ca_file(pem: bytes, path: Path) -> None:
     """Write the CA certificate (public) to `path` for clients, replacing what was there; its folder
     is made 0700 when missing."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    staging = path.with_name(f".{path.name}.{os.getpid()}")
-    staging.write_bytes(pem)
-    os.replace(staging, path)
+    replace_atomically(path, pem, 0o644)

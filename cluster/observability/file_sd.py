@@ -17,8 +17,6 @@ are verified against; deploy/prometheus.yml reads all three.
 import asyncio
 import json
 import logging
-import os
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 from radixmesh.cluster.fleet.agent_client import AgentClient, AgentUnavailable
 from radixmesh.cluster.router.router import Router
 from radixmesh.common.metrics.scrape import ScrapeTarget
+from radixmesh.common.private_files import check_private_folder, replace_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -69,35 +68,6 @@ def file_sd_groups(targets: Iterable[ScrapeTarget]) -> list[dict[str, object]]:
     return groups
 
 
-def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write `text` to `path` through a file beside it, renamed over it. The directory is made 0700
-    when missing and refused (PermissionError) when another user owns it or others may write it:
-    whoever can create names there could plant a link where the token goes (issue 38). The file
-    aside is created fresh (O_EXCL) and never through a link (O_NOFOLLOW); the rename replaces a
-    link at `path` itself, never its target."""
-    _own_directory(path.parent)
-    aside = path.with_name(f".{path.name}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-    try:
-        fd = os.open(aside, flags, mode)
-    except FileExistsError:  # left by a crash, or planted: removed (a link itself, not its target)
-        os.unlink(aside)
-        fd = os.open(aside, flags, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(aside, path)
-
-
-def _own_directory(directory: Path) -> None:
-    if not directory.exists():
-        directory.mkdir(mode=0o700, parents=True)
-    st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise PermissionError(f"{directory} must be a directory of this user that others cannot write "
-                              f"(mode {stat.S_IMODE(st.st_mode):o}, owner uid {st.st_uid}); "
-                              "the metrics token and scrape targets are not written there")
-
-
 class FileSdPublisher:
     """Keeps `config.path` listing the router and every agent with a /metrics of its own."""
 
@@ -125,11 +95,13 @@ class FileSdPublisher:
         targets = [self._own, *agents]
         groups = file_sd_groups(targets)
         if groups != self._written:
+            # Whoever could create names in the folder could plant a link where the token goes (issue 38).
+            check_private_folder(self._config.path.parent, create=True)
             if self._written is None and self._config.metrics_token is not None:
-                write_atomically(self._config.path.with_name(TOKEN_FILE), self._config.metrics_token, 0o600)
+                replace_atomically(self._config.path.with_name(TOKEN_FILE), self._config.metrics_token.encode())
             if self._written is None and self._config.ca_certificate is not None:
-                write_atomically(self._config.path.with_name(CA_FILE), self._config.ca_certificate.decode())
-            write_atomically(self._config.path, json.dumps(groups, indent=1) + "\n")
+                replace_atomically(self._config.path.with_name(CA_FILE), self._config.ca_certificate, 0o644)
+            replace_atomically(self._config.path, (json.dumps(groups, indent=1) + "\n").encode(), 0o644)
             self._written = groups
             logger.info("Prometheus targets in %s: the router and %d agent(s)", self._config.path, len(agents))
         self._router.scraped_nodes = frozenset(t.node for t in agents if t.node is not None)

@@ -39,8 +39,9 @@ def local_ray() -> Iterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def deployed(config: LauncherConfig) -> AsyncIterator[str]:
-    deployment = await launcher.up(config)
+async def deployed() -> AsyncIterator[str]:
+    """CONFIG's deployment on the module's Ray, once both agents are routed: its router's URL."""
+    deployment = await launcher.up(CONFIG)
     try:
         await until(lambda: len(ray.get(launcher.router_handle().nodes.remote())) == 2, "both agents routed",
                     timeout_s=120)
@@ -67,7 +68,7 @@ async def complete_all(url: str, salted: bool = False) -> list[list[Any]]:
 
 
 async def test_modeled_outputs_equal_a_second_run_with_caching_off(local_ray: None) -> None:
-    async with deployed(CONFIG) as url:
+    async with deployed() as url:
         cached = await complete_all(url)
         stats = await router_stats(url)
         assert await deployment_engine(url, KEYLESS) == "modeled:cpu-smollm2"  # what `bench --url` labels it with

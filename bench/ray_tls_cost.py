@@ -22,7 +22,6 @@ import os
 import platform
 import secrets
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,9 @@ from typing import NamedTuple
 
 import ray
 from ray.cluster_utils import Cluster
+from tls_cost import summary
 
+from radixmesh.cluster.launch.local_ray import loopback_environment
 from radixmesh.cluster.launch.ray_auth import require_ray_token
 from radixmesh.cluster.launch.ray_tls import RayTlsFiles, ray_tls_files
 from radixmesh.common.secret import ClusterSecret
@@ -124,9 +125,7 @@ def run_arm(calls: int) -> ArmRun:
 def arm_environment(home: Path, tls: RayTlsFiles | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(INHERITED_RAY)}
     env["RADIXMESH_HOME"] = str(home)
-    # Every raylet on 127.0.0.1 (cluster/launch/local_ray.py says why Ray needs this to keep loopback).
-    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    env.setdefault("RAY_gcs_server_port_wait_time_s", "60")  # a slow start on a loaded box, as local_ray.py
+    env.update(loopback_environment(env))  # every raylet on 127.0.0.1, as the project's own Rays
     return {**env, **(tls.environment() if tls is not None else {})}
 
 
@@ -138,11 +137,6 @@ def spawn_arm(calls: int, env: dict[str, str]) -> ArmRun:
         raise RuntimeError(f"an arm exited {run.returncode}:\n{run.stderr[-4000:]}")
     answered, samples = json.loads(run.stdout.strip().splitlines()[-1])
     return ArmRun(answered, samples)
-
-
-def summary(times: list[float]) -> dict[str, float]:
-    times = sorted(times)
-    return {"p50_us": round(statistics.median(times), 1), "p90_us": round(times[int(0.9 * (len(times) - 1))], 1)}
 
 
 def main(calls: int, rounds: int) -> dict[str, object]:

@@ -49,7 +49,12 @@ async def timed(call: Callable[[], Awaitable[object]], calls: int) -> dict[str, 
         t0 = time.perf_counter()
         await call()
         times.append((time.perf_counter() - t0) * 1e6)
-    times.sort()
+    return summary(times)
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    """Median and p90 of timings in microseconds, rounded to 0.1 us (bench/ray_tls_cost.py's too)."""
+    times = sorted(times)
     return {"p50_us": round(statistics.median(times), 1), "p90_us": round(times[int(0.9 * (len(times) - 1))], 1)}
 
 

@@ -9,6 +9,7 @@ child processes read it from the environment, this process from the constant alr
 import glob
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +31,20 @@ _RAYLET_TIMEOUT = "timed out during startup"
 """The message of Ray's exception for a raylet that did not register with the GCS in time."""
 
 
+def loopback_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """What to add to `env` so that every Ray process started with it binds 127.0.0.1 and waits
+    for a slow GCS (the user's own wait, when `env` sets one, stays): for this process, or for a Ray
+    started in a subprocess."""
+    return {_SINGLE_MACHINE_ENV: "0", _GCS_PORT_WAIT_ENV: env.get(_GCS_PORT_WAIT_ENV, _GCS_PORT_WAIT_S)}
+
+
 def init_loopback_ray(**kwargs: Any) -> None:
     """`ray.init` of a new local instance on 127.0.0.1 without the dashboard; kwargs go to ray.init.
 
     A head that fails to start is stopped (what it started is killed: a failed `ray.init` keeps no
     handle on it) and started once more; a second failure raises with the GCS log's tail.
     """
-    os.environ[_SINGLE_MACHINE_ENV] = "0"
-    os.environ.setdefault(_GCS_PORT_WAIT_ENV, _GCS_PORT_WAIT_S)
+    os.environ.update(loopback_environment(os.environ))
     ray_constants.ENABLE_RAY_CLUSTER = False
     if ray.is_initialized():
         raise RuntimeError("Ray is already initialized in this process; call ray.shutdown() first")

@@ -16,7 +16,7 @@ step_aside(__name__)  # importable only as radixmesh.node_agent (radixmesh/impor
 
 if TYPE_CHECKING:
     from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor, node_resource
-    from radixmesh.node_agent.config import DTYPES, TRANSFER_PLANES, AgentConfig
+    from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
     from radixmesh.node_agent.engine.config import EngineConfig
     from radixmesh.node_agent.memory.config import MemoryConfig
     from radixmesh.node_agent.model.config import NAMED_CONFIGS
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 _HOMES = {
     "AgentPlacement": "actor", "make_agent_actor": "actor", "node_resource": "actor",
-    "DTYPES": "config", "TRANSFER_PLANES": "config", "AgentConfig": "config",
+    "TRANSFER_PLANES": "config", "AgentConfig": "config",
     "EngineConfig": "engine.config",
     "MemoryConfig": "memory.config",
     "NAMED_CONFIGS": "model.config",
@@ -40,7 +40,6 @@ _HOMES = {
 }
 
 __all__ = [  # the names of _HOMES, spelled out so linters and type checkers see the re-exports
-    "DTYPES",
     "NAMED_CONFIGS",
     "SMOLLM2",
     "TRANSFER_PLANES",

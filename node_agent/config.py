@@ -16,8 +16,6 @@ from radixmesh.proto.kv_layout import KV_DTYPES
 from radixmesh.proto.metadata.limits import check_node_id
 
 TRANSFER_PLANES = ("none", "ucx", "ray", "auto")
-DTYPES = tuple(KV_DTYPES)
-"""The precisions an agent may load its weights and KV in (`--dtype`; "auto" picks one: placement)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +135,8 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         check_node_id(self.node_id)
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype != "auto" and self.dtype not in KV_DTYPES:
+            raise ValueError(f"dtype must be auto or one of {', '.join(KV_DTYPES)}, got {self.dtype!r}")
         if self.modeled is not None and (self.device not in ("auto", "cpu") or self.dtype not in ("auto", "float32")
                                          or self.gpu_memory_utilization is not None):
             raise ValueError("a modeled engine runs on the CPU in float32 and sizes its pool from the profile: "

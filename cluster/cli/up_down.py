@@ -36,7 +36,8 @@ from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.cluster.router.config import DEFAULT_POLICY
 from radixmesh.common.cluster_ca import ClusterCa
-from radixmesh.node_agent import DTYPES, NAMED_CONFIGS, SMOLLM2
+from radixmesh.node_agent import NAMED_CONFIGS, SMOLLM2
+from radixmesh.proto.kv_layout import KV_DTYPES
 
 
 def _prometheus_dir() -> Path:
@@ -75,7 +76,7 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
                    f"{', '.join('random-' + shape for shape in sorted(NAMED_CONFIGS))} (seeded random weights of "
                    "that shape: for tests and sizing, their text is noise).")
 @click.option("--served-model-name", default="", help="Model id clients name (default: the model's name).")
-@click.option("--dtype", type=click.Choice(["auto", *DTYPES]), default="auto", show_default=True,
+@click.option("--dtype", type=click.Choice(["auto", *KV_DTYPES]), default="auto", show_default=True,
               help="auto: bfloat16 on a GPU, float32 on the CPU.")
 @click.option("--gpu-blocks", default=None, type=click.IntRange(min=1),
               help="KV blocks of each agent's gpu tier (CPU agents, or without --gpu-memory-utilization) "

@@ -198,6 +198,7 @@ class NodeMemory:
             return self._swap_in(seq, budget)
         assert seq.num_computed == 0 and not seq.block_ids, seq
         table = seq.table
+        # The last prompt token is always computed: its logits are what the first sampled token needs.
         usable = usable_prefix_blocks(len(seq.tokens), self.block_size) if self.config.enable_prefix_caching else 0
         hit = match_prefix(self.gpu, self.host, self.sequences.block_hashes(table, usable))
         self.sequences.attach_prefix(table, hit.block_ids)

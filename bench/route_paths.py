@@ -69,6 +69,9 @@ class Directory:
     def nodes(self) -> list[NodeId]:
         return sorted(self._clients)
 
+    def role(self, node: NodeId) -> str:
+        return "both"
+
 
 class PrehashedRouter(Router):
     """The production Router with the prompt's block hashes computed before the clock starts, so the

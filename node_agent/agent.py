@@ -300,7 +300,7 @@ class NodeAgent:
     def node_info(self) -> NodeInfo:
         """What RegisterNode declares for this incarnation (its capacity: NodeMemory.capacity)."""
         return NodeInfo(self.node, self.epoch, self.layout.fingerprint(), self.layout.block_size,
-                        self.block_bytes, self.transfer_address, self.memory.capacity())
+                        self.block_bytes, self.transfer_address, self.memory.capacity(), self.config.role)
 
     @property
     def block_bytes(self) -> int:

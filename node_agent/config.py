@@ -14,6 +14,7 @@ from radixmesh.node_agent.model.source import ModelSource, random_source
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.kv_layout import KV_DTYPES
 from radixmesh.proto.metadata.limits import check_node_id
+from radixmesh.proto.metadata.nodes import NODE_ROLES
 
 TRANSFER_PLANES = ("none", "ucx", "ray", "auto")
 
@@ -26,6 +27,9 @@ class AgentConfig:
     node_id: NodeId
     model: ModelSource = field(default_factory=random_source)
     """The model (model.source.resolve_model): the same on every agent of a layout."""
+    role: str = "both"
+    """Which phase the router sends this agent (proto.metadata.nodes.NODE_ROLES): "both" (aggregated),
+    "prefill" or "decode". It registers it with the rest of its NodeInfo; the engine is the same."""
     served_model_name: str = ""
     """The model id clients name (`up --served-model-name`), which labels every metric `model_name`;
     "": the model's own name."""
@@ -135,6 +139,8 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         check_node_id(self.node_id)
+        if self.role not in NODE_ROLES:
+            raise ValueError(f"role must be one of {', '.join(NODE_ROLES)}, got {self.role!r}")
         if self.dtype != "auto" and self.dtype not in KV_DTYPES:
             raise ValueError(f"dtype must be auto or one of {', '.join(KV_DTYPES)}, got {self.dtype!r}")
         if self.modeled is not None and (self.device not in ("auto", "cpu") or self.dtype not in ("auto", "float32")

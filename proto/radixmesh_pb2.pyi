@@ -19,7 +19,7 @@ TIER_HOST: Tier
 TIER_DISK: Tier
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "epoch", "layout_fingerprint", "block_size", "transfer_address", "capacity_blocks", "block_bytes")
+    __slots__ = ("node_id", "epoch", "layout_fingerprint", "block_size", "transfer_address", "capacity_blocks", "block_bytes", "role")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class RegisterNodeRequest(_message.Message):
     TRANSFER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
     layout_fingerprint: str
@@ -34,7 +35,8 @@ class RegisterNodeRequest(_message.Message):
     transfer_address: str
     capacity_blocks: int
     block_bytes: int
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., layout_fingerprint: _Optional[str] = ..., block_size: _Optional[int] = ..., transfer_address: _Optional[str] = ..., capacity_blocks: _Optional[int] = ..., block_bytes: _Optional[int] = ...) -> None: ...
+    role: str
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., layout_fingerprint: _Optional[str] = ..., block_size: _Optional[int] = ..., transfer_address: _Optional[str] = ..., capacity_blocks: _Optional[int] = ..., block_bytes: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("node_id", "epoch", "ttl_s", "next_seq", "snapshot_required", "recalled")

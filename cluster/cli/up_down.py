@@ -1,6 +1,7 @@
 """`radixmesh up / down`: run a deployment (`route` and `stats`, which look at one, are in route_stats.py).
 
     radixmesh up --local 3                 # this machine, 3 simulated nodes; prints the URL, stays up
+    radixmesh up --local 2 --prefill 1 --decode 1   # the same, split: a prefill agent and a decode agent
     radixmesh up --address auto            # an existing Ray cluster (`ray up`): one agent per GPU
     radixmesh down
 """
@@ -63,6 +64,11 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
 @click.command("up")
 @click.option("--local", "local_nodes", type=click.IntRange(1, 64), default=None,
               help="Run here in the foreground with N simulated nodes (Ctrl-C or `radixmesh down` stops it).")
+@click.option("--prefill", "prefill_nodes", type=click.IntRange(1, 63), default=None,
+              help="With --local and --decode: this many of the N agents are prefill agents (the router "
+                   "prefills prompts there and hands their KV to a decode agent); N must be prefill + decode.")
+@click.option("--decode", "decode_nodes", type=click.IntRange(1, 63), default=None,
+              help="With --local and --prefill: this many of the N agents are decode agents.")
 @click.option("--address", default="auto", show_default=True, help="Ray cluster to join (without --local).")
 @click.option("--state", default="memory", show_default=True, help="'memory' or a redis:// URL.")
 @click.option("--metadata-standby/--no-metadata-standby", default=False, show_default=True,
@@ -134,7 +140,7 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
                    "from tokens need them; without, subscribers see which blocks are held, not which prompts.")
 @cache_options
 @engine_options
-def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool, policy: str, host: str | None,
+def up(local_nodes: int | None, prefill_nodes: int | None, decode_nodes: int | None, address: str, state: str, metadata_standby: bool, policy: str, host: str | None,
        port: int, model_spec: str, served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
        host_blocks: int, host_cache: int | None, disk_cache: Path | None, disk_cache_gb: float,
        lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, tls_cert: Path | None,
@@ -143,6 +149,7 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
        kv_events_token_ids: bool,
        eviction: str, handoff: bool, engine: str, speedup: float) -> None:
     """Start metadata service, node agents and router; print the router URL."""
+    check_roles(local_nodes, prefill_nodes, decode_nodes)
     _refuse_a_live_record()
     try:
         check_tls_choice(tls_cert, tls_key, tls_dir, no_tls)
@@ -153,7 +160,8 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
     try:
         # Without --host: loopback on one machine, else (host "") the address of this Ray node.
         host = host if host is not None else "127.0.0.1" if local_nodes is not None else ""
-        config = LauncherConfig(local_nodes=local_nodes, state=state, metadata_standby=metadata_standby,
+        config = LauncherConfig(local_nodes=local_nodes, prefill_nodes=prefill_nodes or 0,
+                                decode_nodes=decode_nodes or 0, state=state, metadata_standby=metadata_standby,
                                 policy=policy, host=host, http_port=port,
                                 model=model, modeled=modeled, model_name=served_model_name, dtype=dtype,
                                 gpu_blocks=chosen_gpu_blocks(gpu_blocks, modeled, 16),
@@ -209,6 +217,21 @@ def up(local_nodes: int | None, address: str, state: str, metadata_standby: bool
     _progress(f"logs: the access log and the stats line of every actor are written{where}, {shown}")
     if local_nodes is not None:
         _serve_until_signalled()
+
+
+def check_roles(local_nodes: int | None, prefill_nodes: int | None, decode_nodes: int | None) -> None:
+    """click.UsageError for a split `up` cannot start: --prefill without --decode (or the reverse), a
+    split without --local, or --local N that is not prefill + decode (N counts every agent)."""
+    if prefill_nodes is None and decode_nodes is None:
+        return
+    if prefill_nodes is None or decode_nodes is None:
+        raise click.UsageError("--prefill and --decode go together: a split needs both kinds of agent")
+    if local_nodes is None:
+        raise click.UsageError(f"--prefill/--decode need --local {prefill_nodes + decode_nodes} (the split runs "
+                               "on simulated nodes only so far)")
+    if local_nodes != prefill_nodes + decode_nodes:
+        raise click.UsageError(f"--prefill {prefill_nodes} --decode {decode_nodes} make {prefill_nodes + decode_nodes} "
+                               f"agents, but --local says {local_nodes}: --local N counts every agent")
 
 
 def _progress(line: str) -> None:

@@ -8,7 +8,7 @@ radixmesh's own agents can also drop their cache (CacheResettable); an external 
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import ray
@@ -65,11 +65,15 @@ class CacheResettable(Protocol):
 
 
 class AgentDirectory(Protocol):
-    """Which agents exist right now (the launcher keeps it current)."""
+    """Which agents exist right now, and the role each registered with (the launcher keeps it current)."""
 
     def get(self, node: NodeId) -> AgentClient | None: ...
 
     def nodes(self) -> list[NodeId]: ...
+
+    def role(self, node: NodeId) -> str:
+        """`node`'s role (proto.metadata.nodes.NODE_ROLES; "both" for one not known)."""
+        ...
 
 
 class ServingAgent(Protocol):
@@ -122,10 +126,12 @@ class LocalAgentClient:
 
 
 class StaticAgentDirectory:
-    """A fixed set of agent clients; `remove` takes one out (the launcher saw it die)."""
+    """A fixed set of agent clients; `remove` takes one out (the launcher saw it die). `roles`: the
+    role each agent registered with (NodeInfo.role), "both" for those it does not name."""
 
-    def __init__(self, clients: Iterable[AgentClient]) -> None:
+    def __init__(self, clients: Iterable[AgentClient], roles: Mapping[NodeId, str] | None = None) -> None:
         self._clients: dict[NodeId, AgentClient] = {c.node: c for c in clients}
+        self._roles: dict[NodeId, str] = dict(roles or {})
 
     def get(self, node: NodeId) -> AgentClient | None:
         return self._clients.get(node)
@@ -133,11 +139,16 @@ class StaticAgentDirectory:
     def nodes(self) -> list[NodeId]:
         return sorted(self._clients)
 
-    def add(self, client: AgentClient) -> None:
+    def role(self, node: NodeId) -> str:
+        return self._roles.get(node, "both")
+
+    def add(self, client: AgentClient, role: str = "both") -> None:
         self._clients[client.node] = client
+        self._roles[client.node] = role
 
     def remove(self, node: NodeId) -> None:
         self._clients.pop(node, None)
+        self._roles.pop(node, None)
 
 
 class RayAgentClient:

@@ -38,6 +38,11 @@ class LauncherConfig:
     local_nodes: int | None = None
     """N simulated nodes on this machine (agents pinned by custom resources); None: one agent per GPU
     of the Ray cluster."""
+    prefill_nodes: int = 0
+    """Of the `local_nodes`, how many are prefill agents (node-0 ...), the rest decode agents
+    (docs/disaggregation.md); 0 with `decode_nodes` 0: every agent does both (aggregated)."""
+    decode_nodes: int = 0
+    """Of the `local_nodes`, how many are decode agents (the last ones)."""
     host: str = "127.0.0.1"
     """Address the router's HTTP server and the metadata service bind (and advertise); "": the address
     of the Ray node `up` runs on (a multi-host cluster: reachable by every node, unlike 127.0.0.1).
@@ -138,6 +143,7 @@ class LauncherConfig:
     def __post_init__(self) -> None:
         if self.local_nodes is not None and not 1 <= self.local_nodes <= 64:
             raise ValueError(f"local_nodes must be in [1, 64], got {self.local_nodes}")
+        self._check_roles()
         for name in ("http_port", "metadata_port"):
             if not 0 <= getattr(self, name) < 65536:
                 raise ValueError(f"{name} must be in [0, 65535], got {getattr(self, name)}")
@@ -190,6 +196,26 @@ class LauncherConfig:
         """Where `node`'s agent publishes vLLM-format KV events (kv_events_endpoint)."""
         return None if self.kv_events_endpoint is None else self.kv_events_endpoint.replace("{node}", node)
 
+    def _check_roles(self) -> None:
+        p, d = self.prefill_nodes, self.decode_nodes
+        if not p and not d:
+            return
+        if p < 1 or d < 1:
+            raise ValueError(f"a prefill/decode split needs at least one prefill and one decode agent, got "
+                             f"{p} prefill and {d} decode")
+        if self.local_nodes is None:
+            raise ValueError("prefill and decode agents are placed on simulated nodes only (--local) so far")
+        if p + d != self.local_nodes:
+            raise ValueError(f"{p} prefill + {d} decode agents make {p + d}, but local_nodes is "
+                             f"{self.local_nodes}: the local nodes count every agent")
+
+    def role_of(self, node: NodeId) -> str:
+        """`node`'s role (NODE_ROLES): node-0 .. node-(P-1) prefill, the next D decode; else both."""
+        if not self.prefill_nodes:
+            return "both"
+        ids = self.node_ids(self.prefill_nodes + self.decode_nodes)
+        return "prefill" if node in ids[: self.prefill_nodes] else "decode" if node in ids else "both"
+
     def node_ids(self, count: int) -> list[NodeId]:
         """Names of `count` nodes: node-0, node-1, ..."""
         return [NodeId(f"node-{i}") for i in range(count)]
@@ -199,7 +225,8 @@ class LauncherConfig:
         memory = MemoryConfig(num_gpu_blocks=self.gpu_blocks, num_host_blocks=self.host_blocks,
                               enable_prefix_caching=self.prefix_caching, hash_key=self.secret.hash_key(),
                               pool=PoolConfig(eviction=self.eviction))
-        return AgentConfig(node, model=self.model, served_model_name=self.served_model_name, dtype=self.dtype,
+        return AgentConfig(node, model=self.model, role=self.role_of(node), served_model_name=self.served_model_name,
+                           dtype=self.dtype,
                            gpu_memory_utilization=self.gpu_memory_utilization, modeled=self.modeled,
                            engine=EngineConfig(block_size=self.block_size, memory=memory), host=host,
                            transfer=self.transfer, secret=self.secret, transfer_mac=self.transfer_mac,

@@ -172,7 +172,8 @@ async def _start_reporting_agents(router: Any, report: Callable[[str], None]) ->
         await asyncio.wait([start], timeout=PROGRESS_POLL_S)
         joined: list[NodeInfo] = await router.joined.remote()
         for info in joined[shown:]:
-            report(f"agent {info.node_id} ready: KV pool {info.capacity_blocks} blocks of {info.block_size} "
+            role = f" ({info.role})" if info.role != "both" else ""
+            report(f"agent {info.node_id}{role} ready: KV pool {info.capacity_blocks} blocks of {info.block_size} "
                    f"tokens ({gib(info.capacity_blocks * info.block_bytes)}), transfer {info.transfer_address}")
         shown = len(joined)
         failed: dict[NodeId, str] = await router.failed.remote()

@@ -158,7 +158,7 @@ class AgentReconciler:
             await self._stop(slot.node)
             return
         self._starting.pop(slot.node, None)
-        self.directory.add(result.client)
+        self.directory.add(result.client, result.info.role)
         self.infos[slot.node] = result.info
         self.failures.pop(slot.node, None)
         self.on_join(result.info)

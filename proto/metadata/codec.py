@@ -62,6 +62,7 @@ def node_info_to_pb(info: NodeInfo) -> pb.RegisterNodeRequest:
         block_bytes=info.block_bytes,
         transfer_address=info.transfer_address,
         capacity_blocks=info.capacity_blocks,
+        role=info.role,
     )
 
 
@@ -74,6 +75,7 @@ def node_info_from_pb(m: pb.RegisterNodeRequest) -> NodeInfo:
         m.block_bytes,
         m.transfer_address,
         m.capacity_blocks,
+        m.role or "both",  # a node of an older release declares none
     )
 
 

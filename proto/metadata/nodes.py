@@ -22,6 +22,12 @@ MAX_LOAD_COUNT = 1 << 53
 MAX_GROUP_CHARS = 256
 """A compute group name (host, device and core set of an agent)."""
 
+NODE_ROLES = ("both", "prefill", "decode")
+"""What a node serves (prefill/decode disaggregation, docs/disaggregation.md): `both` prefills and
+decodes its own requests (the default, an aggregated cluster); a `prefill` node computes prompts whose
+KV a `decode` node pulls and generates from. Every node can still do either: a role is where the
+router sends which phase."""
+
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
@@ -38,9 +44,13 @@ class NodeInfo:
     """KV bytes of one block of that layout (KVLayout.block_bytes): what the router prices a pull by."""
     transfer_address: str
     capacity_blocks: int
+    role: str = "both"
+    """One of NODE_ROLES."""
 
     def __post_init__(self) -> None:
         check_node_id(self.node_id)
+        if self.role not in NODE_ROLES:
+            raise ValueError(f"role must be one of {', '.join(NODE_ROLES)}, got {self.role!r}")
         if self.epoch < 1:
             raise ValueError(f"epoch must be >= 1, got {self.epoch}")
         if not self.layout:

@@ -38,10 +38,11 @@ refused), so the outage tests wait no longer for it."""
 
 
 def agent_config(node: str, metadata: str | None = None, transfer: str = "none", gpu_blocks: int = 256,
-                 ) -> AgentConfig:
+                 role: str = "both") -> AgentConfig:
     engine = EngineConfig(block_size=BS, memory=MemoryConfig(num_gpu_blocks=gpu_blocks))
     return AgentConfig(NodeId(node), model=SOURCE, served_model_name=MODEL_NAME, engine=engine, transfer=transfer,
-                       secret=SECRET, metadata_address=metadata, heartbeat_interval_s=0.2, publish_interval_s=0.01)
+                       secret=SECRET, metadata_address=metadata, heartbeat_interval_s=0.2, publish_interval_s=0.01,
+                       role=role)
 
 
 def reference(tokens: Sequence[int], sampling: SamplingParams) -> tuple[int, ...]:
@@ -94,15 +95,18 @@ async def start_metadata(port: int = 0) -> tuple[MetadataServer, int]:
 
 @contextlib.asynccontextmanager
 async def local_cluster(n: int, *, with_metadata: bool = True, publish: bool = False, transfer: str = "none",
-                        seed: int = 0, gpu_blocks: int = 256, **router_kw: object) -> AsyncIterator[Cluster]:
+                        seed: int = 0, gpu_blocks: int = 256, roles: Sequence[str] = (),
+                        **router_kw: object) -> AsyncIterator[Cluster]:
     """`n` agents "a", "b", ... and a router; with `publish` the agents register with the metadata
-    service and publish their cache events to it. Checks the router's invariants at the end."""
+    service and publish their cache events to it; `roles`: the agents' roles in order (default all
+    "both"). Checks the router's invariants at the end."""
     servers, port = [], 0
     if with_metadata:
         server, port = await start_metadata()
         servers.append(server)
     address = f"127.0.0.1:{port}" if publish else None
-    agents = [NodeAgent(agent_config(chr(ord("a") + i), address, transfer, gpu_blocks)) for i in range(n)]
+    roles = tuple(roles) or ("both",) * n
+    agents = [NodeAgent(agent_config(chr(ord("a") + i), address, transfer, gpu_blocks, roles[i])) for i in range(n)]
     client = (MetadataClient(f"127.0.0.1:{port}", credentials=CallerCredentials.cluster(SECRET),
                              timeout_s=MATCH_TIMEOUT_S)
               if with_metadata else None)
@@ -110,7 +114,7 @@ async def local_cluster(n: int, *, with_metadata: bool = True, publish: bool = F
     try:
         for a in agents:
             await a.start()
-        directory = StaticAgentDirectory([LocalAgentClient(a) for a in agents])
+        directory = StaticAgentDirectory([LocalAgentClient(a) for a in agents], {a.node: a.config.role for a in agents})
         layout = agents[0].layout
         router_kw.setdefault("policy_config", PolicyConfig(block_bytes=layout.block_bytes))
         router_kw.setdefault("match_timeout_s", MATCH_TIMEOUT_S)

@@ -30,10 +30,10 @@ class PullSource(Protocol):
         """The peer `candidate` would pull from, or None."""
 
 
-def _top_two(cluster: ClusterView, blocks: Callable[[NodeView], int]) -> list[NodeView]:
-    """The two nodes with the most `blocks` (> 0), most first; ties: first in the view."""
+def _top_two(nodes: Sequence[NodeView], blocks: Callable[[NodeView], int]) -> list[NodeView]:
+    """The two of `nodes` with the most `blocks` (> 0), most first; ties: first in the view."""
     top: list[NodeView] = []
-    for v in cluster.nodes:
+    for v in nodes:
         n = blocks(v)
         if n == 0:
             continue
@@ -56,7 +56,8 @@ class LongestPeer:
         self._top: list[NodeView] = []
 
     def prepare(self, cluster: ClusterView) -> None:
-        self._top = _top_two(cluster, lambda v: v.held_blocks)
+        # Peers are pulled from like candidates; they are only never chosen.
+        self._top = _top_two((*cluster.nodes, *cluster.peers), lambda v: v.held_blocks)
 
     def holder(self, candidate: NodeView, cluster: ClusterView) -> Holder | None:
         v = _best_other(self._top, candidate.node)
@@ -114,7 +115,7 @@ class CostPolicy:
 
     def route(self, request: RouteRequest, cluster: ClusterView) -> RouteDecision:
         self._pulls.prepare(cluster)
-        computing = _top_two(cluster, lambda v: v.pending_blocks)
+        computing = _top_two(cluster.nodes, lambda v: v.pending_blocks)
         mates = self._model.mates_work(cluster.nodes)
         priced = []
         for v in within_load_cap(cluster.nodes, self._eps, request, self._floor_s, cluster.fleet):

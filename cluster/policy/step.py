@@ -14,7 +14,7 @@ fleet's mean, so the cost does not grow with the number of nodes.
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from radixmesh.cluster.policy.base import RouteDecision, RoutePolicy, RouteRequest
@@ -106,6 +106,7 @@ class RoutingStep:
         describe: Callable[[NodeId], NodeMatch | None] | None = None,
         pin: NodeId | None = None,
         record: bool = True,
+        peers: frozenset[NodeId] = frozenset(),
     ) -> Routed:
         """Decide where a prompt of `prompt_tokens` tokens whose full blocks are `hashes` goes, never to
         a node of `exclude`, and (`record`) hold the decision as pending until `answered` or `abandon`.
@@ -113,21 +114,30 @@ class RoutingStep:
         Candidates: `pool` as given, or with `narrow` (and an index answer) the holders and the
         least-loaded nodes of `pool` that pass `usable` (all of `pool` when none does), with what
         `describe` knows of the least-loaded ones (their heartbeated load and transfer address) added
-        to `match`. `pin`, while a candidate, is the only one. Raises NoNodeAvailable when no
-        candidate is left.
+        to `match`. `pin`, while a candidate, is the only one. `peers` are never candidates; those of
+        them that hold a computed prefix (and are not excluded) join the view as pull peers
+        (ClusterView.peers). Raises NoNodeAvailable when no candidate is left.
         """
         pending = self.pending.match(hashes)
+        computed = self.pending.match(hashes, computed=True)
         fleet: FleetLoad | None = None
         if narrow and match is not None:
-            match, candidates, fleet = self._narrow(match, pending, pool, exclude, usable, describe)
+            match, candidates, fleet = self._narrow(match, pending, pool, exclude | peers, usable, describe)
         else:
-            candidates = [n for n in pool if n not in exclude] if exclude else list(pool)
+            barred = exclude | peers
+            candidates = [n for n in pool if n not in barred] if barred else list(pool)
         if pin is not None and pin in candidates:
             candidates = [pin]
         if not candidates:
             raise NoNodeAvailable("no candidate node left")
-        view = build_view(candidates, match, pending, self.loads, self.default_prefill_tokens_per_s, fleet,
-                          computed=self.pending.match(hashes, computed=True), move_margin_s=self.move_margin_s)
+        holders = {m.node_id for m in match.nodes if m.gpu_blocks} if match is not None else set()
+        lenders = sorted(n for n in peers if n not in exclude and (n in holders or computed.get(n, 0)))
+        view = build_view([*candidates, *lenders], match, pending, self.loads, self.default_prefill_tokens_per_s,
+                          fleet, computed=computed, move_margin_s=self.move_margin_s)
+        if lenders:
+            nodes = view.cluster.nodes
+            view = replace(view, cluster=replace(view.cluster, nodes=nodes[: len(candidates)],
+                                                 peers=nodes[len(candidates):]))
         policy = self.policy if match is not None else self.fallback
         decision = policy.route(RouteRequest(prompt_tokens, len(hashes), self.block_tokens), view.cluster)
         hold = self.pending.hold(decision.node, hashes) if record else None

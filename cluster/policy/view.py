@@ -126,11 +126,15 @@ class ClusterView:
     """How far apart two TTFT estimates must be before the difference is believed: the router's
     recent 90th-percentile absolute TTFT error (Calibration.move_margin_s); 0 where estimates are exact (the
     simulator). The cost policy leaves a longer cached prefix behind only for a gain beyond it."""
+    peers: tuple[NodeView, ...] = ()
+    """Holders a candidate may pull from that the request may not go to (a split cluster's decode
+    agents while a prompt is routed to its prefill agents: docs/disaggregation.md)."""
 
     def __post_init__(self) -> None:
         if not self.nodes:
             raise ValueError("no candidate nodes: the cluster has no live node")
-        if len({v.node for v in self.nodes}) != len(self.nodes):
+        everyone = [v.node for v in (*self.nodes, *self.peers)]
+        if len(set(everyone)) != len(everyone):
             raise ValueError("a node appears twice in the cluster view")
 
 

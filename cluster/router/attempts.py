@@ -37,10 +37,11 @@ class Attempts:
         self._metrics, self._suspects, self._clock = metrics, suspects, clock
 
     async def serve(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None, pin: NodeId | None,
-                    session: str | None) -> AsyncGenerator[RouterItem, None]:
-        """Router.generate's items for `request` (its seed fixed). Raises Overloaded when every node
-        left or tried is busy, NoNodeAvailable when none is left or `max_attempts` failed."""
-        arrival = self._clock()
+                    session: str | None, arrival: float | None = None) -> AsyncGenerator[RouterItem, None]:
+        """Router.generate's items for `request` (its seed fixed); TTFT counts from `arrival` (default:
+        now). Raises Overloaded when every node left or tried is busy, NoNodeAvailable when none is
+        left or `max_attempts` failed."""
+        arrival = self._clock() if arrival is None else arrival
         first_token_at: float | None = None
         sent: list[int] = []
         exclude: set[NodeId] = set()
@@ -94,9 +95,8 @@ class Attempts:
                         yield TokenDelta(request.request_id, tuple(new), logprobs[len(tokens) - len(new):])
                     if isinstance(item, ServeResult):
                         ttft = (first_token_at if first_token_at is not None else self._clock()) - arrival
-                        self._metrics.record_served(node, item.stats, self.config.block_size,
-                                                    routed.cluster_tokens, expected_local, ttft)
-                        self._record_outcome(routed, item.stats, usable, reused, len(request.prompt_token_ids), ttft)
+                        self._served(routed, item.stats, usable, reused, len(request.prompt_token_ids),
+                                     expected_local, ttft)
                         yield RouterResult(item, routed, attempt, ttft)
                         return
                 raise AgentUnavailable(f"agent {node} ended the stream without a result")
@@ -121,6 +121,13 @@ class Attempts:
         if busy and busy == exclude:
             raise Overloaded(f"every node tried is busy ({sorted(busy)}): retry later", self.config.admission.retry_after_s)
         raise NoNodeAvailable(f"request {request.request_id}: {len(exclude)} node(s) failed: {sorted(exclude)}")
+
+    def _served(self, routed: RoutedPlan, stats: ServeStats, usable: int, reused: int, prompt: int,
+                expected_local: int, ttft_s: float) -> None:
+        """Count a finished attempt: its tokens by source, its TTFT, its decision's outcome."""
+        self._metrics.record_served(routed.decision.node, stats, self.config.block_size, routed.cluster_tokens,
+                                    expected_local, ttft_s)
+        self._record_outcome(routed, stats, usable, reused, prompt, ttft_s)
 
     def _record_outcome(self, routed: RoutedPlan, stats: ServeStats, usable: int, reused: int, prompt: int,
                         ttft_s: float) -> None:

@@ -108,6 +108,14 @@ class RouterStats:
         "gauge", "1 while the metadata service answers Match, 0 while routing degrades.")
     router_requests_running: int = metric("gauge", "Requests holding a running slot of admission control.")
     router_requests_waiting: int = metric("gauge", "Requests waiting for a running slot.")
+    role_decisions: dict[str, int] = metric(
+        "counter", "Routing decisions by the role of the chosen agent (both, prefill, decode).", "role")
+    handoffs: dict[str, int] = metric(
+        "counter", "Prefill-to-decode hand-offs, by outcome: pulled (every planned block), partial (some "
+        "recomputed) or recomputed (nothing pulled).", "outcome")
+    handoff_bytes: int = metric("counter", "KV bytes decode agents pulled from prefill agents.")
+    handoff_seconds: HistogramSnapshot = metric(
+        "histogram", "Time of one hand-off: the decode agent's pull of the prompt's KV from its prefill agent.")
 
 
 class RouterMetrics:
@@ -136,6 +144,10 @@ class RouterMetrics:
         """Set by the router: False while the metadata service does not answer."""
         self.admission: Admission | None = None
         """Set by the router: its running and waiting requests."""
+        self.role_decisions: dict[str, int] = {}
+        self.handoffs: dict[str, int] = {}
+        self.handoff_bytes = 0
+        self.handoff_seconds = Histogram(TRANSFER_BUCKETS_S)
         self.calibration = Calibration()
         """Each decision's prediction beside its outcome (the router records them as requests end)."""
 
@@ -146,6 +158,33 @@ class RouterMetrics:
         self.decisions[policy, node] = self.decisions.get((policy, node), 0) + 1
         self.routed[node] = self.routed.get(node, 0) + 1
 
+    def record_role(self, role: str) -> None:
+        """A decision chose an agent of `role`."""
+        self.role_decisions[role] = self.role_decisions.get(role, 0) + 1
+
+    def record_tokens(self, node: NodeId, stats: ServeStats, block_size: int, cluster_tokens: int,
+                      predicted_local_tokens: int) -> None:
+        """Count a finished request's prompt tokens by source and its pull, not its TTFT (a split
+        cluster's prefill phase: its one token is no client's first token)."""
+        regret = max(0, min(cluster_tokens, stats.prompt_tokens) - stats.tokens.hits)
+        self.total.add(stats, regret, predicted_local_tokens)
+        self.per_node.setdefault(node, TokenTable()).add(stats, regret, predicted_local_tokens)
+        self.remote_hit_blocks += stats.tokens.remote // block_size
+        if stats.pull_bytes or stats.pull_seconds:
+            self.transfer_bytes += stats.pull_bytes
+            self.transfer_seconds.observe(stats.pull_seconds)
+
+    def record_handoff(self, stats: ServeStats, planned_blocks: int, block_size: int, ttft_s: float) -> None:
+        """A split cluster's decode phase ended: what its pull of `planned_blocks` moved, and the
+        client's TTFT (prefill, hand-off and the decode agent's first step)."""
+        pulled = stats.tokens.remote // block_size
+        outcome = "pulled" if planned_blocks and pulled >= planned_blocks else "partial" if pulled else "recomputed"
+        self.handoffs[outcome] = self.handoffs.get(outcome, 0) + 1
+        self.handoff_bytes += stats.pull_bytes
+        if stats.pull_bytes or stats.pull_seconds:
+            self.handoff_seconds.observe(stats.pull_seconds)
+        self.ttft.observe(ttft_s)
+
     def record_failed_attempt(self, node: NodeId) -> None:
         """`node` became unavailable while serving a request that is retried elsewhere."""
         self.failed_attempts[node] = self.failed_attempts.get(node, 0) + 1
@@ -154,13 +193,7 @@ class RouterMetrics:
     def record_served(self, node: NodeId, stats: ServeStats, block_size: int,
                       cluster_tokens: int, predicted_local_tokens: int, ttft_s: float) -> None:
         """Count one finished request; `cluster_tokens` is Match's cluster-wide prefix (0 without it)."""
-        regret = max(0, min(cluster_tokens, stats.prompt_tokens) - stats.tokens.hits)
-        self.total.add(stats, regret, predicted_local_tokens)
-        self.per_node.setdefault(node, TokenTable()).add(stats, regret, predicted_local_tokens)
-        self.remote_hit_blocks += stats.tokens.remote // block_size
-        if stats.pull_bytes or stats.pull_seconds:
-            self.transfer_bytes += stats.pull_bytes
-            self.transfer_seconds.observe(stats.pull_seconds)
+        self.record_tokens(node, stats, block_size, cluster_tokens, predicted_local_tokens)
         self.ttft.observe(ttft_s)
 
     def stats(self) -> RouterStats:
@@ -179,6 +212,10 @@ class RouterMetrics:
             metadata_available=int(self.metadata_available),
             router_requests_running=self.admission.running if self.admission else 0,
             router_requests_waiting=self.admission.waiting if self.admission else 0,
+            role_decisions=dict(self.role_decisions),
+            handoffs=dict(self.handoffs),
+            handoff_bytes=self.handoff_bytes,
+            handoff_seconds=self.handoff_seconds.snapshot(),
         )
 
     def render(self, *more: object) -> str:

@@ -30,6 +30,14 @@ from radixmesh.cluster.router.admission import Admission, Overloaded
 from radixmesh.cluster.router.attempts import Attempts
 from radixmesh.cluster.router.cache_reset import CacheReset, RequestsRunning, reset_agents
 from radixmesh.cluster.router.config import RouterConfig
+from radixmesh.cluster.router.disaggregation import (
+    DecodeAttempts,
+    DecodePicker,
+    Disaggregation,
+    PrefillAttempts,
+    is_split,
+    nodes_of,
+)
 from radixmesh.cluster.router.index_watch import IndexWatcher
 from radixmesh.cluster.router.match_source import MatchSource
 from radixmesh.cluster.router.metrics import RouterMetrics
@@ -86,6 +94,14 @@ class Router:
         """Nodes whose last attempt failed, not routed to for a while (suspects.py)."""
         self._attempts = Attempts(config, directory, self.plan, self._step, self._inflight, self.metrics,
                                   self.suspects, clock)
+        picker = DecodePicker(directory, self._inflight, self.suspects, self._free_blocks, self._record_decode)
+        self._split = Disaggregation(
+            PrefillAttempts(config, directory, self._plan_prefill, self._step, self._inflight, self.metrics,
+                            self.suspects, clock),
+            DecodeAttempts(config, directory, picker.plan, self._step, self._inflight, self.metrics, self.suspects,
+                           clock),
+            directory, self._transfer_address, config.block_size, clock)
+        """Serves requests in two phases while the directory holds prefill and decode agents."""
         self._running = 0
         """Requests in `generate` now (validated, admitted or waiting for admission)."""
         self._idle = asyncio.Event()
@@ -162,16 +178,20 @@ class Router:
         return hash_blocks(request.prompt_token_ids, self.config.block_size, salt=salt, key=self.config.hash_key)
 
     async def plan(self, request: ServePlan, exclude: frozenset[NodeId] = frozenset(),
-                   node: NodeId | None = None, session: str | None = None) -> RoutedPlan:
+                   node: NodeId | None = None, session: str | None = None, *,
+                   among: frozenset[NodeId] | None = None) -> RoutedPlan:
         """Decide where `request` goes (never to a node of `exclude`; to `node` while it is a candidate;
         else to `session`'s node while it is a candidate within the load bound) and hold the
         decision as pending (RoutingStep): the caller that serves it ends the hold (`RoutedPlan.hold`,
         RoutingStep.answered / abandon), else it lasts `pending_max_s`. Raises NoNodeAvailable when
-        no candidate is left. Suspects are avoided while another node is left."""
+        no candidate is left. Suspects are avoided while another node is left. `among`: only these
+        nodes may serve it; the others may still be pulled from (a split cluster's prefill phase)."""
+        peers = frozenset(n for n in self.directory.nodes() if n not in among) if among is not None else frozenset()
         suspects = self.suspects.current()
         if suspects:  # (no pass over the directory while there are none: a decision's cost stays the holders')
             avoid = exclude | suspects
-            exclude = avoid if any(n not in avoid for n in self.directory.nodes()) else exclude
+            pool = self.directory.nodes() if among is None else among
+            exclude = avoid if any(n not in avoid for n in pool) else exclude
         hashes = self.block_hashes(request)[: self.config.max_match_blocks]
         tokens = len(request.prompt_token_ids)
         replicated = self._source.replica_match(hashes)
@@ -179,12 +199,12 @@ class Router:
         sticky = self._sessions.node(session) if session is not None and node is None else None
         try:
             # With a sticky node the policy's choice is recorded only once it stands.
-            routed = self._route(hashes, tokens, replicated, match, exclude, node, record=sticky is None)
+            routed = self._route(hashes, tokens, replicated, match, exclude, node, peers, record=sticky is None)
             if sticky is not None:
                 asked = RouteRequest(tokens, len(hashes), self.config.block_size)
                 if sticky != routed.decision.node and within_bound(sticky, routed.view.cluster, asked,
                                                                    self.config.policy_config):
-                    routed = self._route(hashes, tokens, replicated, match, exclude, sticky, record=True)
+                    routed = self._route(hashes, tokens, replicated, match, exclude, sticky, peers, record=True)
                 else:
                     routed = dataclasses.replace(routed, hold=self._pending.hold(routed.decision.node, hashes))
         except NoNodeAvailable:
@@ -198,6 +218,7 @@ class Router:
                                     usable_prefix_blocks(tokens, self.config.block_size)) * self.config.block_size
             self._reporter.add(self.watcher.replica.prediction(request.request_id, replicated, decision.node, computed))
         self.metrics.record_decision(routed.policy, decision.node)
+        self.metrics.record_role(self.directory.role(decision.node))
         pull = None
         address = view.addresses.get(decision.pull_from) if decision.pull_from is not None else None
         if decision.pull_from is not None and decision.pull_blocks > 0 and address:
@@ -208,24 +229,43 @@ class Router:
                           routed.match is not None, view.cluster, tuple(hashes), routed.hold)
 
     def _route(self, hashes: list[BlockHash], tokens: int, replicated: MatchResult | None,
-               match: MatchResult | None, exclude: frozenset[NodeId], pin: NodeId | None, *, record: bool
-               ) -> Routed:
+               match: MatchResult | None, exclude: frozenset[NodeId], pin: NodeId | None,
+               peers: frozenset[NodeId], *, record: bool) -> Routed:
         """The routing step on the replica's answer (`replicated`) or on Match's (`match`, None: no
-        prefix knowledge)."""
+        prefix knowledge); `peers` are pulled from, never chosen."""
         if replicated is not None:
             assert self.watcher is not None
             replica, directory = self.watcher.replica, self.directory
             return self._step.route(
                 hashes, tokens, replicated, directory.nodes(), narrow=True, exclude=exclude, pin=pin,
                 usable=lambda n: replica.is_live(n) and directory.get(n) is not None,
-                describe=self._described, record=record)
+                describe=self._described, record=record, peers=peers)
         candidates = [n for n in self.directory.nodes() if n not in exclude]
         if match is not None:
             live = {m.node_id for m in match.nodes}
             # The directory says who is reachable, the lease who is alive; agents that never
             # registered (standalone) are still served rather than refused.
             candidates = [n for n in candidates if n in live] or candidates
-        return self._step.route(hashes, tokens, match, candidates, pin=pin, record=record)
+        return self._step.route(hashes, tokens, match, candidates, pin=pin, record=record, peers=peers)
+
+    async def _plan_prefill(self, request: ServePlan, exclude: frozenset[NodeId], node: NodeId | None,
+                            session: str | None) -> RoutedPlan:
+        """`plan` among the prefill agents (a split cluster's first phase)."""
+        return await self.plan(request, exclude, node, session, among=nodes_of(self.directory, "prefill"))
+
+    def _record_decode(self, policy: str, node: NodeId) -> None:
+        self.metrics.record_decision(policy, node)
+        self.metrics.record_role(self.directory.role(node))
+
+    def _free_blocks(self, node: NodeId) -> int:
+        """`node`'s free blocks as it last heartbeated them (0 while the replica does not know it)."""
+        watched = self.watcher.replica.node(node) if self.watcher is not None else None
+        return watched.load.free_blocks if watched is not None else 0
+
+    def _transfer_address(self, node: NodeId) -> str:
+        """`node`'s transfer address as it registered it ("" while the replica does not know it)."""
+        watched = self.watcher.replica.node(node) if self.watcher is not None else None
+        return watched.transfer_address if watched is not None else ""
 
     def _described(self, node: NodeId) -> NodeMatch:
         """A least-loaded candidate as the replica knows it: no blocks, its heartbeated load."""
@@ -272,7 +312,9 @@ class Router:
             self.validate(request)
             async with self.admission.slot():
                 self.metrics.queue.observe(self._clock() - arrival)
-                served = self._attempts.serve(self._with_seed(request), on_routed, node, session)
+                seeded = self._with_seed(request)
+                served = (self._split.serve(seeded, on_routed, node, session) if is_split(self.directory)
+                          else self._attempts.serve(seeded, on_routed, node, session))
                 async with contextlib.aclosing(served) as items:
                     last: float | None = None
                     async for item in items:

@@ -21,6 +21,7 @@ from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId
 from radixmesh.node_agent.memory.config import MemoryConfig
+from radixmesh.node_agent.model.source import ModelSource
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.sampling import SamplingParams
 from tests.support.servers import start_metadata_server
@@ -38,9 +39,9 @@ refused), so the outage tests wait no longer for it."""
 
 
 def agent_config(node: str, metadata: str | None = None, transfer: str = "none", gpu_blocks: int = 256,
-                 role: str = "both") -> AgentConfig:
+                 role: str = "both", source: ModelSource = SOURCE) -> AgentConfig:
     engine = EngineConfig(block_size=BS, memory=MemoryConfig(num_gpu_blocks=gpu_blocks))
-    return AgentConfig(NodeId(node), model=SOURCE, served_model_name=MODEL_NAME, engine=engine, transfer=transfer,
+    return AgentConfig(NodeId(node), model=source, served_model_name=MODEL_NAME, engine=engine, transfer=transfer,
                        secret=SECRET, metadata_address=metadata, heartbeat_interval_s=0.2, publish_interval_s=0.01,
                        role=role)
 
@@ -96,17 +97,19 @@ async def start_metadata(port: int = 0) -> tuple[MetadataServer, int]:
 @contextlib.asynccontextmanager
 async def local_cluster(n: int, *, with_metadata: bool = True, publish: bool = False, transfer: str = "none",
                         seed: int = 0, gpu_blocks: int = 256, roles: Sequence[str] = (),
-                        **router_kw: object) -> AsyncIterator[Cluster]:
+                        source: ModelSource = SOURCE, **router_kw: object) -> AsyncIterator[Cluster]:
     """`n` agents "a", "b", ... and a router; with `publish` the agents register with the metadata
     service and publish their cache events to it; `roles`: the agents' roles in order (default all
-    "both"). Checks the router's invariants at the end."""
+    "both"); `source`: their model (the tiny seeded one; another needs its `limits` passed too).
+    Checks the router's invariants at the end."""
     servers, port = [], 0
     if with_metadata:
         server, port = await start_metadata()
         servers.append(server)
     address = f"127.0.0.1:{port}" if publish else None
     roles = tuple(roles) or ("both",) * n
-    agents = [NodeAgent(agent_config(chr(ord("a") + i), address, transfer, gpu_blocks, roles[i])) for i in range(n)]
+    agents = [NodeAgent(agent_config(chr(ord("a") + i), address, transfer, gpu_blocks, roles[i], source))
+              for i in range(n)]
     client = (MetadataClient(f"127.0.0.1:{port}", credentials=CallerCredentials.cluster(SECRET),
                              timeout_s=MATCH_TIMEOUT_S)
               if with_metadata else None)

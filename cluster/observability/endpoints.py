@@ -48,6 +48,9 @@ def stats_document(metrics: RouterMetrics, cluster: ClusterStats | None, *, poli
         "degraded": not metadata_available,
         "requests_by_status": dict(metrics.status_counts),
         "retries": metrics.retries,
+        "role_decisions": dict(metrics.role_decisions),
+        "handoffs": dict(metrics.handoffs),
+        "handoff_bytes": metrics.handoff_bytes,
         **metrics.total.as_dict(),
         "nodes": per_node,
     }

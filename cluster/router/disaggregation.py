@@ -81,7 +81,7 @@ class DecodeAttempts(Attempts):
 
     def _served(self, routed: RoutedPlan, stats: ServeStats, usable: int, reused: int, prompt: int,
                 expected_local: int, ttft_s: float) -> None:
-        self._metrics.record_handoff(stats, routed.decision.pull_blocks, self.config.block_size, ttft_s)
+        self._metrics.record_handoff(stats, routed.decision.pull_blocks, ttft_s)
 
 
 class DecodePicker:

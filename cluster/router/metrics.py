@@ -111,8 +111,9 @@ class RouterStats:
     role_decisions: dict[str, int] = metric(
         "counter", "Routing decisions by the role of the chosen agent (both, prefill, decode).", "role")
     handoffs: dict[str, int] = metric(
-        "counter", "Prefill-to-decode hand-offs, by outcome: pulled (every planned block), partial (some "
-        "recomputed) or recomputed (nothing pulled).", "outcome")
+        "counter", "Prefill-to-decode hand-offs, by outcome: pulled (every planned block the decode agent "
+        "lacked), partial (some recomputed), recomputed (nothing pulled) or unplanned (no full block, or the "
+        "prefill agent's address not known yet).", "outcome")
     handoff_bytes: int = metric("counter", "KV bytes decode agents pulled from prefill agents.")
     handoff_seconds: HistogramSnapshot = metric(
         "histogram", "Time of one hand-off: the decode agent's pull of the prompt's KV from its prefill agent.")
@@ -174,11 +175,16 @@ class RouterMetrics:
             self.transfer_bytes += stats.pull_bytes
             self.transfer_seconds.observe(stats.pull_seconds)
 
-    def record_handoff(self, stats: ServeStats, planned_blocks: int, block_size: int, ttft_s: float) -> None:
+    def record_handoff(self, stats: ServeStats, planned_blocks: int, ttft_s: float) -> None:
         """A split cluster's decode phase ended: what its pull of `planned_blocks` moved, and the
         client's TTFT (prefill, hand-off and the decode agent's first step)."""
-        pulled = stats.tokens.remote // block_size
-        outcome = "pulled" if planned_blocks and pulled >= planned_blocks else "partial" if pulled else "recomputed"
+        # Blocks the decode agent held already are skipped, not failed: pull_failed says what was recomputed.
+        if not planned_blocks:
+            outcome = "unplanned"
+        elif stats.pull_failed:
+            outcome = "partial" if stats.tokens.remote else "recomputed"
+        else:
+            outcome = "pulled"
         self.handoffs[outcome] = self.handoffs.get(outcome, 0) + 1
         self.handoff_bytes += stats.pull_bytes
         if stats.pull_bytes or stats.pull_seconds:

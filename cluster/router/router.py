@@ -10,6 +10,7 @@ routed again; the seed fixed here reproduces the same tokens, and those already 
 A node whose attempt failed is avoided for a while (suspects).
 Sessions: a request with a session key follows its session's node while that node is a candidate
 within the load bound (session_affinity). Reset: cache_reset. docs/routing.md tells the whole story.
+A directory with prefill and decode agents serves each request in two phases (disaggregation.py).
 """
 
 import asyncio

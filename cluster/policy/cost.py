@@ -87,7 +87,7 @@ class _Scored(NamedTuple):
     extra_s: float
     """Work beyond the cheapest candidate's."""
     delay_s: float
-    """What `extra_s` costs the requests queued behind it (delay_to_others)."""
+    """What `extra_s` costs the requests queued behind it and those decoding there (delay_to_others)."""
     margin_s: float
     """The view's move margin when this candidate leaves cached blocks behind, else 0."""
 
@@ -97,7 +97,8 @@ class _Scored(NamedTuple):
 
 
 def _delay(s: _Scored) -> str:
-    return f"priced {s.delay_s * 1e3:.1f} ms of others' waiting ({s.view.queued_requests} queued)"
+    return (f"priced {s.delay_s * 1e3:.1f} ms of others' waiting ({s.view.queued_requests} queued, "
+            f"{s.view.running_decodes} decoding)")
 
 
 class CostPolicy:
@@ -127,6 +128,7 @@ class CostPolicy:
             own = est.total_s + duplicate * request.block_tokens / v.prefill_tokens_per_s
             priced.append((own, est, v, holder, duplicate))
         least = min(p[1].work_s for p in priced)
+        least_compute = min(p[1].work_s - p[1].pull_s for p in priced)
         longest = max(min(p[2].local_blocks, request.num_blocks) for p in priced)
 
         def leaves(est: TTFTEstimate, v: NodeView) -> bool:
@@ -135,7 +137,9 @@ class CostPolicy:
         def margin(est: TTFTEstimate, v: NodeView) -> float:
             return cluster.move_margin_s if leaves(est, v) else 0.0
 
-        scored = [_Scored(*p, p[1].work_s - least, delay_to_others(p[2], p[1].work_s - least), margin(p[1], p[2]))
+        scored = [_Scored(*p, p[1].work_s - least,
+                          delay_to_others(p[2], p[1].work_s - least, p[1].work_s - p[1].pull_s - least_compute),
+                          margin(p[1], p[2]))
                   for p in priced]
         # Scores within the margin of the best are not told apart (the estimates' own error): among
         # them the fewest in flight wins, keeping what is cached first. Ranked by score alone, docs

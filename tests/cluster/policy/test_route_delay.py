@@ -25,12 +25,14 @@ def node(name: NodeId, local: int = 0, *, queued: int = 0, inflight: int = 0, de
     return NodeView(name, local, local, queued, inflight, 100.0, held_blocks=local, running_decodes=decodes)
 
 
-def test_the_delay_is_the_extra_work_times_n_n_plus_1_of_the_requests_not_yet_decoding() -> None:
-    assert delay_to_others(node(A), 0.4) == 0.0
-    assert delay_to_others(node(A, inflight=1), 0.4) == pytest.approx(0.8)
-    assert delay_to_others(node(A, inflight=5), 0.4) == pytest.approx(12.0)
-    # Requests past their prefill decode between steps: they are not the queue the work delays.
-    assert delay_to_others(node(A, inflight=5, decodes=3), 0.4) == pytest.approx(2.4)
+def test_the_delay_is_the_extra_work_times_n_n_plus_1_queued_plus_its_compute_once_per_decode() -> None:
+    assert delay_to_others(node(A), 0.4, 0.4) == 0.0
+    assert delay_to_others(node(A, inflight=1), 0.4, 0.4) == pytest.approx(0.8)
+    assert delay_to_others(node(A, inflight=5), 0.4, 0.4) == pytest.approx(12.0)
+    # 2 queued (0.4 x 2 x 3) and 3 decoding, each waiting once for the steps that compute the 0.4 s.
+    assert delay_to_others(node(A, inflight=5, decodes=3), 0.4, 0.4) == pytest.approx(2.4 + 1.2)
+    # A pull runs beside the forward: the decodes wait for none of it.
+    assert delay_to_others(node(A, inflight=5, decodes=3), 0.4, 0.0) == pytest.approx(2.4)
 
 
 def test_a_modest_queue_difference_keeps_the_request_with_its_cached_prefix() -> None:
@@ -40,7 +42,7 @@ def test_a_modest_queue_difference_keeps_the_request_with_its_cached_prefix() ->
     d = make_policy("cost", CFG).route(REQ, cluster)
     assert (d.node, d.local_blocks, d.pull_from) == (A, 4, None)
     assert d.est_ttft_s == pytest.approx(3.1)
-    assert "not b (ttft 1500.0 ms): 400.0 ms more work there, priced 2400.0 ms of others' waiting (2 queued)" in (
+    assert "not b (ttft 1500.0 ms): 400.0 ms more work there, priced 2400.0 ms of others' waiting (2 queued, 0 decoding)" in (
         d.reason)
 
 
@@ -48,11 +50,25 @@ def test_a_heavily_loaded_holder_still_loses_its_request_to_an_idle_peer() -> No
     # a: 10 s of queue; b idle: its recompute delays nobody, so own TTFT decides (0.5 s against 10.1 s).
     d = make_policy("cost", CFG).route(REQ, ClusterView((node(A, 4, queued=1000, inflight=5), node(B))))
     assert (d.node, d.local_blocks, d.pull_from) == (B, 0, None)
-    assert d.reason.endswith("400.0 ms more work than the least, priced 0.0 ms of others' waiting (0 queued)")
+    assert d.reason.endswith("400.0 ms more work than the least, priced 0.0 ms of others' waiting (0 queued, 0 decoding)")
     # With a fast link b pulls the prefix instead: 4 ms on the wire more work than a's, still nobody
     # delayed.
     fast = make_policy("cost", dataclasses.replace(CFG, pull_bytes_per_s=1e6, step_tokens=10))
     d = fast.route(REQ, ClusterView((node(A, 4, queued=1000, inflight=5), node(B))))
+    assert (d.node, d.pull_from, d.pull_blocks) == (B, A, 4)
+
+
+def test_a_recompute_beside_running_decodes_is_priced_for_each_of_them() -> None:
+    # a: 4 blocks cached behind 1 s of queue (2 requests); b: nothing queued, 10 requests decoding.
+    # Own TTFT 1.1 s on a, 0.5 s on b (+ 0 for a queue b has not); but b's 0.4 s of recompute holds
+    # each of its 10 decodes 0.4 s: 4 s of others' time, so the request stays with its prefix.
+    cluster = ClusterView((node(A, 4, queued=100, inflight=2), node(B, inflight=10, decodes=10)))
+    d = make_policy("cost", CFG).route(REQ, cluster)
+    assert (d.node, d.local_blocks) == (A, 4)
+    assert "priced 4000.0 ms of others' waiting (0 queued, 10 decoding)" in d.reason
+    # Pulled over a fast link instead, b computes no more than a would: nothing held, b wins.
+    fast = make_policy("cost", dataclasses.replace(CFG, pull_bytes_per_s=1e6, step_tokens=10))
+    d = fast.route(REQ, cluster)
     assert (d.node, d.pull_from, d.pull_blocks) == (B, A, 4)
 
 

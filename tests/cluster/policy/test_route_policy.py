@@ -277,13 +277,18 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float,
 
     eligible = within_load_cap(nodes, CFG.load_eps, REQ, CFG.load_floor_s)
 
-    def work(v: NodeView) -> float:
-        """REQ's pull and prefill on `v` (no host tier part here)."""
+    def compute(v: NodeView) -> float:
+        """REQ's prefill on `v` (no host tier part here)."""
         pulled = _oracle_ttft(v, nodes, bw, latency)[1]
-        return (_oracle_ttft(v, nodes, bw, latency)[2] if pulled else 0.0) + (50 - (min(v.local_blocks, 5) + pulled) * 10) / (
-            v.prefill_tokens_per_s)
+        return (50 - (min(v.local_blocks, 5) + pulled) * 10) / v.prefill_tokens_per_s
+
+    def work(v: NodeView) -> float:
+        """REQ's pull and prefill on `v`."""
+        pulled = _oracle_ttft(v, nodes, bw, latency)[1]
+        return (_oracle_ttft(v, nodes, bw, latency)[2] if pulled else 0.0) + compute(v)
 
     least = min(work(v) for v in eligible)
+    least_compute = min(compute(v) for v in eligible)
     longest = max(min(v.local_blocks, 5) for v in eligible)
 
     def score(v: NodeView) -> float:
@@ -291,11 +296,13 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float,
         computing = max((o.local_blocks for o in nodes if o.node != v.node and o.local_blocks > o.held_blocks),
                         default=0)
         duplicate = max(0, min(computing, 5) - min(v.local_blocks, 5) - pulled)
-        # The extra work's delay to the requests queued there: n (n + 1) x the extra seconds.
+        # The extra work's delay to the requests queued there: n (n + 1) x the extra seconds; and its
+        # extra compute, once for each request decoding there.
         n = max(0, v.inflight - v.running_decodes)
+        delay = (work(v) - least) * n * (n + 1) + (compute(v) - least_compute) * v.running_decodes
         # Leaving part of the longest cached prefix behind must buy more than the margin.
         left = min(v.local_blocks, 5) + pulled < longest
-        return ttft + duplicate * 10 / v.prefill_tokens_per_s + (work(v) - least) * n * (n + 1) + margin * left
+        return ttft + duplicate * 10 / v.prefill_tokens_per_s + delay + margin * left
 
     d = make_policy("cost", config).route(REQ, ClusterView(nodes, move_margin_s=margin))
     best = min(score(v) for v in eligible)

@@ -7,11 +7,13 @@ only place that touches KV tensors.
 
 import logging
 from collections import deque
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from radixmesh.node_agent.engine.preemption import PreemptionPolicy
 from radixmesh.node_agent.engine.request import SequenceState
 from radixmesh.node_agent.memory.sequence import PreemptMode
+from radixmesh.proto.block_hash import BlockHash
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,11 @@ class BlockSpace(Protocol):
         recompute when the host tier is full)."""
         ...
 
+    def uncomputed_hashes(self, seq: SequenceState) -> Sequence[BlockHash]:
+        """The hashes of the sequence's full blocks whose KV it has not computed yet: what another
+        sequence could hit once it has (none without prefix caching)."""
+        ...
+
 
 class ScheduledChunk(NamedTuple):
     seq: SequenceState
@@ -47,7 +54,12 @@ class Scheduler:
     that cannot grow preempts the most recently admitted running one (possibly itself), which goes
     back to the head of the waiting queue; no admission happens in a step that preempted. A waiting
     sequence whose pull has not landed keeps its place but is passed over, so it never holds up the
-    ones behind it.
+    ones behind it; so is one whose prompt shares a block that a running sequence (or one admitted
+    earlier in this step) has yet to compute: it is admitted once that block is computed and cached,
+    and hits it instead of computing it a second time beside it (SGLang's in-batch prefix caching does
+    the like). Unshared, an agent's next call, sent while its previous call was still prefilling on
+    the same node, computed that call's new tokens again: the router's predicted prefill tokens came
+    true only within 1.26-1.39x on the agent workload (docs/routing.md#the-cost-model).
     """
 
     def __init__(self, space: BlockSpace, policy: PreemptionPolicy, max_num_batched_tokens: int,
@@ -94,8 +106,12 @@ class Scheduler:
             else:
                 plan.append(ScheduledChunk(seq, n))
                 budget -= n
+        computing: set[BlockHash] | None = None  # built at the first admission a step tries
         while not preempted and budget and len(self.running) < self.max_num_seqs:
-            ready = next((s for s in self.waiting if s.pulling is None), None)
+            if computing is None:
+                computing = {h for seq in self.running for h in self.space.uncomputed_hashes(seq)}
+            ready = next((s for s in self.waiting if s.pulling is None and (
+                s.is_swapped or computing.isdisjoint(self.space.uncomputed_hashes(s)))), None)
             if ready is None:
                 break
             n = self.space.admit(ready, budget)
@@ -103,6 +119,7 @@ class Scheduler:
                 break
             self.waiting.remove(ready)
             self.running.append(ready)
+            computing.update(self.space.uncomputed_hashes(ready))
             plan.append(ScheduledChunk(ready, n))
             budget -= n
         self.idle = not plan and not preempted

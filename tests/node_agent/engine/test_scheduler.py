@@ -222,3 +222,46 @@ def test_any_mix_finishes_with_the_tokens_of_an_unconstrained_run(
     done = drain(eng)
     assert {k: v.output_token_ids for k, v in done.items()} == want
     assert_no_leak(eng)
+
+
+def test_a_request_sharing_a_prefix_another_is_computing_waits_for_it_then_hits_it() -> None:
+    """Two prompts over one uncached 4-block prefix, submitted at once with room for both in a step:
+    the second waits one step for the first to compute the prefix, then hits it, so the prefix is
+    computed once; without prefix caching both run at once. Tokens as from each alone."""
+    prefix = [(5 * j) % 60 + 2 for j in range(4 * BS)]
+    prompts = {"a": prefix + [3, 4, 5], "b": prefix + [6, 7]}
+    alone = {name: drain_one(make_engine(gpu=32, budget=64), req(name, p)) for name, p in prompts.items()}
+    for caching in (True, False):
+        eng = make_engine(gpu=32, budget=64, caching=caching)
+        for name, p in prompts.items():
+            eng.submit(req(name, p))
+        steps = []
+        while eng.has_work:
+            steps.append(eng.step())
+            eng.check_invariants()
+        assert [rid for rid, _, _ in steps[0].tokens] == (["a"] if caching else ["a", "b"])
+        done = {out.request_id: out for step in steps for out in step.finished}
+        assert {n: o.output_token_ids for n, o in done.items()} == {n: o.output_token_ids for n, o in alone.items()}
+        b = done["b"].stats.sources
+        assert b is not None and (b.local_gpu, b.computed) == ((4 * BS, 2) if caching else (0, len(prompts["b"])))
+        assert_no_leak(eng)
+
+
+def test_a_request_is_not_held_for_a_prefix_nobody_computes() -> None:
+    # b shares a's prefix, but a computed it in an earlier step: b is admitted at once and hits it.
+    prefix = [(3 * j) % 60 + 2 for j in range(4 * BS)]
+    eng = make_engine(gpu=32, budget=64)
+    eng.submit(req("a", prefix + [3], max_tokens=4))
+    eng.step()
+    eng.submit(req("b", prefix + [9], max_tokens=4))
+    assert {rid for rid, _, _ in eng.step().tokens} == {"a", "b"}
+    done: dict[str, RequestOutput] = {}
+    while eng.has_work:
+        done.update((out.request_id, out) for out in eng.step().finished)
+    assert_no_leak(eng)
+    assert done["b"].stats.sources is not None and done["b"].stats.sources.local_gpu == 4 * BS
+
+
+def drain_one(eng: Engine, request: Request) -> RequestOutput:
+    eng.submit(request)
+    return drain(eng)[request.request_id]

@@ -238,6 +238,14 @@ class NodeMemory:
         return used
 
     # --- after a forward pass ----------------------------------------------------------------
+    def uncomputed_hashes(self, seq: SequenceBlocks) -> list[BlockHash]:
+        """The hashes of `seq`'s full blocks whose KV it has not computed yet (none without prefix
+        caching): a waiting sequence sharing one waits for it (Scheduler)."""
+        if not self.config.enable_prefix_caching:
+            return []
+        full = len(seq.tokens) // self.block_size
+        return self.sequences.block_hashes(seq.table, full)[seq.num_computed // self.block_size:]
+
     def insert_computed(self, seq: SequenceBlocks) -> None:
         """Offer the sequence's newly completed full blocks to the gpu prefix cache."""
         if self.config.enable_prefix_caching:

@@ -10,6 +10,7 @@ service's GetStats (hits reported by agents in heartbeats) is a separate source,
 # ruff: noqa: RUF009
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 from radixmesh.cluster.router.admission import Admission
@@ -114,6 +115,8 @@ class RouterStats:
         "counter", "Prefill-to-decode hand-offs, by outcome: pulled (every planned block the decode agent "
         "lacked), partial (some recomputed), recomputed (nothing pulled) or unplanned (no full block, or the "
         "prefill agent's address not known yet).", "outcome")
+    role_inflight: dict[str, int] = metric(
+        "gauge", "Requests in flight at the agents of each role (a split cluster's prefill and decode queues).", "role")
     handoff_bytes: int = metric("counter", "KV bytes decode agents pulled from prefill agents.")
     handoff_seconds: HistogramSnapshot = metric(
         "histogram", "Time of one hand-off: the decode agent's pull of the prompt's KV from its prefill agent.")
@@ -145,6 +148,8 @@ class RouterMetrics:
         """Set by the router: False while the metadata service does not answer."""
         self.admission: Admission | None = None
         """Set by the router: its running and waiting requests."""
+        self.role_inflight: Callable[[], dict[str, int]] = dict
+        """Set by the router: its requests in flight by the role of their agent."""
         self.role_decisions: dict[str, int] = {}
         self.handoffs: dict[str, int] = {}
         self.handoff_bytes = 0
@@ -219,6 +224,7 @@ class RouterMetrics:
             router_requests_running=self.admission.running if self.admission else 0,
             router_requests_waiting=self.admission.waiting if self.admission else 0,
             role_decisions=dict(self.role_decisions),
+            role_inflight=self.role_inflight(),
             handoffs=dict(self.handoffs),
             handoff_bytes=self.handoff_bytes,
             handoff_seconds=self.handoff_seconds.snapshot(),

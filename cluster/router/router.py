@@ -79,6 +79,7 @@ class Router:
         self.metrics = RouterMetrics(config.model_name)
         self.admission = Admission(config.admission, lambda: len(directory.nodes()))
         self.metrics.admission = self.admission
+        self.metrics.role_inflight = self._inflight_by_role
         self._clock = clock
         self._rng = rng or random.Random()
         self._policy: RoutePolicy = make_policy(config.policy, config.policy_config, random.Random(self._rng.random()))
@@ -257,6 +258,14 @@ class Router:
     def _record_decode(self, policy: str, node: NodeId) -> None:
         self.metrics.record_decision(policy, node)
         self.metrics.record_role(self.directory.role(node))
+
+    def _inflight_by_role(self) -> dict[str, int]:
+        """Requests in flight here by the role of their agent (every role present, 0 included)."""
+        out: dict[str, int] = {}
+        for n in self.directory.nodes():
+            role = self.directory.role(n)
+            out[role] = out.get(role, 0) + self._inflight.inflight(n)
+        return out
 
     def _free_blocks(self, node: NodeId) -> int:
         """`node`'s free blocks as it last heartbeated them (0 while the replica does not know it)."""

@@ -56,6 +56,17 @@ async def test_the_prompt_is_prefilled_on_the_prefill_agent_and_decoded_from_its
         await c.agent("b").check_invariants()
 
 
+async def test_while_the_decode_agent_streams_the_prefill_agent_has_nothing_in_flight() -> None:
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
+        await in_sync(c)
+        seen = []
+        async with contextlib.aclosing(c.router.generate(request("r1", prompt(8, 3 * BS + 1)))) as items:
+            async for _ in items:
+                seen.append(c.router.metrics.stats().role_inflight)
+        assert seen[0] == {"prefill": 0, "decode": 1}
+        assert c.router.metrics.stats().role_inflight == {"prefill": 0, "decode": 0}
+
+
 async def test_an_aggregated_cluster_is_served_in_one_phase() -> None:
     async with local_cluster(2, publish=True, transfer="ucx") as c:
         await in_sync(c)

@@ -149,3 +149,13 @@ async def test_a_dead_prefill_agent_is_replaced_by_another_and_none_left_fails_c
         with pytest.raises(NoNodeAvailable):
             await r.complete(request("r2", prompt(6, 3 * BS + 2)))
         assert r.metrics.status_counts.get("unavailable") == 1
+
+
+async def test_with_its_only_decode_agent_dead_a_request_fails_cleanly_and_nothing_leaks() -> None:
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
+        await in_sync(c)
+        await c.agent("b").stop()
+        with pytest.raises(NoNodeAvailable):
+            await c.router.complete(request("r1", prompt(9, 3 * BS + 2)))
+        assert c.router.metrics.status_counts == {"unavailable": 1} and c.router.metrics.handoffs == {}
+        await c.agent("a").check_invariants()

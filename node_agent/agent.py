@@ -88,6 +88,9 @@ class NodeAgent:
         """Pulls streaming for requests being served (each lands its blocks when it ends)."""
         self._first_round: asyncio.Future[None] | None = None
         """The publisher's first round, which `start` waits for (FIRST_ROUND_S at most)."""
+        self._stirred = asyncio.Event()
+        """Set when take_events may find events it did not last time: an engine job has ended since
+        (the runner sets it), or the disk writer was still writing then."""
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -97,7 +100,7 @@ class NodeAgent:
         hooks = PoolHooks(recalled=self._recalled.take) if self.config.recall_blocks else None
         built = await build_engine(self.config, self._clock, hooks)
         engine = built.engine
-        self._runner = EngineRunner(engine, clock=self._clock)
+        self._runner = EngineRunner(engine, clock=self._clock, on_job_end=self._stirred.set)
         try:
             memory = self.memory
             # The plane moves the gpu tier's KV itself: a data plane beside the door, as vLLM's KV connector.
@@ -310,8 +313,20 @@ class NodeAgent:
         return self.layout.block_bytes if modeled is None else modeled.wire_block_bytes(self.layout.block_size)
 
     async def take_events(self) -> list[CacheEvent]:
-        """Drain both tiers' cache events since the last call (gpu first)."""
+        """Drain every tier's cache events since the last call (gpu first). With none waiting, no
+        engine job: hops to the engine thread for nothing, 20 a second, were most of an idle agent's
+        CPU (docs/routing.md#the-nodes-event-publisher)."""
+        self._stirred.clear()  # before looking: a job that ends from here on sets it again
+        memory = self.memory
+        if memory.disk_writing():  # the writer's events come without a job: look again next round
+            self._stirred.set()
+        if not memory.has_events():
+            return []
         return await self.runner.call(self._drain_events)
+
+    async def wait_for_events(self) -> None:
+        """Return once take_events may find events it did not last time (PublishedNode)."""
+        await self._stirred.wait()
 
     async def snapshot(self) -> tuple[BlockStored, ...]:
         """Every cached block as chains (NodeMemory.snapshot); pending events are drained in the

@@ -92,6 +92,11 @@ class PublishedNode(Protocol):
         """Drain the cache events since the last call."""
         ...
 
+    async def wait_for_events(self) -> None:
+        """Return once take_events may find events it did not last time (at once when the node cannot
+        tell): what an idle publisher waits for instead of asking every publish interval."""
+        ...
+
     async def snapshot(self) -> tuple[BlockStored, ...]:
         """Every cached block as chains; drains pending events in the same step (the snapshot covers them)."""
         ...
@@ -169,7 +174,7 @@ class EventPublisher:
 
     async def start(self) -> None:
         """Start the publish and heartbeat loops (registration happens on their first round)."""
-        self._tasks = [asyncio.create_task(self._every(self.config.publish_interval_s, self.flush)),
+        self._tasks = [asyncio.create_task(self._every(self.config.publish_interval_s, self._publish)),
                        asyncio.create_task(self._every(self.config.heartbeat_interval_s, self.heartbeat))]
 
     async def stop(self) -> None:
@@ -203,6 +208,15 @@ class EventPublisher:
                         await self._send_snapshot()
                     else:
                         self._pending = [b for b in self._pending if b.seq >= ack.next_seq]
+
+    async def _publish(self) -> None:
+        """One round of the publish loop: a flush, then, when it left nothing to send again, a wait
+        until the node may have new events. The loop's interval follows the wait, so what a burst
+        makes still leaves in one batch, within an interval; an idle node's loop sleeps instead of
+        waking every interval to find nothing."""
+        await self.flush()
+        if self._lease is not None and not (self._pending or self._resync or self.failures):
+            await self._node.wait_for_events()
 
     async def heartbeat(self) -> None:
         """Renew the lease with the node's load and the hits of requests finished since the last beat."""

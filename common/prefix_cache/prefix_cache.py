@@ -126,6 +126,12 @@ class PrefixCache:
         events, self._events = self._events, []
         return events
 
+    def has_events(self) -> bool:
+        """Whether take_events has any to drain. The one read that is safe from any thread without the
+        pool's owner (a list's length, read atomically): an answer gone stale as it returns only
+        leaves the new events for the next drain."""
+        return bool(self._events)
+
     def snapshot(self) -> list[tuple[BlockHash, BlockHash | None]]:
         """Every cached (hash, parent) in insertion order: a full resync for the index. A parent may
         have been evicted while its child stays cached; the index keeps such a child unreachable."""

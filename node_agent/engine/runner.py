@@ -67,9 +67,13 @@ class EngineRunner:
     """One engine, one thread. `call` runs any function on that thread; `submit` queues a request and
     returns the queue its StreamItems arrive on, in order, ending with Finished."""
 
-    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.perf_counter,
+                 on_job_end: Callable[[], object] = lambda: None) -> None:
+        """`on_job_end` runs on the event loop after every job, steps included: whatever changed the
+        engine or its memory (the cache events an idle agent's publisher waits for) ran in one."""
         self.engine = engine
         self._clock = clock
+        self._on_job_end = on_job_end
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._short = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-short")
         self._lock = threading.Lock()
@@ -127,10 +131,12 @@ class EngineRunner:
 
     def _step_done(self, _: "asyncio.Future[Any]") -> None:
         self.pending_calls -= 1
+        self._on_job_end()
 
     def _job_done(self, _: "asyncio.Future[Any]") -> None:
         self.pending_calls -= 1
         self._changed.set()
+        self._on_job_end()
 
     async def submit(self, request: Request, *, on_refused: Callable[[], object] | None = None
                      ) -> "asyncio.Queue[StreamItem]":

@@ -17,6 +17,7 @@ from radixmesh.common.block_pool.block_pool import BlockPool
 from radixmesh.common.block_pool.config import PoolHooks
 from radixmesh.common.block_pool.counters import OutOfBlocks
 from radixmesh.common.prefix_cache.block_table import BlockTable, SequenceManager
+from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.disk.metrics import DiskStats
 from radixmesh.node_agent.memory.disk.record import DiskIdentity
@@ -99,6 +100,9 @@ class NodeMemory:
                                           gpu_hooks)
         self.tiers: tuple[TierMemory, ...] = (self.gpu, *self.host.tiers)
         """The tiers this node has, gpu first."""
+        self._event_sources: tuple[PrefixCache | DiskTier | NoDiskTier, ...] = (
+            *(t.cache for t in self.tiers), self.disk)
+        """Every emitter of index events, in drain order: take_events and has_events ask the same ones."""
         self.sequences = SequenceManager(self.gpu.cache, self.block_size, key=config.hash_key)
         self.zones = ZoneGovernor(self.gpu.pool, config.zones, clock)
         """Weights, activations, running KV and prefix cache over the gpu tier's budget."""
@@ -333,7 +337,20 @@ class NodeMemory:
     def take_events(self) -> list[CacheEvent]:
         """Every tier's events since the last call, gpu first, then what reached or left the disk
         (the disk publishes its own changes between snapshots, while it holds at most ANNOUNCED_BLOCKS)."""
-        return [e for t in self.tiers for e in t.cache.take_events()] + self.disk.take_events()
+        return [e for source in self._event_sources for e in source.take_events()]
+
+    def has_events(self) -> bool:
+        """Whether take_events has any to return. Unlike the rest of NodeMemory, callable from any
+        thread (each source's answer is one atomic read): the agent asks it on its event loop, so
+        that an idle node's publisher drains nothing without a job on the engine thread. A False
+        gone stale as it returns (a step or the disk writer adding events meanwhile) only leaves
+        them for the next drain."""
+        return any(source.has_events() for source in self._event_sources)
+
+    def disk_writing(self) -> bool:
+        """Whether the disk writer still has offered blocks to write: the one source of events that
+        adds them outside the engine's jobs. Callable from any thread, as has_events."""
+        return self.disk.writing()
 
     def snapshot(self) -> tuple[BlockStored, ...]:
         """Every cached block of the gpu and host tiers as chains, and the disk tier's newest

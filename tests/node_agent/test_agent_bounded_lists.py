@@ -2,8 +2,6 @@
 agent's hit reports, the publisher's during a metadata outage, and a stale publisher's node, which
 it keeps draining. What is dropped (the oldest first) is counted and exported."""
 
-from collections.abc import Sequence
-
 import grpc
 import pytest
 
@@ -11,16 +9,13 @@ from radixmesh.common.metadata.publisher import EventPublisher, PendingHits, Pub
 from radixmesh.node_agent import agent as agent_module
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.block_hash import BlockHash
-from radixmesh.proto.events import BlockStored, CacheEvent, Tier
-from radixmesh.proto.ids import NodeId
+from radixmesh.proto.events import BlockStored, Tier
 from radixmesh.proto.metadata.hits import RequestHits
-from radixmesh.proto.metadata.messages import EventBatch, NodeSnapshot, PublishAck, PublishStatus
-from radixmesh.proto.metadata.nodes import Lease, NodeInfo, NodeLoad
 from radixmesh.proto.serve.tokens import TokenSources
 from tests.support.agents import agent_config, collect, plan, prompt
+from tests.support.published_node import Node, Service
 
 pytestmark = pytest.mark.anyio
-A = NodeId("a")
 
 
 def hits(*ids: str) -> list[RequestHits]:
@@ -52,70 +47,6 @@ def test_pending_hits_drop_the_oldest_first() -> None:
     assert [h.request_id for h in pending.take()] == ["e"] and len(pending) == 0
     with pytest.raises(ValueError, match="limit"):
         PendingHits(0)
-
-
-class Node:
-    """A PublishedNode whose lists grow until the publisher takes them."""
-
-    def __init__(self) -> None:
-        self.events: list[CacheEvent] = []
-        self.hits: list[RequestHits] = []
-
-    def node_info(self) -> NodeInfo:
-        return NodeInfo(A, 1, "L", 16, 4096, "x", 100)
-
-    async def take_events(self) -> list[CacheEvent]:
-        events, self.events = self.events, []
-        return events
-
-    async def snapshot(self) -> tuple[BlockStored, ...]:
-        self.events = []
-        return ()
-
-    async def load(self) -> NodeLoad:
-        return NodeLoad()
-
-    def take_hits(self) -> list[RequestHits]:
-        taken, self.hits = self.hits, []
-        return taken
-
-    async def recall(self, hashes: Sequence[BlockHash]) -> None:
-        pass
-
-    def next_epoch(self) -> int:
-        return 2
-
-
-class Service:
-    """A MetadataClient stand-in: every call fails with `failing` (None: answers), heartbeats kept."""
-
-    def __init__(self) -> None:
-        self.failing: grpc.StatusCode | None = None
-        self.beats: list[list[str]] = []
-
-    def _check(self) -> None:
-        if self.failing is not None:
-            raise grpc.aio.AioRpcError(self.failing, details="refused by the test")
-
-    async def register(self, info: NodeInfo) -> Lease:
-        self._check()
-        return Lease(A, 1, 10.0, 1, snapshot_required=False)
-
-    async def heartbeat(self, node: NodeId, epoch: int, load: NodeLoad, hits: Sequence[RequestHits]) -> Lease:
-        self._check()
-        self.beats.append([h.request_id for h in hits])
-        return Lease(A, 1, 10.0, 1, snapshot_required=False)
-
-    async def publish(self, batches: Sequence[EventBatch]) -> PublishAck:
-        self._check()
-        return PublishAck(PublishStatus.OK, batches[-1].seq + 1)
-
-    async def sync_snapshot(self, snapshot: NodeSnapshot) -> PublishAck:
-        self._check()
-        return PublishAck(PublishStatus.OK, snapshot.seq + 1)
-
-    async def close(self) -> None:
-        pass
 
 
 def publisher(node: Node, service: Service, max_pending_hits: int = 4) -> EventPublisher:

@@ -143,6 +143,9 @@ class ExternalEngineNode:
         events, self._events = self._events, []
         return events
 
+    async def wait_for_events(self) -> None:
+        pass  # at once: the publisher asks every interval, as before agents learned to wait
+
     async def snapshot(self) -> tuple[BlockStored, ...]:
         self._events = []
         return tuple(self.blocks.chains())

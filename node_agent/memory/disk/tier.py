@@ -196,6 +196,18 @@ class DiskTier:
             events, self._events = self._events, []
         return events
 
+    def has_events(self) -> bool:
+        """Whether take_events has any to drain (the writer adds them on its own thread, whenever a
+        batch lands: not only while the engine works)."""
+        with self._lock:
+            return bool(self._events)
+
+    def writing(self) -> bool:
+        """Whether offered blocks still wait for the writer, which makes events of them on its own
+        thread (once none wait, only a new offer, on the engine thread, leads to more)."""
+        with self._lock:
+            return bool(self._pending)
+
     def close(self) -> None:
         self._queue.put(None)
         self._writer.join()
@@ -289,6 +301,12 @@ class NoDiskTier:
 
     def take_events(self) -> list[CacheEvent]:
         return []
+
+    def has_events(self) -> bool:
+        return False
+
+    def writing(self) -> bool:
+        return False
 
     def stats(self) -> None:
         return None

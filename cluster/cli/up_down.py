@@ -227,8 +227,8 @@ def check_roles(local_nodes: int | None, prefill_nodes: int | None, decode_nodes
     if prefill_nodes is None or decode_nodes is None:
         raise click.UsageError("--prefill and --decode go together: a split needs both kinds of agent")
     if local_nodes is None:
-        raise click.UsageError(f"--prefill/--decode need --local {prefill_nodes + decode_nodes} (the split runs "
-                               "on simulated nodes only so far)")
+        raise click.UsageError(f"--prefill/--decode need --local {prefill_nodes + decode_nodes}; on a Ray cluster, "
+                               "start the nodes with the radixmesh_prefill or radixmesh_decode resource instead")
     if local_nodes != prefill_nodes + decode_nodes:
         raise click.UsageError(f"--prefill {prefill_nodes} --decode {decode_nodes} make {prefill_nodes + decode_nodes} "
                                f"agents, but --local says {local_nodes}: --local N counts every agent")

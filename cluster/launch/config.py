@@ -204,7 +204,8 @@ class LauncherConfig:
             raise ValueError(f"a prefill/decode split needs at least one prefill and one decode agent, got "
                              f"{p} prefill and {d} decode")
         if self.local_nodes is None:
-            raise ValueError("prefill and decode agents are placed on simulated nodes only (--local) so far")
+            raise ValueError("prefill_nodes and decode_nodes count simulated nodes (--local); on a Ray cluster a "
+                             "node's resources give its agents their role (radixmesh_prefill, radixmesh_decode)")
         if p + d != self.local_nodes:
             raise ValueError(f"{p} prefill + {d} decode agents make {p + d}, but local_nodes is "
                              f"{self.local_nodes}: the local nodes count every agent")

@@ -31,6 +31,10 @@ logger = logging.getLogger(__name__)
 
 AGENT_RESOURCE = "radixmesh_agent"
 """Custom resource a CPU-only Ray node offers to hold one agent (`ray start --resources=...`)."""
+ROLE_RESOURCES = {"prefill": "radixmesh_prefill", "decode": "radixmesh_decode"}
+"""Marker resources that give a Ray node's agents a role (docs/disaggregation.md): a node offering
+`radixmesh_prefill` (any amount; nothing consumes it) runs prefill agents, `radixmesh_decode` decode
+agents, one offering neither agents of role both."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +45,23 @@ class AgentSlot:
     host: str
     """Address of the Ray node it runs on: its transfer server binds it, UCX uses its interface."""
     placement: AgentPlacement
+    role: str = "both"
+    """The agent's role (proto.metadata.nodes.NODE_ROLES)."""
 
 
-def simulated_slots(nodes: Iterable[NodeId], host: str) -> list[AgentSlot]:
+def simulated_slots(nodes: Iterable[NodeId], host: str, role_of: Callable[[NodeId], str] = lambda n: "both",
+                    ) -> list[AgentSlot]:
     """`--local`: one agent per simulated node, each pinned by its own custom resource, on `host`."""
-    return [AgentSlot(n, host, AgentPlacement.simulated(n)) for n in nodes]
+    return [AgentSlot(n, host, AgentPlacement.simulated(n), role_of(n)) for n in nodes]
+
+
+def node_role(resources: Mapping[str, float]) -> str:
+    """The role of a Ray node's agents, from its marker resources (ROLE_RESOURCES). ValueError for
+    a node that offers both markers."""
+    roles = [role for role, marker in ROLE_RESOURCES.items() if resources.get(marker, 0) > 0]
+    if len(roles) > 1:
+        raise ValueError(f"a Ray node offers both {' and '.join(ROLE_RESOURCES.values())}: give it one role")
+    return roles[0] if roles else "both"
 
 
 def node_slots(ray_nodes: Iterable[Mapping[str, Any]]) -> list[AgentSlot]:
@@ -58,12 +74,18 @@ def node_slots(ray_nodes: Iterable[Mapping[str, Any]]) -> list[AgentSlot]:
             continue
         ip = node["NodeManagerAddress"]
         resources = node["Resources"]
+        try:
+            role = node_role(resources)
+        except ValueError:
+            logger.warning("Ray node %s offers both role resources: its agents do both", ip)
+            role = "both"
         pin = (f"node:{ip}", 0.001)
         gpus = int(resources.get("GPU", 0))
         for gpu in range(gpus):
-            out.append(AgentSlot(NodeId(f"{ip}-gpu{gpu}"), ip, AgentPlacement(num_gpus=1.0, resources=(pin,))))
+            out.append(AgentSlot(NodeId(f"{ip}-gpu{gpu}"), ip, AgentPlacement(num_gpus=1.0, resources=(pin,)), role))
         if gpus == 0 and resources.get(AGENT_RESOURCE, 0) >= 1:
-            out.append(AgentSlot(NodeId(f"{ip}-cpu"), ip, AgentPlacement(resources=((AGENT_RESOURCE, 1.0), pin))))
+            out.append(AgentSlot(NodeId(f"{ip}-cpu"), ip, AgentPlacement(resources=((AGENT_RESOURCE, 1.0), pin)),
+                                 role))
     return sorted(out, key=lambda s: s.node)
 
 
@@ -251,14 +273,14 @@ class RayAgents:
     async def desired(self) -> list[AgentSlot]:
         cfg = self._config
         if cfg.local_nodes is not None:
-            return simulated_slots(cfg.node_ids(cfg.local_nodes), cfg.host)
+            return simulated_slots(cfg.node_ids(cfg.local_nodes), cfg.host, cfg.role_of)
         return await ray_slots()
 
     async def start(self, slot: AgentSlot) -> StartedAgent:
         """Create `slot`'s agent actor and wait until it has started (raises when it cannot)."""
         if self._config.local_nodes is None:
             slot = await pinned_to_interface(slot)
-        config = self._config.agent_config(slot.node, self._metadata_address, slot.host)
+        config = replace(self._config.agent_config(slot.node, self._metadata_address, slot.host), role=slot.role)
         handle = make_agent_actor(config, slot.placement, NodeSecret.of(self._config.secret, self._config.secret_file))
         self._handles[slot.node] = handle
         client = RayAgentClient(slot.node, handle)

@@ -1,6 +1,7 @@
 """The arms a bench compares, and the clusters it runs them on.
 
-An arm is a routing policy with caching on, or caching off. `off` routes least-loaded (the best a
+An arm is a routing policy with caching on, or caching off, or (split_1p, split_half, run only
+when named) the cost policy over the same agents split into prefill and decode agents. `off` routes least-loaded (the best a
 cluster without a cache can do) and sends every request with its own cache_salt, so nothing is
 reused even on a running deployment that caches; a local `off` cluster also runs its agents
 without prefix caching.
@@ -27,6 +28,18 @@ class Arm:
     name: str
     policy: str
     caching: bool = True
+    split: str = ""
+    """A prefill/decode split of the same agents (docs/disaggregation.md): "1p" one prefill agent and
+    the rest decode, "half" half of them prefill (rounded down); "": every agent does both."""
+
+    def prefill_nodes(self, agents: int) -> int:
+        """How many of `agents` prefill (0: no split). ValueError when a split cannot be made."""
+        if not self.split:
+            return 0
+        prefill = 1 if self.split == "1p" else agents // 2
+        if not 1 <= prefill < agents:
+            raise ValueError(f"arm {self.name!r} splits prefill from decode: it needs at least 2 agents, got {agents}")
+        return prefill
 
 
 ARMS = {arm.name: arm for arm in (
@@ -36,8 +49,12 @@ ARMS = {arm.name: arm for arm in (
     Arm("least_loaded", "least_loaded"),
     Arm("round_robin", "round_robin"),
     Arm("off", "least_loaded", caching=False),
+    Arm("split_1p", "cost", split="1p"),
+    Arm("split_half", "cost", split="half"),
 )}
 """Every arm by name, in the order a bench runs them."""
+DEFAULT_ARMS = tuple(name for name, arm in ARMS.items() if not arm.split)
+"""The arms a bench runs unless told: the split arms only when named (`--arms cost,split_half`)."""
 
 AGENTS_TIMEOUT_S = 300.0
 """How long a local deployment may take to start all its agents (a real model loads in each)."""
@@ -67,13 +84,20 @@ class LocalClusters:
 
     @contextlib.asynccontextmanager
     async def cluster(self, arm: Arm) -> AsyncIterator[Target]:
-        config = replace(self.base, policy=arm.policy, prefix_caching=arm.caching)
+        config = self.config(arm)
         deployment = await launcher.up(config)
         try:
             await self._all_agents(len(deployment.nodes))
             yield Target(deployment.router_url, config.served_model_name)
         finally:
             await launcher.down()
+
+    def config(self, arm: Arm) -> LauncherConfig:
+        """The deployment of `arm`: the base's agents, with its policy, caching and split."""
+        prefill = arm.prefill_nodes(self.base.local_nodes or 0)
+        decode = (self.base.local_nodes or 0) - prefill if prefill else 0
+        return replace(self.base, policy=arm.policy, prefix_caching=arm.caching, prefill_nodes=prefill,
+                       decode_nodes=decode)
 
     async def _all_agents(self, started: int) -> None:
         """Wait until the router routes over every local agent: `up` returns once the first has started."""
@@ -99,6 +123,9 @@ class RunningCluster:
 
     @contextlib.asynccontextmanager
     async def cluster(self, arm: Arm) -> AsyncIterator[Target]:
+        if arm.split:
+            raise ValueError(f"arm {arm.name!r} splits the agents of a fresh local cluster (--local), not of a "
+                             "running deployment")
         if arm.caching and arm.policy != await self.policy():
             raise ValueError(f"the deployment at {self.url} routes with {await self.policy()!r}, not "
                              f"{arm.policy!r} (arm {arm.name!r})")

@@ -34,7 +34,7 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from radixmesh.cluster.bench import report
-from radixmesh.cluster.bench.arms import ARMS, Arm, Clusters, LocalClusters, RunningCluster
+from radixmesh.cluster.bench.arms import ARMS, DEFAULT_ARMS, Arm, Clusters, LocalClusters, RunningCluster
 from radixmesh.cluster.bench.metrics import Slo
 from radixmesh.cluster.bench.runner import BenchPlan, RateLadder, run_bench
 from radixmesh.cluster.bench.schedule import Workload
@@ -131,8 +131,9 @@ def results_table(doc: dict[str, Any]) -> Table:
               help=f"Comma-separated workloads, run one after another: {', '.join([*GENERATORS, 'trace'])}.")
 @click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Mooncake JSONL file for --workload trace (e.g. tests/data/traces/mooncake_trace_1000.jsonl).")
-@click.option("--arms", "arms", default=",".join(ARMS), show_default=True, callback=_arms,
-              help="Comma-separated arms: routing policies with caching on, and `off`.")
+@click.option("--arms", "arms", default=",".join(DEFAULT_ARMS), show_default=True, callback=_arms,
+              help="Comma-separated arms: routing policies with caching on, `off`, and (--local only) "
+                   "split_1p / split_half, the cost policy over prefill and decode agents.")
 @click.option("--rates", default="0.5,1,2", show_default=True, callback=_floats,
               help="Comma-separated offered request rates (Poisson arrivals, per second).")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=90.0, show_default=True,
@@ -209,6 +210,8 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
             base = LauncherConfig(local_nodes=local_nodes, model=model, modeled=modeled, gpu_blocks=gpu_blocks,
                                   block_size=block_size, log_level=chosen_log_level(), log_access=False,
                                   eviction=eviction, handoff=handoff)
+            for arm in arms:  # a split of too few agents is refused now, not after the first arms ran
+                arm.prefill_nodes(local_nodes)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         clusters = LocalClusters(base)
@@ -216,6 +219,9 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
         where = (f"{local_nodes} local agent(s), {base.served_model_name}, {gpu_blocks} KV blocks each, "
                  f"{engine_label} engine" + (f" at {speedup:g}x" if modeled is not None and speedup != 1 else ""))
     else:
+        if any(arm.split for arm in arms):
+            raise click.UsageError("split arms (split_1p, split_half) split the agents of --local N, not of a "
+                                   "running deployment")
         access = client_access()
         clusters = RunningCluster(url or "", access)
         engine_label = asyncio.run(deployment_engine(url or "", access))

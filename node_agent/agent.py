@@ -286,7 +286,8 @@ class NodeAgent:
                            pull_failed=pulled.failed, ttft_s=first - t0, decode_s=out.stats.decode_s or 0.0,
                            preemptions=out.stats.preemptions)
         self.counters.count_request(stats)
-        self._hits.add((RequestHits(plan.request_id, plan.tenant, out.stats.sources),))
+        if not plan.handoff:  # a hand-off's prompt was counted on its prefill agent
+            self._hits.add((RequestHits(plan.request_id, plan.tenant, out.stats.sources),))
         logger.info("request %s served on %s: %d prompt tokens (%d cached), %d output, %s, ttft %.3fs",
                     plan.request_id, self.node, len(plan.prompt_token_ids),
                     out.stats.sources.hits, len(out.output_token_ids),

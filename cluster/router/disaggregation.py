@@ -136,7 +136,7 @@ class Disaggregation:
         node = prefilled.result.node
         blocks = usable_prefix_blocks(len(request.prompt_token_ids), self._block_size)
         handoff = Handoff(node, self._address_of(node), blocks)
-        decode_request = dataclasses.replace(request, pull=handoff.pull())
+        decode_request = dataclasses.replace(request, pull=handoff.pull(), handoff=True)
         async with contextlib.aclosing(self._decode.serve(decode_request, on_routed, None, None, arrival)) as items:
             async for item in items:
                 yield item

@@ -40,6 +40,10 @@ class ServePlan:
     pull: PullPlan | None = None
     expected_local_blocks: int = 0
     """Blocks the router expected on the node itself, for index-precision accounting."""
+    handoff: bool = False
+    """The decode phase of a split request (docs/disaggregation.md): its prompt's hits were counted
+    where it was prefilled, so the agent reports none for it to the metadata service (what it pulls
+    is the hand-off, not a cache hit)."""
 
 
 @dataclass(frozen=True, slots=True)

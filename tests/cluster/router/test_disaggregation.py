@@ -50,8 +50,17 @@ async def test_the_prompt_is_prefilled_on_the_prefill_agent_and_decoded_from_its
         m = c.router.metrics
         assert m.handoffs == {"pulled": 1} and m.handoff_bytes == stats.pull_bytes > 0
         assert m.role_decisions == {"prefill": 1, "decode": 1}
-        # The prompt's tokens count once, as the prefill agent computed them (the hit rate's source).
+        # The prompt's tokens count once, as the prefill agent computed them (the hit rate's source),
+        # at the router and at the metadata service (from the agents' heartbeats).
         assert m.total.requests == 1 and m.total.tokens.computed == len(tokens)
+        # A request served on the decode agent after it: once its report is in, any the hand-off made is too.
+        marker = prompt(99, 2 * BS + 1)
+        async with contextlib.aclosing(c.agent("b").serve(request("marker", marker))) as items:
+            async for _ in items:
+                pass
+        await until(lambda: c.service.stats().hits.total.requests >= 2)
+        hits = c.service.stats().hits.total
+        assert (hits.requests, hits.prompt_tokens, hits.remote_tokens) == (2, len(tokens) + len(marker), 0)
         await c.agent("a").check_invariants()
         await c.agent("b").check_invariants()
 

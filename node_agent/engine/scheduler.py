@@ -55,9 +55,9 @@ class Scheduler:
     back to the head of the waiting queue; no admission happens in a step that preempted. A waiting
     sequence whose pull has not landed keeps its place but is passed over, so it never holds up the
     ones behind it; so is one whose prompt shares a block that a running sequence (or one admitted
-    earlier in this step) has yet to compute: it is admitted once that block is computed and cached,
-    and hits it instead of computing it a second time beside it (SGLang's in-batch prefix caching does
-    the like). Unshared, an agent's next call, sent while its previous call was still prefilling on
+    earlier in this step) has yet to compute, or a waiting one is pulling: it is admitted once that
+    block is computed (or landed) and cached, and hits it instead of computing it a second time beside
+    it (SGLang's in-batch prefix caching does the like). Unshared, an agent's next call, sent while its previous call was still prefilling on
     the same node, computed that call's new tokens again: the router's predicted prefill tokens came
     true only within 1.26-1.39x on the agent workload (docs/routing.md#the-cost-model).
     """
@@ -110,6 +110,7 @@ class Scheduler:
         while not preempted and budget and len(self.running) < self.max_num_seqs:
             if computing is None:
                 computing = {h for seq in self.running for h in self.space.uncomputed_hashes(seq)}
+                computing.update(h for seq in self.waiting if seq.pulling is not None for h in seq.pulling.hashes)
             ready = next((s for s in self.waiting if s.pulling is None and (
                 s.is_swapped or computing.isdisjoint(self.space.uncomputed_hashes(s)))), None)
             if ready is None:

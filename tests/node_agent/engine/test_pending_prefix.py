@@ -171,3 +171,20 @@ def test_a_request_cannot_both_bring_and_pull_its_prefix() -> None:
     with pytest.raises(InvalidRequest, match="not both"):
         eng.submit(req("both", PROMPT, external_prefix=ext, pending_prefix=PendingPrefix(6)))
     assert eng.memory.block_counts(Tier.GPU).in_use == 1
+
+
+def test_a_request_sharing_the_prefix_a_waiting_request_pulls_waits_for_the_pull_and_hits_it() -> None:
+    """q needs p's prefix, which p pulls: q is not admitted to compute it while the pull streams, and
+    once it lands both hit it (q after p has it); tokens as without a cache."""
+    src, eng = owner(), make_engine(64)
+    pull = PendingPrefix(6)
+    eng.submit(req("p", PROMPT, pending_prefix=pull))
+    eng.submit(req("q", PROMPT[:24] + [1, 2]))
+    for _ in range(3):
+        assert eng.step().tokens == []
+    land_from(src, eng, pull, 6)
+    done = finish(eng)
+    assert {n: o.output_token_ids for n, o in done.items()} == {"p": reference(PROMPT), "q": reference(PROMPT[:24] + [1, 2])}
+    q = done["q"].stats.sources
+    assert q is not None and (q.local_gpu, q.computed) == (24, 2)
+    assert eng.memory.block_counts(Tier.GPU).in_use == 0

@@ -12,7 +12,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 ROOT = BENCH.parent
 
-RAY_SMOKES = frozenset({"chaos", "gpu_cluster", "modeled_fidelity", "overload", "ray_tls_cost"})
+RAY_SMOKES = frozenset({"chaos", "gpu_cluster", "idle_cpu", "modeled_fidelity", "overload", "ray_tls_cost"})
 """The benchmarks whose smoke run starts a Ray head: tests/ray/test_bench_smoke.py runs them, on the
 worker that runs every Ray test one after another; tests/bench/test_bench_smoke.py runs the rest."""
 

@@ -216,7 +216,11 @@ class EventPublisher:
         waking every interval to find nothing."""
         await self.flush()
         if self._lease is not None and not (self._pending or self._resync or self.failures):
-            await self._node.wait_for_events()
+            # At most a heartbeat interval: what a heartbeat leaves for this loop (a snapshot owed to
+            # a standby that took over, a registration once the lease ended) goes out within one,
+            # however quiet the node.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._node.wait_for_events(), self.config.heartbeat_interval_s)
 
     async def heartbeat(self) -> None:
         """Renew the lease with the node's load and the hits of requests finished since the last beat."""

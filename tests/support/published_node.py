@@ -61,12 +61,13 @@ class Node:
 
 class Service:
     """A MetadataClient stand-in: every call fails with `failing` (None: answers); heartbeats and
-    published batches kept."""
+    published batches kept, snapshots counted. Its leases always expect batch 1 next."""
 
     def __init__(self) -> None:
         self.failing: grpc.StatusCode | None = None
         self.beats: list[list[str]] = []
         self.published: list[EventBatch] = []
+        self.snapshots = 0
 
     def _check(self) -> None:
         if self.failing is not None:
@@ -88,6 +89,7 @@ class Service:
 
     async def sync_snapshot(self, snapshot: NodeSnapshot) -> PublishAck:
         self._check()
+        self.snapshots += 1
         return PublishAck(PublishStatus.OK, snapshot.seq + 1)
 
     async def close(self) -> None:

@@ -49,3 +49,18 @@ async def test_the_loop_does_not_wait_while_its_batches_are_refused() -> None:
         assert [b.events for b in service.published] == [(stored(1),)]
     finally:
         await p.stop()
+
+
+async def test_what_a_heartbeat_leaves_goes_out_though_the_node_stays_quiet() -> None:
+    """A standby that took over expects an earlier batch than the next (the heartbeat's lease says
+    so): the snapshot that repairs it leaves within a heartbeat interval, with no event to wake on."""
+    node, service = Node(), Service()  # its leases expect batch 1 even once batch 1 was acknowledged
+    node.events = [stored(1)]
+    p = EventPublisher(node, service, PublisherConfig(publish_interval_s=0.001, heartbeat_interval_s=0.05))  # type: ignore[arg-type]
+    await p.start()
+    try:
+        await until(lambda: service.snapshots >= 1, "the publish loop to send the snapshot the heartbeat owes",
+                    pause_s=0.01)
+        assert len(service.published) == 1 and not node.stirred.is_set()
+    finally:
+        await p.stop()

@@ -1,4 +1,4 @@
-"""The bench's workloads: three seeded generators and the Mooncake traces, as sessions of turns.
+"""The bench's workloads: five seeded generators and the Mooncake traces, as sessions of turns.
 
 Prompts are token ids from [0, vocab) (the byte tokenizer's by default), so block sharing is exact
 at any block size; a resent history holds the generator's replies, the same for every arm.
@@ -11,6 +11,8 @@ at any block size; a resent history holds the generator's replies, the same for 
             user (document | question)
     agent   a long tool preamble shared per toolset; a task; many short calls a second or so apart,
             each resending the run so far (preamble | task | call 1 | result 1 | ... )
+    long    one request per user: a short shared instruction and a long document of its own, 2k-8k
+            tokens in all, 64-256 output tokens (instruction | document)
     trace   a Mooncake JSONL file in file order, one request per session; its hash ids mapped to
             tokens one trace block per cluster block (its timestamps give way to the offered rate)
 """
@@ -158,6 +160,56 @@ class AgentWorkload:
 
 
 @dataclass(frozen=True, slots=True)
+class LongWorkload:
+    """Long prompts, long answers (issue 37's goal workload: summaries, RAG over retrieved text). Prompt
+    lengths are multiplied by `scale`, output lengths are not.
+
+    Most of each prompt is computed: the workload measures what a long prefill does to the decodes
+    beside it, which shared documents (`docs`) hide behind the cache. The one shared part is the
+    instruction a service puts before every request; the document is the user's own.
+    """
+
+    instructions: int = 4
+    """Shared instructions, one per request drawn uniformly."""
+    instruction_tokens: int = 256
+    prompt_tokens: tuple[int, int] = (2048, 8192)
+    """Whole prompt (instruction and document), drawn uniformly."""
+    output_tokens: tuple[int, int] = (64, 256)
+    """Output tokens, drawn uniformly, then capped at `max_tokens`."""
+    max_tokens: int = 256
+    """Output tokens at most (`radixmesh bench --max-tokens` sets it; the range's top by default)."""
+    max_prompt_tokens: int = 8192
+    """Prompt and output stay within this (the model's context: 8,192 for SmolLM2 and Llama 3 8B); a
+    longer document is cut at its end."""
+    scale: float = 1.0
+    vocab: int = VOCAB
+    name: str = "long"
+
+    def __post_init__(self) -> None:
+        # Every draw fits: the instruction, one document token and the longest output (a document is cut).
+        needed = max(1, round(self.instruction_tokens * self.scale)) + 1 + min(self.max_tokens, self.output_tokens[1])
+        if self.prompt_tokens[0] > self.prompt_tokens[1] or not 1 <= self.output_tokens[0] <= self.output_tokens[1]:
+            raise ValueError(f"ranges go low to high from >= 1: prompt_tokens {self.prompt_tokens}, "
+                             f"output_tokens {self.output_tokens}")
+        if self.instructions < 1 or self.max_tokens < 1:
+            raise ValueError(f"instructions and max_tokens must be >= 1, got {self.instructions} and {self.max_tokens}")
+        if needed > self.max_prompt_tokens:
+            raise ValueError(f"an instruction ({self.instruction_tokens} tokens, scaled), one document token and the "
+                             f"longest output ({needed} in all) must fit max_prompt_tokens {self.max_prompt_tokens}")
+
+    def sessions(self, rng: random.Random) -> Iterator[Sequence[Turn]]:
+        instructions = [random_tokens(rng, max(1, round(self.instruction_tokens * self.scale)), self.vocab)
+                        for _ in range(self.instructions)]
+        while True:
+            instruction = instructions[rng.randrange(self.instructions)]
+            output = min(self.max_tokens, rng.randint(*self.output_tokens))
+            #   [0, len(instruction))  shared | [len(instruction), length)  this user's document
+            length = min(_span(rng, self.prompt_tokens, self.scale), self.max_prompt_tokens - output)
+            document = random_tokens(rng, max(1, length - len(instruction)), self.vocab)
+            yield [Turn(instruction + document, output)]
+
+
+@dataclass(frozen=True, slots=True)
 class TraceWorkload:
     """A Mooncake trace's prompts in file order; one trace block = one cluster block of `block_size`."""
 
@@ -180,8 +232,8 @@ class TraceWorkload:
                 yield [Turn(prompt, max(1, min(self.max_tokens, r.output_length)))]
 
 
-GENERATORS: dict[str, type[ChatWorkload] | type[DocsWorkload] | type[AgentWorkload]] = {
-    "chat": ChatWorkload, "convo": ConvoWorkload, "docs": DocsWorkload, "agent": AgentWorkload}
+GENERATORS: dict[str, type[ChatWorkload] | type[DocsWorkload] | type[AgentWorkload] | type[LongWorkload]] = {
+    "chat": ChatWorkload, "convo": ConvoWorkload, "docs": DocsWorkload, "agent": AgentWorkload, "long": LongWorkload}
 """The seeded generators by name (`trace` needs a file, so it is built apart)."""
 
 

@@ -159,8 +159,9 @@ def results_table(doc: dict[str, Any]) -> Table:
               help="Rates the knee search runs past the last one at which cost met the SLO.")
 @click.option("--max-rates", type=click.IntRange(min=1), default=10, show_default=True,
               help="The knee search's bound: rates in all, the given ones included.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Output tokens per request (ignore_eos: every arm generates exactly these).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help="Output tokens per request (ignore_eos: every arm generates exactly these); for long and "
+                   "trace, at most these [default: 8; long draws 64-256].")
 @click.option("--prompt-scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Multiply the generators' prompt lengths (system prompts, documents, turns).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -180,7 +181,7 @@ def results_table(doc: dict[str, Any]) -> Table:
 def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], trace_path: Path | None,
           arms: tuple[Arm, ...], rates: tuple[float, ...], duration: float, ramp: float, drain: float, warmup: int,
           ttft_slo: float, itl_slo: float, knee_attainment: float, find_knee: bool, rate_factor: float,
-          past_knee: int, max_rates: int, max_tokens: int, prompt_scale: float, seed: int, model_spec: str,
+          past_knee: int, max_rates: int, max_tokens: int | None, prompt_scale: float, seed: int, model_spec: str,
           gpu_blocks: int | None, block_size: int, out_dir: Path | None, eviction: str, handoff: bool, engine: str,
           speedup: float) -> None:
     """Compare the arms on live clusters: goodput and latency against offered load."""
@@ -194,9 +195,7 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
     if ("trace" in workloads) != (trace_path is not None):
         raise click.UsageError("--trace FILE goes with --workload trace, and only with it")
     try:
-        loads: list[Workload] = [TraceWorkload(trace_path, block_size, max_tokens=max_tokens)
-                                 if name == "trace" and trace_path is not None
-                                 else GENERATORS[name](max_tokens=max_tokens, scale=prompt_scale) for name in workloads]
+        loads = chosen_workloads(workloads, trace_path, block_size, max_tokens, prompt_scale)
     except ValueError as e:  # e.g. a scale whose first turn can never fit the context
         raise click.UsageError(str(e)) from None
     ladder = RateLadder(rate_factor, past_knee, max(max_rates, len(rates))) if find_knee else None
@@ -270,6 +269,15 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
         (out_dir / "summary.json").write_text(json.dumps({"settings": base_settings, "headlines": summary},
                                                          indent=2) + "\n")
         console.print(f"wrote {out_dir / 'summary.json'}: each workload's headline")
+
+
+def chosen_workloads(names: tuple[str, ...], trace_path: Path | None, block_size: int, max_tokens: int | None,
+                     prompt_scale: float) -> list[Workload]:
+    """The workloads named, in order; ValueError for settings a generator refuses. `max_tokens` None
+    keeps each workload's own output lengths (long's range among them)."""
+    outputs: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
+    return [TraceWorkload(trace_path, block_size, **outputs) if name == "trace" and trace_path is not None
+            else GENERATORS[name](**outputs, scale=prompt_scale) for name in names]
 
 
 def _one_workload(plan: BenchPlan, clusters: Clusters, console: Console, settings: dict[str, Any], out_dir: Path,

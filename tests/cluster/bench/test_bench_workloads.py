@@ -17,9 +17,11 @@ from radixmesh.cluster.bench.workloads import (
     ChatWorkload,
     ConvoWorkload,
     DocsWorkload,
+    LongWorkload,
     TraceWorkload,
     workload_settings,
 )
+from radixmesh.cluster.cli.bench import chosen_workloads
 from radixmesh.cluster.sim.trace import read_trace
 
 TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake_trace_1000.jsonl"
@@ -41,8 +43,9 @@ def test_poisson_times_reject_a_rate_of_zero() -> None:
         next(poisson_times(0.0, random.Random(0)))
 
 
-@pytest.mark.parametrize("workload", [SMALL_CHAT, DocsWorkload(document_tokens=64), AgentWorkload(preamble_tokens=64)],
-                         ids=["chat", "docs", "agent"])
+@pytest.mark.parametrize("workload", [SMALL_CHAT, DocsWorkload(document_tokens=64), AgentWorkload(preamble_tokens=64),
+                                      LongWorkload(scale=1 / 32)],
+                         ids=["chat", "docs", "agent", "long"])
 def test_the_same_seed_gives_the_same_requests_and_another_seed_others(workload: Workload) -> None:
     a = schedule(workload, 4.0, 30.0, seed=3)
     assert a == schedule(workload, 4.0, 30.0, seed=3)
@@ -104,6 +107,46 @@ def test_a_prompt_scale_shrinks_every_generated_length() -> None:
     full = schedule(SMALL_CHAT, 2.0, 30.0, seed=0)
     half = schedule(replace(SMALL_CHAT, scale=0.5), 2.0, 30.0, seed=0)
     assert statistics.fmean(len(r.prompt) for r in half) < 0.6 * statistics.fmean(len(r.prompt) for r in full)
+
+
+def test_long_prompts_are_2k_to_8k_tokens_over_a_shared_instruction_with_64_to_256_output_tokens() -> None:
+    long = LongWorkload()
+    sessions = list(itertools.islice(long.sessions(random.Random(0)), 200))
+    assert all(len(s) == 1 for s in sessions)  # one request per user
+    turns = [s[0] for s in sessions]
+    assert all(2048 <= len(t.prompt) <= 8192 - t.max_tokens and 64 <= t.max_tokens <= 256 for t in turns)
+    assert min(len(t.prompt) for t in turns) < 2600 and max(len(t.prompt) for t in turns) > 7600  # the whole range
+    assert min(t.max_tokens for t in turns) < 80 and max(t.max_tokens for t in turns) > 240
+    assert len({t.prompt[:256] for t in turns}) == long.instructions  # the shared part
+    assert len({t.prompt[256:512] for t in turns}) == len(turns)  # the rest is each user's own
+
+
+def test_a_prompt_scale_shrinks_long_prompts_and_not_their_outputs() -> None:
+    small = [s[0] for s in itertools.islice(LongWorkload(scale=0.25).sessions(random.Random(0)), 100)]
+    assert all(512 <= len(t.prompt) <= 2048 and 64 <= t.max_tokens <= 256 for t in small)
+    assert statistics.fmean(t.max_tokens for t in small) > 128
+
+
+def test_max_tokens_caps_long_outputs_and_prompts_leave_room_for_them() -> None:
+    capped = LongWorkload(max_tokens=100, prompt_tokens=(4000, 9000), max_prompt_tokens=4096)
+    turns = [s[0] for s in itertools.islice(capped.sessions(random.Random(1)), 100)]
+    assert {t.max_tokens for t in turns} <= set(range(64, 101)) and 100 in {t.max_tokens for t in turns}
+    assert all(len(t.prompt) + t.max_tokens <= 4096 for t in turns)
+
+
+@pytest.mark.parametrize("fields", [{"instruction_tokens": 8000}, {"output_tokens": (256, 64)},
+                                    {"prompt_tokens": (4096, 2048)}, {"instructions": 0}])
+def test_long_refuses_settings_no_request_can_meet(fields: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        LongWorkload(**fields)  # type: ignore[arg-type]
+
+
+def test_without_max_tokens_each_workload_keeps_its_own_outputs_and_with_it_all_take_it() -> None:
+    chat, long = chosen_workloads(("chat", "long"), None, 16, None, 0.5)
+    assert (chat.max_tokens, long.max_tokens, long.scale) == (8, 256, 0.5)  # type: ignore[attr-defined]
+    chat, long, trace = chosen_workloads(("chat", "long", "trace"), TRACE, 16, 32, 1.0)
+    assert chat.max_tokens == long.max_tokens == trace.max_tokens == 32  # type: ignore[attr-defined]
+    assert {s[0].max_tokens for s in itertools.islice(long.sessions(random.Random(0)), 20)} == {32}
 
 
 def test_trace_prompts_map_one_trace_block_to_one_cluster_block_in_file_order() -> None:

@@ -2,11 +2,15 @@
 roles reach the router through their registration (the reconciler's directory), every completion
 is prefilled on node-0 and decoded on node-1 from the KV it pulled over UCX, with the tokens of one
 cache-less engine; the router's /metrics and /stats count the hand-offs; with a prefill actor killed,
-requests are retried on the other one. No block leaks on either side."""
+requests are retried on the other one; with a decode actor killed while it streams, its requests end
+on the other decode agent with the same tokens, and with none left a stream ends with a clean error.
+No block leaks on either side."""
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
+from typing import Any
 
 import aiohttp
 import openai
@@ -19,6 +23,7 @@ from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.sampling import SamplingParams
+from tests.support.poll import until
 from tests.support.router_cluster import SOURCE, reference
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
@@ -88,3 +93,81 @@ async def test_a_killed_prefill_agent_is_replaced_by_the_other_with_the_same_tok
         assert stats["nodes"]["node-0"]["failed_attempts"] >= 1 and stats["nodes"]["node-1"]["requests"] == 3
         for node in ("node-1", "node-2"):
             await launcher.agent_handle(NodeId(node)).check_invariants.remote()
+
+
+async def test_a_killed_decode_agent_loses_nothing_but_its_running_requests_and_no_block_leaks(
+        local_ray: None) -> None:
+    # 1P2D: node-0 prefills, node-1 and node-2 decode. The streams are long enough (tiny model on CPU:
+    # seconds) to be running when their decode agent dies.
+    long = 400
+    sampling = SamplingParams(max_tokens=long, ignore_eos=True)
+    async with deployed(CONFIG) as d:
+        handles = {n: launcher.agent_handle(n) for n in d.nodes}
+        idle = {n: (await h.load.remote()).free_blocks for n, h in handles.items()}
+
+        async def stats() -> dict[str, Any]:
+            async with aiohttp.ClientSession() as http, http.get(f"{d.router_url}/stats") as r:
+                return (await r.json())["router"]
+
+        async def no_leak(nodes: list[NodeId]) -> None:
+            """Once idle, every block of `nodes` is free or cached again, and their invariants hold."""
+            async def idle_again() -> bool:
+                loads = [await handles[n].load.remote() for n in nodes]
+                return [x.free_blocks for x in loads] == [idle[n] for n in nodes] and not any(
+                    x.queued_requests or x.running_tokens for x in loads)
+
+            await until(idle_again, f"{nodes} idle with every block free or cached", pause_s=0.05)
+            for n in nodes:
+                await handles[n].check_invariants.remote()
+
+        async with openai.AsyncOpenAI(base_url=f"{d.router_url}/v1", api_key="unused", max_retries=0) as client:
+            async def stream(text: str, started: asyncio.Event) -> str:
+                out = await client.completions.create(model="tiny-test", prompt=text, max_tokens=long, temperature=0,
+                                                      stream=True, extra_body={"ignore_eos": True})
+                parts: list[str] = []
+                async for chunk in out:
+                    started.set()
+                    parts.append(chunk.choices[0].text if chunk.choices else "")
+                return "".join(parts)
+
+            # Four streams, two on each decode agent (the fewest in flight); one agent dies under them.
+            texts = [f"System: a decode agent dies. User {u} asks: who decodes this?" for u in range(4)]
+            started = [asyncio.Event() for _ in texts]
+            tasks = [asyncio.create_task(stream(t, e)) for t, e in zip(texts, started, strict=True)]
+            await asyncio.gather(*(e.wait() for e in started))
+            inflight = (await stats())["nodes"]
+            victim = max((NodeId("node-1"), NodeId("node-2")), key=lambda n: inflight[n]["inflight"])
+            survivor = NodeId("node-2" if victim == "node-1" else "node-1")
+            assert inflight[victim]["inflight"] >= 1
+            ray.kill(handles[victim], no_restart=True)
+            # Its requests end on the survivor with the tokens already sent not repeated: none is wrong.
+            assert await asyncio.gather(*tasks) == [TOK.decode(list(reference(TOK.encode(t), sampling)))
+                                                    for t in texts]
+            after = await stats()
+            assert after["nodes"][victim]["failed_attempts"] >= 1 and after["requests_by_status"] == {"ok": 4}
+            text = "System: a decode agent died. User 9 asks: who decodes now?"
+            out = await client.completions.create(model="tiny-test", prompt=text, max_tokens=8, temperature=0)
+            assert out.choices[0].text == TOK.decode(list(reference(TOK.encode(text), SamplingParams(max_tokens=8))))
+            assert (await stats())["nodes"][survivor]["routed"] == after["nodes"][survivor]["routed"] + 1
+            await no_leak([NodeId("node-0"), survivor])
+
+            # The last decode agent dies under a stream: nothing is left to finish it, so it ends with an
+            # error (503), after tokens of the right answer only.
+            ref = TOK.decode(list(reference(TOK.encode(texts[0]), sampling)))
+            started_last = asyncio.Event()
+            pieces: list[str] = []
+
+            async def last() -> None:
+                out = await client.completions.create(model="tiny-test", prompt=texts[0], max_tokens=long,
+                                                      temperature=0, stream=True, extra_body={"ignore_eos": True})
+                async for chunk in out:
+                    started_last.set()
+                    pieces.append(chunk.choices[0].text if chunk.choices else "")
+
+            task = asyncio.create_task(last())
+            await started_last.wait()
+            ray.kill(handles[survivor], no_restart=True)
+            with pytest.raises(openai.APIError, match="no decode agent left"):
+                await task
+            assert ref.startswith("".join(pieces)) and len("".join(pieces)) < len(ref)
+            await no_leak([NodeId("node-0")])

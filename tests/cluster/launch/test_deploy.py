@@ -31,6 +31,7 @@ from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.disk.metrics import DiskStats
 from tests.support.agents import plan, prompt
+from tests.support.poll import until
 from tests.support.router_cluster import MODEL_NAME, ManualClock, agent_config, local_cluster, router_config
 from tests.support.tiny_model import BS
 
@@ -41,6 +42,8 @@ REQUIRED_PANELS = ("hit rate", "by source", "ttft", "gb/s", "utilization", "frag
                    "hit rate by tier", "disk tier")
 DISK_METRIC = "radixmesh_disk_"
 """The agents' disk tier metrics (DiskStats): absent from a scrape of agents without a disk tier."""
+ROLE_METRIC = r"radixmesh_(?:role|handoff)[a-z_]*"
+"""The router's prefill/decode metrics: the hand-offs' are absent from a scrape of an aggregated cluster."""
 
 
 @pytest.mark.parametrize("name", ["cluster.yaml", "local-cluster.yaml"])
@@ -178,6 +181,10 @@ def disk_names(exprs: list[str]) -> set[str]:
     return {m for e in exprs for m in re.findall(rf"{DISK_METRIC}[a-z_]+", e)}
 
 
+def role_names(exprs: list[str]) -> set[str]:
+    return {m for e in exprs for m in re.findall(ROLE_METRIC, e)}
+
+
 def alert_exprs() -> dict[str, list[str]]:
     """Alert name -> its expression (as a one-query panel)."""
     doc = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
@@ -247,8 +254,43 @@ async def test_every_dashboard_metric_exists_in_a_live_scrape() -> None:
         finally:
             await runner.cleanup()
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
-    # These agents have no disk tier: test_disk_panels_and_alerts_find_an_agents_disk_tier checks those panels.
-    assert_queries_find_samples(samples, {t: es for t, es in dashboard_exprs().items() if not disk_names(es)})
+    # These agents have no disk tier and no role: the two tests below check those panels.
+    assert_queries_find_samples(samples, {t: es for t, es in dashboard_exprs().items()
+                                          if not disk_names(es) and not role_names(es)})
+
+
+def test_dashboard_shows_both_roles_and_the_hand_offs() -> None:
+    shown = role_names([e for es in dashboard_exprs().values() for e in es])
+    assert shown == {"radixmesh_role_inflight", "radixmesh_role_decisions_total", "radixmesh_handoffs_total",
+                     "radixmesh_handoff_bytes_total", "radixmesh_handoff_seconds_bucket"}
+
+
+@pytest.mark.anyio
+@pytest.mark.integration
+async def test_role_panels_find_a_split_clusters_hand_off() -> None:
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
+        router = c.router
+        router.start()  # the index watch: the hand-off needs the prefill agent's transfer address
+        await until(lambda: router.watcher is not None and router.watcher.replica.in_sync
+                    and len(router.watcher.replica.nodes()) == 2, "the router's replica knows both agents")
+        runner, port = await start_http(router, "127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{port}"
+                async with http.post(f"{url}/v1/completions",
+                                     json={"model": MODEL_NAME, "prompt": "Prefilled here, decoded there.",
+                                           "max_tokens": 2}) as r:
+                    assert r.status == 200
+                async with http.get(f"{url}/metrics") as r:
+                    text = await r.text()
+        finally:
+            await runner.cleanup()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    assert_queries_find_samples(samples, {t: es for t, es in dashboard_exprs().items() if role_names(es)})
+    # Both roles, and a hand-off that moved bytes (what the GB/s and time panels divide is not 0).
+    value = {(s.name, s.labels.get("role") or s.labels.get("outcome")): s.value for s in samples}
+    assert value[("radixmesh_role_decisions_total", "prefill")] == value[("radixmesh_role_decisions_total", "decode")] == 1
+    assert value[("radixmesh_handoffs_total", "pulled")] == 1 and value[("radixmesh_handoff_bytes_total", None)] > 0
 
 
 @pytest.mark.anyio

@@ -19,7 +19,7 @@ from radixmesh.cluster.bench.arms import ARMS, Arm, RunningCluster, Target
 from radixmesh.cluster.bench.metrics import Slo
 from radixmesh.cluster.bench.runner import BenchPlan, RateLadder, run_bench
 from radixmesh.cluster.bench.schedule import schedule
-from radixmesh.cluster.bench.workloads import ChatWorkload
+from radixmesh.cluster.bench.workloads import ChatWorkload, LongWorkload
 from radixmesh.cluster.cli.main import main
 from tests.support.router_cluster import MODEL_NAME, local_cluster
 
@@ -123,6 +123,18 @@ async def test_two_arms_at_two_rates_end_to_end(tmp_path: Path) -> None:
     assert head["ttft_p99_cost_over_off"] is not None and head["goodput_cost_over_round_robin"] is None
     assert {"goodput_over_off", "ttft_p99_over_off"} <= set(written["cells"][0]["ratios"])
     assert png_path is not None and png_path.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.slow
+async def test_long_requests_generate_each_its_own_output_length() -> None:
+    # The long workload shrunk for the tiny model: every request's max_tokens reaches the agent (ignore_eos).
+    long = LongWorkload(instruction_tokens=16, prompt_tokens=(48, 96), output_tokens=(2, 12), max_tokens=12)
+    plan = BenchPlan(long, (ARMS["cost"],), (4.0,), duration_s=2.0, ramp_s=0.5, drain_s=20.0, warmup=0,
+                     slo=Slo(ttft_s=5.0, itl_s=1.0), seed=2)
+    [cell] = await run_bench(plan, InProcessClusters(), asyncio.Event(), Bars(), lambda cs: None)
+    window = [r for r in schedule(long, 4.0, plan.ramp_s + plan.duration_s, plan.seed) if r.arrival_s >= plan.ramp_s]
+    assert len({r.max_tokens for r in window}) > 1 and cell["requests"]["ok"] == len(window)
+    assert cell["output_tokens_per_s"] == pytest.approx(sum(r.max_tokens for r in window) / plan.duration_s)
 
 
 def _cell(arm: str, rate: float, attainment: float) -> dict[str, Any]:

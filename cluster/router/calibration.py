@@ -20,8 +20,13 @@ MARGIN_WINDOW = 256
 MARGIN_MIN_OUTCOMES = 16
 """Fewer outcomes than this give no margin: a quantile of a handful would be noise."""
 MARGIN_QUANTILE = 0.9
-"""Which absolute TTFT error is the move margin: a move that buys more than nine in ten estimates'
-errors is a gain the estimates can tell from their noise."""
+"""Which absolute TTFT error the move margin is read from: a move that buys more than nine in ten
+estimates' errors (of a difference of two, see DIFFERENCE_SPREAD) is a gain the estimates can tell
+from their noise."""
+DIFFERENCE_SPREAD = 2 ** 0.5
+"""A move's gain is the difference of two estimates (at the longest holder, at the node it moves to):
+each errs by up to the quantile, and errors independent of each other with one spread give their
+difference sqrt(2) times that spread."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,22 +83,25 @@ class Calibration:
             realized_computed, left_tokens, bought_s))
 
     def move_margin_s(self) -> float:
-        """The 90th percentile (MARGIN_QUANTILE) of the absolute TTFT errors of the latest
-        MARGIN_WINDOW decisions, 0 before MARGIN_MIN_OUTCOMES: how far apart two estimates must be
-        before the router believes the difference (ClusterView.move_margin_s).
+        """sqrt(2) (DIFFERENCE_SPREAD) times the 90th percentile (MARGIN_QUANTILE) of the absolute TTFT
+        errors of the latest MARGIN_WINDOW decisions, 0 before MARGIN_MIN_OUTCOMES: how far apart two
+        estimates must be before the router believes the difference (ClusterView.move_margin_s).
 
         Without a margin, the modeled H100 knee bench showed 13-28% of `cost`'s convo decisions
         leaving a conversation's holder to buy an estimated 0.09-0.16 s (p50), while single estimates
         missed by 0.07-0.09 s at p50: the moves bought noise and cost up to 9.5 points of hit rate. At
         the median error the moves that remained claimed ~0.4-0.5 s (p50) against a 90th-percentile
         error of 0.4-0.8 s, and still cost 5-7 points of hit rate for no better TTFT: the median let
-        half the estimates' noise through."""
+        half the estimates' noise through. At one estimate's error (no sqrt(2)), on the agent
+        workload (8 modeled H100 agents at 0.01x, 22.5 req/s, with decodes priced) 11.7% of `cost`'s
+        decisions still left a session's node, for 0.82x prefix affinity's goodput; at the difference's
+        spread, 4.2% and 1.00x, TTFT p50 6.9 s against affinity's 8.5 s (docs/benchmarks.md)."""
         n = len(self._outcomes)
         if n < MARGIN_MIN_OUTCOMES:
             return 0.0
         recent = itertools.islice(self._outcomes, max(0, n - MARGIN_WINDOW), None)
         errors = sorted(abs(o.realized_ttft_s - o.predicted_ttft_s) for o in recent)
-        return errors[min(len(errors) - 1, int(MARGIN_QUANTILE * len(errors)))]
+        return DIFFERENCE_SPREAD * errors[min(len(errors) - 1, int(MARGIN_QUANTILE * len(errors)))]
 
     def report(self, after: int = 0) -> dict[str, object]:
         """The report over the outcomes numbered > `after` still held (`first_seq` says where they

@@ -8,7 +8,8 @@ Scores add two prices to the TTFT (cost_model), both for work a node does that a
 would not: prefilling blocks another node is already computing for an earlier request (a pending
 prefix), and the delay to others of the extra work (`cost_model.delay_to_others`). A candidate that
 would leave part of the longest cached prefix behind is also charged the view's `move_margin_s`: the
-router's recent 90th-percentile TTFT error, so a move must buy more than the estimates' own noise.
+router's recent 90th-percentile TTFT error times sqrt(2) (the spread of a difference of two
+estimates), so a move must buy more than the estimates' own noise.
 Why each price: docs/routing.md#the-cost-model.
 """
 

@@ -124,7 +124,7 @@ class ClusterView:
     compares with the fleet's mean, not the candidates'. None: the candidates are the fleet."""
     move_margin_s: float = 0.0
     """How far apart two TTFT estimates must be before the difference is believed: the router's
-    recent 90th-percentile absolute TTFT error (Calibration.move_margin_s); 0 where estimates are exact (the
+    recent 90th-percentile absolute TTFT error times sqrt(2) (Calibration.move_margin_s); 0 where estimates are exact (the
     simulator). The cost policy leaves a longer cached prefix behind only for a gain beyond it."""
     peers: tuple[NodeView, ...] = ()
     """Holders a candidate may pull from that the request may not go to (a split cluster's decode

@@ -7,10 +7,9 @@ blocks arrive over UCX, and every output equals one cache-less engine's output. 
 /stats totals equal the sum of the per-request usage the client received.
 """
 
-import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchQuery
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeResult
 from radixmesh.proto.serve.sampling import SamplingParams
+from tests.support.local_deployment import deployed, module_ray
 from tests.support.router_cluster import SOURCE, reference
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
@@ -45,18 +45,7 @@ CONFIG = LauncherConfig(local_nodes=3, model=SOURCE, block_size=BS, gpu_blocks=2
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    launcher.init_local_ray(CONFIG)
-    yield
-    ray.shutdown()
-
-
-@contextlib.asynccontextmanager
-async def deployed(config: LauncherConfig) -> AsyncIterator[launcher.Deployment]:
-    deployment = await launcher.up(config)
-    try:
-        yield deployment
-    finally:
-        assert await launcher.down()
+    yield from module_ray(CONFIG)
 
 
 async def serve_forced(node: NodeId, plan: ServePlan) -> ServeResult:

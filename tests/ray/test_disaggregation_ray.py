@@ -7,8 +7,7 @@ on the other decode agent with the same tokens, and with none left a stream ends
 No block leaks on either side."""
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +22,7 @@ from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.sampling import SamplingParams
+from tests.support.local_deployment import deployed, module_ray
 from tests.support.poll import until
 from tests.support.router_cluster import SOURCE, reference
 
@@ -36,18 +36,7 @@ CONFIG = LauncherConfig(local_nodes=3, prefill_nodes=1, decode_nodes=2, model=SO
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    launcher.init_local_ray(CONFIG)
-    yield
-    ray.shutdown()
-
-
-@contextlib.asynccontextmanager
-async def deployed(config: LauncherConfig) -> AsyncIterator[launcher.Deployment]:
-    deployment = await launcher.up(config)
-    try:
-        yield deployment
-    finally:
-        assert await launcher.down()
+    yield from module_ray(CONFIG)
 
 
 async def test_a_1p1d_deployment_hands_every_prompt_to_its_decode_agent(local_ray: None) -> None:

@@ -9,20 +9,19 @@ what gpu and host still hold, and what each agent wrote to <disk>/<node id> is a
 metadata service when the agent registers (its snapshot), so the router routes to it.
 """
 
-import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
-import ray
 
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.common.text.tokenizer import ByteTokenizer
 from radixmesh.proto.serve.sampling import SamplingParams
+from tests.support.local_deployment import deployed, module_ray
 from tests.support.router_cluster import SOURCE, reference
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
@@ -62,18 +61,7 @@ class Pass:
 def local_ray() -> Iterator[None]:
     # The secret, hence the block-hash key, is the same for both deployments. (A raylet that Ray
     # reports as timed out during startup on a busy box is retried by init_loopback_ray itself.)
-    launcher.init_local_ray(CONFIG)
-    yield
-    ray.shutdown()
-
-
-@contextlib.asynccontextmanager
-async def deployed(config: LauncherConfig) -> AsyncIterator[launcher.Deployment]:
-    deployment = await launcher.up(config)
-    try:
-        yield deployment
-    finally:
-        assert await launcher.down()
+    yield from module_ray(CONFIG)
 
 
 async def run(d: launcher.Deployment, prompts: Sequence[str]) -> Pass:

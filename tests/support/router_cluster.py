@@ -24,6 +24,7 @@ from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.model.source import ModelSource
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.sampling import SamplingParams
+from tests.support.poll import until
 from tests.support.servers import start_metadata_server
 from tests.support.tiny_model import BS, MODEL, MODEL_NAME, SOURCE
 
@@ -87,6 +88,15 @@ class Cluster:
     @property
     def service(self) -> MetadataService:
         return self.servers[-1].service
+
+    async def router_in_sync(self) -> None:
+        """Start the router's index watch and wait until its replica knows every agent (their transfer
+        addresses: a split cluster's hand-off needs them)."""
+        r = self.router
+        assert r.watcher is not None
+        r.start()
+        await until(lambda: r.watcher is not None and r.watcher.replica.in_sync
+                    and len(r.watcher.replica.nodes()) == len(self.agents), "the router's replica knows every agent")
 
 
 async def start_metadata(port: int = 0) -> tuple[MetadataServer, int]:

@@ -31,7 +31,6 @@ from radixmesh.node_agent.engine.config import EngineConfig
 from radixmesh.node_agent.memory.config import MemoryConfig
 from radixmesh.node_agent.memory.disk.metrics import DiskStats
 from tests.support.agents import plan, prompt
-from tests.support.poll import until
 from tests.support.router_cluster import MODEL_NAME, ManualClock, agent_config, local_cluster, router_config
 from tests.support.tiny_model import BS
 
@@ -269,11 +268,8 @@ def test_dashboard_shows_both_roles_and_the_hand_offs() -> None:
 @pytest.mark.integration
 async def test_role_panels_find_a_split_clusters_hand_off() -> None:
     async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
-        router = c.router
-        router.start()  # the index watch: the hand-off needs the prefill agent's transfer address
-        await until(lambda: router.watcher is not None and router.watcher.replica.in_sync
-                    and len(router.watcher.replica.nodes()) == 2, "the router's replica knows both agents")
-        runner, port = await start_http(router, "127.0.0.1", 0)
+        await c.router_in_sync()
+        runner, port = await start_http(c.router, "127.0.0.1", 0)
         try:
             async with aiohttp.ClientSession() as http:
                 url = f"http://127.0.0.1:{port}"

@@ -18,7 +18,7 @@ from radixmesh.proto.serve.plan import ServeItem, ServePlan
 from radixmesh.proto.serve.sampling import SamplingParams
 from tests.support.agents import prompt
 from tests.support.poll import until
-from tests.support.router_cluster import BS, Cluster, local_cluster, reference
+from tests.support.router_cluster import BS, local_cluster, reference
 
 pytestmark = pytest.mark.anyio
 SAMPLING = SamplingParams(max_tokens=6, ignore_eos=True)
@@ -28,18 +28,10 @@ def request(rid: str, tokens: tuple[int, ...]) -> ServePlan:
     return ServePlan(rid, tokens, SAMPLING)
 
 
-async def in_sync(c: Cluster) -> None:
-    """The router's replica knows every agent (their transfer addresses: the hand-off needs them)."""
-    r = c.router
-    assert r.watcher is not None
-    r.start()
-    await until(lambda: r.watcher is not None and r.watcher.replica.in_sync
-                and len(r.watcher.replica.nodes()) == len(c.agents))
-
 
 async def test_the_prompt_is_prefilled_on_the_prefill_agent_and_decoded_from_its_pulled_kv() -> None:
     async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
-        await in_sync(c)
+        await c.router_in_sync()
         tokens = prompt(1, 5 * BS + 3)
         result = await c.router.complete(request("r1", tokens))
         stats = result.result.stats
@@ -67,7 +59,7 @@ async def test_the_prompt_is_prefilled_on_the_prefill_agent_and_decoded_from_its
 
 async def test_while_the_decode_agent_streams_the_prefill_agent_has_nothing_in_flight() -> None:
     async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
-        await in_sync(c)
+        await c.router_in_sync()
         seen = []
         async with contextlib.aclosing(c.router.generate(request("r1", prompt(8, 3 * BS + 1)))) as items:
             async for _ in items:
@@ -78,7 +70,7 @@ async def test_while_the_decode_agent_streams_the_prefill_agent_has_nothing_in_f
 
 async def test_an_aggregated_cluster_is_served_in_one_phase() -> None:
     async with local_cluster(2, publish=True, transfer="ucx") as c:
-        await in_sync(c)
+        await c.router_in_sync()
         result = await c.router.complete(request("r1", prompt(1, 5 * BS + 3)))
         assert result.routed.plan.pull is None and c.router.metrics.handoffs == {}
         assert c.router.metrics.role_decisions == {"both": 1}
@@ -86,7 +78,7 @@ async def test_an_aggregated_cluster_is_served_in_one_phase() -> None:
 
 async def test_the_next_turn_is_prefilled_with_the_prefix_pulled_from_the_decode_agent() -> None:
     async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
-        await in_sync(c)
+        await c.router_in_sync()
         r = c.router
         first = prompt(2, 6 * BS + 5)
         await r.complete(request("t1", first))
@@ -105,7 +97,7 @@ async def test_the_next_turn_is_prefilled_with_the_prefix_pulled_from_the_decode
 
 async def test_a_hand_off_that_cannot_pull_is_recomputed_by_the_decode_agent_with_the_same_tokens() -> None:
     async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
-        await in_sync(c)
+        await c.router_in_sync()
         tokens = prompt(4, 4 * BS + 1)
         c.router._split._address_of = lambda node: "127.0.0.1:1"  # nobody listens there
         result = await c.router.complete(request("r1", tokens))
@@ -135,7 +127,7 @@ class StopsAfterServing:
 
 async def test_a_prefill_agent_killed_before_the_hand_off_costs_a_recompute_not_wrong_tokens() -> None:
     async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
-        await in_sync(c)
+        await c.router_in_sync()
         c.directory.add(StopsAfterServing(c.agent("a")), "prefill")  # type: ignore[arg-type]
         tokens = prompt(7, 6 * BS + 3)
         result = await c.router.complete(request("r1", tokens))
@@ -146,7 +138,7 @@ async def test_a_prefill_agent_killed_before_the_hand_off_costs_a_recompute_not_
 
 async def test_a_dead_prefill_agent_is_replaced_by_another_and_none_left_fails_cleanly() -> None:
     async with local_cluster(3, publish=True, transfer="ucx", roles=("prefill", "prefill", "decode")) as c:
-        await in_sync(c)
+        await c.router_in_sync()
         r: Router = c.router
         tokens = prompt(5, 3 * BS + 2)
         await c.agent("a").stop()
@@ -162,7 +154,7 @@ async def test_a_dead_prefill_agent_is_replaced_by_another_and_none_left_fails_c
 
 async def test_with_its_only_decode_agent_dead_a_request_fails_cleanly_and_nothing_leaks() -> None:
     async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
-        await in_sync(c)
+        await c.router_in_sync()
         await c.agent("b").stop()
         with pytest.raises(NoNodeAvailable):
             await c.router.complete(request("r1", prompt(9, 3 * BS + 2)))

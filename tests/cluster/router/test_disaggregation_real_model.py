@@ -14,8 +14,7 @@ from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.limits import usable_prefix_blocks
 from radixmesh.proto.serve.plan import ServePlan
 from radixmesh.proto.serve.sampling import SamplingParams
-from tests.support.poll import until
-from tests.support.router_cluster import BS, Cluster, local_cluster
+from tests.support.router_cluster import BS, local_cluster
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.slow]
 QUESTIONS = ("What is the capital of France?",
@@ -37,17 +36,10 @@ def chat_prompt(source: ModelSource, text: str) -> tuple[int, ...]:
 async def answers(source: ModelSource, roles: Sequence[str]) -> list[RouterResult]:
     async with local_cluster(len(roles), publish=True, transfer="ucx", roles=roles, source=source,
                              limits=source.config.prompt_limits()) as c:
-        await in_sync(c)
+        await c.router_in_sync()
         return [await c.router.complete(ServePlan(f"q{i}", chat_prompt(source, q), SAMPLING))
                 for i, q in enumerate(QUESTIONS)]
 
-
-async def in_sync(c: Cluster) -> None:
-    r = c.router
-    assert r.watcher is not None
-    r.start()
-    await until(lambda: r.watcher is not None and r.watcher.replica.in_sync
-                and len(r.watcher.replica.nodes()) == len(c.agents))
 
 
 async def test_a_1p1d_cluster_answers_token_for_token_as_the_aggregated_one(source: ModelSource) -> None:

@@ -1,6 +1,6 @@
 """The arms a bench compares, and the clusters it runs them on.
 
-An arm is a routing policy with caching on, or caching off, or (split_1p, split_half, run only
+An arm is a routing policy with caching on, or caching off, or (split_<P>p, split_half, run only
 when named) the cost policy over the same agents split into prefill and decode agents. `off` routes least-loaded (the best a
 cluster without a cache can do) and sends every request with its own cache_salt, so nothing is
 reused even on a running deployment that caches; a local `off` cluster also runs its agents
@@ -13,6 +13,7 @@ is one deployment at a URL, which serves only the arm of its own policy (and `of
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -29,16 +30,20 @@ class Arm:
     policy: str
     caching: bool = True
     split: str = ""
-    """A prefill/decode split of the same agents (docs/disaggregation.md): "1p" one prefill agent and
-    the rest decode, "half" half of them prefill (rounded down); "": every agent does both."""
+    """A prefill/decode split of the same agents (docs/disaggregation.md): "<P>p" P prefill agents and
+    the rest decode ("1p", "6p"), "half" half of them prefill (rounded down); "": every agent does both."""
 
     def prefill_nodes(self, agents: int) -> int:
-        """How many of `agents` prefill (0: no split). ValueError when a split cannot be made."""
+        """How many of `agents` prefill (0: no split). ValueError when a split cannot be made: fewer
+        than 2 agents, or P outside [1, agents - 1] (every split needs a decode agent)."""
         if not self.split:
             return 0
-        prefill = 1 if self.split == "1p" else agents // 2
-        if not 1 <= prefill < agents:
+        if agents < 2:
             raise ValueError(f"arm {self.name!r} splits prefill from decode: it needs at least 2 agents, got {agents}")
+        prefill = agents // 2 if self.split == "half" else int(self.split.removesuffix("p"))
+        if not 1 <= prefill < agents:
+            raise ValueError(f"arm {self.name!r} prefills on {prefill} of {agents} agents: P of split_<P>p must be "
+                             f"between 1 and {agents - 1} (N - 1, so that at least one agent decodes)")
         return prefill
 
 
@@ -52,9 +57,27 @@ ARMS = {arm.name: arm for arm in (
     Arm("split_1p", "cost", split="1p"),
     Arm("split_half", "cost", split="half"),
 )}
-"""Every arm by name, in the order a bench runs them."""
+"""The named arms, in the order a bench runs them; arm_named adds split_<P>p for any P."""
 DEFAULT_ARMS = tuple(name for name, arm in ARMS.items() if not arm.split)
 """The arms a bench runs unless told: the split arms only when named (`--arms cost,split_half`)."""
+SPLIT_ARM = re.compile(r"split_(\d+)p")
+"""split_<P>p: the cost policy over P prefill agents, the rest of the agents decode."""
+
+
+def arm_named(name: str) -> Arm:
+    """The arm called `name`: one of ARMS, or split_<P>p for any P >= 1 (whether P leaves a decode
+    agent is checked against the cluster's size, Arm.prefill_nodes). ValueError naming the valid ones."""
+    if name in ARMS:
+        return ARMS[name]
+    match = SPLIT_ARM.fullmatch(name)
+    if match is None:
+        raise ValueError(f"unknown arm {name!r}; valid: {', '.join(ARMS)}, split_<P>p (P prefill agents, "
+                         "the rest decode)")
+    prefill = int(match[1])
+    if prefill < 1:
+        raise ValueError(f"arm {name!r}: P of split_<P>p must be between 1 and N - 1 (N: the agents of --local)")
+    return Arm(f"split_{prefill}p", "cost", split=f"{prefill}p")
+
 
 AGENTS_TIMEOUT_S = 300.0
 """How long a local deployment may take to start all its agents (a real model loads in each)."""

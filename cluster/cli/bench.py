@@ -34,7 +34,15 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from radixmesh.cluster.bench import report
-from radixmesh.cluster.bench.arms import ARMS, DEFAULT_ARMS, Arm, Clusters, LocalClusters, RunningCluster
+from radixmesh.cluster.bench.arms import (
+    ARMS,
+    DEFAULT_ARMS,
+    Arm,
+    Clusters,
+    LocalClusters,
+    RunningCluster,
+    arm_named,
+)
 from radixmesh.cluster.bench.metrics import Slo
 from radixmesh.cluster.bench.runner import BenchPlan, RateLadder, run_bench
 from radixmesh.cluster.bench.schedule import Workload
@@ -75,10 +83,13 @@ def _workloads(_: click.Context, __: click.Parameter, value: str) -> tuple[str, 
 
 def _arms(_: click.Context, __: click.Parameter, value: str) -> tuple[Arm, ...]:
     names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in ARMS]
-    if unknown or not names:
-        raise click.BadParameter(f"unknown arm(s) {', '.join(unknown) or '(none given)'}; valid: {', '.join(ARMS)}")
-    return tuple(ARMS[n] for n in dict.fromkeys(names))
+    if not names:
+        raise click.BadParameter(f"no arm given; valid: {', '.join(ARMS)}, split_<P>p")
+    try:
+        arms = [arm_named(n) for n in names]
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return tuple({arm.name: arm for arm in arms}.values())
 
 
 class _ArmBars:
@@ -133,7 +144,8 @@ def results_table(doc: dict[str, Any]) -> Table:
               help="Mooncake JSONL file for --workload trace (e.g. tests/data/traces/mooncake_trace_1000.jsonl).")
 @click.option("--arms", "arms", default=",".join(DEFAULT_ARMS), show_default=True, callback=_arms,
               help="Comma-separated arms: routing policies with caching on, `off`, and (--local only) "
-                   "split_1p / split_half, the cost policy over prefill and decode agents.")
+                   "split_<P>p (P prefill agents, the rest decode; 1 <= P <= N-1) and split_half, the cost "
+                   "policy over prefill and decode agents.")
 @click.option("--rates", default="0.5,1,2", show_default=True, callback=_floats,
               help="Comma-separated offered request rates (Poisson arrivals, per second).")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=90.0, show_default=True,
@@ -219,7 +231,7 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
                  f"{engine_label} engine" + (f" at {speedup:g}x" if modeled is not None and speedup != 1 else ""))
     else:
         if any(arm.split for arm in arms):
-            raise click.UsageError("split arms (split_1p, split_half) split the agents of --local N, not of a "
+            raise click.UsageError("split arms (split_<P>p, split_half) split the agents of --local N, not of a "
                                    "running deployment")
         access = client_access()
         clusters = RunningCluster(url or "", access)

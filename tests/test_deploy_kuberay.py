@@ -23,7 +23,7 @@ from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store
 
 from radixmesh.cluster.cli.route_stats import API_KEY_ENV
-from radixmesh.cluster.launch.reconcile import AGENT_RESOURCE
+from radixmesh.cluster.launch.reconcile import AGENT_RESOURCE, ROLE_RESOURCES, node_role
 from radixmesh.cluster.launch.secret_file import SECRET_ENV
 from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.common.secret import ClusterSecret
@@ -230,6 +230,24 @@ def test_gpu_group_offers_gpus_and_cpu_group_the_agent_resource() -> None:
     assert AGENT_RESOURCE not in gpu.get("resources", {})  # one agent per GPU, not one more per pod
     assert cpu["resources"] == {AGENT_RESOURCE: "1"}
     assert "nvidia.com/gpu" not in cpu["template"]["spec"]["containers"][0]["resources"]["limits"]
+
+
+def test_prefill_and_decode_groups_are_the_gpu_group_with_a_role_marker() -> None:
+    document = manifest()
+    gpu = group(document, "gpu")
+    for name, role in (("gpu-prefill", "prefill"), ("gpu-decode", "decode")):
+        split = group(document, name)
+        # The marker the launcher reads (reconcile.ROLE_RESOURCES) is the group's one Ray resource.
+        assert split["resources"] == {ROLE_RESOURCES[role]: "1"}
+        assert node_role({k: float(v) for k, v in split["resources"].items()}) == role
+        # Otherwise the gpu group: its pods (one agent per GPU), its Ray parameters and its limit.
+        assert split["template"] == gpu["template"] and split["rayStartParams"] == gpu["rayStartParams"]
+        assert split["maxReplicas"] == gpu["maxReplicas"]
+        # Aggregated stays the default: no pod of a role unless scaled.
+        assert split["replicas"] == split["minReplicas"] == 0
+    assert gpu["replicas"] >= 1 and "resources" not in gpu
+    # Roles come from the nodes: the head's `radixmesh up` splits no --local agents.
+    assert not {"--prefill", "--decode", "--local"} & set(up_options(head_command()))
 
 
 def test_every_ray_container_runs_the_same_image() -> None:

@@ -11,6 +11,7 @@ import subprocess
 import tomllib
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -21,6 +22,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 
 from radixmesh.cluster.api.app import start_http
 from radixmesh.cluster.fleet.agent_client import LocalAgentClient, StaticAgentDirectory
+from radixmesh.cluster.launch.reconcile import AGENT_RESOURCE, ROLE_RESOURCES, node_role, node_slots
 from radixmesh.cluster.observability.file_sd import CA_FILE, TARGETS_FILE, TOKEN_FILE
 from radixmesh.cluster.policy.base import PolicyConfig
 from radixmesh.cluster.router.router import Router
@@ -93,6 +95,76 @@ def test_cluster_yaml_has_head_and_gpu_worker_types() -> None:
     types = config["available_node_types"]
     assert config["head_node_type"] in types
     assert any(t["resources"].get("GPU", 0) >= 1 for t in types.values())
+
+
+def ray_node(resources: dict[str, float], ip: str = "10.0.0.11") -> dict[str, Any]:
+    """A node as ray.nodes() records it, offering `resources` (and the node:<ip> resource Ray adds)."""
+    return {"Alive": True, "NodeManagerAddress": ip, "Resources": {**resources, f"node:{ip}": 1.0}}
+
+
+def test_cluster_yaml_prefill_and_decode_types_are_the_gpu_worker_with_a_role_marker() -> None:
+    config = yaml.safe_load((DEPLOY / "cluster.yaml").read_text())
+    types = config["available_node_types"]
+    workers = {name: t for name, t in types.items() if name != config["head_node_type"]}
+    assert {name: node_role(t["resources"]) for name, t in workers.items()} == {
+        "gpu_worker": "both", "prefill_worker": "prefill", "decode_worker": "decode"}
+    gpu = workers["gpu_worker"]
+    for name, role in (("prefill_worker", "prefill"), ("decode_worker", "decode")):
+        split = workers[name]
+        # The gpu worker and the marker the launcher reads (reconcile.ROLE_RESOURCES), nothing else.
+        assert split["resources"] == {**gpu["resources"], ROLE_RESOURCES[role]: 1}
+        assert split["node_config"] == gpu["node_config"] and split["max_workers"] == gpu["max_workers"]
+        # Such a node gets one agent per GPU, of its role.
+        slots = node_slots([ray_node(split["resources"])])
+        assert [(s.role, s.placement.num_gpus) for s in slots] == [(role, 1.0)] * int(split["resources"]["GPU"])
+    # Aggregated stays the default: only gpu_worker's nodes start unless told.
+    assert gpu["min_workers"] >= 1 and workers["prefill_worker"]["min_workers"] == 0
+    assert workers["decode_worker"]["min_workers"] == 0
+    # The split the comment describes (1P1D: gpu_worker's min_workers 0) is a valid cluster too.
+    types["gpu_worker"]["min_workers"], types["prefill_worker"]["min_workers"] = 0, 1
+    types["decode_worker"]["min_workers"] = 1
+    validate_config(prepare_config(config))
+    # Roles come from the nodes: the head's `radixmesh up` splits no --local agents.
+    [up] = [c for c in config["head_start_ray_commands"] if "radixmesh up" in c]
+    assert "--prefill" not in up and "--decode" not in up and "--local" not in up
+
+
+def worker_start_resources(command: str, addresses: str, tmp_path: Path) -> dict[str, float]:
+    """The resources `command` (local-cluster.yaml's worker start) passes to `ray start` on a host
+    whose addresses (`hostname -I`) are `addresses`: run by bash with `hostname`, `radixmesh` and `ray`
+    stubbed."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir(exist_ok=True)
+    out = tmp_path / "resources.json"
+    ray = 'for a in "$@"; do case "$a" in --resources=*) printf %s "${a#--resources=}" > "$OUT";; esac; done'
+    for name, body in (("hostname", f'echo "{addresses} "'),
+                       ("radixmesh", "true"),  # ray-tls prints no variables here
+                       ("ray", ray)):
+        (stubs / name).write_text(f"#!/bin/bash\n{body}\n")
+        (stubs / name).chmod(0o755)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "RAY_HEAD_IP": "10.0.0.10", "OUT": str(out)}
+    subprocess.run(["bash", "-c", command], env=env, check=True, timeout=30)
+    resources: dict[str, float] = json.loads(out.read_text())
+    return resources
+
+
+@pytest.mark.parametrize(("prefill", "decode", "addresses", "role"), [
+    ("", "", "10.0.0.11", "both"),  # as shipped: aggregated
+    ("10.0.0.11", "10.0.0.12", "192.168.7.2 10.0.0.11", "prefill"),  # any of the host's addresses
+    ("10.0.0.11", "10.0.0.12 10.0.0.13", "10.0.0.13", "decode"),
+    ("10.0.0.1", "10.0.0.12", "10.0.0.11", "both"),  # a whole address, not a prefix of one
+])
+def test_local_cluster_workers_listed_as_prefill_or_decode_hosts_offer_that_roles_marker(
+        prefill: str, decode: str, addresses: str, role: str, tmp_path: Path) -> None:
+    config = yaml.safe_load((DEPLOY / "local-cluster.yaml").read_text())
+    [start] = [c for c in config["worker_start_ray_commands"] if "ray start" in c]
+    for name, hosts in (("prefill_hosts", prefill), ("decode_hosts", decode)):
+        assert start.count(f'{name}="";') == 1, f"{name} is no longer an empty list in the shipped file"
+        start = start.replace(f'{name}="";', f'{name}="{hosts}";')
+    resources = worker_start_resources(start, addresses, tmp_path)
+    assert resources == {AGENT_RESOURCE: 1, **({ROLE_RESOURCES[role]: 1} if role != "both" else {})}
+    # The launcher gives such a host (no GPU) one CPU agent, of that role.
+    assert [s.role for s in node_slots([ray_node(resources)])] == [role]
 
 
 def test_prometheus_scrapes_the_targets_the_router_lists() -> None:

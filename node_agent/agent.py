@@ -44,7 +44,7 @@ from radixmesh.proto.metadata.hits import RequestHits
 from radixmesh.proto.metadata.limits import MAX_HITS_PER_HEARTBEAT
 from radixmesh.proto.metadata.nodes import NodeInfo, NodeLoad
 from radixmesh.proto.serve.limits import AgentBusy, InvalidRequest
-from radixmesh.proto.serve.plan import ServeItem, ServePlan, ServeResult, ServeStats, TokenDelta
+from radixmesh.proto.serve.plan import Queued, ServeItem, ServePlan, ServeResult, ServeStats, TokenDelta
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +104,9 @@ class NodeAgent:
         try:
             memory = self.memory
             # The plane moves the gpu tier's KV itself: a data plane beside the door, as vLLM's KV connector.
+            # Peers following this node's prefills (a streamed hand-off) wait on its runner's steps.
             self._transfer = make_transfer_plane(memory.gpu, engine.layout, transfer_config(self.config, engine.layout),
-                                                 self._runner.call_short)
+                                                 self._runner.call_short, progress=self._runner)
             await self._transfer.start()
             if self.config.kv_events_endpoint is not None:  # before the metadata publisher drains events
                 book = TokenBook(engine.layout.block_size, engine.config.memory.hash_key,
@@ -202,7 +203,8 @@ class NodeAgent:
     async def serve(self, plan: ServePlan) -> AsyncGenerator[ServeItem, None]:
         """Yield TokenDelta items as tokens come, then one ServeResult.
 
-        A planned pull does not delay the request: it is queued at once, its pull's blocks allocated
+        A prefill-only plan yields Queued first, once its request is in the engine, and its result
+        carries no token. A planned pull does not delay the request: it is queued at once, its pull's blocks allocated
         in the same engine job (Request.pending_prefix), and the engine admits it once the pull has
         landed (one more engine job); meanwhile the chunks are written into the blocks off the
         engine thread, and the engine steps the other requests."""
@@ -215,7 +217,7 @@ class NodeAgent:
         pending = pending_prefix(plan, self.layout.block_size, self._transfer)
         rid = RequestId(plan.request_id)
         request = Request(rid, plan.prompt_token_ids, plan.sampling, salt, prompt_hashes=tuple(hashes),
-                          pending_prefix=pending)
+                          pending_prefix=pending, prefill_only=plan.prefill_only)
         pull: asyncio.Task[Pulled] | None = None
         finished = False
         ticket = self.kv_events.open(plan.prompt_token_ids, hashes, plan.tenant)
@@ -226,6 +228,8 @@ class NodeAgent:
                                            name=f"pull-{plan.request_id}")
                 self._pulls.add(pull)
                 pull.add_done_callback(self._pulls.discard)
+            if plan.prefill_only:  # in the engine now: a decode agent's pull may follow its blocks
+                yield Queued(plan.request_id)
             while True:
                 match await queue.get():
                     case NewTokens() as new:
@@ -277,6 +281,8 @@ class NodeAgent:
         if self.runner.is_active(RequestId(plan.request_id)):
             raise InvalidRequest(f"request id {plan.request_id!r} is already being served")
         check_pull(plan, self.node, self.layout.block_size)
+        if plan.prefill_only and plan.handoff:
+            raise InvalidRequest("a plan is a prefill phase or a hand-off's decode phase, not both")
 
     def _result(self, plan: ServePlan, done: Finished, pulled: Pulled, t0: float) -> ServeResult:
         out = done.output

@@ -1,5 +1,6 @@
 """The pull a ServePlan asks of its serving node: the blocks [local, end) of the agent's serve diagram,
-streamed from the planned peer while the request waits in the engine's queue, then landed."""
+streamed from the planned peer while the request waits in the engine's queue (followed as the peer
+computes them, for a streamed hand-off: PullPlan.follow), then landed."""
 
 from radixmesh.node_agent.engine.runner import EngineRunner
 from radixmesh.node_agent.memory.sequence import PendingPrefix
@@ -45,7 +46,7 @@ async def pull_prefix(plan: ServePlan, pending: PendingPrefix, transfer: Transfe
     pulled = Pulled.nothing(failed=True)
     try:
         pulled = await transfer.receive(plan.pull.peer, plan.pull.address, list(pending.hashes),
-                                        list(pending.block_ids))
+                                        list(pending.block_ids), follow=plan.pull.follow)
     finally:
         await runner.call(runner.engine.land_pull, pending, len(pulled.block_ids))
     return pulled

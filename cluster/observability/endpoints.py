@@ -51,6 +51,8 @@ def stats_document(metrics: RouterMetrics, cluster: ClusterStats | None, *, poli
         "role_decisions": dict(metrics.role_decisions),
         "handoffs": dict(metrics.handoffs),
         "handoff_bytes": metrics.handoff_bytes,
+        "handoff_seconds": round(metrics.handoff_seconds.sum, 6),
+        "handoff_overlap_seconds": round(metrics.handoff_overlap.sum, 6),
         **metrics.total.as_dict(),
         "nodes": per_node,
     }

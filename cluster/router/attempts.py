@@ -16,7 +16,7 @@ from radixmesh.cluster.router.results import NoNodeAvailable, RoutedPlan, Router
 from radixmesh.cluster.router.suspects import Suspects
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.limits import AgentBusy, usable_prefix_blocks
-from radixmesh.proto.serve.plan import ServePlan, ServeResult, ServeStats, TokenDelta
+from radixmesh.proto.serve.plan import Queued, ServePlan, ServeResult, ServeStats, TokenDelta
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +37,12 @@ class Attempts:
         self._metrics, self._suspects, self._clock = metrics, suspects, clock
 
     async def serve(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None, pin: NodeId | None,
-                    session: str | None, arrival: float | None = None) -> AsyncGenerator[RouterItem, None]:
+                    session: str | None, arrival: float | None = None,
+                    on_queued: Callable[[NodeId], None] | None = None) -> AsyncGenerator[RouterItem, None]:
         """Router.generate's items for `request` (its seed fixed); TTFT counts from `arrival` (default:
         now). Raises Overloaded when every node left or tried is busy, NoNodeAvailable when none is
-        left or `max_attempts` failed."""
+        left or `max_attempts` failed. `on_queued(node)`: a prefill-only request is in `node`'s engine
+        (the agent's Queued; each attempt's)."""
         arrival = self._clock() if arrival is None else arrival
         first_token_at: float | None = None
         sent: list[int] = []
@@ -74,6 +76,10 @@ class Attempts:
             answered = False
             try:
                 async for item in stream:
+                    if isinstance(item, Queued):  # not an answer: the prefill has only begun
+                        if on_queued is not None:
+                            on_queued(node)
+                        continue
                     if not answered:  # its prefill is done: a peer may pull this prompt from it now
                         answered = True
                         if routed.hold is not None:

@@ -56,6 +56,10 @@ class RouterConfig:
     request whose end the router never learns of."""
     default_prefill_tokens_per_s: float = 2000.0
     """Prefill rate assumed for a node that has not heartbeated a measured one."""
+    stream_handoff: bool = True
+    """In a split cluster, send the decode agent its request once the prefill agent has queued the
+    prompt, so that its pull follows the prefill chunk by chunk (docs/disaggregation.md). False: only
+    once the prefill has ended (the hand-off of issue 37's first slice, kept to compare with)."""
     max_attempts: int = 3
     """Nodes tried per request when agents become unavailable (the first try included)."""
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)

@@ -4,32 +4,42 @@ When the directory holds prefill and decode agents, a request is served in two p
 disaggregated proxy does, over radixmesh's own pull path:
 
 1. prefill: the router's policy routes the prompt among the prefill agents (cached prefix and queue;
-   it may plan a pull of a prefix from any agent, a decode agent included), which run it with
-   max_tokens 1; that token is discarded. A prefill agent that fails is excluded and the prompt
-   routed again (Attempts), at most `max_attempts` times, then NoNodeAvailable.
+   it may plan a pull of a prefix from any agent, a decode agent included), which run it as a
+   prefill-only request (ServePlan.prefill_only: its KV computed and cached, no token sampled). A
+   prefill agent that fails is excluded and the prompt routed again (Attempts), at most
+   `max_attempts` times, then NoNodeAvailable.
 2. decode: the decode agent with the fewest requests in flight, then the most free blocks, is sent the
    whole request with a PullPlan of the prompt's usable full blocks from the prefill agent, and its
    tokens stream to the client. A pull that fails is recomputed by the decode agent (plan_pull).
 
-The hand-off starts once the prefill has ended: no layer-by-layer streaming yet. TTFT counts from
-the request's arrival, so it includes the prefill, the hand-off and the decode agent's first step.
+Streamed (RouterConfig.stream_handoff, the default), phase 2 starts as soon as the prefill agent has
+queued the prompt (its Queued item), and the decode agent's pull follows the prefill chunk by chunk
+(PullPlan.follow): the transfer overlaps the prefill, as SGLang's per-chunk KV sender does. Otherwise
+it starts once the prefill has ended. TTFT counts from the request's arrival, so it includes the
+prefill, what of the hand-off did not overlap it, and the decode agent's first step.
 """
 
+import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from radixmesh.cluster.fleet.agent_client import AgentDirectory
 from radixmesh.cluster.policy.base import RouteDecision
 from radixmesh.cluster.policy.inflight import InflightTable
 from radixmesh.cluster.policy.view import ClusterView, NodeView
 from radixmesh.cluster.router.attempts import Attempts
+from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.results import NoNodeAvailable, RoutedPlan, RouterItem, RouterResult
 from radixmesh.cluster.router.suspects import Suspects
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.limits import usable_prefix_blocks
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeStats
+
+logger = logging.getLogger(__name__)
 
 DECODE_POLICY = "decode_least_loaded"
 """The policy label of decode-phase decisions (RouterStats.routing_decisions)."""
@@ -53,15 +63,29 @@ class Handoff:
     """The prefill agent's transfer address ("": not known to the router, nothing is pulled)."""
     blocks: int
     """The prompt's usable full blocks (usable_prefix_blocks: the last token's block is never reused)."""
+    follow: bool = False
+    """The prefill is still computing them: the pull follows it (PullPlan.follow)."""
 
     def pull(self) -> PullPlan | None:
-        return PullPlan(self.node, self.address, 0, self.blocks) if self.address and self.blocks else None
+        if not (self.address and self.blocks):
+            return None
+        return PullPlan(self.node, self.address, 0, self.blocks, follow=self.follow)
 
 
 def prefill_only(request: ServePlan) -> ServePlan:
-    """The prefill phase's request: the prompt, one token (discarded), nothing that shapes decoding."""
+    """The prefill phase's request: the prompt, prefill-only (no token is sampled; max_tokens 1 is
+    what the agent's limits check), nothing that shapes decoding."""
     sampling = dataclasses.replace(request.sampling, max_tokens=1, logprobs=None, stop=(), stop_token_ids=())
-    return dataclasses.replace(request, request_id=f"{request.request_id}-prefill", sampling=sampling)
+    return dataclasses.replace(request, request_id=f"{request.request_id}-prefill", sampling=sampling,
+                               prefill_only=True)
+
+
+def overlap_s(decode_began: float, prefilled: float | None, now: float, pull_s: float) -> float:
+    """Of a hand-off's `pull_s` seconds, those before its prefill ended (router clock): from when the
+    decode phase began to the prefill's result (`now` when none came: it never ended first), at most
+    the whole pull. A hand-off begun after the prefill overlaps nothing."""
+    end = prefilled if prefilled is not None else now
+    return min(max(0.0, end - decode_began), pull_s)
 
 
 class PrefillAttempts(Attempts):
@@ -76,12 +100,13 @@ class PrefillAttempts(Attempts):
 
 
 class DecodeAttempts(Attempts):
-    """The decode phase's attempts: the hand-off and the client's TTFT are recorded; its prompt tokens
-    are not counted again, and no policy prediction is calibrated (DecodePicker makes none)."""
+    """The decode phase's attempts: its prompt tokens are not counted again, and no policy prediction
+    is calibrated (DecodePicker makes none); the hand-off and the client's TTFT are recorded by
+    Disaggregation, which knows how far the hand-off overlapped the prefill."""
 
     def _served(self, routed: RoutedPlan, stats: ServeStats, usable: int, reused: int, prompt: int,
                 expected_local: int, ttft_s: float) -> None:
-        self._metrics.record_handoff(stats, routed.decision.pull_blocks, ttft_s)
+        """Nothing here (see the class)."""
 
 
 class DecodePicker:
@@ -116,27 +141,74 @@ class Disaggregation:
     """Serves one router's requests in two phases (module doc) over its plan, load table and metrics."""
 
     def __init__(self, prefill: PrefillAttempts, decode: DecodeAttempts, directory: AgentDirectory,
-                 address_of: Callable[[NodeId], str], block_size: int, clock: Callable[[], float]) -> None:
+                 address_of: Callable[[NodeId], str], block_size: int, clock: Callable[[], float],
+                 metrics: RouterMetrics, stream: bool = True) -> None:
         """`prefill` plans among the prefill agents, `decode` with a DecodePicker; `address_of` is a
-        node's transfer address as it registered it ("" unknown)."""
+        node's transfer address as it registered it ("" unknown); `stream`: RouterConfig.stream_handoff."""
         self._prefill, self._decode, self._directory = prefill, decode, directory
         self._address_of, self._block_size, self._clock = address_of, block_size, clock
+        self._metrics, self._stream = metrics, stream
 
     async def serve(self, request: ServePlan, on_routed: Callable[[NodeId], None] | None, pin: NodeId | None,
                     session: str | None) -> AsyncGenerator[RouterItem, None]:
         """Router.generate's items for `request` (its seed fixed): the decode agent's tokens, then its
-        result. Raises what Attempts.serve raises, from either phase."""
+        result. Raises what Attempts.serve raises, from either phase (from the prefill phase only
+        until the decode phase has begun: then a failed prefill costs the decode agent a recompute)."""
         arrival = self._clock()
-        prefilled: RouterResult | None = None
-        async with contextlib.aclosing(self._prefill.serve(prefill_only(request), on_routed, pin, session)) as items:
-            async for item in items:
-                if isinstance(item, RouterResult):
-                    prefilled = item
-        assert prefilled is not None, "Attempts.serve ends with a result or raises"
-        node = prefilled.result.node
-        blocks = usable_prefix_blocks(len(request.prompt_token_ids), self._block_size)
-        handoff = Handoff(node, self._address_of(node), blocks)
-        decode_request = dataclasses.replace(request, pull=handoff.pull(), handoff=True)
-        async with contextlib.aclosing(self._decode.serve(decode_request, on_routed, None, None, arrival)) as items:
-            async for item in items:
-                yield item
+        loop = asyncio.get_running_loop()
+        queued: asyncio.Future[NodeId] = loop.create_future()
+        prefilled_at: list[float] = []  # the router's clock when the prefill's result came
+
+        def on_queued(node: NodeId) -> None:
+            if not queued.done():  # a retried prefill's second Queued: the decode phase follows the first
+                queued.set_result(node)
+
+        async def prefill() -> RouterResult:
+            result: RouterResult | None = None
+            async with contextlib.aclosing(self._prefill.serve(prefill_only(request), on_routed, pin, session,
+                                                               on_queued=on_queued)) as items:
+                async for item in items:
+                    if isinstance(item, RouterResult):
+                        result = item
+            assert result is not None, "Attempts.serve ends with a result or raises"
+            prefilled_at.append(self._clock())
+            return result
+
+        prefilling = asyncio.ensure_future(prefill())
+        try:
+            phases: list[asyncio.Future[Any]] = [prefilling, queued] if self._stream else [prefilling]
+            await asyncio.wait(phases, return_when=asyncio.FIRST_COMPLETED)
+            follow = queued.done()
+            # Streamed: follow the prefill agent that queued the prompt; else (or when the prefill ended,
+            # or failed, before any Queued came) the one that served it, or the prefill's error.
+            node = queued.result() if follow else prefilling.result().result.node
+            blocks = usable_prefix_blocks(len(request.prompt_token_ids), self._block_size)
+            handoff = Handoff(node, self._address_of(node), blocks, follow=follow and not prefilling.done())
+            decode_request = dataclasses.replace(request, pull=handoff.pull(), handoff=True)
+            began = self._clock()
+            async with contextlib.aclosing(self._decode.serve(decode_request, on_routed, None, None, arrival)) as items:
+                async for item in items:
+                    if isinstance(item, RouterResult):
+                        await self._settle(prefilling, item)
+                        stats = item.result.stats
+                        overlap = overlap_s(began, prefilled_at[0] if prefilled_at else None, self._clock(),
+                                            stats.pull_seconds)
+                        self._metrics.record_handoff(stats, item.routed.decision.pull_blocks, item.ttft_s, overlap)
+                    yield item
+        finally:
+            prefilling.cancel()  # done by now, unless the request ended early or the decode agent recomputed
+            await asyncio.gather(prefilling, return_exceptions=True)
+
+    async def _settle(self, prefilling: "asyncio.Future[RouterResult]", decoded: RouterResult) -> None:
+        """Before the decode phase's result: let the prefill phase end where its result is due (the
+        decode agent pulled every block, so the prefill computed them: its result counts the prompt's
+        tokens), or stop it where the decode agent recomputed (its prefill agent failed, maybe to be
+        retried elsewhere, or is slower than the pull would wait)."""
+        if prefilling.done():
+            return
+        if decoded.result.stats.pull_failed:
+            prefilling.cancel()
+        await asyncio.gather(prefilling, return_exceptions=True)
+        if not prefilling.cancelled() and prefilling.exception() is not None:
+            logger.info("request %s: its prefill phase failed after the hand-off: %r", decoded.result.request_id,
+                        prefilling.exception())

@@ -120,6 +120,9 @@ class RouterStats:
     handoff_bytes: int = metric("counter", "KV bytes decode agents pulled from prefill agents.")
     handoff_seconds: HistogramSnapshot = metric(
         "histogram", "Time of one hand-off: the decode agent's pull of the prompt's KV from its prefill agent.")
+    handoff_overlap_seconds: HistogramSnapshot = metric(
+        "histogram", "Of one hand-off's time, the part that ran while its prefill was still computing (a "
+        "streamed hand-off; 0 when it began after the prefill).")
 
 
 class RouterMetrics:
@@ -154,6 +157,7 @@ class RouterMetrics:
         self.handoffs: dict[str, int] = {}
         self.handoff_bytes = 0
         self.handoff_seconds = Histogram(TRANSFER_BUCKETS_S)
+        self.handoff_overlap = Histogram(TRANSFER_BUCKETS_S)
         self.calibration = Calibration()
         """Each decision's prediction beside its outcome (the router records them as requests end)."""
 
@@ -180,9 +184,10 @@ class RouterMetrics:
             self.transfer_bytes += stats.pull_bytes
             self.transfer_seconds.observe(stats.pull_seconds)
 
-    def record_handoff(self, stats: ServeStats, planned_blocks: int, ttft_s: float) -> None:
-        """A split cluster's decode phase ended: what its pull of `planned_blocks` moved, and the
-        client's TTFT (prefill, hand-off and the decode agent's first step)."""
+    def record_handoff(self, stats: ServeStats, planned_blocks: int, ttft_s: float, overlap_s: float = 0.0) -> None:
+        """A split cluster's decode phase ended: what its pull of `planned_blocks` moved, how much of
+        it overlapped the prefill (`overlap_s`), and the client's TTFT (prefill, hand-off and the decode
+        agent's first step)."""
         # Blocks the decode agent held already are skipped, not failed: pull_failed says what was recomputed.
         if not planned_blocks:
             outcome = "unplanned"
@@ -194,6 +199,7 @@ class RouterMetrics:
         self.handoff_bytes += stats.pull_bytes
         if stats.pull_bytes or stats.pull_seconds:
             self.handoff_seconds.observe(stats.pull_seconds)
+            self.handoff_overlap.observe(overlap_s)
         self.ttft.observe(ttft_s)
 
     def record_failed_attempt(self, node: NodeId) -> None:
@@ -228,6 +234,7 @@ class RouterMetrics:
             handoffs=dict(self.handoffs),
             handoff_bytes=self.handoff_bytes,
             handoff_seconds=self.handoff_seconds.snapshot(),
+            handoff_overlap_seconds=self.handoff_overlap.snapshot(),
         )
 
     def render(self, *more: object) -> str:

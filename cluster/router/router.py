@@ -102,7 +102,7 @@ class Router:
                             self.suspects, clock),
             DecodeAttempts(config, directory, picker.plan, self._step, self._inflight, self.metrics, self.suspects,
                            clock),
-            directory, self._transfer_address, config.block_size, clock)
+            directory, self._transfer_address, config.block_size, clock, self.metrics, config.stream_handoff)
         """Serves requests in two phases while the directory holds prefill and decode agents."""
         self._running = 0
         """Requests in `generate` now (validated, admitted or waiting for admission)."""

@@ -29,6 +29,7 @@ from radixmesh.node_agent.memory.node_memory import NodeMemory
 from radixmesh.node_agent.memory.sequence import PendingPrefix
 from radixmesh.node_agent.model.base import CausalLM
 from radixmesh.node_agent.model.llama import AttentionBatch, SeqChunk
+from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.serve.limits import InvalidRequest, usable_prefix_blocks
 from radixmesh.proto.serve.sampling import FinishReason, TokenLogprob, draw_seed
 from radixmesh.proto.serve.tokens import HIT_SOURCES
@@ -122,6 +123,11 @@ class Engine:
         blocks counted as its remote hits; whatever did not arrive is computed)."""
         self.memory.land_pull(pull, received)
 
+    def computing(self, block: BlockHash) -> bool:
+        """Whether a request active here will compute `block`, or land it from its pull: a peer that
+        follows this node's prefill (PullRequest.follow_ms) waits for it."""
+        return any(block in self.memory.uncomputed_hashes(seq) for seq in self._active.values())
+
     def sequence(self, request_id: RequestId) -> SequenceState | None:
         """The live state of a queued or running request (None once it finished or was aborted).
 
@@ -186,7 +192,9 @@ class Engine:
             seq.stats.forward_tokens += n
             self.counters.computed_tokens += n
             self.memory.insert_computed(seq)
-            if seq.num_uncomputed == 0:
+            if seq.num_uncomputed == 0 and seq.request.prefill_only:
+                out.finished.append(self._finish(seq, FinishReason.PREFILLED))
+            elif seq.num_uncomputed == 0:
                 token, reason = self._append_token(seq, logits[row])
                 logprob = seq.logprobs[-1] if seq.request.sampling.logprobs is not None else None
                 out.tokens.append((seq.request.request_id, token, logprob))

@@ -53,6 +53,9 @@ class Request:
     under it); only their number is checked. None: the engine hashes the prompt itself."""
     pending_prefix: PendingPrefix | None = None
     """Blocks to be pulled while the request is queued (at most one of this and external_prefix)."""
+    prefill_only: bool = False
+    """Compute the prompt's KV (its full blocks cached as they are computed) and finish, PREFILLED,
+    without sampling a token: the prefill phase of a split request (docs/disaggregation.md)."""
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
+from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.sampling import TokenLogprob
 
@@ -83,6 +84,9 @@ class EngineRunner:
         self._driver: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         """Set when a job other than a step ends: what an idle driver waits for."""
+        self.steps = 0
+        """Engine steps ended (counted on the event loop): what a following pull waits on (stepped)."""
+        self._step_waiters: list[asyncio.Future[None]] = []
         self.pending_calls = 0
         """Jobs queued on or running on the engine thread (steps, submits, the transfer plane's pins)."""
         self.prefill_tokens_per_s = 0.0
@@ -131,12 +135,29 @@ class EngineRunner:
 
     def _step_done(self, _: "asyncio.Future[Any]") -> None:
         self.pending_calls -= 1
+        self.steps += 1
+        waiters, self._step_waiters = self._step_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
         self._on_job_end()
 
     def _job_done(self, _: "asyncio.Future[Any]") -> None:
         self.pending_calls -= 1
         self._changed.set()
         self._on_job_end()
+
+    # --- what a peer's following pull reads (transfer.pull_source.BlockProgress) -------------
+    def coming(self, block: BlockHash) -> bool:
+        """Engine.computing; on the engine thread (the transfer source's Serial is call_short)."""
+        return self.engine.computing(block)
+
+    async def stepped(self, since: int) -> None:
+        """Return once more than `since` steps have ended."""
+        while self.steps <= since:
+            waiter = asyncio.get_running_loop().create_future()
+            self._step_waiters.append(waiter)
+            await waiter
 
     async def submit(self, request: Request, *, on_refused: Callable[[], object] | None = None
                      ) -> "asyncio.Queue[StreamItem]":

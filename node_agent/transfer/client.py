@@ -31,6 +31,7 @@ from radixmesh.node_agent.transfer.checksum import (
 )
 from radixmesh.node_agent.transfer.protocol import (
     MAX_CHUNK_BYTES,
+    MAX_FOLLOW_MS,
     ChunkTrailer,
     PullHeader,
     PullRequest,
@@ -69,6 +70,9 @@ class PullConfig:
     but the authenticated owner. bench/transfer.py measures its cost."""
     timeout_s: float = 10.0
     """Bound on one whole pull; past it the pull returns what arrived intact."""
+    follow_s: float = 120.0
+    """Bound on one followed pull (a streamed hand-off, TransferClient.receive's `follow_s`) in all,
+    the owner's queue and compute included; past it the rest is recomputed."""
     ewma_alpha: float = 0.2
     wire_block_bytes: int = 0
     """Bytes one block stands for on the wire (a modeled engine's full KV per block, model.modeled);
@@ -83,6 +87,8 @@ class PullConfig:
             raise ValueError("wire_block_bytes and wire_gbps must be >= 0")
         if not 0 < self.chunk_bytes <= MAX_CHUNK_BYTES or self.timeout_s <= 0 or not 0 < self.ewma_alpha <= 1:
             raise ValueError("chunk_bytes must be in (0, 1 GiB], timeout_s positive, ewma_alpha in (0, 1]")
+        if not self.follow_s > 0:
+            raise ValueError(f"follow_s must be positive, got {self.follow_s}")
 
 
 class PullOutcome(StrEnum):
@@ -95,6 +101,8 @@ class PullOutcome(StrEnum):
     TIMEOUT = "timeout"
     PEER_LOST = "peer_lost"
     NO_SPACE = "no_space"
+    NOT_YET = "not_yet"
+    """A following pull's round: none of the blocks is computed yet on the owner (ask again)."""
 
 
 _REFUSALS = {Status.UNAUTHENTICATED: PullOutcome.UNAUTHENTICATED,
@@ -173,7 +181,7 @@ class TransferClient:
         return result
 
     async def receive(self, peer: Peer, hashes: Sequence[BlockHash], blocks: Sequence[BlockId], *,
-                      start: float | None = None) -> PullResult:
+                      start: float | None = None, follow_s: float = 0.0) -> PullResult:
         """Stream the longest prefix of `hashes` that `peer` holds into `blocks` (one per hash, fewer
         when the caller found no room for all: the owner sends at most that many).
 
@@ -182,6 +190,13 @@ class TransferClient:
         `blocks`); the others may hold anything. Cancelled, it raises only once the channel is
         closed, so nothing of the pull is written into `blocks` afterwards. `start`: when the pull
         began (its allocation), for its time; now by default.
+
+        `follow_s` > 0 follows blocks the owner is still computing (a streamed hand-off): the pull
+        asks again, round by round, for the blocks that have not arrived, each round waiting on the
+        owner until at least one is computed (PullRequest.follow_ms), and ends once every block
+        arrived, the owner holds and computes none of the rest, or `follow_s` passed (TIMEOUT). Its
+        time is the owner's compute as much as the link's, so it is not folded into the peer's
+        priced averages (PeerStats.record).
         """
         _check_hashes(hashes)
         if len(blocks) > len(hashes):
@@ -189,17 +204,46 @@ class TransferClient:
         start = self._clock() if start is None else start
         received, latency = 0, 0.0
         outcome = PullOutcome.NO_SPACE if hashes else PullOutcome.OK
-        if blocks:
-            lock = self._locks.setdefault(peer.node_id, asyncio.Lock())
-            async with lock:
-                received, latency, outcome = await self._stream(peer, hashes, blocks, start)
-                # Under the peer's lock: pulls from one peer share its modeled link one at a time.
-                await self._wire_floor(received, start + latency)
+        if blocks and follow_s > 0:
+            received, latency, outcome = await self._follow(peer, hashes, blocks, start, start + follow_s)
+        elif blocks:
+            received, latency, outcome = await self._round(peer, hashes, blocks, start, 0)
         seconds = self._clock() - start
         nbytes = received * (self.config.wire_block_bytes or self.layout.block_bytes)
         stats = self.stats.setdefault(peer.node_id, PeerStats(self.transport.name, self.config.ewma_alpha))
-        stats.record(outcome, received, nbytes, seconds, latency)
+        stats.record(outcome, received, nbytes, seconds, latency, priced=not follow_s)
         return PullResult(list(hashes[:received]), list(blocks[:received]), nbytes, seconds, outcome)
+
+    async def _round(self, peer: Peer, hashes: Sequence[BlockHash], blocks: Sequence[BlockId], start: float,
+                     follow_ms: int) -> tuple[int, float, PullOutcome]:
+        """One request to the owner and what it sends (_stream), under the peer's lock."""
+        async with self._locks.setdefault(peer.node_id, asyncio.Lock()):
+            received, latency, outcome = await self._stream(peer, hashes, blocks, start, follow_ms)
+            # Under the peer's lock: pulls from one peer share its modeled link one at a time.
+            await self._wire_floor(received, start + latency)
+        return received, latency, outcome
+
+    async def _follow(self, peer: Peer, hashes: Sequence[BlockHash], blocks: Sequence[BlockId], start: float,
+                      deadline: float) -> tuple[int, float, PullOutcome]:
+        """Rounds of a following pull (receive's `follow_s`): blocks [0, received) have arrived, each
+        round asks for [received, len(blocks)). The peer's lock is taken per round, so other pulls
+        from the same owner go between them."""
+        received, first_latency, outcome = 0, 0.0, PullOutcome.OK
+        while received < len(blocks):
+            left = deadline - self._clock()
+            if left <= 0:
+                outcome = PullOutcome.TIMEOUT
+                break
+            follow_ms = max(1, min(MAX_FOLLOW_MS, int(left * 1000)))
+            round_start = self._clock()
+            n, latency, outcome = await self._round(peer, hashes[received:], blocks[received:], round_start, follow_ms)
+            first_latency = first_latency or round_start + latency - start
+            received += n
+            if outcome is PullOutcome.NOT_YET:
+                outcome = PullOutcome.OK
+            elif outcome is not PullOutcome.OK or n == 0:  # failed, or the owner neither holds nor computes the rest
+                break
+        return received, first_latency, outcome
 
     async def _wire_floor(self, received: int, payload_start: float) -> None:
         """Wait until `received` blocks' wire bytes have crossed a modeled link (config.wire_gbps)."""
@@ -210,17 +254,20 @@ class TransferClient:
         if wait > 0:
             await asyncio.sleep(wait)
 
-    async def _stream(self, peer: Peer, hashes: Sequence[BlockHash], blocks: Sequence[BlockId], start: float
-                      ) -> tuple[int, float, PullOutcome]:
-        """Request, receive, verify and scatter; returns (blocks received intact, latency, outcome)."""
+    async def _stream(self, peer: Peer, hashes: Sequence[BlockHash], blocks: Sequence[BlockId], start: float,
+                      follow_ms: int = 0) -> tuple[int, float, PullOutcome]:
+        """Request, receive, verify and scatter; returns (blocks received intact, latency, outcome).
+        `follow_ms`: the owner may wait that long for the first block (PullRequest.follow_ms)."""
         received, latency, outcome = 0, 0.0, PullOutcome.OK
         drained = False  # the channel is reusable only when nothing of this pull is still in flight
         try:
-            async with asyncio.timeout(self.config.timeout_s):
+            async with asyncio.timeout(self.config.timeout_s + follow_ms / 1000):
                 channel = await self._channel(peer)
-                header = await channel.request(self._request(hashes, len(blocks)))
+                header = await channel.request(self._request(hashes, len(blocks), follow_ms))
                 latency = self._clock() - start
                 drained = header.status is not Status.OK
+                if header.status is Status.NOT_YET and follow_ms:
+                    return 0, latency, PullOutcome.NOT_YET
                 self._accept(header, len(blocks))
                 plan = chunk_plan(header.found, header.chunk_blocks)
                 index = 0
@@ -271,9 +318,9 @@ class TransferClient:
             return False
         return not self.config.mac or hmac.compare_digest(chunk_mac(chunk_key, index, payload), trailer.mac)
 
-    def _request(self, hashes: Sequence[BlockHash], max_blocks: int) -> PullRequest:
+    def _request(self, hashes: Sequence[BlockHash], max_blocks: int, follow_ms: int = 0) -> PullRequest:
         return PullRequest(next(_PULL_IDS), self._fingerprint, tuple(hashes), max_blocks,
-                           self.config.chunk_bytes, self.config.checksum, self.config.mac)
+                           self.config.chunk_bytes, self.config.checksum, self.config.mac, follow_ms)
 
     def _accept(self, header: PullHeader, allocated: int) -> None:
         if header.status is not Status.OK:

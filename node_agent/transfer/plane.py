@@ -18,7 +18,7 @@ from radixmesh.node_agent.transfer.client import PullConfig, PullOutcome, Transf
 from radixmesh.node_agent.transfer.handshake import NodeIdentity
 from radixmesh.node_agent.transfer.memory_path import MemoryPath, memory_path
 from radixmesh.node_agent.transfer.owner_endpoint import ENDPOINTS, RayEndpoint, parse_address
-from radixmesh.node_agent.transfer.pull_source import TransferSource
+from radixmesh.node_agent.transfer.pull_source import BlockProgress, TransferSource
 from radixmesh.node_agent.transfer.ray_transport import RayTransport
 from radixmesh.node_agent.transfer.stats import PeerStats
 from radixmesh.node_agent.transfer.transport import Transport, TransportError
@@ -86,20 +86,21 @@ class TransferPlane(Protocol):
         """Whether this plane can pull from `peer` at `address` (ValueError for a malformed address)."""
         ...
 
-    async def receive(self, peer: NodeId, address: str, hashes: list[BlockHash], blocks: list[BlockId]
-                      ) -> Pulled: ...
+    async def receive(self, peer: NodeId, address: str, hashes: list[BlockHash], blocks: list[BlockId], *,
+                      follow: bool = False) -> Pulled: ...
 
     def serve_pull(self, request: bytes) -> AsyncIterator[Any]: ...
     def peer_stats(self) -> Mapping[NodeId, PeerStats]: ...
     def peer_gbps(self) -> dict[str, float]: ...
 
 
-def make_transfer_plane(tier: TierMemory, layout: KVLayout, config: TransferConfig, serial: Serial
-                        ) -> TransferPlane:
-    """The plane `config.transport` names: "none" serves nothing and recomputes every planned pull."""
+def make_transfer_plane(tier: TierMemory, layout: KVLayout, config: TransferConfig, serial: Serial,
+                        progress: BlockProgress | None = None) -> TransferPlane:
+    """The plane `config.transport` names: "none" serves nothing and recomputes every planned pull.
+    `progress`: what the node's engine computes, which peers' following pulls wait for."""
     if config.transport == "none":
         return NoTransfer()
-    return AgentTransfer(tier, layout, config, serial)
+    return AgentTransfer(tier, layout, config, serial, progress=progress)
 
 
 class NoTransfer:
@@ -119,8 +120,8 @@ class NoTransfer:
     def reaches(self, peer: NodeId, address: str) -> bool:
         return False
 
-    async def receive(self, peer: NodeId, address: str, hashes: list[BlockHash], blocks: list[BlockId]
-                      ) -> Pulled:
+    async def receive(self, peer: NodeId, address: str, hashes: list[BlockHash], blocks: list[BlockId], *,
+                      follow: bool = False) -> Pulled:
         return Pulled.nothing(failed=True)
 
     async def serve_pull(self, request: bytes) -> AsyncIterator[Any]:
@@ -148,11 +149,11 @@ class AgentTransfer:
     ("auto" resolves to ucx where ucxx loads, else ray)."""
 
     def __init__(self, tier: TierMemory, layout: KVLayout, config: TransferConfig, serial: Serial, *,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, progress: BlockProgress | None = None) -> None:
         transport = transport_by_name(config.transport, config.identity, tier.kv.device)
         self.memory_path = memory_path(tier.kv.device, transport.active_transports)
         source = TransferSource(tier.cache, tier.kv, layout, stage_to_host=self.memory_path.staged,
-                                handoff=config.handoff)
+                                handoff=config.handoff, progress=progress)
         self._endpoint = ENDPOINTS[transport.name](source, config.host, config.port, serial, config.identity)
         client_config = config.pull
         if transport.name == "ucx" and self.memory_path is MemoryPath.HOST:
@@ -176,12 +177,14 @@ class AgentTransfer:
             return False
         return True
 
-    async def receive(self, peer: NodeId, address: str, hashes: list[BlockHash], blocks: list[BlockId]
-                      ) -> Pulled:
+    async def receive(self, peer: NodeId, address: str, hashes: list[BlockHash], blocks: list[BlockId], *,
+                      follow: bool = False) -> Pulled:
         """Stream `hashes` (a run of one prompt's blocks) from `peer` into `blocks`, which the caller
-        holds and lands (TransferClient.receive); never raises for a peer's fault: what did not arrive
+        holds and lands (TransferClient.receive; `follow`: the peer is still computing them, follow
+        them for PullConfig.follow_s at most); never raises for a peer's fault: what did not arrive
         intact is reported missing."""
-        result = await self._client.receive(parse_address(peer, address), hashes, blocks)
+        follow_s = self._client.config.follow_s if follow else 0.0
+        result = await self._client.receive(parse_address(peer, address), hashes, blocks, follow_s=follow_s)
         failed = result.blocks < len(hashes) or result.outcome is not PullOutcome.OK
         if failed:
             logger.info("pull of %d blocks from %s delivered %d (%s)", len(hashes), peer, result.blocks,

@@ -8,6 +8,10 @@ A pull, from the requester's side, once the handshake (transfer.handshake) authe
                                                <- chunk 0 payload + ChunkTrailer(checksum, mac)
                                                <- ...       (chunks of `chunk_blocks` blocks)
 
+A following request (`follow_ms` > 0: a hand-off streamed while the owner still computes the blocks,
+docs/disaggregation.md) that finds none of its blocks cached yet waits on the owner up to `follow_ms`
+for the first one; a header NOT_YET (no chunks) says they are still being computed there: ask again.
+
 Payload bytes travel on the transport's data path (UCX tagged messages, Ray objects); these small
 messages travel on its control path, request and header sealed to the session (transfer.binding).
 Every field has a fixed width, so a decoder can reject a malformed or truncated message with
@@ -29,6 +33,9 @@ MAX_HANDSHAKE_FRAME_BYTES = 16 << 10
 (a few hundred bytes over TCP, more with several RDMA devices; 16 KiB leaves room for any)."""
 MAX_CHUNK_BYTES = 1 << 30
 """Largest chunk a requester may ask for: what one staging buffer may cost."""
+MAX_FOLLOW_MS = 5_000
+"""Longest wait a following request may ask of the owner (one round of a streamed hand-off): what a
+requester can hold one of the owner's connections for without a block moving."""
 MAC_BYTES = 16
 NO_MAC = bytes(MAC_BYTES)
 """The trailer's MAC when the requester asked for none."""
@@ -45,6 +52,7 @@ class Status(IntEnum):
     UNAUTHENTICATED = 16
     LAYOUT_MISMATCH = 9  # FAILED_PRECONDITION: the peer's blocks are not byte-compatible
     INVALID_ARGUMENT = 3
+    NOT_YET = 14  # UNAVAILABLE: none of the blocks is cached yet, but a request here is computing the first
 
 
 class Kind(IntEnum):
@@ -75,6 +83,10 @@ class PullRequest:
     mac: bool = False
     """Ask for a keyed MAC of every chunk (checksum.chunk_mac, keyed by the session and this request):
     integrity against anyone but the authenticated owner, where `checksum` only catches accidents."""
+    follow_ms: int = 0
+    """Follow blocks the owner is still computing (at most MAX_FOLLOW_MS): when none is cached yet and
+    a request there computes the first, wait up to this long for it, then answer NOT_YET if it has
+    not come. 0: answer at once with what is cached."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +127,7 @@ def payload_tag(pull: int, index: int) -> int:
 
 
 # Fixed-width heads; variable parts (token, strings, hashes) follow with their lengths in the head.
-_REQUEST = struct.Struct("<QIIQBBB")  # pull_id, n_hashes, max_blocks, chunk_bytes, mac, len(fp/checksum)
+_REQUEST = struct.Struct("<QIIQIBBB")  # pull_id, n_hashes, max_blocks, chunk_bytes, follow_ms, mac, len(fp/checksum)
 _HEADER = struct.Struct("<QBIQIBH")  # pull_id, status, found, block_bytes, chunk_blocks, len(fp), len(msg)
 _TRAILER = struct.Struct(f"<QIQQ{MAC_BYTES}s")
 _FRAME = struct.Struct("<IB")
@@ -125,12 +137,12 @@ def encode_request(r: PullRequest) -> bytes:
     fp, ck = r.fingerprint.encode(), r.checksum.encode()
     if any(len(h) != HASH_BYTES for h in r.hashes):
         raise ValueError(f"every block hash is {HASH_BYTES} bytes")
-    head = _REQUEST.pack(r.pull_id, len(r.hashes), r.max_blocks, r.chunk_bytes, r.mac, len(fp), len(ck))
+    head = _REQUEST.pack(r.pull_id, len(r.hashes), r.max_blocks, r.chunk_bytes, r.follow_ms, r.mac, len(fp), len(ck))
     return b"".join((head, fp, ck, *r.hashes))
 
 
 def decode_request(data: bytes) -> PullRequest:
-    pull_id, n, max_blocks, chunk_bytes, mac, lf, lc = _unpack(_REQUEST, data)
+    pull_id, n, max_blocks, chunk_bytes, follow_ms, mac, lf, lc = _unpack(_REQUEST, data)
     body = memoryview(data)[_REQUEST.size :]
     if len(body) != lf + lc + n * HASH_BYTES:
         raise ProtocolError(f"request body is {len(body)} bytes, its head announces {lf + lc + n * 16}")
@@ -139,7 +151,7 @@ def decode_request(data: bytes) -> PullRequest:
     fp, ck = bytes(body[:lf]), bytes(body[lf : lf + lc])
     raw = bytes(body[lf + lc :])
     hashes = tuple(BlockHash(raw[i : i + HASH_BYTES]) for i in range(0, len(raw), HASH_BYTES))
-    return PullRequest(pull_id, _text(fp), hashes, max_blocks, chunk_bytes, _text(ck), bool(mac))
+    return PullRequest(pull_id, _text(fp), hashes, max_blocks, chunk_bytes, _text(ck), bool(mac), follow_ms)
 
 
 def encode_header(h: PullHeader) -> bytes:

@@ -9,21 +9,27 @@ Every transport authenticates the requester first (transfer.handshake) and drive
             send(payload, trailer)          # payload stays valid until the pull is closed
         pull.delivered()                    # every chunk left: with hand-off, close() demotes them
     # closed: pins released, even when the requester vanished or a send failed
+
+A following request (PullRequest.follow_ms, a streamed hand-off) is opened with `open_pull`, which
+waits for the engine's steps while the blocks are still being computed here (BlockProgress).
 """
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 import torch
 
 from radixmesh.common.prefix_cache.prefix_cache import PrefixCache
 from radixmesh.kernels.ops import gather_blocks
+from radixmesh.node_agent.transfer import Serial, run_inline
 from radixmesh.node_agent.transfer.checksum import CHECKSUMS, OFF_LOOP_BYTES, checksum_by_name, chunk_mac
 from radixmesh.node_agent.transfer.handshake import Session
 from radixmesh.node_agent.transfer.protocol import (
     MAX_CHUNK_BYTES,
+    MAX_FOLLOW_MS,
     NO_MAC,
     ChunkTrailer,
     PullHeader,
@@ -31,6 +37,7 @@ from radixmesh.node_agent.transfer.protocol import (
     Status,
     chunk_plan,
 )
+from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import BlockId
 from radixmesh.proto.kv_layout import KVLayout
 
@@ -38,6 +45,34 @@ logger = logging.getLogger(__name__)
 
 MAX_PULL_BLOCKS = 1 << 20
 """Longest hash list one request may carry; longer ones are refused as INVALID_ARGUMENT."""
+
+
+class BlockProgress(Protocol):
+    """What the owner's engine is computing, for pulls that follow it (PullRequest.follow_ms)."""
+
+    steps: int
+    """Engine steps ended so far (read on the event loop)."""
+
+    def coming(self, block: BlockHash) -> bool:
+        """Whether a request active here will compute (or land) `block`; called where the pool may be
+        touched (the source's Serial)."""
+        ...
+
+    async def stepped(self, since: int) -> None:
+        """Return once more than `since` steps have ended."""
+        ...
+
+
+class NothingComputed:
+    """The progress of an owner that computes nothing (a bare pool): no block is ever coming."""
+
+    steps = 0
+
+    def coming(self, block: BlockHash) -> bool:
+        return False
+
+    async def stepped(self, since: int) -> None:
+        raise AssertionError("nothing is coming, so nobody waits for a step")
 
 
 class OpenPull:
@@ -106,10 +141,12 @@ class TransferSource:
     """
 
     def __init__(self, cache: PrefixCache, kv: torch.Tensor, layout: KVLayout, *, stage_to_host: bool = False,
-                 handoff: bool = False):
+                 handoff: bool = False, progress: BlockProgress | None = None):
         """`stage_to_host`: chunks leave as host copies (MemoryPath.CUDA_STAGED: the transport cannot
         read device memory). `handoff`: blocks of a delivered pull go to the front of the cache's
-        eviction order (BlockPool.demote), so a conversation that moved keeps one copy, not two."""
+        eviction order (BlockPool.demote), so a conversation that moved keeps one copy, not two.
+        `progress`: what this node's engine computes, which following pulls wait for (default:
+        nothing; such a pull is answered at once)."""
         if tuple(kv.shape[1:]) != layout.block_shape or kv.dtype != layout.torch_dtype:
             raise ValueError(f"kv {tuple(kv.shape)} {kv.dtype} does not match layout {layout.block_shape}")
         if not kv.is_contiguous():
@@ -119,6 +156,7 @@ class TransferSource:
         self.layout = layout
         self.stage_to_host = stage_to_host
         self.handoff = handoff
+        self.progress: BlockProgress = progress if progress is not None else NothingComputed()
         self._fingerprint = layout.fingerprint()
         self.pinned_blocks = 0
         """Blocks pinned by open pulls right now."""
@@ -133,6 +171,11 @@ class TransferSource:
         if status is not Status.OK:
             logger.info("refused pull %d: %s", request.pull_id, message)
             header = PullHeader(request.pull_id, status, 0, self._fingerprint, self.layout.block_bytes, 1, message)
+            return OpenPull(self, header, [], "none")
+        if request.follow_ms and request.hashes and request.hashes[0] not in self.cache and (
+                self.progress.coming(request.hashes[0])):
+            # Looked up before match(), which would count every round of a following pull as a miss.
+            header = PullHeader(request.pull_id, Status.NOT_YET, 0, self._fingerprint, self.layout.block_bytes, 1)
             return OpenPull(self, header, [], "none")
         # Pin before anything is sent: a pinned block cannot be evicted and rewritten mid-send.
         blocks = self.cache.match(request.hashes)
@@ -157,6 +200,8 @@ class TransferSource:
             return Status.INVALID_ARGUMENT, f"unknown checksum {r.checksum!r}; valid: {sorted(CHECKSUMS)}"
         if not 0 < r.chunk_bytes <= MAX_CHUNK_BYTES or r.max_blocks < 0 or len(r.hashes) > MAX_PULL_BLOCKS:
             return Status.INVALID_ARGUMENT, "chunk_bytes must be in (0, 1 GiB], max_blocks >= 0, <= 1M hashes"
+        if not 0 <= r.follow_ms <= MAX_FOLLOW_MS:
+            return Status.INVALID_ARGUMENT, f"follow_ms must be in [0, {MAX_FOLLOW_MS}], got {r.follow_ms}"
         return Status.OK, ""
 
     def _release(self, blocks: list[BlockId], delivered: bool) -> None:
@@ -167,3 +212,22 @@ class TransferSource:
         if delivered and self.handoff:
             self.handed_off_blocks += self.cache.demote(blocks)
 
+
+
+async def open_pull(source: TransferSource, request: PullRequest, session: Session, serial: Serial = run_inline
+                    ) -> OpenPull:
+    """`source.open` through `serial`; for a following request answered NOT_YET, again after each
+    step of the engine until its first block is cached (or nobody computes it any more) or its
+    `follow_ms` has passed. A NOT_YET pull pins nothing, so the wait holds no block."""
+    deadline = asyncio.get_running_loop().time() + request.follow_ms / 1000
+    while True:
+        since = source.progress.steps  # before looking: a step that ends from here on wakes the wait
+        pull: OpenPull = await serial(source.open, request, session)
+        left = deadline - asyncio.get_running_loop().time()
+        if pull.header.status is not Status.NOT_YET or left <= 0:
+            return pull
+        try:
+            async with asyncio.timeout(left):
+                await source.progress.stepped(since)
+        except TimeoutError:
+            pass

@@ -47,7 +47,7 @@ from radixmesh.node_agent.transfer.protocol import (
     encode_request,
     encode_trailer,
 )
-from radixmesh.node_agent.transfer.pull_source import OpenPull, TransferSource
+from radixmesh.node_agent.transfer.pull_source import OpenPull, TransferSource, open_pull
 from radixmesh.node_agent.transfer.transport import (
     Peer,
     PeerChannel,
@@ -87,7 +87,7 @@ async def serve_pull(source: TransferSource, message: bytes, identity: NodeIdent
     except ProtocolError as e:
         yield proof, seal_header(bound, encode_header(PullHeader(0, Status.INVALID_ARGUMENT, 0, "", 0, 1, str(e))))
         return
-    pull: OpenPull = await serial(source.open, req, bound.chunk_session)
+    pull: OpenPull = await open_pull(source, req, bound.chunk_session, serial)
     try:
         yield proof, seal_header(bound, encode_header(pull.header))
         if pull.header.status is Status.OK:

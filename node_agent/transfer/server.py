@@ -38,7 +38,7 @@ from radixmesh.node_agent.transfer.protocol import (
     read_frame,
     write_frame,
 )
-from radixmesh.node_agent.transfer.pull_source import OpenPull, TransferSource
+from radixmesh.node_agent.transfer.pull_source import OpenPull, TransferSource, open_pull
 from radixmesh.node_agent.transfer.ucx_transport import import_ucxx, wire_buffer
 from radixmesh.proto.ids import NodeId
 
@@ -185,7 +185,7 @@ class TransferServer:
             return True
         self._active_pulls += 1
         try:
-            pull: OpenPull = await self._serial(self.source.open, request, bound.chunk_session)
+            pull: OpenPull = await open_pull(self.source, request, bound.chunk_session, self._serial)
             try:
                 await write_frame(writer, Kind.HEADER, seal_header(bound, encode_header(pull.header)))
                 if pull.header.status is Status.OK and pull.header.found:

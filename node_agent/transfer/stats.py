@@ -29,15 +29,23 @@ class PeerStats:
     """Fixed cost of a pull: its start to the owner's header, 0 until one pull was recorded. A pull
     that never got a header counts its whole time (it cost at least that before any byte)."""
     outcomes: dict[str, int] = field(default_factory=dict)
+    priced_pulls: int = 0
+    """Of `pulls`, those folded into the averages."""
 
-    def record(self, outcome: str, blocks: int, nbytes: int, seconds: float, latency_s: float) -> None:
-        """Account one finished pull (successful or not); `latency_s` 0 means no header arrived."""
-        first = self.pulls == 0
+    def record(self, outcome: str, blocks: int, nbytes: int, seconds: float, latency_s: float, *,
+               priced: bool = True) -> None:
+        """Account one finished pull (successful or not); `latency_s` 0 means no header arrived.
+        `priced` False: count it in the totals only (a followed hand-off, whose time is mostly the
+        owner computing the blocks: in the averages it would price every later pull from that peer)."""
         self.pulls += 1
         self.blocks += blocks
         self.bytes += nbytes
         self.seconds += seconds
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        if not priced:
+            return
+        first = self.priced_pulls == 0
+        self.priced_pulls += 1
         fixed = latency_s if latency_s > 0 else seconds
         self.ewma_latency_s = fixed if first else self._mix(self.ewma_latency_s, fixed)
         payload_s = seconds - latency_s

@@ -21,6 +21,9 @@ class PullPlan:
     """The peer's transfer address, as it registered it: host:port (ucx) or ray:<actor name> (ray)."""
     first_block: int
     num_blocks: int
+    follow: bool = False
+    """The peer is computing these blocks now (a streamed hand-off, docs/disaggregation.md): pull
+    them as they are computed, rather than only what it holds when the pull starts."""
 
     def __post_init__(self) -> None:
         if self.first_block < 0 or self.num_blocks < 1:
@@ -44,6 +47,17 @@ class ServePlan:
     """The decode phase of a split request (docs/disaggregation.md): its prompt's hits were counted
     where it was prefilled, so the agent reports none for it to the metadata service (what it pulls
     is the hand-off, not a cache hit)."""
+    prefill_only: bool = False
+    """The prefill phase of a split request: compute and cache the prompt's KV, sample nothing. The
+    agent answers Queued once the request is in its engine (from then on a peer may follow its
+    blocks, PullPlan.follow), then a ServeResult without tokens (FinishReason.PREFILLED)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A prefill-only request is in the agent's engine: a peer may follow its blocks from now on."""
+
+    request_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,4 +101,5 @@ class ServeResult:
     """One per output token when the request asked for log-probabilities, else empty."""
 
 
-ServeItem = TokenDelta | ServeResult
+ServeItem = Queued | TokenDelta | ServeResult
+"""A prefill-only plan's stream starts with one Queued; every stream ends with one ServeResult."""

@@ -81,3 +81,6 @@ class TokenLogprob:
 class FinishReason(StrEnum):
     LENGTH = "length"
     STOP = "stop"
+    PREFILLED = "prefilled"
+    """A prefill-only request (the prefill phase of a split request): its prompt's KV is computed and
+    cached, and no token was sampled."""

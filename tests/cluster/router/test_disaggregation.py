@@ -9,12 +9,13 @@ from collections.abc import AsyncGenerator
 import pytest
 
 from radixmesh.cluster.fleet.agent_client import LocalAgentClient
+from radixmesh.cluster.router.disaggregation import overlap_s
 from radixmesh.cluster.router.results import NoNodeAvailable
 from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.limits import usable_prefix_blocks
-from radixmesh.proto.serve.plan import ServeItem, ServePlan
+from radixmesh.proto.serve.plan import Queued, ServeItem, ServePlan
 from radixmesh.proto.serve.sampling import SamplingParams
 from tests.support.agents import prompt
 from tests.support.poll import until
@@ -58,7 +59,8 @@ async def test_the_prompt_is_prefilled_on_the_prefill_agent_and_decoded_from_its
 
 
 async def test_while_the_decode_agent_streams_the_prefill_agent_has_nothing_in_flight() -> None:
-    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
+    # Not streamed: the decode phase begins once the prefill phase has ended.
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode"), stream_handoff=False) as c:
         await c.router_in_sync()
         seen = []
         async with contextlib.aclosing(c.router.generate(request("r1", prompt(8, 3 * BS + 1)))) as items:
@@ -126,7 +128,8 @@ class StopsAfterServing:
 
 
 async def test_a_prefill_agent_killed_before_the_hand_off_costs_a_recompute_not_wrong_tokens() -> None:
-    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
+    # Not streamed, so the hand-off begins after the prefill agent's stream closed (it stops then).
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode"), stream_handoff=False) as c:
         await c.router_in_sync()
         c.directory.add(StopsAfterServing(c.agent("a")), "prefill")  # type: ignore[arg-type]
         tokens = prompt(7, 6 * BS + 3)
@@ -160,3 +163,67 @@ async def test_with_its_only_decode_agent_dead_a_request_fails_cleanly_and_nothi
             await c.router.complete(request("r1", prompt(9, 3 * BS + 2)))
         assert c.router.metrics.status_counts == {"unavailable": 1} and c.router.metrics.handoffs == {}
         await c.agent("a").check_invariants()
+
+
+async def test_a_streamed_hand_off_follows_the_prefill_and_decodes_the_same_tokens() -> None:
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
+        await c.router_in_sync()
+        tokens = prompt(10, 9 * BS + 2)
+        result = await c.router.complete(request("r1", tokens))
+        pull, stats = result.routed.plan.pull, result.result.stats
+        assert pull is not None and pull.peer == NodeId("a") and pull.follow  # sent once the prompt was queued
+        assert result.result.output_token_ids == reference(tokens, SAMPLING)
+        assert stats.tokens.remote == usable_prefix_blocks(len(tokens), BS) * BS and not stats.pull_failed
+        m = c.router.metrics
+        assert m.handoffs == {"pulled": 1} and m.handoff_overlap.count == m.handoff_seconds.count == 1
+        assert 0.0 <= m.handoff_overlap.sum <= m.handoff_seconds.sum
+        # The prefill phase's result is in before the decode phase's: the prompt counted once, as computed.
+        assert m.total.requests == 1 and m.total.tokens.computed == len(tokens)
+        await c.agent("a").check_invariants()
+        await c.agent("b").check_invariants()
+
+
+async def test_not_streamed_the_hand_off_begins_after_the_prefill_and_overlaps_nothing() -> None:
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode"), stream_handoff=False) as c:
+        await c.router_in_sync()
+        tokens = prompt(11, 5 * BS + 1)
+        result = await c.router.complete(request("r1", tokens))
+        assert result.routed.plan.pull is not None and not result.routed.plan.pull.follow
+        assert result.result.output_token_ids == reference(tokens, SAMPLING)
+        m = c.router.metrics
+        assert m.handoffs == {"pulled": 1} and (m.handoff_overlap.count, m.handoff_overlap.sum) == (1, 0.0)
+
+
+class StopsOnceQueued:
+    """A prefill agent's client that stops the agent as soon as it has queued the prompt: it dies
+    while the decode agent's pull follows it."""
+
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent, self.node = agent, agent.node
+        self._client = LocalAgentClient(agent)
+
+    async def serve(self, plan: ServePlan) -> AsyncGenerator[ServeItem, None]:
+        async with contextlib.aclosing(self._client.serve(plan)) as items:
+            async for item in items:
+                yield item
+                if isinstance(item, Queued):
+                    await self.agent.stop()
+
+
+async def test_a_prefill_agent_that_dies_while_followed_costs_a_recompute_not_wrong_tokens() -> None:
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode")) as c:
+        await c.router_in_sync()
+        c.directory.add(StopsOnceQueued(c.agent("a")), "prefill")  # type: ignore[arg-type]
+        tokens = prompt(12, 7 * BS + 3)
+        result = await c.router.complete(request("r1", tokens))
+        assert result.result.node == NodeId("b") and result.routed.plan.pull is not None
+        assert result.result.output_token_ids == reference(tokens, SAMPLING)
+        assert c.router.metrics.failed_attempts == {NodeId("a"): 1}  # its prefill phase failed, the request did not
+        await c.agent("b").check_invariants()
+
+
+def test_the_overlap_is_the_hand_off_before_the_prefill_ended() -> None:
+    assert overlap_s(10.0, 12.5, 20.0, 4.0) == 2.5  # pull [10, 14), prefill ended at 12.5
+    assert overlap_s(10.0, 16.0, 20.0, 4.0) == 4.0  # the whole pull ran during the prefill
+    assert overlap_s(10.0, 9.0, 20.0, 4.0) == 0.0  # begun after the prefill (not streamed)
+    assert overlap_s(10.0, None, 11.0, 4.0) == 1.0  # no prefill result came (it failed): up to now

@@ -35,10 +35,10 @@ u64 = st.integers(0, 2**64 - 1)
 
 @settings(max_examples=60, deadline=None)
 @given(pull_id=u64, fp=st.text(max_size=20), hs=hashes, max_blocks=u32,
-       chunk=u64, checksum=st.sampled_from(sorted(CHECKSUMS)), mac=st.booleans())
+       chunk=u64, checksum=st.sampled_from(sorted(CHECKSUMS)), mac=st.booleans(), follow_ms=u32)
 def test_request_round_trips(pull_id: int, fp: str, hs: tuple[BlockHash, ...], max_blocks: int,
-                             chunk: int, checksum: str, mac: bool) -> None:
-    r = PullRequest(pull_id, fp, hs, max_blocks, chunk, checksum, mac)
+                             chunk: int, checksum: str, mac: bool, follow_ms: int) -> None:
+    r = PullRequest(pull_id, fp, hs, max_blocks, chunk, checksum, mac, follow_ms)
     assert decode_request(encode_request(r)) == r
 
 

@@ -64,6 +64,15 @@ SPLIT_ARM = re.compile(r"split_(\d+)p")
 """split_<P>p: the cost policy over P prefill agents, the rest of the agents decode."""
 
 
+VALID_ARMS = f"{', '.join(ARMS)}, split_<P>p (P prefill agents, the rest decode)"
+"""What a bench can be asked to run, for its error messages."""
+
+
+def is_arm(name: str) -> bool:
+    """Whether `name` names an arm (arm_named may still refuse its P)."""
+    return name in ARMS or SPLIT_ARM.fullmatch(name) is not None
+
+
 def arm_named(name: str) -> Arm:
     """The arm called `name`: one of ARMS, or split_<P>p for any P >= 1 (whether P leaves a decode
     agent is checked against the cluster's size, Arm.prefill_nodes). ValueError naming the valid ones."""
@@ -71,8 +80,7 @@ def arm_named(name: str) -> Arm:
         return ARMS[name]
     match = SPLIT_ARM.fullmatch(name)
     if match is None:
-        raise ValueError(f"unknown arm {name!r}; valid: {', '.join(ARMS)}, split_<P>p (P prefill agents, "
-                         "the rest decode)")
+        raise ValueError(f"unknown arm {name!r}; valid: {VALID_ARMS}")
     prefill = int(match[1])
     if prefill < 1:
         raise ValueError(f"arm {name!r}: P of split_<P>p must be between 1 and N - 1 (N: the agents of --local)")

@@ -35,13 +35,14 @@ from rich.table import Table
 
 from radixmesh.cluster.bench import report
 from radixmesh.cluster.bench.arms import (
-    ARMS,
     DEFAULT_ARMS,
+    VALID_ARMS,
     Arm,
     Clusters,
     LocalClusters,
     RunningCluster,
     arm_named,
+    is_arm,
 )
 from radixmesh.cluster.bench.metrics import Slo
 from radixmesh.cluster.bench.runner import BenchPlan, RateLadder, run_bench
@@ -83,11 +84,12 @@ def _workloads(_: click.Context, __: click.Parameter, value: str) -> tuple[str, 
 
 def _arms(_: click.Context, __: click.Parameter, value: str) -> tuple[Arm, ...]:
     names = [v.strip() for v in value.split(",") if v.strip()]
-    if not names:
-        raise click.BadParameter(f"no arm given; valid: {', '.join(ARMS)}, split_<P>p")
+    unknown = [n for n in names if not is_arm(n)]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown arm(s) {', '.join(unknown) or '(none given)'}; valid: {VALID_ARMS}")
     try:
         arms = [arm_named(n) for n in names]
-    except ValueError as e:
+    except ValueError as e:  # a split_<P>p whose P is no number of agents
         raise click.BadParameter(str(e)) from None
     return tuple({arm.name: arm for arm in arms}.values())
 

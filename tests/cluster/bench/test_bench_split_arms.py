@@ -65,7 +65,7 @@ def test_split_arms_run_only_when_named() -> None:
     (["--local", "1", "--arms", "cost,split_1p"], "needs at least 2 agents"),
     (["--local", "8", "--arms", "cost,split_8p"], "P of split_<P>p must be between 1 and 7"),
     (["--local", "8", "--arms", "split_0p"], "P of split_<P>p must be between 1 and N - 1"),
-    (["--local", "8", "--arms", "cost,split_sixp"], "unknown arm 'split_sixp'"),
+    (["--local", "8", "--arms", "cost,split_sixp"], "unknown arm(s) split_sixp; valid: cost, "),
     (["--url", "http://127.0.0.1:1", "--arms", "split_half"], "not of a running deployment"),
     (["--url", "http://127.0.0.1:1", "--arms", "split_2p"], "not of a running deployment"),
 ])

@@ -43,6 +43,9 @@ class LauncherConfig:
     (docs/disaggregation.md); 0 with `decode_nodes` 0: every agent does both (aggregated)."""
     decode_nodes: int = 0
     """Of the `local_nodes`, how many are decode agents (the last ones)."""
+    stream_handoff: bool = True
+    """A split deployment's hand-off follows the prefill chunk by chunk (RouterConfig.stream_handoff);
+    False: it begins once the prefill has ended."""
     host: str = "127.0.0.1"
     """Address the router's HTTP server and the metadata service bind (and advertise); "": the address
     of the Ray node `up` runs on (a multi-host cluster: reachable by every node, unlike 127.0.0.1).
@@ -261,4 +264,4 @@ class LauncherConfig:
                             policy_config=policy, model_name=self.served_model_name,
                             hash_key=self.secret.hash_key(),
                             limits=self.model.config.prompt_limits(), admission=self.admission,
-                            metadata_retry_s=self.metadata_retry_s)
+                            metadata_retry_s=self.metadata_retry_s, stream_handoff=self.stream_handoff)

@@ -125,7 +125,10 @@ async def test_a_prefill_agent_killed_mid_hand_off_costs_a_recompute_not_wrong_t
     # after its prefill, before node-2's pull starts (node-2's pull held at a gate, opened once the
     # agent is gone). Request B: the other prefill agent dies while it serves node-2's pull (its
     # blocks pinned, nothing sent). Both times node-2 recomputes what it could not pull.
-    config = replace(CONFIG, prefill_nodes=2, decode_nodes=1)
+    # The hand-off after the prefill (not streamed): A's pull is held until its prefill agent is dead,
+    # and B's pull must find its blocks computed. The streamed hand-off's mid-stream death:
+    # tests/node_agent/test_handoff_stream.py, tests/cluster/router/test_disaggregation.py.
+    config = replace(CONFIG, prefill_nodes=2, decode_nodes=1, stream_handoff=False)
     sampling = SamplingParams(max_tokens=6)
     # No shared first block: B's hand-off is a pull of its whole prompt, not of a tail past A's prefix.
     texts = ["System: the prefill agent dies before the pull. User asks: who computed this prompt?",

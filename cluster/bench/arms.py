@@ -1,7 +1,9 @@
 """The arms a bench compares, and the clusters it runs them on.
 
 An arm is a routing policy with caching on, or caching off, or (split_<P>p, split_half, run only
-when named) the cost policy over the same agents split into prefill and decode agents. `off` routes least-loaded (the best a
+when named) the cost policy over the same agents split into prefill and decode agents, whose
+hand-off follows the prefill (streamed) unless the arm's name ends in `_after` (split_half_after:
+the hand-off begins once the prefill has ended). `off` routes least-loaded (the best a
 cluster without a cache can do) and sends every request with its own cache_salt, so nothing is
 reused even on a running deployment that caches; a local `off` cluster also runs its agents
 without prefix caching.
@@ -32,6 +34,9 @@ class Arm:
     split: str = ""
     """A prefill/decode split of the same agents (docs/disaggregation.md): "<P>p" P prefill agents and
     the rest decode ("1p", "6p"), "half" half of them prefill (rounded down); "": every agent does both."""
+    stream: bool = True
+    """A split's hand-off follows the prefill chunk by chunk (LauncherConfig.stream_handoff); False: it
+    begins once the prefill has ended (the `_after` arms)."""
 
     def prefill_nodes(self, agents: int) -> int:
         """How many of `agents` prefill (0: no split). ValueError when a split cannot be made: fewer
@@ -64,18 +69,30 @@ SPLIT_ARM = re.compile(r"split_(\d+)p")
 """split_<P>p: the cost policy over P prefill agents, the rest of the agents decode."""
 
 
-VALID_ARMS = f"{', '.join(ARMS)}, split_<P>p (P prefill agents, the rest decode)"
+AFTER = "_after"
+"""The suffix of a split arm whose hand-off begins once the prefill has ended (not streamed)."""
+VALID_ARMS = (f"{', '.join(ARMS)}, split_<P>p (P prefill agents, the rest decode), and any split arm + {AFTER} "
+              "(its hand-off after the prefill, not streamed)")
 """What a bench can be asked to run, for its error messages."""
 
 
 def is_arm(name: str) -> bool:
     """Whether `name` names an arm (arm_named may still refuse its P)."""
+    split = name.removesuffix(AFTER)
+    if split != name:
+        return split.startswith("split_") and not split.endswith(AFTER) and is_arm(split)
     return name in ARMS or SPLIT_ARM.fullmatch(name) is not None
 
 
 def arm_named(name: str) -> Arm:
     """The arm called `name`: one of ARMS, or split_<P>p for any P >= 1 (whether P leaves a decode
-    agent is checked against the cluster's size, Arm.prefill_nodes). ValueError naming the valid ones."""
+    agent is checked against the cluster's size, Arm.prefill_nodes), or a split arm + `_after`.
+    ValueError naming the valid ones."""
+    if name.endswith(AFTER):
+        split = arm_named(name.removesuffix(AFTER))
+        if not split.split or not split.stream:
+            raise ValueError(f"arm {name!r}: only a split arm has a hand-off to begin after the prefill")
+        return replace(split, name=split.name + AFTER, stream=False)
     if name in ARMS:
         return ARMS[name]
     match = SPLIT_ARM.fullmatch(name)
@@ -128,7 +145,7 @@ class LocalClusters:
         prefill = arm.prefill_nodes(self.base.local_nodes or 0)
         decode = (self.base.local_nodes or 0) - prefill if prefill else 0
         return replace(self.base, policy=arm.policy, prefix_caching=arm.caching, prefill_nodes=prefill,
-                       decode_nodes=decode)
+                       decode_nodes=decode, stream_handoff=arm.stream)
 
     async def _all_agents(self, started: int) -> None:
         """Wait until the router routes over every local agent: `up` returns once the first has started."""

@@ -204,7 +204,22 @@ async def run_cell(plan: BenchPlan, arm: Arm, rate: float, requests: Sequence[Be
     return {"interrupted": interrupted or stop.is_set(), "window_s": window,
             "ramp_requests": sum(r.arrival_s < plan.ramp_s for r in requests[:len(tasks)]),
             "sessions": count_sessions(measured),
-            **summarise(results, len(measured), plan.slo, window, delta), "decisions": decisions}
+            **summarise(results, len(measured), plan.slo, window, delta), "decisions": decisions,
+            "handoff": handoff_delta(before, after)}
+
+
+def handoff_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """A split arm's hand-offs in the window, from the router's /stats: how many (by outcome), their
+    bytes, their time and how much of it overlapped the prefill (docs/disaggregation.md#metrics);
+    `overlap` is the overlapped share of the hand-off time. Zeros for an aggregated arm."""
+    def outcomes(stats: dict[str, Any]) -> dict[str, int]:
+        return {k: int(v) for k, v in stats.get("handoffs", {}).items()}
+    counts = {k: n - outcomes(before).get(k, 0) for k, n in outcomes(after).items()}
+    seconds = float(after.get("handoff_seconds", 0.0)) - float(before.get("handoff_seconds", 0.0))
+    overlap = float(after.get("handoff_overlap_seconds", 0.0)) - float(before.get("handoff_overlap_seconds", 0.0))
+    return {"handoffs": {k: n for k, n in counts.items() if n}, "bytes": int(after.get("handoff_bytes", 0)) -
+            int(before.get("handoff_bytes", 0)), "seconds": round(seconds, 6), "overlap_seconds": round(overlap, 6),
+            "overlap": round(overlap / seconds, 4) if seconds > 0 else None}
 
 
 async def _last_decision(target: Target) -> int:

@@ -147,7 +147,8 @@ def results_table(doc: dict[str, Any]) -> Table:
 @click.option("--arms", "arms", default=",".join(DEFAULT_ARMS), show_default=True, callback=_arms,
               help="Comma-separated arms: routing policies with caching on, `off`, and (--local only) "
                    "split_<P>p (P prefill agents, the rest decode; 1 <= P <= N-1) and split_half, the cost "
-                   "policy over prefill and decode agents.")
+                   "policy over prefill and decode agents, the hand-off streamed during the prefill (a split "
+                   "arm + _after, e.g. split_half_after: the hand-off after the prefill).")
 @click.option("--rates", default="0.5,1,2", show_default=True, callback=_floats,
               help="Comma-separated offered request rates (Poisson arrivals, per second).")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=90.0, show_default=True,

@@ -27,7 +27,8 @@ from tests.support.router_cluster import MODEL_NAME, local_cluster
 HISTOGRAMS = {"radixmesh_transfer_seconds", "radixmesh_router_ttft_seconds", "radixmesh_time_to_first_token_seconds",
               "radixmesh_router_inter_token_latency_seconds", "radixmesh_router_e2e_request_latency_seconds",
               "radixmesh_router_queue_seconds", "radixmesh_inter_token_latency_seconds",
-              "radixmesh_request_queue_time_seconds", "radixmesh_handoff_seconds"}
+              "radixmesh_request_queue_time_seconds", "radixmesh_handoff_seconds",
+              "radixmesh_handoff_overlap_seconds"}
 BYTES_HELP = re.compile(r"\bbytes\b", re.IGNORECASE)
 SECONDS_HELP = re.compile(r"\b(seconds?|times?|latency|duration)\b", re.IGNORECASE)
 

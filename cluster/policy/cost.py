@@ -78,6 +78,39 @@ class NoPulls:
         return None
 
 
+class _Plan(NamedTuple):
+    """What a candidate would do for the request, apart from its node's prefill rate."""
+
+    tokens: int
+    """Prompt tokens it prefills."""
+    swap_s: float
+    pull_s: float
+
+
+def _plan(request: RouteRequest, est: TTFTEstimate, v: NodeView) -> _Plan:
+    covered = min(v.local_blocks, request.num_blocks) + est.pull_blocks
+    return _Plan(request.prompt_tokens - covered * request.block_tokens, est.swap_s, est.pull_s)
+
+
+def _extra_work(est: TTFTEstimate, v: NodeView, plans: set[_Plan]) -> tuple[float, float]:
+    """(work, compute) seconds `v` does beyond the least any candidate's plan would take on `v`
+    itself: what it recomputes, reads from a tier or pulls that another candidate would not.
+
+    Each plan is priced at `v`'s own prefill rate, so nodes that would do the same thing have no
+    extra work whatever their measured rates. Compared in seconds across nodes (each plan at its own
+    node's rate), the rates' measurement noise became extra work: on the agent workload past the
+    knee (8 modeled H100 agents at 0.01x, 33.75 req/s) sessions' first calls, equal on every node
+    holding the tool preamble, were charged 2-5 ms of "extra" work times n (n + 1) for 25-55 queued
+    requests, 10-20 s of others' waiting that outweighed the queues themselves: `cost` put new
+    sessions 20 to 57 per node where prefix affinity put 35-41, and its busiest nodes' queues grew
+    to 55-74 waiting against affinity's 24-45 (docs/routing.md#the-cost-model)."""
+    rate = v.prefill_tokens_per_s
+    least = min(p.tokens / rate + p.swap_s + p.pull_s for p in plans)
+    least_compute = min(p.tokens / rate + p.swap_s for p in plans)
+    compute = est.prefill_s + est.swap_s
+    return max(0.0, compute + est.pull_s - least), max(0.0, compute - least_compute)
+
+
 class _Scored(NamedTuple):
     own_s: float
     """Estimated TTFT plus duplicate prefill."""
@@ -128,8 +161,7 @@ class CostPolicy:
             duplicate = max(0, min(other.pending_blocks, request.num_blocks) - covered) if other else 0
             own = est.total_s + duplicate * request.block_tokens / v.prefill_tokens_per_s
             priced.append((own, est, v, holder, duplicate))
-        least = min(p[1].work_s for p in priced)
-        least_compute = min(p[1].work_s - p[1].pull_s for p in priced)
+        plans = {_plan(request, est, v) for _, est, v, _, _ in priced}
         longest = max(min(p[2].local_blocks, request.num_blocks) for p in priced)
 
         def leaves(est: TTFTEstimate, v: NodeView) -> bool:
@@ -138,10 +170,12 @@ class CostPolicy:
         def margin(est: TTFTEstimate, v: NodeView) -> float:
             return cluster.move_margin_s if leaves(est, v) else 0.0
 
-        scored = [_Scored(*p, p[1].work_s - least,
-                          delay_to_others(p[2], p[1].work_s - least, p[1].work_s - p[1].pull_s - least_compute),
-                          margin(p[1], p[2]))
-                  for p in priced]
+        def scored_one(own: float, est: TTFTEstimate, v: NodeView, holder: Holder | None, duplicate: int) -> _Scored:
+            extra, extra_compute = _extra_work(est, v, plans)
+            return _Scored(own, est, v, holder, duplicate, extra, delay_to_others(v, extra, extra_compute),
+                           margin(est, v))
+
+        scored = [scored_one(*p) for p in priced]
         # Scores within the margin of the best are not told apart (the estimates' own error): among
         # them the fewest in flight wins, keeping what is cached first. Ranked by score alone, docs
         # requests whose holders all looked alike herded onto whichever's measured step floor lagged

@@ -21,8 +21,9 @@ REQ = RouteRequest(prompt_tokens=50, num_blocks=5, block_tokens=10)
 A, B = NodeId("a"), NodeId("b")
 
 
-def node(name: NodeId, local: int = 0, *, queued: int = 0, inflight: int = 0, decodes: int = 0) -> NodeView:
-    return NodeView(name, local, local, queued, inflight, 100.0, held_blocks=local, running_decodes=decodes)
+def node(name: NodeId, local: int = 0, *, queued: int = 0, inflight: int = 0, decodes: int = 0, rate: float = 100.0
+         ) -> NodeView:
+    return NodeView(name, local, local, queued, inflight, rate, held_blocks=local, running_decodes=decodes)
 
 
 def test_the_delay_is_the_extra_work_times_n_n_plus_1_queued_plus_its_compute_once_per_decode() -> None:
@@ -91,3 +92,20 @@ def test_on_an_overloaded_cluster_cost_keeps_the_hits_and_ttft_of_prefix_affinit
     affinity = Simulator(dataclasses.replace(config, policy="prefix_affinity")).run(requests)
     assert cost.hit_rate >= affinity.hit_rate - 0.002, (cost.hit_rate, affinity.hit_rate)
     assert cost.ttft_p50_s <= affinity.ttft_p50_s, (cost.ttft_p50_s, affinity.ttft_p50_s)
+
+
+def test_nodes_that_would_do_the_same_work_are_charged_no_extra_whatever_their_measured_rates() -> None:
+    # Both hold 4 blocks: each would prefill the same 10 tokens. a measured 5% slower (95 tokens/s)
+    # but has the shorter queue: own TTFT 1.1 s against b's 3.1 s. Compared in seconds across nodes,
+    # a's 10 tokens at its rate were 5.3 ms more than b's, times 20 x 21 queued there: 2.2 s of
+    # "others' waiting" for work b would do just the same, and the request went to b's longer queue.
+    cluster = ClusterView((node(A, 4, queued=95, inflight=20, rate=95.0), node(B, 4, queued=300, inflight=3)))
+    d = make_policy("cost", CFG).route(REQ, cluster)
+    assert (d.node, d.local_blocks) == (A, 4)
+    assert d.est_ttft_s == pytest.approx(105 / 95)
+    assert "more work" not in d.reason
+    # Real extra work is still charged at the node's own rate: b without the prefix recomputes 40
+    # tokens more than a would there, 0.4 s, times 3 x 4 queued.
+    cluster = ClusterView((node(A, 4, queued=300, inflight=3, rate=95.0), node(B, queued=100, inflight=3)))
+    d = make_policy("cost", CFG).route(REQ, cluster)
+    assert d.node == A and "not b (ttft 1500.0 ms): 400.0 ms more work there, priced 4800.0 ms" in d.reason

@@ -277,18 +277,20 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float,
 
     eligible = within_load_cap(nodes, CFG.load_eps, REQ, CFG.load_floor_s)
 
-    def compute(v: NodeView) -> float:
-        """REQ's prefill on `v` (no host tier part here)."""
-        pulled = _oracle_ttft(v, nodes, bw, latency)[1]
-        return (50 - (min(v.local_blocks, 5) + pulled) * 10) / v.prefill_tokens_per_s
+    def tokens(u: NodeView) -> int:
+        """REQ's prompt tokens `u` prefills (no host tier part here)."""
+        return 50 - (min(u.local_blocks, 5) + _oracle_ttft(u, nodes, bw, latency)[1]) * 10
 
-    def work(v: NodeView) -> float:
-        """REQ's pull and prefill on `v`."""
-        pulled = _oracle_ttft(v, nodes, bw, latency)[1]
-        return (_oracle_ttft(v, nodes, bw, latency)[2] if pulled else 0.0) + compute(v)
+    def pull(u: NodeView) -> float:
+        return _oracle_ttft(u, nodes, bw, latency)[2] if _oracle_ttft(u, nodes, bw, latency)[1] else 0.0
 
-    least = min(work(v) for v in eligible)
-    least_compute = min(compute(v) for v in eligible)
+    def compute(v: NodeView, u: NodeView | None = None) -> float:
+        """The prefill of `u`'s plan (default: `v`'s own) at `v`'s prefill rate."""
+        return tokens(u or v) / v.prefill_tokens_per_s
+
+    def work(v: NodeView, u: NodeView | None = None) -> float:
+        """The pull and prefill of `u`'s plan (default: `v`'s own) on `v`."""
+        return pull(u or v) + compute(v, u)
     longest = max(min(v.local_blocks, 5) for v in eligible)
 
     def score(v: NodeView) -> float:
@@ -299,6 +301,9 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float,
         # The extra work's delay to the requests queued there: n (n + 1) x the extra seconds; and its
         # extra compute, once for each request decoding there.
         n = max(0, v.inflight - v.running_decodes)
+        # Extra: beyond the cheapest plan any eligible candidate has, priced at `v`'s own rate.
+        least = min(work(v, u) for u in eligible)
+        least_compute = min(compute(v, u) for u in eligible)
         delay = (work(v) - least) * n * (n + 1) + (compute(v) - least_compute) * v.running_decodes
         # Leaving part of the longest cached prefix behind must buy more than the margin.
         left = min(v.local_blocks, 5) + pulled < longest

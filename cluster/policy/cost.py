@@ -65,7 +65,8 @@ class LongestPeer:
         if v is None:
             return None
         pair = (candidate.node, v.node)
-        return Holder(v.node, v.held_blocks, cluster.pull_bytes_per_s.get(pair), cluster.pull_latency_s.get(pair))
+        return Holder(v.node, v.held_blocks, cluster.pull_bytes_per_s.get(pair), cluster.pull_latency_s.get(pair),
+                      cluster.pull_time_factor)
 
 
 class NoPulls:

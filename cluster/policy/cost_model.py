@@ -31,6 +31,9 @@ class Holder(NamedTuple):
     blocks: int
     bytes_per_s: float | None = None
     latency_s: float | None = None
+    time_factor: float = 1.0
+    """What pulls have realized over what they were priced (ClusterView.pull_time_factor): each pull
+    from it is priced that many times its wire time."""
 
 
 class TTFTEstimate(NamedTuple):
@@ -175,7 +178,7 @@ class CostModel:
         pull_blocks, pull_s = 0, 0.0
         if holder is not None and holder.blocks > local:
             k = min(holder.blocks, request.num_blocks) - local
-            t = self.pull_time(k, holder.bytes_per_s, holder.latency_s)
+            t = self.pull_time(k, holder.bytes_per_s, holder.latency_s) * holder.time_factor
             # Pull only when it beats recomputing the same tokens here.
             if t < k * request.block_tokens / rate:
                 pull_blocks, pull_s = k, t

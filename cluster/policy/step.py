@@ -92,6 +92,8 @@ class RoutingStep:
         """Narrow candidates: how many least-loaded nodes join the prefix holders."""
         self.move_margin_s = 0.0
         """ClusterView.move_margin_s of the next decisions: the router sets it from its calibration."""
+        self.pull_time_factor = 1.0
+        """ClusterView.pull_time_factor of the next decisions: likewise."""
 
     def route(
         self,
@@ -133,7 +135,8 @@ class RoutingStep:
         holders = {m.node_id for m in match.nodes if m.gpu_blocks} if match is not None else set()
         lenders = sorted(n for n in peers if n not in exclude and (n in holders or computed.get(n, 0)))
         view = build_view([*candidates, *lenders], match, pending, self.loads, self.default_prefill_tokens_per_s,
-                          fleet, computed=computed, move_margin_s=self.move_margin_s)
+                          fleet, computed=computed, move_margin_s=self.move_margin_s,
+                          pull_time_factor=self.pull_time_factor)
         if lenders:
             nodes = view.cluster.nodes
             view = replace(view, cluster=replace(view.cluster, nodes=nodes[: len(candidates)],

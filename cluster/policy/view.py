@@ -126,6 +126,10 @@ class ClusterView:
     """How far apart two TTFT estimates must be before the difference is believed: the router's
     recent 90th-percentile absolute TTFT error times sqrt(2) (Calibration.move_margin_s); 0 where estimates are exact (the
     simulator). The cost policy leaves a longer cached prefix behind only for a gain beyond it."""
+    pull_time_factor: float = 1.0
+    """Realized over priced time of the router's recent pulls, median (Calibration.pull_time_factor);
+    1 before enough pulls were measured, and in the simulator, whose pulls take their priced time.
+    The cost model prices each pull that many times its wire time."""
     peers: tuple[NodeView, ...] = ()
     """Holders a candidate may pull from that the request may not go to (a split cluster's decode
     agents while a prompt is routed to its prefill agents: docs/disaggregation.md)."""
@@ -175,6 +179,7 @@ def build_view(
     *,
     computed: Mapping[NodeId, int] | None = None,
     move_margin_s: float = 0.0,
+    pull_time_factor: float = 1.0,
 ) -> CandidateView:
     """Views of `candidates` (in the given order), sorted nowhere else so round robin is stable.
 
@@ -228,5 +233,5 @@ def build_view(
         borrowed = floors[len(floors) // 2]
         views = [v if v.step_floor_s else replace(v, step_floor_s=borrowed) for v in views]
     addresses = {n: found[n].transfer_address for n in candidates if n in found}
-    cluster = ClusterView(tuple(views), bandwidth, latency, fleet, move_margin_s)
+    cluster = ClusterView(tuple(views), bandwidth, latency, fleet, move_margin_s, pull_time_factor)
     return CandidateView(cluster, addresses, match.cluster_blocks if match else 0)

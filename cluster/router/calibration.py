@@ -27,6 +27,10 @@ DIFFERENCE_SPREAD = 2 ** 0.5
 """A move's gain is the difference of two estimates (at the longest holder, at the node it moves to):
 each errs by up to the quantile, and errors independent of each other with one spread give their
 difference sqrt(2) times that spread."""
+PULL_WINDOW = 64
+"""Latest pulls the pull time factor is read from (pulls are a few in a hundred decisions)."""
+PULL_MIN_OUTCOMES = 8
+"""Fewer measured pulls than this leave pulls priced at their wire time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,8 @@ class Calibration:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self._outcomes: collections.deque[Outcome] = collections.deque(maxlen=capacity)
+        self._pull_ratios: collections.deque[float] = collections.deque(maxlen=PULL_WINDOW)
+        """realized / priced time of the latest served pulls."""
         self.seq = 0
         """The last outcome's number (0: none yet)."""
 
@@ -77,6 +83,8 @@ class Calibration:
             realized_pull_s: float, agent_ttft_s: float, predicted_computed: int, realized_computed: int,
             left_tokens: int, bought_s: float | None) -> None:
         self.seq += 1
+        if predicted_pull_s > 0:
+            self._pull_ratios.append(realized_pull_s / predicted_pull_s)
         self._outcomes.append(Outcome(
             self.seq, predicted_ttft_s, realized_ttft_s, max(0.0, predicted_ttft_s - predicted_pull_s),
             max(0.0, agent_ttft_s - realized_pull_s), predicted_pull_s, realized_pull_s, predicted_computed,
@@ -102,6 +110,21 @@ class Calibration:
         recent = itertools.islice(self._outcomes, max(0, n - MARGIN_WINDOW), None)
         errors = sorted(abs(o.realized_ttft_s - o.predicted_ttft_s) for o in recent)
         return DIFFERENCE_SPREAD * errors[min(len(errors) - 1, int(MARGIN_QUANTILE * len(errors)))]
+
+    def pull_time_factor(self) -> float:
+        """The median realized / priced time of the latest PULL_WINDOW pulls (1 before
+        PULL_MIN_OUTCOMES): the factor ClusterView.pull_time_factor prices the next pulls with.
+
+        A pull's priced time is its wire time at the rates measured per peer; its realized time, from
+        its blocks' allocation to their landing, also holds what those averages leave out (the
+        link's other pulls, each peer's lock taken in turn; the landing job on the puller's engine;
+        the cores the agents share). Unscaled, on 8 modeled H100 agents at
+        0.01x the pulls of `cost` took 1.2-2.3x their price at the median (agent 22.5 and 33.75 req/s,
+        convo 45.6 req/s; p90 2.3-4.0x): the policy pulled where recomputing, or staying, was as fast
+        (docs/routing.md#the-cost-model)."""
+        if len(self._pull_ratios) < PULL_MIN_OUTCOMES:
+            return 1.0
+        return statistics.median(self._pull_ratios)
 
     def report(self, after: int = 0) -> dict[str, object]:
         """The report over the outcomes numbered > `after` still held (`first_seq` says where they

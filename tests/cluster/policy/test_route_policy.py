@@ -41,6 +41,16 @@ def test_cost_pulls_to_an_idle_node_when_the_holder_is_busy() -> None:
     assert "pulled from a" in d.reason
 
 
+def test_cost_prices_pulls_at_what_they_realized() -> None:
+    nodes = (view(A, 4, queued=1000, inflight=1), view(B))
+    # Pulls took twice their wire time: 8 ms, still well under recomputing 4 blocks (0.4 s).
+    d = make_policy("cost", CFG).route(REQ, ClusterView(nodes, pull_time_factor=2.0))
+    assert (d.node, d.pull_from, d.pull_blocks, d.est_ttft_s) == (B, A, 4, pytest.approx(0.108))
+    # 200 times: 0.8 s, more than recomputing them: b recomputes.
+    d = make_policy("cost", CFG).route(REQ, ClusterView(nodes, pull_time_factor=200.0))
+    assert (d.node, d.pull_from, d.est_ttft_s) == (B, None, pytest.approx(0.5))
+
+
 def test_cost_uses_the_measured_pair_bandwidth() -> None:
     nodes = (view(A, 4, queued=1000, inflight=1), view(B))
     slow = ClusterView(nodes, pull_bytes_per_s={(B, A): 1000.0})

@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixmesh.cluster.router.calibration import MARGIN_MIN_OUTCOMES, MARGIN_WINDOW, Calibration
+from radixmesh.cluster.router.calibration import (
+    MARGIN_MIN_OUTCOMES,
+    MARGIN_WINDOW,
+    PULL_MIN_OUTCOMES,
+    PULL_WINDOW,
+    Calibration,
+)
 
 outcome = st.fixed_dictionaries({
     "predicted_ttft_s": st.floats(0.0, 10.0), "realized_ttft_s": st.floats(0.0, 10.0),
@@ -64,3 +70,16 @@ def test_the_move_margin_is_sqrt_2_times_the_90th_percentile_error_of_the_latest
     # spread of a difference of two estimates
     expected = errors[min(len(errors) - 1, int(0.9 * len(errors)))] if len(pairs) >= MARGIN_MIN_OUTCOMES else 0.0
     assert cal.move_margin_s() == pytest.approx(2 ** 0.5 * expected)
+
+
+@given(st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 10.0)), max_size=120))
+def test_the_pull_time_factor_is_the_median_realized_over_priced_of_the_latest_pulls(
+        pulls: list[tuple[float, float]]) -> None:
+    cal = Calibration()
+    for predicted, realized in pulls:
+        cal.add(predicted_ttft_s=1.0, realized_ttft_s=1.0, predicted_pull_s=predicted, realized_pull_s=realized,
+                agent_ttft_s=1.0, predicted_computed=0, realized_computed=0, left_tokens=0, bought_s=None)
+    # Decisions that planned no pull say nothing of pulls.
+    ratios = [r / p for p, r in pulls if p > 0][-PULL_WINDOW:]
+    expected = statistics.median(ratios) if len(ratios) >= PULL_MIN_OUTCOMES else 1.0
+    assert cal.pull_time_factor() == pytest.approx(expected)

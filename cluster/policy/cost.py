@@ -88,11 +88,6 @@ class _Plan(NamedTuple):
     pull_s: float
 
 
-def _plan(request: RouteRequest, est: TTFTEstimate, v: NodeView) -> _Plan:
-    covered = min(v.local_blocks, request.num_blocks) + est.pull_blocks
-    return _Plan(request.prompt_tokens - covered * request.block_tokens, est.swap_s, est.pull_s)
-
-
 def _extra_work(est: TTFTEstimate, v: NodeView, plans: set[_Plan]) -> tuple[float, float]:
     """(work, compute) seconds `v` does beyond the least any candidate's plan would take on `v`
     itself: what it recomputes, reads from a tier or pulls that another candidate would not.
@@ -154,6 +149,7 @@ class CostPolicy:
         computing = _top_two(cluster.nodes, lambda v: v.pending_blocks)
         mates = self._model.mates_work(cluster.nodes)
         priced = []
+        plans: set[_Plan] = set()
         for v in within_load_cap(cluster.nodes, self._eps, request, self._floor_s, cluster.fleet):
             holder = self._pulls.holder(v, cluster)
             est = self._model.estimate(request, v, holder, mates(v))
@@ -162,7 +158,7 @@ class CostPolicy:
             duplicate = max(0, min(other.pending_blocks, request.num_blocks) - covered) if other else 0
             own = est.total_s + duplicate * request.block_tokens / v.prefill_tokens_per_s
             priced.append((own, est, v, holder, duplicate))
-        plans = {_plan(request, est, v) for _, est, v, _, _ in priced}
+            plans.add(_Plan(request.prompt_tokens - covered * request.block_tokens, est.swap_s, est.pull_s))
         longest = max(min(p[2].local_blocks, request.num_blocks) for p in priced)
 
         def leaves(est: TTFTEstimate, v: NodeView) -> bool:

@@ -292,7 +292,8 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float,
         return 50 - (min(u.local_blocks, 5) + _oracle_ttft(u, nodes, bw, latency)[1]) * 10
 
     def pull(u: NodeView) -> float:
-        return _oracle_ttft(u, nodes, bw, latency)[2] if _oracle_ttft(u, nodes, bw, latency)[1] else 0.0
+        _, pulled, seconds = _oracle_ttft(u, nodes, bw, latency)
+        return seconds if pulled else 0.0
 
     def compute(v: NodeView, u: NodeView | None = None) -> float:
         """The prefill of `u`'s plan (default: `v`'s own) at `v`'s prefill rate."""

@@ -100,16 +100,22 @@ class FakeWorker:
         self.shutting_down = True
 
 
-def play(collection: list[str], cost: dict[str, int]) -> dict[str, list[tuple[int, str]]]:
-    """xdist's calls to the scheduler for two workers, played out in time: a test of module m takes
-    cost[m] ticks (1 if absent); each worker runs what it was sent, in order, a test once it holds the
-    next one too (to tear down towards it) or at shutdown, as xdist's workers do. (start tick, node id)
-    per worker; asserts 4. whenever a test starts."""
+def two_worker_scheduler() -> RayTestsTogether:
+    """The scheduler as xdist builds it for `-n 2`, without the workers' spec its constructor wants."""
     s = RayTestsTogether.__new__(RayTestsTogether)
     s.numnodes, s.collection, s.workqueue, s.assigned_work, s.registered_collections = 2, None, OrderedDict(), {}, {}
     s.log = lambda *_: None
     s.config = pytest.Config.__new__(pytest.Config)
     s.config.option = type("Options", (), {"loadscopereorder": True})()
+    return s
+
+
+def play(collection: list[str], cost: dict[str, int]) -> dict[str, list[tuple[int, str]]]:
+    """xdist's calls to the scheduler for two workers, played out in time: a test of module m takes
+    cost[m] ticks (1 if absent); each worker runs what it was sent, in order, a test once it holds the
+    next one too (to tear down towards it) or at shutdown, as xdist's workers do. (start tick, node id)
+    per worker; asserts 4. whenever a test starts."""
+    s = two_worker_scheduler()
     workers = [FakeWorker("gw0"), FakeWorker("gw1")]
     for w in workers:
         s.add_node(w)
@@ -178,3 +184,27 @@ def test_the_tail_starts_on_the_second_worker_as_soon_as_its_other_tests_are_don
     plain_done = max(t for t, n in ran["gw1"] if not under_ray_folder(n)) + 1
     first_ray = min(t for t, n in ran["gw1"] if under_ray_folder(n))
     assert first_ray - plain_done <= 10  # at most gw1's one held test's wait, never gw0's whole chain
+
+
+def test_a_worker_that_replaces_a_crashed_one_gets_work_once_it_has_collected() -> None:
+    # xdist adds the replacement at once and registers its collection later; a test completing on
+    # the other worker in between offered the replacement work and raised KeyError (an INTERNALERROR
+    # that ended a CI run).
+    collection = [f"tests/cluster/test_p.py::test_{i}" for i in range(12)]
+    s = two_worker_scheduler()
+    gw0, gw1, gw2 = FakeWorker("gw0"), FakeWorker("gw1"), FakeWorker("gw2")
+    for w in (gw0, gw1):
+        s.add_node(w)
+        s.add_node_collection(w, collection)
+    s.schedule()
+    crashed_on = collection[gw1.sent[0]]
+    assert s.remove_node(gw1) == crashed_on  # its unfinished tests go back to the queue
+    s.add_node(gw2)
+    s.mark_test_complete(gw0, gw0.sent[0])
+    assert gw2.sent == []
+    s.add_node_collection(gw2, collection)
+    s.schedule()
+    assert gw2.sent  # work once collected
+    s.mark_test_complete(gw0, gw0.sent[1])
+    handed = [collection[i] for i in gw0.sent + gw2.sent]
+    assert crashed_on in handed or crashed_on in s.workqueue  # its scope is handed on, not lost

@@ -88,6 +88,8 @@ class RayTestsTogether(LoadScopeScheduling):
         return str(_module(nodeid)) if under_ray_folder(nodeid) and not split(nodeid) else nodeid
 
     def _assign_work_unit(self, node: Any) -> None:
+        if node not in self.registered_collections:
+            return  # a worker that replaces a crashed one, still collecting: `schedule` offers it work then
         if not self._ordered:  # the first call (from `schedule`): the queue is complete, order it once
             self._ordered = True
             scopes = dict.fromkeys(self._split_scope(nodeid) for nodeid in self.collection or ())

@@ -231,7 +231,8 @@ async def _stopped(stop: asyncio.Event, delay_s: float) -> bool:
     """Wait `delay_s` unless `stop` is set first; whether it is set."""
     if delay_s > 0 and not stop.is_set():
         try:
-            await asyncio.wait_for(stop.wait(), delay_s)
+            async with asyncio.timeout(delay_s):
+                await stop.wait()
         except TimeoutError:
             pass
     return stop.is_set()

@@ -19,7 +19,8 @@ async def cluster_stats(metadata: MetadataClient | None, timeout_s: float) -> Cl
     if metadata is None:
         return None
     try:
-        return await asyncio.wait_for(metadata.stats(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await metadata.stats()
     except (grpc.aio.AioRpcError, TimeoutError) as e:
         logger.info("GetStats failed: %s", why_failed(e))
         return None
@@ -35,7 +36,8 @@ async def agent_metrics(directory: AgentDirectory, timeout_s: float, exclude: fr
 
     async def one(client: AgentClient) -> str | None:
         try:
-            return await asyncio.wait_for(client.prometheus_text(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await client.prometheus_text()
         except (AgentUnavailable, TimeoutError) as e:
             logger.info("metrics of agent %s unavailable: %s", client.node, e)
             return None

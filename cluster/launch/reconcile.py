@@ -171,7 +171,8 @@ class AgentReconciler:
 
     async def _join(self, slot: AgentSlot) -> None:
         try:
-            result = await asyncio.wait_for(self._start(slot), self._start_timeout_s)
+            async with asyncio.timeout(self._start_timeout_s):
+                result = await self._start(slot)
             self._accept(result.info, list(self.infos.values()))
         except Exception as e:  # failed, timed out or refused: the next round tries again
             logger.warning("agent for %s did not join", slot.node, exc_info=True)
@@ -299,7 +300,8 @@ class RayAgents:
         if handle is None:
             return
         try:
-            await asyncio.wait_for(handle.stop.remote(), AGENT_STOP_TIMEOUT_S)
+            async with asyncio.timeout(AGENT_STOP_TIMEOUT_S):
+                await handle.stop.remote()
         except (TimeoutError, ray.exceptions.RayError) as e:
             logger.warning("agent %s did not stop cleanly (killed): %r", node, e)
         ray.kill(handle, no_restart=True)

@@ -109,7 +109,8 @@ class FileSdPublisher:
 
     async def _target(self, client: AgentClient) -> ScrapeTarget | None:
         try:
-            return await asyncio.wait_for(client.scrape_target(), self._router.config.match_timeout_s * 4)
+            async with asyncio.timeout(self._router.config.match_timeout_s * 4):
+                return await client.scrape_target()
         except (AgentUnavailable, TimeoutError) as e:  # listed at the next refresh
             logger.info("scrape target of %s unknown for now: %s", client.node, e)
             return None

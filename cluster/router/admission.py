@@ -87,7 +87,8 @@ class Admission:
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append(turn)
         try:
-            await asyncio.wait_for(asyncio.shield(turn), self.limits.max_wait_s)
+            async with asyncio.timeout(self.limits.max_wait_s):
+                await asyncio.shield(turn)
         except TimeoutError:
             if turn.done():  # handed over just as time ran out: take it
                 return

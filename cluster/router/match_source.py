@@ -75,7 +75,8 @@ class MatchSource:
         query = MatchQuery(self.config.layout, tuple(hashes), request.tenant, request.request_id,
                            include_all_nodes=True)
         try:
-            [result] = await asyncio.wait_for(self.metadata.match([query]), self.config.match_timeout_s)
+            async with asyncio.timeout(self.config.match_timeout_s):
+                [result] = await self.metadata.match([query])
         except (grpc.aio.AioRpcError, TimeoutError) as e:
             if self._down_since is None:
                 logger.warning("metadata service unreachable (%s): routing by %s until it answers",

@@ -376,7 +376,8 @@ class Router:
             if wait_s is None:
                 raise RequestsRunning(f"{self._running} request(s) running: retry once they end, or ask to wait")
             try:
-                await asyncio.wait_for(self._idle.wait(), wait_s)
+                async with asyncio.timeout(wait_s):
+                    await self._idle.wait()
             except TimeoutError:
                 raise RequestsRunning(f"{self._running} request(s) still running after {wait_s:g} s") from None
         reset = await reset_agents(self.directory)

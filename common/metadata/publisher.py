@@ -220,7 +220,8 @@ class EventPublisher:
             # a standby that took over, a registration once the lease ended) goes out within one,
             # however quiet the node.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._node.wait_for_events(), self.config.heartbeat_interval_s)
+                async with asyncio.timeout(self.config.heartbeat_interval_s):
+                    await self._node.wait_for_events()
 
     async def heartbeat(self) -> None:
         """Renew the lease with the node's load and the hits of requests finished since the last beat."""

@@ -10,9 +10,12 @@ Definitions (also written into the JSON):
   except TTFT's, which also count the requests still unfinished at the cell's end: with their TTFT,
   or, still waiting for a first token, with the time they had waited (a lower bound), so an arm
   that falls behind shows it in its TTFT instead of dropping its slowest requests.
+- later turns' TTFT: the same percentiles over the second and later turns of each session only,
+  the requests whose conversation a previous turn left cached somewhere (a split deployment's
+  decode agent, for one).
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,10 +47,16 @@ def _quantiles(values: Sequence[float], qs: Sequence[int]) -> dict[str, float]:
     return {f"p{q}": percentile(values, q) for q in qs}
 
 
+def _ttft_quantiles(results: Iterable[RequestResult]) -> dict[str, float]:
+    return _quantiles([r.ttft_s for r in results if r.outcome in (Outcome.OK, Outcome.UNFINISHED)
+                       and r.ttft_s is not None], (50, 90, 99))
+
+
 def summarise(results: Sequence[RequestResult], offered: int, slo: Slo, window_s: float,
-              stats_delta: Mapping[str, int]) -> dict[str, Any]:
+              stats_delta: Mapping[str, int], turns: Mapping[int, int]) -> dict[str, Any]:
     """The cell's figures. `offered` counts every request whose arrival came (sent or not, when the
-    bench was stopped); `stats_delta` is the router's /stats counters over the cell (after - before)."""
+    bench was stopped); `stats_delta` is the router's /stats counters over the cell (after - before);
+    `turns`, each result's turn in its session (0: the first) by request index."""
     ok = [r for r in results if r.outcome is Outcome.OK]
     counts = {o.value: sum(r.outcome is o for r in results) for o in Outcome}
     counts["unfinished"] += offered - len(results)  # arrivals the bench never sent (stopped)
@@ -57,8 +66,8 @@ def summarise(results: Sequence[RequestResult], offered: int, slo: Slo, window_s
         "requests": {"offered": offered, **counts},
         "goodput_rps": goodput(results, slo, window_s),
         "slo_attainment": sum(slo.met(r) for r in results) / offered if offered else 0.0,
-        "ttft_s": _quantiles([r.ttft_s for r in results if r.outcome in (Outcome.OK, Outcome.UNFINISHED)
-                              and r.ttft_s is not None], (50, 90, 99)),
+        "ttft_s": _ttft_quantiles(results),
+        "ttft_later_turns_s": _ttft_quantiles(r for r in results if turns[r.index] > 0),
         "ttft_lower_bounds": sum(r.ttft_censored for r in results),
         "itl_s": _quantiles([g for r in ok for g in r.gaps_s], (50, 99)),
         "e2e_s": _quantiles([r.e2e_s for r in ok if r.e2e_s is not None], (50, 99)),

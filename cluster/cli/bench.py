@@ -259,7 +259,8 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
                 "definition": "met: completed, TTFT <= ttft_s and (end to end - TTFT) / (output tokens - 1) "
                               "<= itl_s; goodput = met / arrival window; attainment = met / offered; "
                               "TTFT percentiles include requests unfinished at the cell's end (still waiting "
-                              "for a first token: their wait, a lower bound, counted in ttft_lower_bounds)"},
+                              "for a first token: their wait, a lower bound, counted in ttft_lower_bounds); "
+                              "ttft_later_turns_s: the same over each session's second and later turns"},
         "knee_attainment": knee_attainment,
     }
     console = Console(width=None if sys.stdout.isatty() else 150)  # a log file gets the whole table

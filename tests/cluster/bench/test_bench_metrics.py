@@ -38,10 +38,11 @@ def test_summary_counts_add_up_and_match_a_hand_count() -> None:
                RequestResult(2, Outcome.REFUSED)]
     delta = {"requests": 2, "prompt_tokens": 1000, "local_gpu": 450, "local_host": 0, "local_disk": 50, "remote": 100,
              "computed": 400}
-    s = summarise(results, offered=4, slo=SLO, window_s=2.0, stats_delta=delta)
+    s = summarise(results, offered=4, slo=SLO, window_s=2.0, stats_delta=delta, turns={0: 0, 1: 2, 2: 1})
     assert s["requests"] == {"offered": 4, "ok": 2, "refused": 1, "failed": 0, "unfinished": 1}
     assert s["goodput_rps"] == 0.5 and s["slo_attainment"] == 0.25
     assert s["ttft_s"] == {"p50": 0.5, "p90": 3.0, "p99": 3.0}
+    assert s["ttft_later_turns_s"] == {"p50": 3.0, "p90": 3.0, "p99": 3.0}  # request 1 alone: a third turn
     assert s["output_tokens_per_s"] == 10 / 2.0
     assert s["hit_rate"] == pytest.approx(0.6)
     assert s["hit_rate_by_source"] == {"local_gpu": 0.45, "local_host": 0.0, "local_disk": 0.05, "remote": 0.1}
@@ -106,9 +107,10 @@ def test_ttft_percentiles_count_unfinished_requests_with_their_wait_as_a_lower_b
                RequestResult(2, Outcome.UNFINISHED, 25.0, ttft_censored=True),
                RequestResult(3, Outcome.UNFINISHED, 4.0),  # had its first token, not its last
                RequestResult(4, Outcome.REFUSED)]
-    s = summarise(results, offered=5, slo=SLO, window_s=10.0, stats_delta={})
+    s = summarise(results, offered=5, slo=SLO, window_s=10.0, stats_delta={}, turns=dict.fromkeys(range(5), 1))
     assert s["ttft_s"] == {"p50": 4.0, "p90": 30.0, "p99": 30.0}
     assert s["ttft_lower_bounds"] == 2
+    assert s["ttft_later_turns_s"] == s["ttft_s"]  # every one a later turn
     assert s["e2e_s"] == {"p50": 0.3, "p99": 0.3}  # end to end: completed requests only
 
 

@@ -405,14 +405,15 @@ def test_a_move_off_the_longest_prefix_must_buy_more_than_the_margin() -> None:
 
 
 
-def test_scores_within_the_margin_go_to_the_holder_with_fewer_in_flight() -> None:
-    # Both hold the whole prompt: a behind 10 queued tokens and 1 request, b behind 5 and 4.
-    a, b = view(A, 5, queued=10, inflight=1), view(B, 5, queued=5, inflight=4)
-    exact = make_policy("cost", CFG).route(REQ, ClusterView((a, b)))
-    assert exact.node == B  # no margin: b's 0.05 s less queue decides
-    # Within a 0.1 s margin the two are not told apart: the one with fewer in flight takes it (by
-    # score alone, requests herd onto whichever node's lagging measurements look best).
-    assert make_policy("cost", CFG).route(REQ, ClusterView((a, b), move_margin_s=0.1)).node == A
+def test_scores_within_the_margin_go_to_the_holder_with_fewer_waiting_then_fewer_in_flight() -> None:
+    # Both hold the whole prompt: a has 2 requests waiting; b none waiting and 4 decoding.
+    a, b = view(A, 5, queued=10, inflight=2), view(B, 5, queued=5, inflight=4, decodes=4)
+    # Within a 5 s margin the scores are not told apart: the fewer waiting takes it, though b has more
+    # in flight (by score alone, requests herd onto whichever node's lagging measurements look best).
+    assert make_policy("cost", CFG).route(REQ, ClusterView((a, b), move_margin_s=5.0)).node == B
+    # As many waiting (none): the fewer in flight, so decode batches do not pile up on one holder.
+    c = view(C, 5, queued=10, inflight=1, decodes=1)
+    assert make_policy("cost", CFG).route(REQ, ClusterView((b, c), move_margin_s=5.0)).node == C
 
 
 def test_a_tie_within_the_margin_keeps_the_cached_prefix_before_fewer_in_flight() -> None:

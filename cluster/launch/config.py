@@ -46,6 +46,9 @@ class LauncherConfig:
     stream_handoff: bool = True
     """A split deployment's hand-off follows the prefill chunk by chunk (RouterConfig.stream_handoff);
     False: it begins once the prefill has ended."""
+    local_prefill_max_tokens: int = 256
+    """A split deployment serves a request whole on the decode agent holding all its prompt but at
+    most this many tokens (RouterConfig.local_prefill_max_tokens); 0: every request is handed off."""
     host: str = "127.0.0.1"
     """Address the router's HTTP server and the metadata service bind (and advertise); "": the address
     of the Ray node `up` runs on (a multi-host cluster: reachable by every node, unlike 127.0.0.1).
@@ -264,4 +267,5 @@ class LauncherConfig:
                             policy_config=policy, model_name=self.served_model_name,
                             hash_key=self.secret.hash_key(),
                             limits=self.model.config.prompt_limits(), admission=self.admission,
-                            metadata_retry_s=self.metadata_retry_s, stream_handoff=self.stream_handoff)
+                            metadata_retry_s=self.metadata_retry_s, stream_handoff=self.stream_handoff,
+                            local_prefill_max_tokens=self.local_prefill_max_tokens)

@@ -60,6 +60,10 @@ class RouterConfig:
     """In a split cluster, send the decode agent its request once the prefill agent has queued the
     prompt, so that its pull follows the prefill chunk by chunk (docs/disaggregation.md). False: only
     once the prefill has ended (the hand-off of issue 37's first slice, kept to compare with)."""
+    local_prefill_max_tokens: int = 256
+    """In a split cluster, a request whose prompt a decode agent already holds but for at most this many
+    tokens is served there whole, with no hand-off (the next turn of a conversation that agent
+    decoded; Dynamo's conditional disaggregation). 0: every request goes through a prefill agent."""
     max_attempts: int = 3
     """Nodes tried per request when agents become unavailable (the first try included)."""
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)

@@ -12,6 +12,11 @@ disaggregated proxy does, over radixmesh's own pull path:
    whole request with a PullPlan of the prompt's usable full blocks from the prefill agent, and its
    tokens stream to the client. A pull that fails is recomputed by the decode agent (plan_pull).
 
+A request whose prompt a decode agent already holds but for a short tail (at most
+RouterConfig.local_prefill_max_tokens: a conversation's next turn, where that agent decoded the
+last) is served there whole in one phase instead (`local`): handing it to a prefill agent would pull
+the conversation to it and back for a tail of a few dozen tokens.
+
 Streamed (RouterConfig.stream_handoff, the default), phase 2 starts as soon as the prefill agent has
 queued the prompt (its Queued item), and the decode agent's pull follows the prefill chunk by chunk
 (PullPlan.follow): the transfer overlaps the prefill, as SGLang's per-chunk KV sender does. Otherwise
@@ -36,6 +41,7 @@ from radixmesh.cluster.router.metrics import RouterMetrics
 from radixmesh.cluster.router.results import NoNodeAvailable, RoutedPlan, RouterItem, RouterResult
 from radixmesh.cluster.router.suspects import Suspects
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.messages import MatchResult
 from radixmesh.proto.serve.limits import usable_prefix_blocks
 from radixmesh.proto.serve.plan import PullPlan, ServePlan, ServeStats
 
@@ -70,6 +76,18 @@ class Handoff:
         if not (self.address and self.blocks):
             return None
         return PullPlan(self.node, self.address, 0, self.blocks, follow=self.follow)
+
+
+def local_holder(match: MatchResult, decode: frozenset[NodeId], prompt_tokens: int, block_size: int,
+                 limit: int) -> NodeId | None:
+    """The agent of `decode` to serve a prompt of `prompt_tokens` whole: the one whose gpu holds the
+    longest prefix of it (ties: the last by name), when at most `limit` tokens are left to compute
+    there; else None."""
+    held = [(m.gpu_blocks, m.node_id) for m in match.nodes if m.node_id in decode and m.gpu_blocks > 0]
+    if not held:
+        return None
+    blocks, node = max(held)
+    return node if prompt_tokens - blocks * block_size <= limit else None
 
 
 def prefill_only(request: ServePlan) -> ServePlan:
@@ -140,12 +158,16 @@ class DecodePicker:
 class Disaggregation:
     """Serves one router's requests in two phases (module doc) over its plan, load table and metrics."""
 
-    def __init__(self, prefill: PrefillAttempts, decode: DecodeAttempts, directory: AgentDirectory,
+    def __init__(self, prefill: PrefillAttempts, decode: DecodeAttempts, local: Attempts,
+                 local_holder: Callable[[ServePlan], NodeId | None], directory: AgentDirectory,
                  address_of: Callable[[NodeId], str], block_size: int, clock: Callable[[], float],
                  metrics: RouterMetrics, stream: bool = True) -> None:
-        """`prefill` plans among the prefill agents, `decode` with a DecodePicker; `address_of` is a
-        node's transfer address as it registered it ("" unknown); `stream`: RouterConfig.stream_handoff."""
-        self._prefill, self._decode, self._directory = prefill, decode, directory
+        """`prefill` plans among the prefill agents, `decode` with a DecodePicker, `local` among the
+        decode agents as an aggregated request; `local_holder(request)`: the decode agent to serve it
+        whole, or None; `address_of` is a node's transfer address as it registered it ("" unknown);
+        `stream`: RouterConfig.stream_handoff."""
+        self._prefill, self._decode, self._local, self._local_holder = prefill, decode, local, local_holder
+        self._directory = directory
         self._address_of, self._block_size, self._clock = address_of, block_size, clock
         self._metrics, self._stream = metrics, stream
 
@@ -154,6 +176,12 @@ class Disaggregation:
         """Router.generate's items for `request` (its seed fixed): the decode agent's tokens, then its
         result. Raises what Attempts.serve raises, from either phase (from the prefill phase only
         until the decode phase has begun: then a failed prefill costs the decode agent a recompute)."""
+        holder = self._local_holder(request)
+        if holder is not None:
+            async with contextlib.aclosing(self._local.serve(request, on_routed, holder, session)) as whole:
+                async for item in whole:
+                    yield item
+            return
         arrival = self._clock()
         loop = asyncio.get_running_loop()
         queued: asyncio.Future[NodeId] = loop.create_future()

@@ -37,6 +37,7 @@ from radixmesh.cluster.router.disaggregation import (
     Disaggregation,
     PrefillAttempts,
     is_split,
+    local_holder,
     nodes_of,
 )
 from radixmesh.cluster.router.index_watch import IndexWatcher
@@ -102,7 +103,9 @@ class Router:
                             self.suspects, clock),
             DecodeAttempts(config, directory, picker.plan, self._step, self._inflight, self.metrics, self.suspects,
                            clock),
-            directory, self._transfer_address, config.block_size, clock, self.metrics, config.stream_handoff)
+            Attempts(config, directory, self._plan_local, self._step, self._inflight, self.metrics, self.suspects,
+                     clock),
+            self._local_holder, directory, self._transfer_address, config.block_size, clock, self.metrics, config.stream_handoff)
         """Serves requests in two phases while the directory holds prefill and decode agents."""
         self._running = 0
         """Requests in `generate` now (validated, admitted or waiting for admission)."""
@@ -254,6 +257,24 @@ class Router:
                             session: str | None) -> RoutedPlan:
         """`plan` among the prefill agents (a split cluster's first phase)."""
         return await self.plan(request, exclude, node, session, among=nodes_of(self.directory, "prefill"))
+
+    async def _plan_local(self, request: ServePlan, exclude: frozenset[NodeId], node: NodeId | None,
+                          session: str | None) -> RoutedPlan:
+        """`plan` among the decode agents: a split cluster's request served whole on one (Disaggregation)."""
+        try:
+            return await self.plan(request, exclude, node, session, among=nodes_of(self.directory, "decode"))
+        except NoNodeAvailable:  # as the two-phase path says it (DecodePicker)
+            raise NoNodeAvailable(f"no decode agent left to serve request {request.request_id}") from None
+
+    def _local_holder(self, request: ServePlan) -> NodeId | None:
+        """disaggregation.local_holder on the replica (None while it is not in sync: Match is asked
+        once per request, by the plan)."""
+        limit = self.config.local_prefill_max_tokens
+        if limit <= 0 or self.watcher is None or not self.watcher.replica.in_sync:
+            return None
+        match = self.watcher.replica.match(self.config.layout, self.block_hashes(request)[: self.config.max_match_blocks])
+        return local_holder(match, nodes_of(self.directory, "decode") - self.suspects.current(),
+                            len(request.prompt_token_ids), self.config.block_size, limit)
 
     def _record_decode(self, policy: str, node: NodeId) -> None:
         self.metrics.record_decision(policy, node)

@@ -79,7 +79,8 @@ async def test_a_1p1d_deployment_hands_every_prompt_to_its_decode_agent(local_ra
         assert [info.role for info in await launcher.router_handle().joined.remote()] in (
             ["prefill", "decode"], ["decode", "prefill"])
         sampling = SamplingParams(max_tokens=6)
-        prompts = [f"System: you are a split cluster's assistant. User {u} asks: what is a hand-off?" for u in range(3)]
+        # Nothing shared between them: each is handed off (a turn the decode agent holds would be served there whole).
+        prompts = [f"{u}: user {u} of a split cluster asks what a hand-off is." for u in range(3)]
         async with openai.AsyncOpenAI(base_url=f"{d.router_url}/v1", api_key="unused", max_retries=0) as client:
             for text in prompts:
                 out = await client.completions.create(model="tiny-test", prompt=text, max_tokens=6, temperature=0)
@@ -108,7 +109,8 @@ async def test_a_killed_prefill_agent_is_replaced_by_the_other_with_the_same_tok
         sampling = SamplingParams(max_tokens=6)
         async with openai.AsyncOpenAI(base_url=f"{d.router_url}/v1", api_key="unused", max_retries=0) as client:
             for u in range(3):
-                text = f"System: a prefill agent died. User {u} asks: who prefilled this?"
+                # Nothing shared between them: each goes through a prefill agent.
+                text = f"{u}: a prefill agent died; user {u} asks who prefilled this."
                 out = await client.completions.create(model="tiny-test", prompt=text, max_tokens=6, temperature=0)
                 assert out.choices[0].text == TOK.decode(list(reference(TOK.encode(text), sampling)))
         async with aiohttp.ClientSession() as http, http.get(f"{d.router_url}/stats") as r:

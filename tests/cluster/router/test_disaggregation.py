@@ -9,11 +9,12 @@ from collections.abc import AsyncGenerator
 import pytest
 
 from radixmesh.cluster.fleet.agent_client import LocalAgentClient
-from radixmesh.cluster.router.disaggregation import overlap_s
+from radixmesh.cluster.router.disaggregation import local_holder, overlap_s
 from radixmesh.cluster.router.results import NoNodeAvailable
 from radixmesh.cluster.router.router import Router
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.proto.ids import NodeId
+from radixmesh.proto.metadata.messages import MatchResult, NodeLoad, NodeMatch
 from radixmesh.proto.serve.limits import usable_prefix_blocks
 from radixmesh.proto.serve.plan import Queued, ServeItem, ServePlan
 from radixmesh.proto.serve.sampling import SamplingParams
@@ -227,3 +228,47 @@ def test_the_overlap_is_the_hand_off_before_the_prefill_ended() -> None:
     assert overlap_s(10.0, 16.0, 20.0, 4.0) == 4.0  # the whole pull ran during the prefill
     assert overlap_s(10.0, 9.0, 20.0, 4.0) == 0.0  # begun after the prefill (not streamed)
     assert overlap_s(10.0, None, 11.0, 4.0) == 1.0  # no prefill result came (it failed): up to now
+
+
+@pytest.mark.parametrize("limit", [256, 0])
+async def test_a_next_turn_the_decode_agent_holds_but_a_short_tail_is_served_there_whole(limit: int) -> None:
+    # local_prefill_max_tokens: a turn whose conversation the decode agent holds, but for a tail of at
+    # most that many tokens, is served there in one phase (no prefill agent, no hand-off); 0: two phases.
+    async with local_cluster(2, publish=True, transfer="ucx", roles=("prefill", "decode"),
+                             local_prefill_max_tokens=limit) as c:
+        await c.router_in_sync()
+        r = c.router
+        first = prompt(2, 6 * BS + 5)
+        await r.complete(request("t1", first))
+        assert r.watcher is not None
+        hashes = r.block_hashes(request("t1", first))[:6]
+        await until(lambda: any(m.node_id == "b" and m.gpu_blocks == 6
+                                for m in r.watcher.replica.match(r.config.layout, hashes).nodes))
+        second = (*first, *prompt(3, 2 * BS))
+        result = await r.complete(request("t2", second))
+        assert result.result.node == NodeId("b")
+        assert result.result.output_token_ids == reference(second, SAMPLING)
+        if limit:
+            assert r.metrics.handoffs == {"pulled": 1}  # the first turn's only
+            assert r.metrics.role_decisions == {"prefill": 1, "decode": 2}
+            assert result.result.stats.tokens.remote == 0 and result.result.stats.tokens.computed <= limit
+        else:
+            assert r.metrics.handoffs == {"pulled": 2}
+            assert r.metrics.role_decisions == {"prefill": 2, "decode": 2}
+        # A tail longer than the limit: two phases (the prefill agent computes it).
+        third = (*second, *prompt(4, limit + 2 * BS))
+        await r.complete(request("t3", third))
+        assert r.metrics.role_decisions["prefill"] == (2 if limit else 3)
+        await c.agent("a").check_invariants()
+        await c.agent("b").check_invariants()
+
+
+def test_the_local_holder_is_the_decode_agent_with_the_longest_prefix_within_the_limit() -> None:
+    def held(node: str, blocks: int) -> NodeMatch:
+        return NodeMatch(NodeId(node), "", blocks, 0, blocks, NodeLoad())
+    match = MatchResult(8, (held("p", 8), held("d1", 6), held("d2", 7)))
+    decode = frozenset({NodeId("d1"), NodeId("d2")})
+    assert local_holder(match, decode, 8 * BS + 3, BS, 2 * BS) == NodeId("d2")  # 1 block and 3 tokens left
+    assert local_holder(match, decode, 8 * BS + 3, BS, BS) is None  # more than the limit left
+    assert local_holder(match, frozenset({NodeId("d1")}), 8 * BS + 3, BS, 3 * BS) == NodeId("d1")
+    assert local_holder(match, frozenset({NodeId("x")}), 8 * BS + 3, BS, 100 * BS) is None  # no decode holder

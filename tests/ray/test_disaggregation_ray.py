@@ -9,12 +9,14 @@ end on the other decode agent with the same tokens, and with none left a stream 
 error. No block leaks on either side."""
 
 import asyncio
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import aiohttp
 import openai
+import psutil
 import pytest
 import ray
 from prometheus_client.parser import text_string_to_metric_families
@@ -60,15 +62,25 @@ async def no_leak(handles: dict[NodeId, Any], idle: dict[NodeId, int], nodes: li
         await handles[n].check_invariants.remote()
 
 
+def exited(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 async def killed(handle: Any) -> None:
-    """Kill an agent actor for good and return once it is gone (a call to it fails)."""
+    """Kill an agent actor for good and return once it is gone: a call to it fails and its process has
+    exited. (Ray fails calls as soon as it marks the actor dead; on a loaded box the process served a
+    pull for a few more milliseconds after that, and a hand-off meant to fail was pulled.)"""
+    pid = await handle.__ray_call__.remote(lambda actor: os.getpid())
     ray.kill(handle, no_restart=True)
 
     async def gone() -> bool:
         try:
             await handle.load.remote()
         except ray.exceptions.RayActorError:
-            return True
+            return exited(pid)
         return False
 
     await until(gone, "the killed actor gone", pause_s=0.05)

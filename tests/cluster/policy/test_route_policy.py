@@ -323,11 +323,12 @@ def test_cost_is_the_brute_force_minimum(nodes: tuple[NodeView, ...], bw: float,
     d = make_policy("cost", config).route(REQ, ClusterView(nodes, move_margin_s=margin))
     best = min(score(v) for v in eligible)
     # Within the margin of the best, scores are ties: a node keeping the longest prefix first, then
-    # the fewest in flight, then the best score.
+    # the fewest waiting for their prefill, then the fewest in flight, then the best score.
     near = [v for v in eligible if score(v) <= (best + margin) * (1 + 1e-9)]
 
-    def rank(v: NodeView) -> tuple[bool, int]:
-        return min(v.local_blocks, 5) + _oracle_ttft(v, nodes, bw, latency)[1] < longest, v.inflight
+    def rank(v: NodeView) -> tuple[bool, int, int]:
+        leaves = min(v.local_blocks, 5) + _oracle_ttft(v, nodes, bw, latency)[1] < longest
+        return leaves, max(0, v.inflight - v.running_decodes), v.inflight
 
     first = min(rank(v) for v in near)
     chosen = next(v for v in eligible if v.node == d.node)

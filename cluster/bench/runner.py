@@ -204,7 +204,8 @@ async def run_cell(plan: BenchPlan, arm: Arm, rate: float, requests: Sequence[Be
     return {"interrupted": interrupted or stop.is_set(), "window_s": window,
             "ramp_requests": sum(r.arrival_s < plan.ramp_s for r in requests[:len(tasks)]),
             "sessions": count_sessions(measured),
-            **summarise(results, len(measured), plan.slo, window, delta, {r.index: r.turn for r in requests}), "decisions": decisions,
+            **summarise(results, len(measured), plan.slo, window, delta, {r.index: r.turn for r in requests}),
+            "decisions": decisions,
             "handoff": handoff_delta(before, after)}
 
 

@@ -185,7 +185,8 @@ class CostPolicy:
         # (The relative slack keeps scores equal but for float rounding together.)
         limit = (min(s.score for s in scored) + cluster.move_margin_s) * (1 + 1e-9)
         near = [s for s in scored if s.score <= limit]
-        ranked = [((leaves(s.est, s.view), s.view.queued_requests, s.view.inflight, s.score), s) for s in near]
+        ranked = [((leaves(s.est, s.view), s.view.queued_requests, s.view.inflight, s.score), s)
+                  for s in near]
         best = min(rank for rank, _ in ranked)
         tied = [s for rank, s in ranked if rank == best]
         pick = tied[0] if len(tied) == 1 else self._rng.choice(tied)

@@ -105,7 +105,8 @@ class Router:
                            clock),
             Attempts(config, directory, self._plan_local, self._step, self._inflight, self.metrics, self.suspects,
                      clock),
-            self._local_holder, directory, self._transfer_address, config.block_size, clock, self.metrics, config.stream_handoff)
+            self._local_holder, directory, self._transfer_address, config.block_size, clock, self.metrics,
+            config.stream_handoff)
         """Serves requests in two phases while the directory holds prefill and decode agents."""
         self._running = 0
         """Requests in `generate` now (validated, admitted or waiting for admission)."""
@@ -272,7 +273,8 @@ class Router:
         limit = self.config.local_prefill_max_tokens
         if limit <= 0 or self.watcher is None or not self.watcher.replica.in_sync:
             return None
-        match = self.watcher.replica.match(self.config.layout, self.block_hashes(request)[: self.config.max_match_blocks])
+        hashes = self.block_hashes(request)[: self.config.max_match_blocks]
+        match = self.watcher.replica.match(self.config.layout, hashes)
         return local_holder(match, nodes_of(self.directory, "decode") - self.suspects.current(),
                             len(request.prompt_token_ids), self.config.block_size, limit)
 

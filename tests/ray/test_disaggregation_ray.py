@@ -91,7 +91,8 @@ async def test_a_1p1d_deployment_hands_every_prompt_to_its_decode_agent(local_ra
         assert [info.role for info in await launcher.router_handle().joined.remote()] in (
             ["prefill", "decode"], ["decode", "prefill"])
         sampling = SamplingParams(max_tokens=6)
-        # Nothing shared between them: each is handed off (a turn the decode agent holds would be served there whole).
+        # Nothing shared between them: each is handed off (a turn the decode agent holds would be served
+        # there whole).
         prompts = [f"{u}: user {u} of a split cluster asks what a hand-off is." for u in range(3)]
         async with openai.AsyncOpenAI(base_url=f"{d.router_url}/v1", api_key="unused", max_retries=0) as client:
             for text in prompts:

@@ -107,7 +107,8 @@ def test_ttft_percentiles_count_unfinished_requests_with_their_wait_as_a_lower_b
                RequestResult(2, Outcome.UNFINISHED, 25.0, ttft_censored=True),
                RequestResult(3, Outcome.UNFINISHED, 4.0),  # had its first token, not its last
                RequestResult(4, Outcome.REFUSED)]
-    s = summarise(results, offered=5, slo=SLO, window_s=10.0, stats_delta={}, turns=dict.fromkeys(range(5), 1))
+    s = summarise(results, offered=5, slo=SLO, window_s=10.0, stats_delta={},
+                  turns=dict.fromkeys(range(5), 1))
     assert s["ttft_s"] == {"p50": 4.0, "p90": 30.0, "p99": 30.0}
     assert s["ttft_lower_bounds"] == 2
     assert s["ttft_later_turns_s"] == s["ttft_s"]  # every one a later turn

@@ -55,7 +55,8 @@ def test_a_cell_whose_requests_all_stayed_unfinished_says_so_and_shows_no_hit_ra
     slo = Slo(ttft_s=2.0, itl_s=0.5)
     stuck = [RequestResult(i, Outcome.UNFINISHED, ttft_s=30.0, ttft_censored=True) for i in range(5)]
     served = [RequestResult(i, Outcome.OK, ttft_s=0.1, gaps_s=(0.01,), e2e_s=0.2, output_tokens=2) for i in range(4)]
-    cells = [{**summarise(stuck, 5, slo, 10.0, {}, dict.fromkeys(range(5), 0)), "arm": "cost", "rate_rps": 2.0, "ratios": {}},
+    cells = [{**summarise(stuck, 5, slo, 10.0, {}, dict.fromkeys(range(5), 0)), "arm": "cost", "rate_rps": 2.0,
+              "ratios": {}},
              {**summarise(served, 4, slo, 10.0, {"prompt_tokens": 100, "computed": 25},
                          dict.fromkeys(range(4), 0)), "arm": "cost",
               "rate_rps": 1.0, "ratios": {}}]

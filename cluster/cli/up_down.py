@@ -35,7 +35,7 @@ from radixmesh.cluster.launch.secret_file import SECRET_ENV, default_secret_path
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
-from radixmesh.cluster.router.config import DEFAULT_POLICY
+from radixmesh.cluster.router.config import DEFAULT_LOCAL_PREFILL_MAX_TOKENS, DEFAULT_POLICY
 from radixmesh.common.cluster_ca import ClusterCa
 from radixmesh.node_agent import NAMED_CONFIGS, SMOLLM2
 from radixmesh.proto.kv_layout import KV_DTYPES
@@ -69,6 +69,11 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
                    "prefills prompts there and hands their KV to a decode agent); N must be prefill + decode.")
 @click.option("--decode", "decode_nodes", type=click.IntRange(1, 63), default=None,
               help="With --local and --prefill: this many of the N agents are decode agents.")
+@click.option("--local-prefill-max-tokens", default=DEFAULT_LOCAL_PREFILL_MAX_TOKENS, show_default=True,
+              type=click.IntRange(min=0),
+              help="In a split: a request whose prompt a decode agent already holds, all but at most this many "
+                   "tokens (a conversation's next turn), is served there whole instead of handed off; 0: hand "
+                   "every request off.")
 @click.option("--address", default="auto", show_default=True, help="Ray cluster to join (without --local).")
 @click.option("--state", default="memory", show_default=True, help="'memory' or a redis:// URL.")
 @click.option("--metadata-standby/--no-metadata-standby", default=False, show_default=True,
@@ -140,7 +145,8 @@ def _connect(address: str, config: LauncherConfig | None = None) -> None:
                    "from tokens need them; without, subscribers see which blocks are held, not which prompts.")
 @cache_options
 @engine_options
-def up(local_nodes: int | None, prefill_nodes: int | None, decode_nodes: int | None, address: str, state: str, metadata_standby: bool, policy: str, host: str | None,
+def up(local_nodes: int | None, prefill_nodes: int | None, decode_nodes: int | None, local_prefill_max_tokens: int,
+       address: str, state: str, metadata_standby: bool, policy: str, host: str | None,
        port: int, model_spec: str, served_model_name: str, dtype: str, gpu_blocks: int, gpu_memory_utilization: float | None,
        host_blocks: int, host_cache: int | None, disk_cache: Path | None, disk_cache_gb: float,
        lease_ttl: float, secret_file: Path | None, api_key: str, transfer_mac: bool, tls_cert: Path | None,
@@ -161,7 +167,8 @@ def up(local_nodes: int | None, prefill_nodes: int | None, decode_nodes: int | N
         # Without --host: loopback on one machine, else (host "") the address of this Ray node.
         host = host if host is not None else "127.0.0.1" if local_nodes is not None else ""
         config = LauncherConfig(local_nodes=local_nodes, prefill_nodes=prefill_nodes or 0,
-                                decode_nodes=decode_nodes or 0, state=state, metadata_standby=metadata_standby,
+                                decode_nodes=decode_nodes or 0, local_prefill_max_tokens=local_prefill_max_tokens,
+                                state=state, metadata_standby=metadata_standby,
                                 policy=policy, host=host, http_port=port,
                                 model=model, modeled=modeled, model_name=served_model_name, dtype=dtype,
                                 gpu_blocks=chosen_gpu_blocks(gpu_blocks, modeled, 16),

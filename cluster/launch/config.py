@@ -12,7 +12,7 @@ from radixmesh.cluster.launch import LOG_LEVELS
 from radixmesh.cluster.metadata.server import TlsFiles
 from radixmesh.cluster.policy.base import PolicyConfig, policy_names
 from radixmesh.cluster.router.admission import AdmissionLimits
-from radixmesh.cluster.router.config import DEFAULT_POLICY, RouterConfig
+from radixmesh.cluster.router.config import DEFAULT_LOCAL_PREFILL_MAX_TOKENS, DEFAULT_POLICY, RouterConfig
 from radixmesh.common.block_pool.config import PoolConfig
 from radixmesh.common.block_pool.eviction import DEFAULT_EVICTION, DEFAULT_HANDOFF, EVICTION_ORDERS
 from radixmesh.common.secret import ClusterSecret, check_api_bind
@@ -46,7 +46,7 @@ class LauncherConfig:
     stream_handoff: bool = True
     """A split deployment's hand-off follows the prefill chunk by chunk (RouterConfig.stream_handoff);
     False: it begins once the prefill has ended."""
-    local_prefill_max_tokens: int = 256
+    local_prefill_max_tokens: int = DEFAULT_LOCAL_PREFILL_MAX_TOKENS
     """A split deployment serves a request whole on the decode agent holding all its prompt but at
     most this many tokens (RouterConfig.local_prefill_max_tokens); 0: every request is handed off."""
     host: str = "127.0.0.1"

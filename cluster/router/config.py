@@ -13,6 +13,8 @@ from radixmesh.proto.serve.limits import PromptLimits
 
 DEFAULT_POLICY = "cost"
 """The routing policy unless one is chosen: the router's, the launcher's and the simulator's default."""
+DEFAULT_LOCAL_PREFILL_MAX_TOKENS = 256
+"""RouterConfig.local_prefill_max_tokens unless chosen: the router's, the launcher's and `up`'s default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +62,7 @@ class RouterConfig:
     """In a split cluster, send the decode agent its request once the prefill agent has queued the
     prompt, so that its pull follows the prefill chunk by chunk (docs/disaggregation.md). False: only
     once the prefill has ended (the hand-off of issue 37's first slice, kept to compare with)."""
-    local_prefill_max_tokens: int = 256
+    local_prefill_max_tokens: int = DEFAULT_LOCAL_PREFILL_MAX_TOKENS
     """In a split cluster, a request whose prompt a decode agent already holds but for at most this many
     tokens is served there whole, with no hand-off (the next turn of a conversation that agent
     decoded; Dynamo's conditional disaggregation). 0: every request goes through a prefill agent."""

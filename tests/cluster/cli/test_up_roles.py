@@ -32,6 +32,15 @@ def test_a_split_starts_prefill_and_decode_agents(started: list[LauncherConfig])
     assert isinstance(result.exception, _RayStarted), result.output
     (config,) = started
     assert (config.local_nodes, config.prefill_nodes, config.decode_nodes) == (3, 1, 2)
+    assert config.local_prefill_max_tokens == config.router_config("layout", 1024).local_prefill_max_tokens == 256
+
+
+def test_the_local_prefill_limit_reaches_the_router(started: list[LauncherConfig]) -> None:
+    result = CliRunner().invoke(main, ["up", "--local", "2", "--prefill", "1", "--decode", "1",
+                                       "--local-prefill-max-tokens", "0", "--port", "0"])
+    assert isinstance(result.exception, _RayStarted), result.output
+    (config,) = started
+    assert config.router_config("layout", 1024).local_prefill_max_tokens == 0  # every request handed off
 
 
 @pytest.mark.parametrize(("args", "said"), [
@@ -39,6 +48,7 @@ def test_a_split_starts_prefill_and_decode_agents(started: list[LauncherConfig])
     (["--prefill", "1", "--decode", "1"], "need --local 2"),
     (["--local", "3", "--prefill", "1", "--decode", "1"], "make 2 agents, but --local says 3"),
     (["--local", "2", "--prefill", "0", "--decode", "2"], "0 is not in the range"),
+    (["--local", "2", "--prefill", "1", "--decode", "1", "--local-prefill-max-tokens", "-1"], "-1 is not in the range"),
 ])
 def test_a_split_up_cannot_start_is_refused(started: list[LauncherConfig], args: list[str], said: str) -> None:
     result = CliRunner().invoke(main, ["up", *args, "--port", "0"])

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from radixmesh.node_agent.actor import AgentPlacement, make_agent_actor, node_resource
     from radixmesh.node_agent.config import TRANSFER_PLANES, AgentConfig
     from radixmesh.node_agent.engine.config import EngineConfig
+    from radixmesh.node_agent.engine.virtual_node import VirtualNode, VirtualPull, VirtualStep
     from radixmesh.node_agent.memory.config import MemoryConfig
     from radixmesh.node_agent.model.config import NAMED_CONFIGS
     from radixmesh.node_agent.model.modeled.profile import ProfileError, load_profile, profile_names
@@ -29,6 +30,7 @@ _HOMES = {
     "AgentPlacement": "actor", "make_agent_actor": "actor", "node_resource": "actor",
     "TRANSFER_PLANES": "config", "AgentConfig": "config",
     "EngineConfig": "engine.config",
+    "VirtualNode": "engine.virtual_node", "VirtualPull": "engine.virtual_node", "VirtualStep": "engine.virtual_node",
     "MemoryConfig": "memory.config",
     "NAMED_CONFIGS": "model.config",
     "ProfileError": "model.modeled.profile", "load_profile": "model.modeled.profile",
@@ -50,6 +52,9 @@ __all__ = [  # the names of _HOMES, spelled out so linters and type checkers see
     "ModelSource",
     "ModeledEngine",
     "ProfileError",
+    "VirtualNode",
+    "VirtualPull",
+    "VirtualStep",
     "load_profile",
     "make_agent_actor",
     "node_resource",

@@ -19,9 +19,10 @@ def test_the_graph_has_every_layer_and_only_downward_edges() -> None:
     for edge in [("cluster.launch", "node_agent"), ("node_agent.memory", "common.prefix_cache"),
                  ("common.metadata", "proto.metadata"), ("node_agent.model", "kernels")]:
         assert edge in edges, edge
-    # Inside cluster, only launch and cli reach node_agent, and only its public face.
+    # Inside cluster, only what starts agents reaches node_agent (launch and cli, and the bench, whose
+    # engine simulator runs agents' engines on a virtual clock), and only its public face.
     assert sorted((a, b) for a, b in edges if a.startswith("cluster.") and b.startswith("node_agent")) == [
-        ("cluster.cli", "node_agent"), ("cluster.launch", "node_agent")]
+        ("cluster.bench", "node_agent"), ("cluster.cli", "node_agent"), ("cluster.launch", "node_agent")]
 
 
 def test_an_upward_edge_is_reported() -> None:

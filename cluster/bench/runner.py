@@ -124,10 +124,17 @@ class BenchProgress(Protocol):
         """A rate was added (RateLadder): every arm will send `requests` more."""
 
 
-async def run_bench(plan: BenchPlan, clusters: Clusters, stop: asyncio.Event, progress: BenchProgress,
+SimulatedCell = Callable[[Arm, float, Sequence[BenchRequest]], dict[str, Any]]
+"""A cell replayed in virtual time instead of on a live cluster (engine_sim.simulated_cell): the arm,
+the rate and its requests to the cell's figures."""
+
+
+async def run_bench(plan: BenchPlan, clusters: Clusters | None, stop: asyncio.Event, progress: BenchProgress,
                     on_cell: Callable[[list[dict[str, Any]]], None],
-                    clock: Callable[[], float] = time.monotonic) -> list[dict[str, Any]]:
-    """Every cell of `plan`; `on_cell` gets the cells measured so far after each one (to save them)."""
+                    clock: Callable[[], float] = time.monotonic,
+                    simulate: SimulatedCell | None = None) -> list[dict[str, Any]]:
+    """Every cell of `plan` on `clusters`, or (`simulate`) in the engine simulator; `on_cell` gets the
+    cells measured so far after each one (to save them)."""
     cells: list[dict[str, Any]] = []
     requests = {rate: schedule(plan.workload, rate, plan.ramp_s + plan.duration_s, plan.seed) for rate in plan.rates}
     progress.start({arm.name: sum(map(len, requests.values())) for arm in plan.arms})
@@ -143,11 +150,18 @@ async def run_bench(plan: BenchPlan, clusters: Clusters, stop: asyncio.Event, pr
                 break
             progress.cell(arm.name, rate, len(requests[rate]))
             t0 = clock()
-            async with clusters.cluster(arm) as target:
-                if stop.is_set():  # stopped while the cluster started: nothing of this cell was measured
-                    break
-                cell = await run_cell(plan, arm, rate, requests[rate], target, stop,
-                                      partial(progress.done, arm.name), clock)
+            if simulate is not None:
+                # Off the event loop: a cell takes seconds of CPU, and a Ctrl-C must still be heard.
+                cell = await asyncio.to_thread(simulate, arm, rate, requests[rate])
+                for _ in requests[rate]:
+                    progress.done(arm.name)
+            else:
+                assert clusters is not None, "a live bench runs on clusters"
+                async with clusters.cluster(arm) as target:
+                    if stop.is_set():  # stopped while the cluster started: nothing of this cell was measured
+                        break
+                    cell = await run_cell(plan, arm, rate, requests[rate], target, stop,
+                                          partial(progress.done, arm.name), clock)
             cells.append({"arm": arm.name, "rate_rps": rate, "order": len(cells), "wall_s": clock() - t0, **cell})
             on_cell(cells)
         i += 1

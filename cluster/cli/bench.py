@@ -44,8 +44,9 @@ from radixmesh.cluster.bench.arms import (
     arm_named,
     is_arm,
 )
+from radixmesh.cluster.bench.engine_sim import SIMULATED_NOTE, simulated_cell
 from radixmesh.cluster.bench.metrics import Slo
-from radixmesh.cluster.bench.runner import BenchPlan, RateLadder, run_bench
+from radixmesh.cluster.bench.runner import BenchPlan, RateLadder, SimulatedCell, run_bench
 from radixmesh.cluster.bench.schedule import Workload
 from radixmesh.cluster.bench.workloads import GENERATORS, TraceWorkload, workload_settings
 from radixmesh.cluster.cli.options import (
@@ -191,14 +192,19 @@ def results_table(doc: dict[str, Any]) -> Table:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder of bench.json and bench.png [default: a new bench/results/run-YYYYmmdd-HHMMSS under "
                    "the current folder, so a run never overwrites an earlier one].")
+@click.option("--simulate", is_flag=True,
+              help="With --local N and --engine modeled[:PROFILE]: replay each cell in the engine simulator "
+                   "(the agents' engines and the router's routing, admission and calibration on a virtual clock; no "
+                   "Ray, no network, the host's cores out of the figures) instead of on a live cluster; minutes "
+                   "of cells in seconds, at any number of agents. Labelled SIMULATED.")
 @cache_options
 @engine_options
 def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], trace_path: Path | None,
           arms: tuple[Arm, ...], rates: tuple[float, ...], duration: float, ramp: float, drain: float, warmup: int,
           ttft_slo: float, itl_slo: float, knee_attainment: float, find_knee: bool, rate_factor: float,
           past_knee: int, max_rates: int, max_tokens: int | None, prompt_scale: float, seed: int, model_spec: str,
-          gpu_blocks: int | None, block_size: int, out_dir: Path | None, eviction: str, handoff: bool, engine: str,
-          speedup: float) -> None:
+          gpu_blocks: int | None, block_size: int, out_dir: Path | None, simulate: bool, eviction: str, handoff: bool,
+          engine: str, speedup: float) -> None:
     """Compare the arms on live clusters: goodput and latency against offered load."""
     if (local_nodes is None) == (url is None):
         raise click.UsageError("give exactly one of --local N and --url URL")
@@ -207,6 +213,10 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
     if url is not None and click.get_current_context().get_parameter_source("model_spec") is not ParameterSource.DEFAULT:
         raise click.UsageError("--model names the agents' model of --local; against --url, the router says which "
                                "model it serves (its /v1/models)")
+    if simulate and (local_nodes is None or not engine.startswith("modeled")):
+        raise click.UsageError("--simulate replays a modeled cluster: give --local N and --engine modeled[:PROFILE]")
+    if simulate and any(arm.split for arm in arms):
+        raise click.UsageError("--simulate does not simulate prefill/decode splits (split_<P>p, split_half)")
     if ("trace" in workloads) != (trace_path is not None):
         raise click.UsageError("--trace FILE goes with --workload trace, and only with it")
     try:
@@ -230,8 +240,10 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
             raise click.UsageError(str(e)) from None
         clusters = LocalClusters(base)
         engine_label = base.engine_label
-        where = (f"{local_nodes} local agent(s), {base.served_model_name}, {gpu_blocks} KV blocks each, "
-                 f"{engine_label} engine" + (f" at {speedup:g}x" if modeled is not None and speedup != 1 else ""))
+        where = (f"{local_nodes} {'simulated' if simulate else 'local'} agent(s), {base.served_model_name}, "
+                 f"{gpu_blocks} KV blocks each, {engine_label} engine"
+                 + (f" at {speedup:g}x" if modeled is not None and speedup != 1 else "")
+                 + (" (SIMULATED: engine simulator, virtual time)" if simulate else ""))
     else:
         if any(arm.split for arm in arms):
             raise click.UsageError("split arms (split_<P>p, split_half) split the agents of --local N, not of a "
@@ -248,8 +260,10 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
                     "load_average_1m_at_start": os.getloadavg()[0]},
         "cluster": where, "block_size": block_size,
         "engine": {"label": engine_label, "speedup": speedup if local_nodes is not None and engine != "real" else None,
+                   "simulated": simulate,
                    "note": ("MODELED: times from the profile's time model (node_agent/model/modeled), not measured "
-                            "on its hardware" if "modeled" in engine_label else None)},
+                            "on its hardware" if "modeled" in engine_label else None)
+                   if not simulate else SIMULATED_NOTE},
         "arms": {a.name: {"policy": a.policy, "caching": a.caching} for a in arms},
         "rates_rps": list(rates), "duration_s": duration, "ramp_s": ramp, "drain_s": drain, "warmup": warmup,
         "seed": seed,
@@ -266,7 +280,7 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
     console = Console(width=None if sys.stdout.isatty() else 150)  # a log file gets the whole table
     out_dir = out_dir or fresh_out_dir(Path("bench/results"), datetime.datetime.now())
     console.print(f"results go to {out_dir}; {_expected(plans)}")
-    if local_nodes is not None:
+    if local_nodes is not None and not simulate:
         with console.status(f"starting Ray for {local_nodes} simulated node(s) ..."):
             launcher.init_local_ray(base)
     summary: dict[str, Any] = {}
@@ -274,12 +288,13 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
         for plan in plans:
             where_to = out_dir / plan.workload.name if len(plans) > 1 else out_dir
             settings = {**base_settings, "workload": workload_settings(plan.workload)}
-            interrupted = _one_workload(plan, clusters, console, settings, where_to, knee_attainment)
+            simulated = simulated_cell(base, plan) if simulate else None
+            interrupted = _one_workload(plan, clusters, console, settings, where_to, knee_attainment, simulated)
             summary[plan.workload.name] = json.loads((where_to / "bench.json").read_text())["headline"]
             if interrupted:
                 break
     finally:
-        if local_nodes is not None:
+        if local_nodes is not None and not simulate:
             ray.shutdown()
     if len(plans) > 1:
         (out_dir / "summary.json").write_text(json.dumps({"settings": base_settings, "headlines": summary},
@@ -297,10 +312,11 @@ def chosen_workloads(names: tuple[str, ...], trace_path: Path | None, block_size
 
 
 def _one_workload(plan: BenchPlan, clusters: Clusters, console: Console, settings: dict[str, Any], out_dir: Path,
-                  knee_attainment: float) -> bool:
-    """Run and report one workload's bench into `out_dir`; whether it was interrupted."""
+                  knee_attainment: float, simulate: SimulatedCell | None = None) -> bool:
+    """Run and report one workload's bench into `out_dir` (`simulate`: in the engine simulator);
+    whether it was interrupted."""
     try:
-        cells, interrupted = asyncio.run(_run(plan, clusters, console, settings, out_dir, knee_attainment))
+        cells, interrupted = asyncio.run(_run(plan, clusters, console, settings, out_dir, knee_attainment, simulate))
     except (ValueError, TimeoutError, launcher.DeploymentExists, aiohttp.ClientError, OSError) as e:
         raise click.ClickException(f"bench stopped: {e} (the cells measured before it are in "
                                    f"{out_dir / 'bench.json'})") from None
@@ -384,7 +400,7 @@ def _x(v: float | None) -> str:
 
 
 async def _run(plan: BenchPlan, clusters: Clusters, console: Console, settings: dict[str, Any], out_dir: Path,
-               attainment: float) -> tuple[list[dict[str, Any]], bool]:
+               attainment: float, simulate: SimulatedCell | None) -> tuple[list[dict[str, Any]], bool]:
     """run_bench with the bars, the first Ctrl-C as a clean stop (a second one interrupts), and the JSON
     rewritten after every cell."""
     stop = asyncio.Event()
@@ -404,7 +420,7 @@ async def _run(plan: BenchPlan, clusters: Clusters, console: Console, settings: 
 
     try:
         with Progress(console=console) as progress:
-            cells = await run_bench(plan, clusters, stop, _ArmBars(progress), save)
+            cells = await run_bench(plan, clusters, stop, _ArmBars(progress), save, simulate=simulate)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
     return cells, stop.is_set()

@@ -26,6 +26,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from radixmesh.node_agent.engine.engine import Engine
 from radixmesh.node_agent.engine.request import Request, RequestId, RequestOutput
+from radixmesh.node_agent.engine.step_rates import StepRates
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.serve.limits import InvalidRequest
 from radixmesh.proto.serve.sampling import TokenLogprob
@@ -34,15 +35,6 @@ logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-RATE_SMOOTHING = 0.2
-"""Weight of the newest step in the prefill-rate and step-floor averages."""
-RATE_MIN_CHUNK = 16
-"""Prefill chunks shorter than this (tokens, a block) do not measure the rate: their time beyond the floor is
-mostly noise, and with no floor yet it is all floor. A restarted agent whose prompts were cached on
-its disk ran 2-token chunks only, read ~100-250 tokens/s where it computes 2,000, and the router's
-load cap, which exempts half a second of a node's prefill, then sent requests away from their
-prefix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,15 +81,8 @@ class EngineRunner:
         self._step_waiters: list[asyncio.Future[None]] = []
         self.pending_calls = 0
         """Jobs queued on or running on the engine thread (steps, submits, the transfer plane's pins)."""
-        self.prefill_tokens_per_s = 0.0
-        """Measured (EWMA), over the steps that ran a prefill chunk of RATE_MIN_CHUNK tokens or more: their tokens per second of step
-        time beyond `step_floor_s` (the whole step's time while no floor is measured), the decodes
-        that shared their forward included."""
-        self.step_floor_s = 0.0
-        """Measured (EWMA): seconds of a step that decodes only (0: none seen yet). What every step
-        costs before its prefill tokens (launch, sampling, streaming the weights once, the running
-        decodes' attention): on an H100 serving Llama-3-8B ~7 ms, the time of ~220 prefill tokens,
-        so a price per token alone made a request with a short uncached tail look almost free."""
+        self.rates = StepRates()
+        """The step floor and prefill rate its steps measured (what the agent heartbeats)."""
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn` on the engine thread. The job completes even if the caller is cancelled, so a
@@ -236,26 +221,15 @@ class EngineRunner:
             raise
 
     def _measure(self, tokens: int, running: int, seconds: float) -> None:
-        """Fold one step into the floor (a decode-only step) or the prefill rate. A step of more
-        tokens than one per running sequence ran a prefill chunk in the same forward as the decodes:
-        its time beyond the floor (which holds the decodes) is the chunk's; with no floor yet, the
-        whole step is, the decodes' tokens counting with it."""
-        if seconds <= 0:
-            return
-        if 0 < tokens <= running:
-            old = self.step_floor_s
-            self.step_floor_s = seconds if old == 0.0 else old + RATE_SMOOTHING * (seconds - old)
-        elif tokens > running:
-            # A step no longer than the floor (noise, or a floor measured at a larger batch) says
-            # nothing about the marginal rate.
-            beyond = seconds - self.step_floor_s
-            if beyond <= 0:
-                return
-            if tokens - running < RATE_MIN_CHUNK:
-                return
-            rate = (tokens - running if self.step_floor_s else tokens) / beyond
-            old = self.prefill_tokens_per_s
-            self.prefill_tokens_per_s = rate if old == 0.0 else old + RATE_SMOOTHING * (rate - old)
+        self.rates.measure(tokens, running, seconds)
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.rates.prefill_tokens_per_s
+
+    @property
+    def step_floor_s(self) -> float:
+        return self.rates.step_floor_s
 
     def _abort(self, request_id: RequestId) -> bool:
         return self.engine.abort(request_id)

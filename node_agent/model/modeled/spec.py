@@ -1,5 +1,7 @@
 """`--engine real | modeled[:PROFILE]`: which engine an agent runs, and what a modeled one needs."""
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,10 +36,13 @@ class ModeledEngine:
         """How figures from this engine are labelled: modeled:<profile>."""
         return f"modeled:{self.profile.name}"
 
-    def model(self, config: LlamaConfig, seed: int = 0, tokenizer: Tokenizer | None = None) -> "ModeledModel":
+    def model(self, config: LlamaConfig, seed: int = 0, tokenizer: Tokenizer | None = None,
+              clock: Callable[[], float] = time.perf_counter,
+              sleep: Callable[[float], None] = time.sleep) -> "ModeledModel":
         """The modeled forward for a model of `config`, its outputs seeded by `seed` and drawn from
         `tokenizer`'s vocabulary (never its end of sequence nor its stop tokens: a modeled reply is
-        max_tokens long)."""
+        max_tokens long). `clock` and `sleep` time each step's wait: wall time on an agent, a
+        virtual clock in the engine simulator."""
         # Imported here (it is torch): a ModeledEngine travels inside the launcher's config to the
         # router and the metadata service, which only read its label.
         from radixmesh.node_agent.model.modeled.forward import ModeledModel
@@ -45,7 +50,8 @@ class ModeledEngine:
         never = frozenset() if tokenizer is None else frozenset(
             {*tokenizer.stop_token_ids, *([] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id])})
         return ModeledModel(config, StepTimeModel(self.profile.figures), speedup=self.speedup, seed=seed,
-                            output_vocab=tokenizer.vocab_size if tokenizer is not None else None, never=never)
+                            output_vocab=tokenizer.vocab_size if tokenizer is not None else None, never=never,
+                            clock=clock, sleep=sleep)
 
     def wire_block_bytes(self, block_size: int) -> int:
         """The KV bytes one block stands for on the modeled hardware (its pool holds fewer: forward.py)."""

@@ -115,6 +115,8 @@ class EngineSim:
         self._requests: list[_Request] = []
         self._stepping: set[NodeId] = set()
         """Nodes whose step is under way (its end is an event)."""
+        self.busy_s = dict.fromkeys(self.nodes, 0.0)
+        """Seconds each node spent stepping: the load the router balanced (live, no agent reports it)."""
         self.counts = dict.fromkeys(("requests", "prompt_tokens", "regret_tokens", *SOURCES), 0)
         """The router's /stats counters over the requests that arrived in the measured window."""
         self._measured_from = 0.0
@@ -149,6 +151,8 @@ class EngineSim:
                 "sessions": count_sessions([q.bench for q in measured]),
                 **summarise(results, len(measured), plan.slo, duration_s, self.counts, turns),
                 "decisions": self.calibration.report(),
+                # Over the whole cell (ramp, window, drain): how evenly the nodes were kept busy.
+                "node_busy": sorted(round(b / end, 4) for b in self.busy_s.values()),
                 "handoff": {"handoffs": {}, "bytes": 0, "seconds": 0.0, "overlap_seconds": 0.0, "overlap": None}}
 
     def _result(self, q: _Request) -> RequestResult:
@@ -234,6 +238,7 @@ class EngineSim:
         ran = self.nodes[node].step(self.now)
         if ran is not None:
             self._stepping.add(node)
+            self.busy_s[node] += ran.seconds
             self._push(self.now + ran.seconds, _STEP, (node, ran))
 
     def _step_done(self, node: NodeId, ran: VirtualStep) -> None:

@@ -290,7 +290,7 @@ def simulated_cell(base: LauncherConfig, plan: BenchPlan) -> SimulatedCell:
     """`run_bench`'s cell in the engine simulator: the arm's cluster as LocalClusters would start it."""
     clusters = LocalClusters(base)
 
-    def cell(arm: Arm, rate: float, requests: Sequence[BenchRequest]) -> dict[str, Any]:
-        return EngineSim(clusters.config(arm), plan.seed).run(plan, requests)
+    def cell(arm: Arm, rate: float, requests: Sequence[BenchRequest], seed: int) -> dict[str, Any]:
+        return EngineSim(clusters.config(arm), seed).run(plan, requests)
 
     return cell

@@ -17,7 +17,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    cells = doc["cells"]
+    cells = doc.get("means", doc["cells"])  # several seeds: their means
     arms = list(dict.fromkeys(c["arm"] for c in sorted(cells, key=lambda c: c["order"])))
     rates = sorted({c["rate_rps"] for c in cells})
     slo = doc["settings"]["slo"]

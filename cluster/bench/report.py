@@ -3,7 +3,8 @@ headline; and the picture beside it.
 
 The knee is the highest offered rate at which `cost` meets the SLO for at least `knee_attainment`
 of the requests offered (the lowest rate, marked unmet, when none does); the headline compares the
-arms there. Both definitions are written into the document.
+arms there. Both definitions are written into the document. A bench run at several seeds is read at
+the seeds' means (`means`), each seed's cells kept beside them.
 """
 
 import json
@@ -54,6 +55,37 @@ def with_ratios(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+_SUMMED = ("prompt_tokens", "prompt_tokens_computed", "cached_tokens_reported", "router_requests", "regret_tokens")
+_AVERAGED = ("goodput_rps", "slo_attainment", "hit_rate", "output_tokens_per_s")
+_QUANTILES = ("ttft_s", "ttft_later_turns_s", "itl_s", "e2e_s")
+
+
+def seed_means(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per arm and rate (in the order of their first cells): a cell run at one seed as it is, else the
+    seeds' mean of each rate-like figure and quantile, their sums of counts, and the spread (lowest,
+    highest) of goodput and attainment; no decisions report (each seed has its own)."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for c in cells:
+        groups.setdefault((c["arm"], c["rate_rps"]), []).append(c)
+    rows = []
+    for (arm, rate), group in groups.items():
+        if len(group) == 1:
+            rows.append(group[0])
+            continue
+        n = len(group)
+        row: dict[str, Any] = {"arm": arm, "rate_rps": rate, "order": group[0]["order"],
+                               "seeds": [c.get("seed") for c in group],
+                               "interrupted": any(c["interrupted"] for c in group)}
+        row |= {k: sum(c[k] for c in group) / n for k in _AVERAGED}
+        row |= {k: sum(c[k] for c in group) for k in _SUMMED}
+        row |= {k: {q: sum(c[k].get(q, 0.0) for c in group) / n for q in group[0][k]} for k in _QUANTILES}
+        row["requests"] = {o: sum(c["requests"][o] for c in group) for o in group[0]["requests"]}
+        row["spread"] = {k: [min(c[k] for c in group), max(c[k] for c in group)] for k in ("goodput_rps",
+                                                                                       "slo_attainment")}
+        rows.append(row)
+    return rows
+
+
 def knee(cells: Sequence[dict[str, Any]], attainment: float) -> dict[str, Any] | None:
     """The knee of the KNEE_ARM's completed cells (None without any)."""
     mine = sorted((c for c in cells if c["arm"] == KNEE_ARM and not c["interrupted"]), key=lambda c: c["rate_rps"])
@@ -92,10 +124,16 @@ def headline(cells: Sequence[dict[str, Any]], workload: str, attainment: float) 
 
 def document(settings: dict[str, Any], cells: Sequence[dict[str, Any]], *, workload: str, attainment: float,
              interrupted: bool, complete: bool) -> dict[str, Any]:
-    """The whole results JSON. `complete`: every cell ran (False while running, or after a stop)."""
-    ratioed = with_ratios(cells)
-    return {"headline": headline(ratioed, workload, attainment), "settings": settings,
-            "complete": complete, "interrupted": interrupted, "cells": ratioed}
+    """The whole results JSON. `complete`: every cell ran (False while running, or after a stop). Cells
+    run at several seeds also give `means` (seed_means), and the knee and headline are read from those."""
+    means = seed_means(cells)
+    several = len(means) < len(cells)
+    rows = with_ratios(means)
+    doc = {"headline": headline(rows, workload, attainment), "settings": settings,
+           "complete": complete, "interrupted": interrupted, "cells": with_ratios(cells) if several else rows}
+    if several:
+        doc["means"] = rows
+    return doc
 
 
 def write(doc: dict[str, Any], out_dir: Path, *, picture: bool = True) -> tuple[Path, Path | None]:

@@ -23,6 +23,7 @@ import aiohttp
 from radixmesh.cluster.bench.arms import Arm, Clusters, Target
 from radixmesh.cluster.bench.client import Outcome, RequestResult, complete
 from radixmesh.cluster.bench.metrics import Slo, summarise
+from radixmesh.cluster.bench.report import seed_means
 from radixmesh.cluster.bench.schedule import BenchRequest, Workload, count_sessions, random_tokens, schedule
 from radixmesh.cluster.bench.workloads import VOCAB
 from radixmesh.cluster.sim.router_client import router_decisions, router_stats
@@ -51,22 +52,29 @@ class BenchPlan:
     """Find the knee: after `rates`, keep raising the rate (RateLadder) until every caching arm fell below
     `knee_attainment`, past `cost`'s knee by `ladder.past_knee` rates."""
     knee_attainment: float = 0.9
+    seeds: int = 1
+    """Cells per arm and rate, at seeds seed .. seed + seeds - 1 (each its own requests and, simulated,
+    its own router draws); the knee and the headline read their means (report.seed_means)."""
 
     def __post_init__(self) -> None:
         if not self.arms or not self.rates:
             raise ValueError("a bench needs at least one arm and one rate")
+        if self.seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {self.seeds}")
         if len({a.name for a in self.arms}) != len(self.arms):
             raise ValueError("an arm is named twice")
         if min(self.rates) <= 0 or self.duration_s <= 0 or min(self.ramp_s, self.drain_s, self.warmup) < 0:
             raise ValueError("rates and duration must be > 0; ramp, drain and warmup >= 0")
 
-    def cells(self) -> list[tuple[float, Arm]]:
-        """(rate, arm) of the given rates in the order they run (a ladder's rates follow them)."""
+    def cells(self) -> list[tuple[float, Arm, int]]:
+        """(rate, arm, seed) of the given rates in the order they run (a ladder's rates follow them)."""
         return [cell for i, rate in enumerate(sorted(self.rates)) for cell in self.rate_cells(i, rate)]
 
-    def rate_cells(self, i: int, rate: float) -> list[tuple[float, Arm]]:
-        """The arms of the `i`-th rate run, rotated to start at arm i."""
-        return [(rate, self.arms[(i + k) % len(self.arms)]) for k in range(len(self.arms))]
+    def rate_cells(self, i: int, rate: float) -> list[tuple[float, Arm, int]]:
+        """The cells of the `i`-th rate run: seed by seed, the arms rotated to start at arm i (then i + 1
+        at the next seed)."""
+        return [(rate, self.arms[(i + j + k) % len(self.arms)], self.seed + j)
+                for j in range(self.seeds) for k in range(len(self.arms))]
 
     def expected_s(self) -> "ExpectedDuration":
         """Seconds the bench's arrivals take, before it starts (cluster starts and warm-ups come on top).
@@ -74,7 +82,7 @@ class BenchPlan:
         each cell also waiting its whole drain."""
         cell = self.ramp_s + self.duration_s
         rates = max(self.ladder.max_rates, len(self.rates)) if self.ladder is not None else len(self.rates)
-        return ExpectedDuration(len(self.cells()) * cell, len(self.arms) * rates * (cell + self.drain_s))
+        return ExpectedDuration(len(self.cells()) * cell, len(self.arms) * self.seeds * rates * (cell + self.drain_s))
 
 
 class ExpectedDuration(NamedTuple):
@@ -97,7 +105,9 @@ class RateLadder:
             raise ValueError("a rate ladder needs factor > 1, past_knee >= 1 and max_rates >= 1")
 
     def done(self, plan: BenchPlan, cells: Sequence[dict[str, Any]]) -> bool:
-        """Whether the rates run so far bracket every caching arm's knee (or the bound is reached)."""
+        """Whether the rates run so far bracket every caching arm's knee (or the bound is reached), on
+        the seeds' means."""
+        cells = seed_means(cells)
         rates = sorted({c["rate_rps"] for c in cells})
         if len(rates) >= self.max_rates:
             return True
@@ -124,9 +134,9 @@ class BenchProgress(Protocol):
         """A rate was added (RateLadder): every arm will send `requests` more."""
 
 
-SimulatedCell = Callable[[Arm, float, Sequence[BenchRequest]], dict[str, Any]]
+SimulatedCell = Callable[[Arm, float, Sequence[BenchRequest], int], dict[str, Any]]
 """A cell replayed in virtual time instead of on a live cluster (engine_sim.simulated_cell): the arm,
-the rate and its requests to the cell's figures."""
+the rate, its requests and the seed to the cell's figures."""
 
 
 async def run_bench(plan: BenchPlan, clusters: Clusters | None, stop: asyncio.Event, progress: BenchProgress,
@@ -136,33 +146,41 @@ async def run_bench(plan: BenchPlan, clusters: Clusters | None, stop: asyncio.Ev
     """Every cell of `plan` on `clusters`, or (`simulate`) in the engine simulator; `on_cell` gets the
     cells measured so far after each one (to save them)."""
     cells: list[dict[str, Any]] = []
-    requests = {rate: schedule(plan.workload, rate, plan.ramp_s + plan.duration_s, plan.seed) for rate in plan.rates}
-    progress.start({arm.name: sum(map(len, requests.values())) for arm in plan.arms})
+    seeds = range(plan.seed, plan.seed + plan.seeds)
+
+    def rung(rate: float) -> dict[int, list[BenchRequest]]:
+        return {seed: schedule(plan.workload, rate, plan.ramp_s + plan.duration_s, seed) for seed in seeds}
+
+    requests = {rate: rung(rate) for rate in plan.rates}
+    progress.start({arm.name: sum(len(r) for by_seed in requests.values() for r in by_seed.values())
+                    for arm in plan.arms})
     rates = sorted(plan.rates)
     i = 0
     while i < len(rates) and not stop.is_set():
         rate = rates[i]
         if rate not in requests:  # a ladder's rung: its requests join the bars' totals now
-            requests[rate] = schedule(plan.workload, rate, plan.ramp_s + plan.duration_s, plan.seed)
-            progress.more(len(requests[rate]))
-        for _, arm in plan.rate_cells(i, rate):
+            requests[rate] = rung(rate)
+            progress.more(sum(map(len, requests[rate].values())))
+        for _, arm, seed in plan.rate_cells(i, rate):
             if stop.is_set():
                 break
-            progress.cell(arm.name, rate, len(requests[rate]))
+            sent = requests[rate][seed]
+            progress.cell(arm.name, rate, len(sent))
             t0 = clock()
             if simulate is not None:
                 # Off the event loop: a cell takes seconds of CPU, and a Ctrl-C must still be heard.
-                cell = await asyncio.to_thread(simulate, arm, rate, requests[rate])
-                for _ in requests[rate]:
+                cell = await asyncio.to_thread(simulate, arm, rate, sent, seed)
+                for _ in sent:
                     progress.done(arm.name)
             else:
                 assert clusters is not None, "a live bench runs on clusters"
                 async with clusters.cluster(arm) as target:
                     if stop.is_set():  # stopped while the cluster started: nothing of this cell was measured
                         break
-                    cell = await run_cell(plan, arm, rate, requests[rate], target, stop,
-                                          partial(progress.done, arm.name), clock)
-            cells.append({"arm": arm.name, "rate_rps": rate, "order": len(cells), "wall_s": clock() - t0, **cell})
+                    cell = await run_cell(plan, arm, rate, sent, target, stop, partial(progress.done, arm.name),
+                                          clock)
+            cells.append({"arm": arm.name, "rate_rps": rate, "seed": seed, "order": len(cells),
+                          "wall_s": clock() - t0, **cell})
             on_cell(cells)
         i += 1
         if i == len(rates) and plan.ladder is not None and not stop.is_set() and not plan.ladder.done(plan, cells):

@@ -117,8 +117,9 @@ class _ArmBars:
 
 
 def results_table(doc: dict[str, Any]) -> Table:
-    """Every cell a row. Requests that never finished are a column of their own, and a cell whose router
-    saw no prompt token has no hit rate ("-", not 0%): a busy box's empty cell must not read as a cold cache."""
+    """Every cell a row (several seeds: their means). Requests that never finished are a column of their own,
+    and a cell whose router saw no prompt token has no hit rate ("-", not 0%): a busy box's empty cell must
+    not read as a cold cache."""
     table = Table(title=f"radixmesh bench: {doc['settings']['workload']['name']}, {doc['settings']['cluster']}")
     for name in ("arm", "rate/s", "goodput/s", "SLO met", "TTFT p50", "TTFT p99", "ITL p99", "hit rate",
                  "429", "failed", "unfinished", "vs round_robin", "vs off", "TTFT real/est p50", "left behind"):
@@ -127,7 +128,7 @@ def results_table(doc: dict[str, Any]) -> Table:
     def ratio(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}x"
 
-    for c in sorted(doc["cells"], key=lambda c: (c["rate_rps"], c["arm"])):
+    for c in sorted(doc.get("means", doc["cells"]), key=lambda c: (c["rate_rps"], c["arm"])):
         table.add_row(c["arm"], f"{c['rate_rps']:g}", f"{c['goodput_rps']:.3f}", f"{c['slo_attainment']:.0%}",
                       f"{c['ttft_s']['p50']:.2f} s", f"{c['ttft_s']['p99']:.2f} s", f"{c['itl_s']['p99'] * 1e3:.0f} ms",
                       f"{c['hit_rate']:.1%}" if c["prompt_tokens"] else "-", str(c["requests"]["refused"]),
@@ -181,6 +182,10 @@ def results_table(doc: dict[str, Any]) -> Table:
 @click.option("--prompt-scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Multiply the generators' prompt lengths (system prompts, documents, turns).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Cells per arm and rate, at seeds SEED .. SEED + N - 1 (each its own requests); the table, "
+                   "picture, knee and headline read their means, and the JSON keeps every seed's cells. A knee "
+                   "read at one seed moved the cost/affinity ratio by 0.1-0.2 from seed to seed.")
 @click.option("--model", "model_spec", default=SMOLLM2, show_default=True,
               help=f"{SMOLLM2}, random-tiny (seeded random weights), a local Hugging Face directory or a .gguf "
                    "file (--local).")
@@ -202,7 +207,8 @@ def results_table(doc: dict[str, Any]) -> Table:
 def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], trace_path: Path | None,
           arms: tuple[Arm, ...], rates: tuple[float, ...], duration: float, ramp: float, drain: float, warmup: int,
           ttft_slo: float, itl_slo: float, knee_attainment: float, find_knee: bool, rate_factor: float,
-          past_knee: int, max_rates: int, max_tokens: int | None, prompt_scale: float, seed: int, model_spec: str,
+          past_knee: int, max_rates: int, max_tokens: int | None, prompt_scale: float, seed: int, seeds: int,
+          model_spec: str,
           gpu_blocks: int | None, block_size: int, out_dir: Path | None, simulate: bool, eviction: str, handoff: bool,
           engine: str, speedup: float) -> None:
     """Compare the arms on live clusters: goodput and latency against offered load."""
@@ -225,7 +231,7 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
         raise click.UsageError(str(e)) from None
     ladder = RateLadder(rate_factor, past_knee, max(max_rates, len(rates))) if find_knee else None
     plans = [BenchPlan(load, arms, rates, duration, ramp, drain, warmup, Slo(ttft_slo, itl_slo), seed, ladder,
-                       knee_attainment) for load in loads]
+                       knee_attainment, seeds) for load in loads]
     clusters: Clusters
     if local_nodes is not None:
         modeled, model = chosen_engine(engine, speedup, model_spec)
@@ -266,7 +272,7 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
                    if not simulate else SIMULATED_NOTE},
         "arms": {a.name: {"policy": a.policy, "caching": a.caching} for a in arms},
         "rates_rps": list(rates), "duration_s": duration, "ramp_s": ramp, "drain_s": drain, "warmup": warmup,
-        "seed": seed,
+        "seed": seed, "seeds": seeds,
         "knee_search": ({"rate_factor": rate_factor, "past_knee": past_knee, "max_rates": ladder.max_rates}
                         if ladder is not None else None),
         "slo": {"ttft_s": ttft_slo, "itl_s": itl_slo,

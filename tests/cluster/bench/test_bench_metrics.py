@@ -94,6 +94,35 @@ def test_the_headline_compares_cost_at_the_knee_and_names_cache_arms_worse_than_
         {"arm": a, "rate_rps": 4.0} for a in ("cost", "round_robin", "prefix_affinity")]
 
 
+def seeded(arm: str, rate: float, seed: int, goodput_rps: float, attainment: float) -> dict[str, object]:
+    c = cell(arm, rate, goodput_rps, 2.0 * goodput_rps, attainment)
+    counts = {"offered": 10, "ok": 9, "refused": 1, "failed": 0, "unfinished": 0}
+    return {**c, "seed": seed, "order": 0, "hit_rate": attainment / 2, "output_tokens_per_s": 8 * goodput_rps,
+            "prompt_tokens": 100, "prompt_tokens_computed": 10, "cached_tokens_reported": 90,
+            "router_requests": 10, "regret_tokens": 0, "requests": counts,
+            **{k: {"p50": goodput_rps} for k in ("ttft_later_turns_s", "itl_s", "e2e_s")}}
+
+
+def test_cells_at_several_seeds_are_read_at_their_means() -> None:
+    """At one seed cost's knee is 2/s (its 0.95 there); at the other, 1/s: their mean (0.85 at 2/s) puts
+    the knee at 1/s, and the headline compares the means there."""
+    cells = [seeded("cost", 1.0, 0, 1.0, 1.0), seeded("prefix_affinity", 1.0, 0, 0.8, 0.9),
+             seeded("cost", 2.0, 0, 1.9, 0.95), seeded("cost", 1.0, 1, 0.9, 0.92),
+             seeded("prefix_affinity", 1.0, 1, 0.6, 0.7), seeded("cost", 2.0, 1, 1.5, 0.75)]
+    doc = report.document({}, cells, workload="chat", attainment=0.9, interrupted=False, complete=True)
+    means = {(m["arm"], m["rate_rps"]): m for m in doc["means"]}
+    cost1 = means[("cost", 1.0)]
+    assert cost1["goodput_rps"] == pytest.approx(0.95) and cost1["spread"]["goodput_rps"] == [0.9, 1.0]
+    assert cost1["seeds"] == [0, 1] and cost1["requests"]["offered"] == 20 and cost1["prompt_tokens"] == 200
+    assert cost1["ttft_s"]["p99"] == pytest.approx(1.9) and means[("cost", 2.0)]["slo_attainment"] == pytest.approx(0.85)
+    assert len(doc["cells"]) == 6  # every seed's cell kept
+    head = doc["headline"]
+    assert head["knee"]["rate_rps"] == 1.0
+    assert head["goodput_cost_over_prefix_affinity"] == pytest.approx(0.95 / 0.7)
+    one_seed = report.document({}, cells[:3], workload="chat", attainment=0.9, interrupted=False, complete=True)
+    assert "means" not in one_seed and one_seed["headline"]["knee"]["rate_rps"] == 2.0
+
+
 def test_ratios_are_null_where_the_baseline_is_missing_or_zero() -> None:
     cells = report.with_ratios([cell("cost", 1.0, 1.0, 0.5), cell("off", 1.0, 0.0, 2.0)])
     assert cells[0]["ratios"] == {"goodput_over_off": None, "ttft_p99_over_off": 0.25}

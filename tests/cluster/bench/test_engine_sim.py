@@ -93,7 +93,7 @@ def test_the_simulated_cell_runs_the_arms_cluster() -> None:
     requests = schedule(DocsWorkload(document_tokens=128), 4.0, 3.0, seed=0)
     p = plan(duration_s=2.0, ramp_s=1.0, drain_s=10.0)
     cell = simulated_cell(cluster(2), p)
-    off, cost = cell(arm_named("off"), 4.0, requests), cell(arm_named("cost"), 4.0, requests)
+    off, cost = cell(arm_named("off"), 4.0, requests, 0), cell(arm_named("cost"), 4.0, requests, 0)
     assert off["hit_rate"] == 0 and cost["hit_rate"] > 0  # off runs its agents without prefix caching
 
 
@@ -159,3 +159,19 @@ def test_a_simulated_bench_writes_its_figures_labelled_simulated(tmp_path: Path)
     assert "SIMULATED" in doc["settings"]["cluster"] and "SIMULATED" in doc["settings"]["engine"]["note"]
     assert {c["arm"] for c in doc["cells"]} == {"cost", "round_robin"}
     assert all(c["requests"]["ok"] > 0 for c in doc["cells"])
+
+
+def test_a_bench_at_several_seeds_runs_each_and_reads_their_means(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, [
+        "bench", "--local", "2", "--engine", PROFILE, "--speedup", "0.1", "--simulate", "--workload", "agent",
+        "--arms", "cost,prefix_affinity", "--rates", "2", "--fixed-rates", "--duration", "2", "--ramp", "1",
+        "--drain", "5", "--seeds", "3", "--seed", "7", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert sorted((c["arm"], c["seed"]) for c in doc["cells"]) == [
+        (arm, seed) for arm in ("cost", "prefix_affinity") for seed in (7, 8, 9)]
+    offered = {c["seed"]: c["requests"]["offered"] for c in doc["cells"] if c["arm"] == "cost"}
+    assert len(set(offered.values())) > 1  # each seed its own arrivals
+    mean = next(m for m in doc["means"] if m["arm"] == "cost")
+    assert mean["seeds"] == [7, 8, 9] and mean["requests"]["offered"] == sum(offered.values())
+    assert doc["settings"]["seeds"] == 3

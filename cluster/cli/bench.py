@@ -221,8 +221,6 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
                                "model it serves (its /v1/models)")
     if simulate and (local_nodes is None or not engine.startswith("modeled")):
         raise click.UsageError("--simulate replays a modeled cluster: give --local N and --engine modeled[:PROFILE]")
-    if simulate and any(arm.split for arm in arms):
-        raise click.UsageError("--simulate does not simulate prefill/decode splits (split_<P>p, split_half)")
     if ("trace" in workloads) != (trace_path is not None):
         raise click.UsageError("--trace FILE goes with --workload trace, and only with it")
     try:

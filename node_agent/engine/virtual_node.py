@@ -35,7 +35,8 @@ class VirtualStep(NamedTuple):
     finished: list[str]
     """Request ids that finished."""
     sources: dict[str, TokenSources]
-    """Where the prompt of each request that got its first token came from."""
+    """Where the prompt of each request that got its first token, or finished its prefill-only run,
+    came from."""
 
 
 class VirtualPull(NamedTuple):
@@ -76,14 +77,15 @@ class VirtualNode:
         return self.engine.memory.hash_prompt(prompt, b"")
 
     def submit(self, now: float, request_id: str, prompt: tuple[int, ...], max_tokens: int,
-               hashes: Sequence[BlockHash], pull_end_block: int = 0) -> VirtualPull | None:
-        """Queue a request at `now`; with `pull_end_block`, its prompt blocks up to there that this node
-        lacks are to be pulled: the VirtualPull to `land` (None when there is nothing to pull)."""
+               hashes: Sequence[BlockHash], pull_end_block: int = 0, prefill_only: bool = False) -> VirtualPull | None:
+        """Queue a request at `now` (`prefill_only`: a split request's prefill phase, which finishes
+        without a token); with `pull_end_block`, its prompt blocks up to there that this node lacks are
+        to be pulled: the VirtualPull to `land` (None when there is nothing to pull)."""
         self.t = now
         prefix = PendingPrefix(pull_end_block) if pull_end_block else None
-        sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=self._seed)
+        sampling = SamplingParams(max_tokens=1 if prefill_only else max_tokens, ignore_eos=True, seed=self._seed)
         self.engine.submit(Request(RequestId(request_id), prompt, sampling, prompt_hashes=tuple(hashes),
-                                   pending_prefix=prefix))
+                                   pending_prefix=prefix, prefill_only=prefill_only))
         if prefix is None or not prefix.block_ids:
             return None
         return VirtualPull(prefix, prefix.start, len(prefix.block_ids))
@@ -128,8 +130,10 @@ class VirtualNode:
             found = done[rid].stats.sources if rid in done else seq.stats.sources if seq is not None else None
             assert found is not None, "a request that gave a token was admitted"
             sources[rid] = found
-        for rid in done:
+        for rid, out in done.items():
             self._first.discard(rid)
+            if rid not in tokens and out.stats.sources is not None:  # prefill-only: done without a token
+                sources[rid] = out.stats.sources
         return sources
 
     def load(self) -> NodeLoad:

@@ -20,6 +20,7 @@ from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.router.admission import AdmissionLimits
 from radixmesh.node_agent import EngineConfig, VirtualNode, parse_engine, resolve_model
+from radixmesh.proto.ids import NodeId
 from radixmesh.proto.serve.tokens import TokenSources
 
 PROFILE = "modeled:h100-llama3-8b"
@@ -97,6 +98,38 @@ def test_the_simulated_cell_runs_the_arms_cluster() -> None:
     assert off["hit_rate"] == 0 and cost["hit_rate"] > 0  # off runs its agents without prefix caching
 
 
+def test_a_split_request_prefills_on_one_agent_and_decodes_on_another() -> None:
+    """1P1D: the prompt's KV is computed on the prefill agent (prefill-only), pulled by the decode agent
+    after the prefill (its last chunk's wire time, streamed), which computes the tail and decodes."""
+    config = replace(cluster(2), prefill_nodes=1, decode_nodes=1)
+    assert config.modeled is not None
+    tm = config.modeled.model(config.model.config).time_model
+    prompt = random_tokens(random.Random(4), 200, 256)  # 12 full blocks and 8 tokens
+    sim = EngineSim(config)
+    cell = sim.run(plan(), [request(0, 0.0, prompt, 3)])
+    assert cell["requests"]["ok"] == 1 and cell["handoff"]["handoffs"] == {"pulled": 1}
+    assert sim.busy_s[NodeId("node-0")] == pytest.approx(tm.prefill_s(200))  # the prefill agent ran the prompt
+    pull = sim._pull_s(12)
+    first = tm.prefill_s(8, 192)  # the decode agent computes the tail after the 12 pulled blocks
+    assert cell["ttft_s"]["p50"] == pytest.approx(tm.prefill_s(200) + pull + first)
+    assert cell["e2e_s"]["p50"] == pytest.approx(cell["ttft_s"]["p50"] + tm.step_s([], [201]) + tm.step_s([], [202]))
+    assert cell["hit_rate"] == 0  # the prefill phase counts the prompt: all computed
+
+
+def test_a_next_turn_the_decode_agent_holds_is_served_there_whole() -> None:
+    rng = random.Random(5)
+    first = random_tokens(rng, 200, 256)
+    second = first + random_tokens(rng, 40, 256)
+    config = replace(cluster(2), prefill_nodes=1, decode_nodes=1)
+    cell = EngineSim(config).run(plan(), [request(0, 0.0, first, 2), request(1, 10.0, second, 2, turn=1)])
+    assert cell["requests"]["ok"] == 2
+    assert cell["handoff"]["handoffs"] == {"pulled": 1}  # the first turn's only: the second ran on node-1
+    assert cell["hit_rate_by_source"]["local_gpu"] == pytest.approx(192 / (200 + 240))
+    held = replace(config, local_prefill_max_tokens=0)  # every request handed off
+    assert EngineSim(held).run(plan(), [request(0, 0.0, first, 2), request(1, 10.0, second, 2, turn=1)]
+                               )["handoff"]["handoffs"] == {"pulled": 2}
+
+
 def virtual_node() -> VirtualNode:
     modeled = parse_engine(PROFILE, 1.0)
     assert modeled is not None
@@ -141,7 +174,6 @@ def test_an_idle_node_does_not_step_and_its_clock_moves_only_by_its_steps() -> N
 @pytest.mark.parametrize(("args", "said"), [
     (["--local", "2", "--simulate"], "--engine modeled"),
     (["--url", "http://127.0.0.1:1", "--simulate"], "--local N"),
-    (["--local", "2", "--engine", PROFILE, "--arms", "cost,split_1p", "--simulate"], "splits"),
 ])
 def test_simulate_is_refused_where_there_is_no_modeled_local_cluster(args: list[str], said: str) -> None:
     result = CliRunner().invoke(main, ["bench", *args])

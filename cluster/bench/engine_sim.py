@@ -2,36 +2,25 @@
 code everywhere but the network, so it ranks routers as the live modeled cluster does, in seconds and
 without the host's cores in the figures (`radixmesh bench --local N --engine modeled:P --simulate`).
 
-What runs as on a live `bench --local N --engine modeled:P` cell:
-- each node is the agent's own `Engine` (scheduler, chunked prefill, pool, prefix cache, preemption)
-  over the modeled forward, its step waits taken on the node's virtual clock (node_agent's
-  VirtualNode);
-- the router's routing step, policy, pending holders, load table (InflightTable), calibration (the
-  move margin and pull time factor) and admission limits (running slots, a waiting queue up to its
-  bound and wait, then 429), on the same RouterConfig the launcher builds;
-- the nodes' heartbeated prices are their engines' StepRates, as an agent reports them;
-- pulls are Engine pending prefixes, landed after the profile's wire time and the pull latency the
-  router prices, with what the peer still holds then.
+As live: each node is the agent's own Engine over the modeled forward on a virtual clock (node_agent's
+VirtualNode), heartbeating its StepRates; the router's routing step, policy, pending holders, load
+table, calibration and admission run on the RouterConfig the launcher builds; pulls are the engine's
+pending prefixes, landed after the pull latency and wire time the router prices, with what the peer
+still holds then; split arms run as Disaggregation serves them (the prefill phase routed among the
+prefill agents as a prefill-only request, the decode phase on the decode agent with the fewest in
+flight then the most free blocks, a turn a decode agent holds served there whole).
 
-- split arms (prefill/decode, docs/disaggregation.md) as the router's Disaggregation serves them: the
-  prefill phase routed by the policy among the prefill agents (pulling from any agent), a
-  prefill-only request there; the decode phase on the decode agent with the fewest in flight, then
-  the most free blocks, pulling the prompt's usable blocks; a turn a decode agent holds but for
-  `local_prefill_max_tokens` served there whole.
-
-What does not: the index learns a node's blocks at the end of the step that made them (live: the
-agent's next publish, 50 ms, and the replica's lag); a pull moves no bytes, never fails and takes
-exactly its price; a peer still prefilling a pulled prefix sends only what it has cached; a streamed
-hand-off lands its last chunk's wire time after the prefill ends (live: the pull follows the
-prefill chunk by chunk); no warm-up requests; a request that waited for an admission slot is routed
-the moment one frees (live: the next event loop turn).
+Not as live: the index learns a node's blocks at the end of the step that made them (live: the next
+publish, 50 ms, and the replica's lag); a pull moves no bytes, never fails and takes exactly its
+price; a peer still prefilling a pulled prefix sends only what it has cached; a streamed hand-off
+lands its last chunk's wire time after the prefill ends; no warm-up. docs/benchmarks.md has the
+fidelity figures.
 """
 
 import collections
 import heapq
 import itertools
 import random
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +30,7 @@ from radixmesh.cluster.bench.client import Outcome, RequestResult
 from radixmesh.cluster.bench.metrics import summarise
 from radixmesh.cluster.bench.runner import BenchPlan, SimulatedCell
 from radixmesh.cluster.bench.schedule import BenchRequest, count_sessions
+from radixmesh.cluster.bench.sim_admission import SimAdmission
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.metadata.index import GlobalIndex
 from radixmesh.cluster.policy.base import make_policy
@@ -132,10 +122,7 @@ class EngineSim:
                                 default_prefill_tokens_per_s=self.config.default_prefill_tokens_per_s,
                                 least_loaded=self.config.least_loaded_candidates)
         self.calibration = Calibration()
-        limits = self.config.admission
-        self.slots = len(self.nodes) * limits.max_running_per_node
-        self.running = 0
-        self.waiting: deque[int] = deque()
+        self.admission = SimAdmission(self.config.admission, len(self.nodes))
         self._events: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._requests: list[_Request] = []
@@ -205,28 +192,24 @@ class EngineSim:
     def _measured(self, q: _Request) -> bool:
         return q.bench.arrival_s >= self._measured_from
 
-    # --- admission (router.admission.Admission) --------------------------------------------------
+    # --- admission --------------------------------------------------------------------------------
     def _arrive(self, i: int) -> None:
-        limits = self.config.admission
-        if self.running < self.slots:
-            self.running += 1
+        admitted = self.admission.arrive(i)
+        if admitted:
             self._route(i)
-        elif len(self.waiting) < limits.max_waiting:
-            self.waiting.append(i)
-            self._push(self.now + limits.max_wait_s, _GIVE_UP, i)
+        elif admitted is None:
+            self._push(self.now + self.config.admission.max_wait_s, _GIVE_UP, i)
         else:
             self._requests[i].outcome = Outcome.REFUSED
 
     def _give_up(self, i: int) -> None:
-        if i in self.waiting:
-            self.waiting.remove(i)
+        if self.admission.give_up(i):
             self._requests[i].outcome = Outcome.REFUSED
 
     def _release_slot(self) -> None:
-        self.running -= 1
-        if self.waiting:
-            self.running += 1
-            self._route(self.waiting.popleft())
+        following = self.admission.release()
+        if following is not None:
+            self._route(following)
 
     # --- routing (router.Router.plan, attempts.Attempts.serve, disaggregation.Disaggregation) -------
     def _route(self, i: int) -> None:

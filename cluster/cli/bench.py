@@ -30,8 +30,7 @@ import click
 import ray
 from click.core import ParameterSource
 from rich.console import Console
-from rich.progress import Progress, TaskID
-from rich.table import Table
+from rich.progress import Progress
 
 from radixmesh.cluster.bench import report
 from radixmesh.cluster.bench.arms import (
@@ -49,6 +48,7 @@ from radixmesh.cluster.bench.metrics import Slo
 from radixmesh.cluster.bench.runner import BenchPlan, RateLadder, SimulatedCell, run_bench
 from radixmesh.cluster.bench.schedule import Workload
 from radixmesh.cluster.bench.workloads import GENERATORS, TraceWorkload, workload_settings
+from radixmesh.cluster.cli.bench_view import ArmBars, results_table, times
 from radixmesh.cluster.cli.options import (
     cache_options,
     chosen_engine,
@@ -93,49 +93,6 @@ def _arms(_: click.Context, __: click.Parameter, value: str) -> tuple[Arm, ...]:
     except ValueError as e:  # a split_<P>p whose P is no number of agents
         raise click.BadParameter(str(e)) from None
     return tuple({arm.name: arm for arm in arms}.values())
-
-
-class _ArmBars:
-    """A progress bar per arm (BenchProgress): its requests over all rates."""
-
-    def __init__(self, progress: Progress) -> None:
-        self._progress = progress
-        self._tasks: dict[str, TaskID] = {}
-
-    def start(self, totals: dict[str, int]) -> None:
-        self._tasks = {arm: self._progress.add_task(arm, total=total) for arm, total in totals.items()}
-
-    def cell(self, arm: str, rate: float, requests: int) -> None:
-        self._progress.update(self._tasks[arm], description=f"{arm} @ {rate:g}/s")
-
-    def done(self, arm: str) -> None:
-        self._progress.advance(self._tasks[arm])
-
-    def more(self, requests: int) -> None:
-        for task in self._tasks.values():
-            self._progress.update(task, total=(self._progress.tasks[task].total or 0) + requests)
-
-
-def results_table(doc: dict[str, Any]) -> Table:
-    """Every cell a row (several seeds: their means). Requests that never finished are a column of their own,
-    and a cell whose router saw no prompt token has no hit rate ("-", not 0%): a busy box's empty cell must
-    not read as a cold cache."""
-    table = Table(title=f"radixmesh bench: {doc['settings']['workload']['name']}, {doc['settings']['cluster']}")
-    for name in ("arm", "rate/s", "goodput/s", "SLO met", "TTFT p50", "TTFT p99", "ITL p99", "hit rate",
-                 "429", "failed", "unfinished", "vs round_robin", "vs off", "TTFT real/est p50", "left behind"):
-        table.add_column(name, justify="left" if name == "arm" else "right")
-
-    def ratio(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2f}x"
-
-    for c in sorted(doc.get("means", doc["cells"]), key=lambda c: (c["rate_rps"], c["arm"])):
-        table.add_row(c["arm"], f"{c['rate_rps']:g}", f"{c['goodput_rps']:.3f}", f"{c['slo_attainment']:.0%}",
-                      f"{c['ttft_s']['p50']:.2f} s", f"{c['ttft_s']['p99']:.2f} s", f"{c['itl_s']['p99'] * 1e3:.0f} ms",
-                      f"{c['hit_rate']:.1%}" if c["prompt_tokens"] else "-", str(c["requests"]["refused"]),
-                      str(c["requests"]["failed"]), str(c["requests"]["unfinished"]),
-                      ratio(c["ratios"].get("goodput_over_round_robin")), ratio(c["ratios"].get("goodput_over_off")),
-                      *_decisions(c.get("decisions")))
-    return table
 
 
 @click.command("bench")
@@ -333,7 +290,7 @@ def _one_workload(plan: BenchPlan, clusters: Clusters, console: Console, setting
     head = doc["headline"]
     if head is not None:
         console.print(f"{plan.workload.name}: headline at the knee ({head['knee']['rate_rps']:g}/s, met: "
-                      f"{head['knee']['met']}): " + ", ".join(f"{k} {_x(head[k])}" for k, _, _ in report.HEADLINE_RATIOS))
+                      f"{head['knee']['met']}): " + ", ".join(f"{k} {times(head[k])}" for k, _, _ in report.HEADLINE_RATIOS))
     console.print(f"wrote {json_path}" + (f" and {png_path}" if png_path else "")
                   + (" (interrupted: what was measured)" if interrupted else ""))
     return interrupted
@@ -390,19 +347,6 @@ def _revision() -> str | None:
     return commit + ("+dirty" if dirty else "")
 
 
-def _decisions(report: dict[str, Any] | None) -> tuple[str, str]:
-    """The cell's calibration: realized over estimated TTFT (median), and the share of decisions that
-    left a longer cached prefix behind."""
-    if not report or not report["decisions"]:
-        return "-", "-"
-    ttft = report["calibration"]["ttft"]
-    return (f"{ttft['p50']:.2f}x" if ttft else "-"), f"{report['left_behind']['share']:.0%}"
-
-
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
 async def _run(plan: BenchPlan, clusters: Clusters, console: Console, settings: dict[str, Any], out_dir: Path,
                attainment: float, simulate: SimulatedCell | None) -> tuple[list[dict[str, Any]], bool]:
     """run_bench with the bars, the first Ctrl-C as a clean stop (a second one interrupts), and the JSON
@@ -424,7 +368,7 @@ async def _run(plan: BenchPlan, clusters: Clusters, console: Console, settings: 
 
     try:
         with Progress(console=console) as progress:
-            cells = await run_bench(plan, clusters, stop, _ArmBars(progress), save, simulate=simulate)
+            cells = await run_bench(plan, clusters, stop, ArmBars(progress), save, simulate=simulate)
     finally:
         loop.remove_signal_handler(signal.SIGINT)
     return cells, stop.is_set()

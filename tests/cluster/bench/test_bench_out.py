@@ -13,7 +13,8 @@ from radixmesh.cluster.bench.client import Outcome, RequestResult
 from radixmesh.cluster.bench.metrics import Slo, summarise
 from radixmesh.cluster.bench.runner import BenchPlan, RateLadder
 from radixmesh.cluster.bench.workloads import ChatWorkload
-from radixmesh.cluster.cli.bench import fresh_out_dir, results_table
+from radixmesh.cluster.cli.bench import fresh_out_dir
+from radixmesh.cluster.cli.bench_view import results_table
 from radixmesh.cluster.cli.main import main
 
 NOON = datetime.datetime(2026, 3, 4, 12, 0, 5)

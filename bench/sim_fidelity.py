@@ -75,7 +75,8 @@ def ratio(simulated: float, live: float) -> float | None:
 def compare(live: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:
     """Per cell each figure on both sides; per rate the cost/affinity ratio and the arms' ranking."""
     sim = {(c["arm"], round(c["rate_rps"], 6)): c for c in simulated["cells"]}
-    cells, rates = [], {}
+    cells: list[dict[str, Any]] = []
+    rates: dict[float, dict[str, tuple[float, float]]] = {}
     for c in live["cells"]:
         key = (c["arm"], round(c["rate_rps"], 6))
         s = sim.get(key)

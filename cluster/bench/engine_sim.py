@@ -40,7 +40,7 @@ from radixmesh.cluster.policy.step import Routed, RoutingStep
 from radixmesh.cluster.router.calibration import Calibration
 from radixmesh.cluster.router.config import RouterConfig
 from radixmesh.cluster.router.disaggregation import local_holder, overlap_s
-from radixmesh.node_agent import EngineConfig, VirtualNode, VirtualPull, VirtualStep
+from radixmesh.node_agent import VirtualNode, VirtualPull, VirtualStep
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
 from radixmesh.proto.metadata.messages import MatchResult, NodeMatch
@@ -279,7 +279,8 @@ class EngineSim:
         if pull is None:
             return
         followed = self.config.stream_handoff and q.serve.began_s < (q.prefilled_s or 0.0)
-        chunk = EngineConfig().max_num_batched_tokens // self.block_size
+        assert q.prefill is not None
+        chunk = self.nodes[q.prefill.node].engine.config.max_num_batched_tokens // self.block_size
         self._push(self.now + self._pull_s(min(pull.blocks, chunk) if followed else pull.blocks), _LAND, (i, q.serve))
 
     def _pull_s(self, blocks: int) -> float:

@@ -18,6 +18,7 @@ from tests.support.xdist_schedule import RayTestsTogether
 # Two cores are shared by the test process and the servers it starts; intra-op threads only contend.
 torch.set_num_threads(1)
 grpc_loops.track()
+grpc_loops.drop_stale_completions()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -142,7 +142,7 @@ def _arms(_: click.Context, __: click.Parameter, value: str) -> tuple[Arm, ...]:
 @click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
               help="Cells per arm and rate, at seeds SEED .. SEED + N - 1 (each its own requests); the table, "
                    "picture, knee and headline read their means, and the JSON keeps every seed's cells. A knee "
-                   "read at one seed moved the cost/affinity ratio by 0.1-0.2 from seed to seed.")
+                   "read at one seed moved the cost/affinity ratio by up to 0.3 from seed to seed.")
 @click.option("--model", "model_spec", default=SMOLLM2, show_default=True,
               help=f"{SMOLLM2}, random-tiny (seeded random weights), a local Hugging Face directory or a .gguf "
                    "file (--local).")

@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from radixmesh.cluster.fleet.agent_client import LocalAgentClient
+from radixmesh.cluster.fleet.agent_client import AgentUnavailable, LocalAgentClient
 from radixmesh.cluster.router.disaggregation import local_holder, overlap_s
 from radixmesh.cluster.router.results import NoNodeAvailable
 from radixmesh.cluster.router.router import Router
@@ -197,7 +197,8 @@ async def test_not_streamed_the_hand_off_begins_after_the_prefill_and_overlaps_n
 
 class StopsOnceQueued:
     """A prefill agent's client that stops the agent as soon as it has queued the prompt: it dies
-    while the decode agent's pull follows it."""
+    while the decode agent's pull follows it, and its stream breaks as a dead process's does (a
+    prefill that finished before the stop cannot reach the router)."""
 
     def __init__(self, agent: NodeAgent) -> None:
         self.agent, self.node = agent, agent.node
@@ -209,6 +210,7 @@ class StopsOnceQueued:
                 yield item
                 if isinstance(item, Queued):
                     await self.agent.stop()
+                    raise AgentUnavailable(f"agent {self.node} stopped")
 
 
 async def test_a_prefill_agent_that_dies_while_followed_costs_a_recompute_not_wrong_tokens() -> None:

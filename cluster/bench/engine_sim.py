@@ -357,7 +357,10 @@ class EngineSim:
 
     def _priced(self, q: _Request, phase: _Phase, sources: TokenSources) -> None:
         """A routed phase answered: its pending hold ends, and its decision's prediction meets what
-        happened (calibration: the next decisions' move margin and pull time factor); its tokens count."""
+        happened (calibration: the next decisions' move margin and pull time factor); its tokens count.
+        Its TTFT counts from its routing, as Attempts.serve's does: the wait for admission before it
+        is no price the decision set (counted from the arrival, past the knee the move margin grew
+        with the admission queue, which the live router never saw)."""
         routed = phase.routed
         assert routed is not None
         if routed.hold is not None:
@@ -367,7 +370,7 @@ class EngineSim:
         usable = usable_prefix_blocks(tokens, bs)
         longest = max((min(v.local_blocks, usable) for v in routed.view.cluster.nodes), default=0)
         self.calibration.add(
-            predicted_ttft_s=d.est_ttft_s, realized_ttft_s=self.now - q.bench.arrival_s,
+            predicted_ttft_s=d.est_ttft_s, realized_ttft_s=self.now - phase.began_s,
             predicted_pull_s=d.pull_s if phase.pull_from is not None else 0.0, realized_pull_s=phase.pull_s or 0.0,
             agent_ttft_s=self.now - phase.began_s, predicted_computed=tokens - phase.reused * bs,
             realized_computed=sources.computed, left_tokens=max(0, longest - phase.reused) * bs,

@@ -90,6 +90,19 @@ def test_admission_runs_the_slots_queues_up_to_the_bound_and_refuses_the_rest() 
     assert (cell["requests"]["ok"], cell["requests"]["refused"]) == (1, 2)
 
 
+def test_a_decisions_ttft_counts_from_its_routing_not_from_its_wait_for_admission() -> None:
+    """As the live router's calibration does (Attempts.serve): the second of two requests waits for
+    the first's whole run before it is routed; its prediction, made then, comes true from then."""
+    prompts = [random_tokens(random.Random(i), 400, 256) for i in range(2)]
+    burst = [request(i, 0.0, prompts[i], 8, session=i) for i in range(2)]
+    limits = AdmissionLimits(max_running_per_node=1, max_waiting=1, max_wait_s=60.0)
+    cell = EngineSim(cluster(1, admission=limits)).run(plan(), burst)
+    assert cell["requests"]["ok"] == 2
+    assert cell["ttft_s"]["p90"] > 2 * cell["ttft_s"]["p50"]  # the client saw the wait (p90: the later)
+    ttft = cell["decisions"]["calibration"]["ttft"]
+    assert ttft["n"] == 2 and ttft["p90"] <= 1.25  # the decision did not: from arrival, ~4x
+
+
 def test_the_simulated_cell_runs_the_arms_cluster() -> None:
     requests = schedule(DocsWorkload(document_tokens=128), 4.0, 3.0, seed=0)
     p = plan(duration_s=2.0, ramp_s=1.0, drain_s=10.0)

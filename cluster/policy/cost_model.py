@@ -67,19 +67,16 @@ def step_time(view: NodeView, config: PolicyConfig) -> float:
 
 
 def step_in_progress(view: NodeView, config: PolicyConfig) -> float:
-    """What `view`'s node's step in progress adds to the queue's steps (`CostModel.queue_time`), half
-    a step on average (`step_time`), nothing while the node runs nothing. Under a step's worth of
-    prefill queued, the queue is mostly what arrived since that step began, which waits for it: +half
-    a step. From a full step's worth on, the step in progress is the queue's first step, which the
-    queue already counts whole, half of it done: -half a step.
+    """Expected seconds a new request waits for `view`'s node's step in progress before its own can
+    start: half a step on average (`step_time`) while the node runs anything, else none.
 
-    Counted +half a step at any depth, the first step of a deep queue was counted one and a half
-    times: on 8 modeled H100 agents at 0.01x (convo 28/s, ~30 decodes and 650-1,200 tokens queued a
-    node) the estimates were 1.7x the realized TTFT at the median (docs/routing.md#the-cost-model)."""
-    if not view.inflight:
-        return 0.0
-    half = 0.5 * step_time(view, config)
-    return -half if view.queued_tokens >= config.step_tokens else half
+    Behind a full step's worth of queued prefill that step is the queue's first, which `queue_time`
+    already counts whole, so the engine alone would take a step less (the engine simulator, convo at
+    28/s on 8 modeled H100s: realized over predicted 0.58 at the median; 0.74 without the half
+    step). Kept because on a live cluster it stands for host time nothing else prices: the same
+    cell live on the 2-core box read 1.21 with it and 1.63 without (docs at 48.4/s 1.01 and 1.03,
+    its queues under a step). Drop it once host time is measured and priced (docs/routing.md)."""
+    return 0.5 * step_time(view, config) if view.inflight else 0.0
 
 
 def seat_wait(view: NodeView, config: PolicyConfig) -> float:

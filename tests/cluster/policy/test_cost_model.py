@@ -44,17 +44,13 @@ def test_cost_model_pulls_when_cheaper() -> None:
 def test_a_measured_step_floor_prices_every_step_a_request_waits_for() -> None:
     """A busy holder of the whole prompt, four short requests queued: per token alone its queue was
     40 tokens (40 ms here), so it looked nearly idle; with its floor measured each of those steps costs
-    50 ms more. The step in progress is the first of them, half done; under a step's worth queued, the
-    queue waits for it instead."""
+    50 ms more, and the request waits for the step in progress too."""
     holder = NodeView(A, 5, 5, queued_tokens=40, inflight=4, prefill_tokens_per_s=1000.0, held_blocks=5)
     model = CostModel(CFG)
     assert model.estimate(REQ, holder, None).total_s == pytest.approx(0.04)
     measured = dataclasses.replace(holder, step_floor_s=0.05)
-    # 4 steps of 10 queued tokens (CFG.step_tokens) and their floors, less the half of the first done.
-    assert model.estimate(REQ, measured, None).total_s == pytest.approx(0.04 + 4 * 0.05 - 0.5 * (0.05 + 0.01))
-    # 5 tokens queued, arrived since the step in progress began: they and the request wait for it.
-    shallow = dataclasses.replace(measured, queued_tokens=5)
-    assert model.estimate(REQ, shallow, None).total_s == pytest.approx(0.005 + 0.05 + 0.5 * (0.05 + 0.005))
+    # 4 steps of 10 queued tokens (CFG.step_tokens) and their floors, half the step in progress.
+    assert model.estimate(REQ, measured, None).total_s == pytest.approx(0.04 + 4 * 0.05 + 0.5 * (0.05 + 0.01))
     # An idle node with the prompt cached still runs one step to give the first token.
     idle = NodeView(B, 5, 5, prefill_tokens_per_s=1000.0, held_blocks=5, step_floor_s=0.05)
     assert model.estimate(REQ, idle, None).total_s == pytest.approx(0.05)

@@ -262,10 +262,8 @@ def _oracle_ttft(v: NodeView, nodes: tuple[NodeView, ...], bw: float, latency: f
     def ahead(u: NodeView, own: int) -> float:
         steps = max(1, -(-(u.queued_tokens + own) // 10))
         if u.step_floor_s:
-            # every step's floor; the step in progress when the node is busy: waited for behind less
-            # than a step's worth queued, else the first of the queue's steps, half done
-            half = 0.5 * _oracle_step(u) if u.inflight else 0.0
-            fixed = steps * u.step_floor_s + (-half if u.queued_tokens >= 10 else half)
+            # every step's floor, and the step in progress when the node is busy
+            fixed = steps * u.step_floor_s + (0.5 * _oracle_step(u) if u.inflight else 0.0)
         else:
             fixed = steps * (32 + u.running_decodes) / u.prefill_tokens_per_s if u.running_decodes else 0.0
         return u.queued_tokens / u.prefill_tokens_per_s + u.pulling_s + fixed

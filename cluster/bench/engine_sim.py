@@ -369,10 +369,11 @@ class EngineSim:
         tokens = len(q.bench.prompt)
         usable = usable_prefix_blocks(tokens, bs)
         longest = max((min(v.local_blocks, usable) for v in routed.view.cluster.nodes), default=0)
+        ttft = self.now - phase.began_s  # the router's and the agent's alike: no hop between them here
         self.calibration.add(
-            predicted_ttft_s=d.est_ttft_s, realized_ttft_s=self.now - phase.began_s,
+            predicted_ttft_s=d.est_ttft_s, realized_ttft_s=ttft,
             predicted_pull_s=d.pull_s if phase.pull_from is not None else 0.0, realized_pull_s=phase.pull_s or 0.0,
-            agent_ttft_s=self.now - phase.began_s, predicted_computed=tokens - phase.reused * bs,
+            agent_ttft_s=ttft, predicted_computed=tokens - phase.reused * bs,
             realized_computed=sources.computed, left_tokens=max(0, longest - phase.reused) * bs,
             bought_s=d.longest_ttft_s - d.est_ttft_s if d.longest_ttft_s is not None else None)
         self.step.move_margin_s = self.calibration.move_margin_s()

@@ -36,15 +36,12 @@ def results_table(doc: dict[str, Any]) -> Table:
                  "429", "failed", "unfinished", "vs round_robin", "vs off", "TTFT real/est p50", "left behind"):
         table.add_column(name, justify="left" if name == "arm" else "right")
 
-    def ratio(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2f}x"
-
     for c in sorted(doc.get("means", doc["cells"]), key=lambda c: (c["rate_rps"], c["arm"])):
         table.add_row(c["arm"], f"{c['rate_rps']:g}", f"{c['goodput_rps']:.3f}", f"{c['slo_attainment']:.0%}",
                       f"{c['ttft_s']['p50']:.2f} s", f"{c['ttft_s']['p99']:.2f} s", f"{c['itl_s']['p99'] * 1e3:.0f} ms",
                       f"{c['hit_rate']:.1%}" if c["prompt_tokens"] else "-", str(c["requests"]["refused"]),
                       str(c["requests"]["failed"]), str(c["requests"]["unfinished"]),
-                      ratio(c["ratios"].get("goodput_over_round_robin")), ratio(c["ratios"].get("goodput_over_off")),
+                      times(c["ratios"].get("goodput_over_round_robin")), times(c["ratios"].get("goodput_over_off")),
                       *_decisions(c.get("decisions")))
     return table
 
@@ -55,7 +52,7 @@ def _decisions(report: dict[str, Any] | None) -> tuple[str, str]:
     if not report or not report["decisions"]:
         return "-", "-"
     ttft = report["calibration"]["ttft"]
-    return (f"{ttft['p50']:.2f}x" if ttft else "-"), f"{report['left_behind']['share']:.0%}"
+    return times(ttft["p50"] if ttft else None), f"{report['left_behind']['share']:.0%}"
 
 
 def times(v: float | None) -> str:

@@ -373,11 +373,13 @@ class EngineSim:
         self.calibration.add(
             predicted_ttft_s=d.est_ttft_s, realized_ttft_s=ttft,
             predicted_pull_s=d.pull_s if phase.pull_from is not None else 0.0, realized_pull_s=phase.pull_s or 0.0,
+            pull_time_factor=routed.view.cluster.pull_time_factor, wait_time_factor=routed.view.cluster.wait_time_factor,
             agent_ttft_s=ttft, predicted_computed=tokens - phase.reused * bs,
             realized_computed=sources.computed, left_tokens=max(0, longest - phase.reused) * bs,
             bought_s=d.longest_ttft_s - d.est_ttft_s if d.longest_ttft_s is not None else None)
         self.step.move_margin_s = self.calibration.move_margin_s()
         self.step.pull_time_factor = self.calibration.pull_time_factor()
+        self.step.wait_time_factor = self.calibration.wait_time_factor()
         if self._measured(q):
             hits = tokens - sources.computed
             self.counts["requests"] += 1

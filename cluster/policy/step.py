@@ -94,6 +94,8 @@ class RoutingStep:
         """ClusterView.move_margin_s of the next decisions: the router sets it from its calibration."""
         self.pull_time_factor = 1.0
         """ClusterView.pull_time_factor of the next decisions: likewise."""
+        self.wait_time_factor = 1.0
+        """ClusterView.wait_time_factor of the next decisions: likewise."""
 
     def route(
         self,
@@ -136,7 +138,7 @@ class RoutingStep:
         lenders = sorted(n for n in peers if n not in exclude and (n in holders or computed.get(n, 0)))
         view = build_view([*candidates, *lenders], match, pending, self.loads, self.default_prefill_tokens_per_s,
                           fleet, computed=computed, move_margin_s=self.move_margin_s,
-                          pull_time_factor=self.pull_time_factor)
+                          pull_time_factor=self.pull_time_factor, wait_time_factor=self.wait_time_factor)
         if lenders:
             nodes = view.cluster.nodes
             view = replace(view, cluster=replace(view.cluster, nodes=nodes[: len(candidates)],

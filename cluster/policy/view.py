@@ -130,6 +130,9 @@ class ClusterView:
     """Realized over priced time of the router's recent pulls, median (Calibration.pull_time_factor);
     1 before enough pulls were measured, and in the simulator, whose pulls take their priced time.
     The cost model prices each pull that many times its wire time."""
+    wait_time_factor: float = 1.0
+    """Realized over predicted wait of the router's recent decisions, median (Calibration.wait_time_factor):
+    each node's view is that much slower than its measured prefill rate and step floor say."""
     peers: tuple[NodeView, ...] = ()
     """Holders a candidate may pull from that the request may not go to (a split cluster's decode
     agents while a prompt is routed to its prefill agents: docs/disaggregation.md)."""
@@ -180,13 +183,15 @@ def build_view(
     computed: Mapping[NodeId, int] | None = None,
     move_margin_s: float = 0.0,
     pull_time_factor: float = 1.0,
+    wait_time_factor: float = 1.0,
 ) -> CandidateView:
     """Views of `candidates` (in the given order), sorted nowhere else so round robin is stable.
 
     A node's prefix is the longer of the index's answer and its pending (speculative) prefix; the
     pending part counts as gpu, where the node's fresh prefill will put it, but not as held (pullable)
     unless `computed` says the node has computed it (PendingIndex.match(computed=True)).
-    Raises ValueError when `candidates` is empty.
+    Each node's measured prefill rate and step floor are scaled by `wait_time_factor` (the time its
+    engine's steps leave out, ClusterView.wait_time_factor). Raises ValueError when `candidates` is empty.
     """
     found: dict[NodeId, NodeMatch] = {m.node_id: m for m in match.nodes} if match is not None else {}
     views = []
@@ -211,8 +216,8 @@ def build_view(
                 queued_tokens=table.queued_tokens(node),
                 inflight=table.inflight(node),
                 recent_tokens=table.recent_tokens(node),
-                prefill_tokens_per_s=rate,
-                step_floor_s=m.load.step_floor_s if m else 0.0,
+                prefill_tokens_per_s=rate / wait_time_factor,
+                step_floor_s=m.load.step_floor_s * wait_time_factor if m else 0.0,
                 held_blocks=held,
                 running_decodes=table.running_decodes(node),
                 pulling_s=table.pulling_s(node),
@@ -233,5 +238,5 @@ def build_view(
         borrowed = floors[len(floors) // 2]
         views = [v if v.step_floor_s else replace(v, step_floor_s=borrowed) for v in views]
     addresses = {n: found[n].transfer_address for n in candidates if n in found}
-    cluster = ClusterView(tuple(views), bandwidth, latency, fleet, move_margin_s, pull_time_factor)
+    cluster = ClusterView(tuple(views), bandwidth, latency, fleet, move_margin_s, pull_time_factor, wait_time_factor)
     return CandidateView(cluster, addresses, match.cluster_blocks if match else 0)

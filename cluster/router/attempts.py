@@ -143,8 +143,10 @@ class Attempts:
         self._metrics.calibration.add(
             predicted_ttft_s=d.est_ttft_s, realized_ttft_s=ttft_s,
             predicted_pull_s=d.pull_s if routed.plan.pull is not None else 0.0, realized_pull_s=stats.pull_seconds,
+            pull_time_factor=routed.view.pull_time_factor, wait_time_factor=routed.view.wait_time_factor,
             agent_ttft_s=stats.ttft_s, predicted_computed=prompt - reused * bs, realized_computed=stats.tokens.computed,
             left_tokens=max(0, longest - reused) * bs,
             bought_s=d.longest_ttft_s - d.est_ttft_s if d.longest_ttft_s is not None else None)
         self._step.move_margin_s = self._metrics.calibration.move_margin_s()
         self._step.pull_time_factor = self._metrics.calibration.pull_time_factor()
+        self._step.wait_time_factor = self._metrics.calibration.wait_time_factor()

@@ -31,6 +31,10 @@ PULL_WINDOW = 64
 """Latest pulls the pull time factor is read from (pulls are a few in a hundred decisions)."""
 PULL_MIN_OUTCOMES = 8
 """Fewer measured pulls than this leave pulls priced at their wire time."""
+WAIT_WINDOW = MARGIN_WINDOW
+"""Latest decisions the wait time factor is read from."""
+WAIT_MIN_OUTCOMES = MARGIN_MIN_OUTCOMES
+"""Fewer decisions than this leave waits priced by the nodes' measured rates alone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,20 +79,28 @@ class Calibration:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self._outcomes: collections.deque[Outcome] = collections.deque(maxlen=capacity)
         self._pull_ratios: collections.deque[float] = collections.deque(maxlen=PULL_WINDOW)
-        """realized / priced time of the latest served pulls."""
+        """realized / wire time of the latest served pulls."""
+        self._wait_ratios: collections.deque[float] = collections.deque(maxlen=WAIT_WINDOW)
+        """realized / unscaled predicted wait of the latest decisions."""
         self.seq = 0
         """The last outcome's number (0: none yet)."""
 
     def add(self, *, predicted_ttft_s: float, realized_ttft_s: float, predicted_pull_s: float,
-            realized_pull_s: float, agent_ttft_s: float, predicted_computed: int, realized_computed: int,
-            left_tokens: int, bought_s: float | None) -> None:
+            realized_pull_s: float, pull_time_factor: float, wait_time_factor: float, agent_ttft_s: float,
+            predicted_computed: int, realized_computed: int, left_tokens: int, bought_s: float | None) -> None:
+        """`pull_time_factor`, `wait_time_factor`: the factors the decision was priced with (its
+        ClusterView's), so the next factors are read against the prices before them, not against
+        prices they already scaled."""
         self.seq += 1
         if predicted_pull_s > 0:
-            self._pull_ratios.append(realized_pull_s / predicted_pull_s)
+            self._pull_ratios.append(realized_pull_s * pull_time_factor / predicted_pull_s)
+        predicted_wait = max(0.0, predicted_ttft_s - predicted_pull_s)
+        realized_wait = max(0.0, agent_ttft_s - realized_pull_s)
+        if predicted_wait > 0:
+            self._wait_ratios.append(realized_wait * wait_time_factor / predicted_wait)
         self._outcomes.append(Outcome(
-            self.seq, predicted_ttft_s, realized_ttft_s, max(0.0, predicted_ttft_s - predicted_pull_s),
-            max(0.0, agent_ttft_s - realized_pull_s), predicted_pull_s, realized_pull_s, predicted_computed,
-            realized_computed, left_tokens, bought_s))
+            self.seq, predicted_ttft_s, realized_ttft_s, predicted_wait, realized_wait, predicted_pull_s,
+            realized_pull_s, predicted_computed, realized_computed, left_tokens, bought_s))
 
     def move_margin_s(self) -> float:
         """sqrt(2) (DIFFERENCE_SPREAD) times the 90th percentile (MARGIN_QUANTILE) of the absolute TTFT
@@ -112,8 +124,13 @@ class Calibration:
         return DIFFERENCE_SPREAD * errors[min(len(errors) - 1, int(MARGIN_QUANTILE * len(errors)))]
 
     def pull_time_factor(self) -> float:
-        """The median realized / priced time of the latest PULL_WINDOW pulls (1 before
-        PULL_MIN_OUTCOMES): the factor ClusterView.pull_time_factor prices the next pulls with.
+        """The median realized time over wire time (the price before any factor) of the latest
+        PULL_WINDOW pulls (1 before PULL_MIN_OUTCOMES): the factor ClusterView.pull_time_factor prices
+        the next pulls with.
+
+        Read over the price the factor had already scaled, it fed back on itself (a pull priced at
+        f x wire that takes s x wire reads s / f, so the median settles where f = s / f): with pulls
+        taking twice their wire time it went 1, 2, 1.5 and held at sqrt(2), pricing them at 0.71x.
 
         A pull's priced time is its wire time at the rates measured per peer; its realized time, from
         its blocks' allocation to their landing, also holds what those averages leave out (the
@@ -125,6 +142,21 @@ class Calibration:
         if len(self._pull_ratios) < PULL_MIN_OUTCOMES:
             return 1.0
         return statistics.median(self._pull_ratios)
+
+    def wait_time_factor(self) -> float:
+        """The median realized wait (the agent's TTFT less its pull) over the wait predicted at the
+        nodes' measured rates, of the latest WAIT_WINDOW decisions (1 before WAIT_MIN_OUTCOMES): the
+        factor ClusterView.wait_time_factor slows the next decisions' nodes by.
+
+        The nodes' rates and step floors time their engines' steps; a request also waits for what
+        those leave out: the agents' host loops, events and RPCs on shared cores, the step in progress
+        when it arrives. On 8 modeled H100 agents on a 2-core box the realized TTFT was 1.21x the
+        predicted at the median (convo at 28/s), while the engine simulator, which has no host, read
+        0.58-0.97 for the same model: a constant in the cost model fits one of them only
+        (docs/routing.md#the-cost-model)."""
+        if len(self._wait_ratios) < WAIT_MIN_OUTCOMES:
+            return 1.0
+        return statistics.median(self._wait_ratios)
 
     def report(self, after: int = 0) -> dict[str, object]:
         """The report over the outcomes numbered > `after` still held (`first_seq` says where they
@@ -141,6 +173,7 @@ class Calibration:
                 "pull": _ratios((o.predicted_pull_s, o.realized_pull_s) for o in kept if o.predicted_pull_s > 0),
                 "prefill_tokens": _ratios((o.predicted_computed, o.realized_computed) for o in kept),
             },
+            "factors": {"pull_time": self.pull_time_factor(), "wait_time": self.wait_time_factor()},
             "ttft_abs_error_s": _quantiles([abs(o.realized_ttft_s - o.predicted_ttft_s) for o in kept]),
             "prefill_tokens": {"predicted": sum(o.predicted_computed for o in kept),
                                "realized": sum(o.realized_computed for o in kept)},

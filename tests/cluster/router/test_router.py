@@ -19,7 +19,7 @@ from radixmesh.cluster.launch.router_actor import deployment_layout
 from radixmesh.cluster.observability.endpoints import merge_expositions
 from radixmesh.cluster.observability.stats_log import StatsLogger
 from radixmesh.cluster.policy.base import PolicyConfig, RouteRequest, make_policy
-from radixmesh.cluster.policy.cost_model import CostModel
+from radixmesh.cluster.policy.cost_model import CostModel, Holder
 from radixmesh.cluster.policy.inflight import DECODE_WEIGHT, InflightTable
 from radixmesh.cluster.policy.view import NodeView, build_view
 from radixmesh.cluster.router.metrics import RouterMetrics
@@ -170,6 +170,26 @@ def test_a_node_without_a_measured_floor_borrows_the_fleet_median_and_keeps_a_sh
     unmeasured = build_view(list(floors), dataclasses.replace(match, nodes=tuple(
         dataclasses.replace(m, load=NodeLoad(prefill_tokens_per_s=2000.0)) for m in match.nodes)), {}, InflightTable(), 2000.0)
     assert all(v.step_floor_s == 0.0 for v in unmeasured.cluster.nodes)  # nothing measured: nothing to borrow
+
+
+def test_the_wait_time_factor_slows_every_node_s_measured_rate_and_floor_alike() -> None:
+    """What the engines' steps leave out (Calibration.wait_time_factor) stretches each node's wait:
+    the cost model's queue and prefill of a prompt double at a factor of 2, its pull does not."""
+    match = MatchResult(2, (NodeMatch(A, "127.0.0.1:1", 2, 2, 2, NodeLoad(prefill_tokens_per_s=1000.0,
+                                                                       step_floor_s=0.01)),
+                            NodeMatch(B, "127.0.0.1:2", 0, 0, 0, NodeLoad(prefill_tokens_per_s=500.0))))
+    table = InflightTable()
+    table.start(A, 300)
+    one, two = (build_view([A, B], match, {}, table, 100.0, wait_time_factor=f).cluster for f in (1.0, 2.0))
+    assert [(v.prefill_tokens_per_s, v.step_floor_s) for v in two.nodes] == [(500.0, 0.02), (250.0, 0.02)]
+    assert two.wait_time_factor == 2.0
+    model, request = CostModel(PolicyConfig()), RouteRequest(64, 4, 16)
+    for a, b in zip(one.nodes, two.nodes, strict=True):
+        est_one, est_two = model.estimate(request, a, None), model.estimate(request, b, None)
+        assert (est_two.queue_s, est_two.prefill_s) == (pytest.approx(2 * est_one.queue_s),
+                                                        pytest.approx(2 * est_one.prefill_s))
+    pulled = model.estimate(request, two.nodes[1], Holder(A, 2, 1e12))
+    assert pulled.pull_blocks == 2 and pulled.pull_s == pytest.approx(model.pull_time(2, 1e12))
 
 
 def test_the_view_reads_a_prefix_tail_past_gpu_and_host_from_disk_at_the_node_s_rate() -> None:

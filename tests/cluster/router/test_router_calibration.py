@@ -12,12 +12,15 @@ from radixmesh.cluster.router.calibration import (
     MARGIN_WINDOW,
     PULL_MIN_OUTCOMES,
     PULL_WINDOW,
+    WAIT_MIN_OUTCOMES,
+    WAIT_WINDOW,
     Calibration,
 )
 
 outcome = st.fixed_dictionaries({
     "predicted_ttft_s": st.floats(0.0, 10.0), "realized_ttft_s": st.floats(0.0, 10.0),
     "predicted_pull_s": st.floats(0.0, 1.0), "realized_pull_s": st.floats(0.0, 1.0),
+    "pull_time_factor": st.floats(0.1, 10.0), "wait_time_factor": st.floats(0.1, 10.0),
     "agent_ttft_s": st.floats(0.0, 10.0), "predicted_computed": st.integers(0, 4096),
     "realized_computed": st.integers(0, 4096), "left_tokens": st.integers(0, 512),
     "bought_s": st.none() | st.floats(-5.0, 5.0)})
@@ -53,7 +56,8 @@ def test_the_report_matches_an_oracle_over_the_kept_window(added: list[dict], af
 
 def test_wait_is_the_ttft_less_the_pull_on_each_side() -> None:
     cal = Calibration()
-    cal.add(predicted_ttft_s=1.0, realized_ttft_s=1.5, predicted_pull_s=0.2, realized_pull_s=0.3, agent_ttft_s=1.3,
+    cal.add(predicted_ttft_s=1.0, realized_ttft_s=1.5, predicted_pull_s=0.2, realized_pull_s=0.3, pull_time_factor=1.0,
+            wait_time_factor=1.0, agent_ttft_s=1.3,
             predicted_computed=100, realized_computed=100, left_tokens=0, bought_s=None)
     wait = cal.report()["calibration"]["wait"]  # type: ignore[index]
     assert wait["p50"] == (1.3 - 0.3) / (1.0 - 0.2)
@@ -64,7 +68,7 @@ def test_the_move_margin_is_sqrt_2_times_the_90th_percentile_error_of_the_latest
     cal = Calibration()
     for predicted, realized in pairs:
         cal.add(predicted_ttft_s=predicted, realized_ttft_s=realized, predicted_pull_s=0.0, realized_pull_s=0.0,
-                agent_ttft_s=realized, predicted_computed=0, realized_computed=0, left_tokens=0, bought_s=None)
+                pull_time_factor=1.0, wait_time_factor=1.0, agent_ttft_s=realized, predicted_computed=0, realized_computed=0, left_tokens=0, bought_s=None)
     errors = sorted([abs(r - p) for p, r in pairs][-MARGIN_WINDOW:])
     # sqrt(2) times the error nine in ten of the window's errors are at most (one of them): the
     # spread of a difference of two estimates
@@ -72,14 +76,47 @@ def test_the_move_margin_is_sqrt_2_times_the_90th_percentile_error_of_the_latest
     assert cal.move_margin_s() == pytest.approx(2 ** 0.5 * expected)
 
 
-@given(st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 10.0)), max_size=120))
-def test_the_pull_time_factor_is_the_median_realized_over_priced_of_the_latest_pulls(
-        pulls: list[tuple[float, float]]) -> None:
+@given(st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 10.0), st.floats(0.1, 10.0)), max_size=120))
+def test_the_pull_time_factor_is_the_median_realized_over_wire_time_of_the_latest_pulls(
+        pulls: list[tuple[float, float, float]]) -> None:
     cal = Calibration()
-    for predicted, realized in pulls:
+    for predicted, realized, factor in pulls:
         cal.add(predicted_ttft_s=1.0, realized_ttft_s=1.0, predicted_pull_s=predicted, realized_pull_s=realized,
-                agent_ttft_s=1.0, predicted_computed=0, realized_computed=0, left_tokens=0, bought_s=None)
-    # Decisions that planned no pull say nothing of pulls.
-    ratios = [r / p for p, r in pulls if p > 0][-PULL_WINDOW:]
+                pull_time_factor=factor, wait_time_factor=1.0, agent_ttft_s=1.0, predicted_computed=0, realized_computed=0, left_tokens=0,
+                bought_s=None)
+    # Decisions that planned no pull say nothing of pulls; a price is the wire time times its factor.
+    ratios = [r * f / p for p, r, f in pulls if p > 0][-PULL_WINDOW:]
     expected = statistics.median(ratios) if len(ratios) >= PULL_MIN_OUTCOMES else 1.0
     assert cal.pull_time_factor() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("slowdown", [0.5, 2.0, 3.0])
+def test_pulls_priced_with_the_factor_it_gave_keep_it_at_their_slowdown(slowdown: float) -> None:
+    """The router's loop: each pull priced at its wire time times the current factor, realized at
+    `slowdown` times its wire time. Read over the scaled prices, the factor settled at the square
+    root of the slowdown."""
+    cal, wire, factors = Calibration(), 0.01, []
+    for _ in range(8 * PULL_WINDOW):
+        factor = cal.pull_time_factor()
+        factors.append(factor)
+        cal.add(predicted_ttft_s=1.0, realized_ttft_s=1.0, predicted_pull_s=wire * factor,
+                realized_pull_s=wire * slowdown, pull_time_factor=factor, wait_time_factor=1.0, agent_ttft_s=1.0, predicted_computed=0,
+                realized_computed=0, left_tokens=0, bought_s=None)
+    assert factors[:PULL_MIN_OUTCOMES] == [1.0] * PULL_MIN_OUTCOMES
+    assert factors[PULL_MIN_OUTCOMES:] == pytest.approx([slowdown] * (len(factors) - PULL_MIN_OUTCOMES))
+
+
+@given(st.lists(st.tuples(st.floats(0.0, 10.0), st.floats(0.0, 1.0), st.floats(0.0, 10.0), st.floats(0.1, 10.0)),
+                max_size=300))
+def test_the_wait_time_factor_is_the_median_realized_over_unscaled_predicted_wait_of_the_latest_decisions(
+        decisions: list[tuple[float, float, float, float]]) -> None:
+    cal = Calibration()
+    for predicted, pull, agent_ttft, factor in decisions:
+        cal.add(predicted_ttft_s=predicted, realized_ttft_s=agent_ttft, predicted_pull_s=pull, realized_pull_s=pull,
+                pull_time_factor=1.0, wait_time_factor=factor, agent_ttft_s=agent_ttft, predicted_computed=0,
+                realized_computed=0, left_tokens=0, bought_s=None)
+    # The wait is the TTFT less the pull on each side; a prediction was the unscaled one times its factor.
+    ratios = [max(0.0, t - p) * f / (pr - p) for pr, p, t, f in decisions if pr - p > 0][-WAIT_WINDOW:]
+    expected = statistics.median(ratios) if len(ratios) >= WAIT_MIN_OUTCOMES else 1.0
+    assert cal.wait_time_factor() == pytest.approx(expected)
+    assert cal.report()["factors"] == {"pull_time": cal.pull_time_factor(), "wait_time": cal.wait_time_factor()}

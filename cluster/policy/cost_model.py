@@ -73,9 +73,11 @@ def step_in_progress(view: NodeView, config: PolicyConfig) -> float:
     Behind a full step's worth of queued prefill that step is the queue's first, which `queue_time`
     already counts whole, so the engine alone would take a step less (the engine simulator, convo at
     28/s on 8 modeled H100s: realized over predicted 0.58 at the median; 0.74 without the half
-    step). Kept because on a live cluster it stands for host time nothing else prices: the same
-    cell live on the 2-core box read 1.21 with it and 1.63 without (docs at 48.4/s 1.01 and 1.03,
-    its queues under a step). Drop it once host time is measured and priced (docs/routing.md)."""
+    step), while on a live cluster it stood for host time nothing else priced (the same cell live
+    on the 2-core box read 1.21 with it and 1.63 without). The router's wait time factor
+    (Calibration.wait_time_factor) now scales each view to what its decisions realized, either way;
+    the half step is where the estimates start before the factor has 16 decisions
+    (docs/routing.md#the-cost-model)."""
     return 0.5 * step_time(view, config) if view.inflight else 0.0
 
 

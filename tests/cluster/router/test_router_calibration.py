@@ -120,3 +120,19 @@ def test_the_wait_time_factor_is_the_median_realized_over_unscaled_predicted_wai
     expected = statistics.median(ratios) if len(ratios) >= WAIT_MIN_OUTCOMES else 1.0
     assert cal.wait_time_factor() == pytest.approx(expected)
     assert cal.report()["factors"] == {"pull_time": cal.pull_time_factor(), "wait_time": cal.wait_time_factor()}
+
+
+@pytest.mark.parametrize("slowdown", [0.6, 1.5])
+def test_waits_predicted_with_the_factor_it_gave_keep_it_at_what_they_realize(slowdown: float) -> None:
+    """The router's loop for waits: each decision's wait predicted at the nodes' rates times the
+    current factor, realized at `slowdown` times the unscaled prediction (host time live, a model
+    that over-counts in the simulator): the factor holds at the slowdown once it has its decisions."""
+    cal, unscaled, factors = Calibration(), 0.2, []
+    for _ in range(4 * WAIT_WINDOW):
+        factor = cal.wait_time_factor()
+        factors.append(factor)
+        cal.add(predicted_ttft_s=unscaled * factor, realized_ttft_s=unscaled * slowdown, predicted_pull_s=0.0,
+                realized_pull_s=0.0, pull_time_factor=1.0, wait_time_factor=factor, agent_ttft_s=unscaled * slowdown,
+                predicted_computed=0, realized_computed=0, left_tokens=0, bought_s=None)
+    assert factors[:WAIT_MIN_OUTCOMES] == [1.0] * WAIT_MIN_OUTCOMES
+    assert factors[WAIT_MIN_OUTCOMES:] == pytest.approx([slowdown] * (len(factors) - WAIT_MIN_OUTCOMES))

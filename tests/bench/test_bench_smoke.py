@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.bench_scripts import RAY_SMOKES, bench_scripts, run_smoke
+from tests.support.bench_scripts import RAY_SMOKES, ROOT, SMOKED_ELSEWHERE, bench_scripts, run_smoke
 
 pytestmark = pytest.mark.slow
 
@@ -15,6 +15,11 @@ def test_every_ray_smoke_is_a_benchmark() -> None:
     assert RAY_SMOKES <= set(bench_scripts())
 
 
-@pytest.mark.parametrize("name", [n for n in bench_scripts() if n not in RAY_SMOKES])
+def test_every_smoke_run_elsewhere_is_a_benchmark_whose_test_runs_it() -> None:
+    for name, test in SMOKED_ELSEWHERE.items():
+        assert name in bench_scripts() and f"{name}.py" in (ROOT / test).read_text(), (name, test)
+
+
+@pytest.mark.parametrize("name", [n for n in bench_scripts() if n not in RAY_SMOKES and n not in SMOKED_ELSEWHERE])
 def test_bench_smoke(name: str, tmp_path: Path) -> None:
     run_smoke(name, tmp_path)

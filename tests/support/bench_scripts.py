@@ -16,6 +16,11 @@ RAY_SMOKES = frozenset({"chaos", "gpu_cluster", "idle_cpu", "modeled_fidelity", 
 """The benchmarks whose smoke run starts a Ray head: tests/ray/test_bench_smoke.py runs them, on the
 worker that runs every Ray test one after another; tests/bench/test_bench_smoke.py runs the rest."""
 
+SMOKED_ELSEWHERE = {"gpu_check": "tests/kernels/test_kernels_gpu_check_box.py"}
+"""Benchmarks whose smoke run a test of their own makes, and checks further: gpu_check's runs on a box
+as bare as a lent GPU's (its kernels and engine steps; a smoke leaves the cluster step to
+gpu_cluster's), so running it again in the full environment would take ~13 s for nothing more."""
+
 SMOKE_TIMEOUT_S = 240
 """A smoke run takes seconds on an idle 2-core box; the bound only stops one that hangs."""
 SMOKE_TIMEOUT_S_OF = {"modeled_fidelity": 600}

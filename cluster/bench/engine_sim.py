@@ -377,9 +377,7 @@ class EngineSim:
             agent_ttft_s=ttft, predicted_computed=tokens - phase.reused * bs,
             realized_computed=sources.computed, left_tokens=max(0, longest - phase.reused) * bs,
             bought_s=d.longest_ttft_s - d.est_ttft_s if d.longest_ttft_s is not None else None)
-        self.step.move_margin_s = self.calibration.move_margin_s()
-        self.step.pull_time_factor = self.calibration.pull_time_factor()
-        self.step.wait_time_factor = self.calibration.wait_time_factor()
+        self.calibration.tune(self.step)
         if self._measured(q):
             hits = tokens - sources.computed
             self.counts["requests"] += 1

@@ -91,7 +91,7 @@ class RoutingStep:
         self.least_loaded = least_loaded
         """Narrow candidates: how many least-loaded nodes join the prefix holders."""
         self.move_margin_s = 0.0
-        """ClusterView.move_margin_s of the next decisions: the router sets it from its calibration."""
+        """ClusterView.move_margin_s of the next decisions: the router sets it from its calibration (Calibration.tune)."""
         self.pull_time_factor = 1.0
         """ClusterView.pull_time_factor of the next decisions: likewise."""
         self.wait_time_factor = 1.0

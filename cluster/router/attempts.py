@@ -147,6 +147,4 @@ class Attempts:
             agent_ttft_s=stats.ttft_s, predicted_computed=prompt - reused * bs, realized_computed=stats.tokens.computed,
             left_tokens=max(0, longest - reused) * bs,
             bought_s=d.longest_ttft_s - d.est_ttft_s if d.longest_ttft_s is not None else None)
-        self._step.move_margin_s = self._metrics.calibration.move_margin_s()
-        self._step.pull_time_factor = self._metrics.calibration.pull_time_factor()
-        self._step.wait_time_factor = self._metrics.calibration.wait_time_factor()
+        self._metrics.calibration.tune(self._step)

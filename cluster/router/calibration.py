@@ -13,6 +13,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from radixmesh.cluster.policy.step import RoutingStep
+
 DEFAULT_CAPACITY = 16384
 """Outcomes kept: a bench cell's window at a few hundred requests a second; memory ~2 MiB."""
 MARGIN_WINDOW = 256
@@ -157,6 +159,13 @@ class Calibration:
         if len(self._wait_ratios) < WAIT_MIN_OUTCOMES:
             return 1.0
         return statistics.median(self._wait_ratios)
+
+    def tune(self, step: RoutingStep) -> None:
+        """Sets `step`'s next decisions to what the outcomes so far say: the move margin and the pull
+        and wait time factors (the router and the engine simulator each call it after `add`)."""
+        step.move_margin_s = self.move_margin_s()
+        step.pull_time_factor = self.pull_time_factor()
+        step.wait_time_factor = self.wait_time_factor()
 
     def report(self, after: int = 0) -> dict[str, object]:
         """The report over the outcomes numbered > `after` still held (`first_seq` says where they

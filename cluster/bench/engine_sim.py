@@ -136,6 +136,9 @@ class EngineSim:
         self.handoff = {"bytes": 0, "seconds": 0.0, "overlap_seconds": 0.0}
         """The hand-offs of the requests that arrived in the measured window (the router's counters)."""
         self._measured_from = 0.0
+        self._hand_off_pulls = config.handoff
+        """Holders demote what a delivered pull took (LauncherConfig.handoff), as the agents' transfer
+        sources do."""
 
     # --- the cell ------------------------------------------------------------------------------
     def run(self, plan: BenchPlan, requests: Sequence[BenchRequest]) -> dict[str, Any]:
@@ -295,6 +298,8 @@ class EngineSim:
         held = self.nodes[phase.pull_from].held_prefix(q.hashes[: pull.start + pull.blocks])
         phase.received = max(0, held - pull.start)
         self.nodes[phase.node].land(self.now, pull, phase.received)
+        if self._hand_off_pulls and phase.received:
+            self.nodes[phase.pull_from].hand_off(q.hashes[pull.start : pull.start + phase.received])
         phase.pull_s = self.now - phase.began_s
         if phase is q.serve and q.prefill is not None and self._measured(q):
             node = self.nodes[phase.node]

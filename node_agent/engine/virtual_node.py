@@ -63,6 +63,8 @@ class VirtualNode:
         """The KV bytes a block stands for on the profile's link (what a pull of it moves)."""
         self.rates = StepRates()
         self._seed = seed
+        self.handed_off_blocks = 0
+        """Blocks demoted after delivered pulls, in total (TransferSource.handed_off_blocks)."""
         self._first: set[str] = set()
         """Requests that have had their first token."""
 
@@ -98,6 +100,17 @@ class VirtualNode:
     def held_prefix(self, hashes: Sequence[BlockHash]) -> int:
         """Leading blocks of `hashes` cached in the gpu tier (what a pull from this node gets)."""
         return self.engine.memory.cached_prefix(Tier.GPU, hashes)
+
+    def hand_off(self, hashes: Sequence[BlockHash]) -> int:
+        """A peer received these blocks from this node (a delivered pull, hand-off on): as the agent's
+        transfer source closes such a pull, the ones still cached are pinned, released and sent to
+        the front of the eviction order (TransferSource._release). Returns how many were demoted."""
+        cache = self.engine.memory.gpu.cache
+        blocks = cache.match(hashes)
+        cache.release(blocks)
+        demoted = cache.demote(blocks)
+        self.handed_off_blocks += demoted
+        return demoted
 
     def take_events(self) -> list[CacheEvent]:
         """The cache events since the last call (what the agent publishes to the index)."""

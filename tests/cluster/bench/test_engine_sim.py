@@ -174,6 +174,35 @@ def test_a_pulled_prefix_lands_as_remote_hits_and_the_rest_is_computed(arrived: 
     assert sources.remote == arrived * 16 and sources.computed == len(prompt) - arrived * 16
 
 
+@pytest.mark.parametrize("handed_off", [True, False])
+def test_blocks_a_node_handed_off_are_the_first_it_evicts(handed_off: bool) -> None:
+    """As the agent's transfer source closes a delivered pull with hand-off on: the pulled blocks go to
+    the front of the holder's eviction order; without it the least recently used go first."""
+    node = virtual_node()
+    rng = random.Random(4)
+    older, newer = random_tokens(rng, 8 * 16, 256), random_tokens(rng, 8 * 16, 256)
+    for rid, prompt in (("a", older), ("b", newer)):
+        node.submit(node.t, rid, prompt, 1, node.hashes(prompt))
+        run_out(node, rid)
+    if handed_off:
+        assert node.hand_off(node.hashes(newer)) == 8
+    node.engine.memory.gpu.cache.pool.evict(8)
+    kept, lost = (older, newer) if handed_off else (newer, older)
+    assert node.held_prefix(node.hashes(kept)) == 8 and node.held_prefix(node.hashes(lost)) == 0
+
+
+@pytest.mark.parametrize("handoff", [True, False])
+def test_a_pull_with_hand_off_on_demotes_what_it_took_from_the_holder(handoff: bool) -> None:
+    """The simulator closes a delivered pull as the holder's transfer source would: with hand-off on,
+    the holder demotes the blocks the puller received (1P1D: the decode agent pulls the prompt's 12
+    full blocks from the prefill agent); with it off, it keeps them where they were."""
+    config = replace(cluster(2), prefill_nodes=1, decode_nodes=1, handoff=handoff)
+    sim = EngineSim(config)
+    cell = sim.run(plan(), [request(0, 0.0, random_tokens(random.Random(4), 200, 256), 3)])
+    assert cell["handoff"]["handoffs"] == {"pulled": 1}
+    assert sim.nodes[NodeId("node-0")].handed_off_blocks == (12 if handoff else 0)
+
+
 def test_an_idle_node_does_not_step_and_its_clock_moves_only_by_its_steps() -> None:
     node = virtual_node()
     assert node.step(3.0) is None

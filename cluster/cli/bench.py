@@ -28,7 +28,6 @@ from typing import Any
 import aiohttp
 import click
 import ray
-from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import Progress
 
@@ -55,12 +54,12 @@ from radixmesh.cluster.cli.options import (
     chosen_gpu_blocks,
     chosen_log_level,
     engine_options,
+    given,
 )
 from radixmesh.cluster.cli.route_stats import client_access
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.router_client import ClientAccess
-from radixmesh.common.block_pool.eviction import DEFAULT_EVICTION
 from radixmesh.node_agent import SMOLLM2
 
 
@@ -171,9 +170,9 @@ def bench(local_nodes: int | None, url: str | None, workloads: tuple[str, ...], 
     """Compare the arms on live clusters: goodput and latency against offered load."""
     if (local_nodes is None) == (url is None):
         raise click.UsageError("give exactly one of --local N and --url URL")
-    if url is not None and (eviction != DEFAULT_EVICTION or handoff or engine != "real"):
+    if url is not None and given("eviction", "handoff", "engine"):
         raise click.UsageError("--eviction, --handoff and --engine set up the agents of --local")
-    if url is not None and click.get_current_context().get_parameter_source("model_spec") is not ParameterSource.DEFAULT:
+    if url is not None and given("model_spec"):
         raise click.UsageError("--model names the agents' model of --local; against --url, the router says which "
                                "model it serves (its /v1/models)")
     if simulate and (local_nodes is None or not engine.startswith("modeled")):

@@ -63,6 +63,13 @@ def cache_options(command: F) -> F:
     )(command)
 
 
+def given(*names: str) -> list[str]:
+    """Which of the current command's parameters `names` the user set (on the command line or from its
+    environment variable) rather than left at their defaults."""
+    ctx = click.get_current_context()
+    return [n for n in names if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None)]
+
+
 def chosen_log_level() -> str:
     """The group's --log-level; INFO when the command runs outside the group (a test's CliRunner)."""
     return str(click.get_current_context().find_root().params.get("log_level", "INFO"))
@@ -90,8 +97,7 @@ def chosen_engine(engine: str, speedup: float, model_spec: str) -> tuple[Modeled
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if modeled is not None:
-        given = click.get_current_context().get_parameter_source("model_spec") is not ParameterSource.DEFAULT
-        if given and model_spec != modeled.profile.model:
+        if given("model_spec") and model_spec != modeled.profile.model:
             raise click.UsageError(f"--engine {modeled.label} models {modeled.profile.model}; leave out --model "
                                    f"{model_spec} or pick a profile of it")
         model_spec = modeled.profile.model

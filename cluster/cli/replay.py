@@ -9,16 +9,14 @@ import json
 import aiohttp
 import click
 import ray
-from click.core import ParameterSource
 
-from radixmesh.cluster.cli.options import cache_options, chosen_log_level
+from radixmesh.cluster.cli.options import cache_options, chosen_log_level, given
 from radixmesh.cluster.cli.route_stats import client_access
 from radixmesh.cluster.launch import launcher
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.cluster.sim.router_client import RouterUnreachable, served_model
 from radixmesh.cluster.sim.trace import read_trace
 from radixmesh.cluster.sim.trace_replay import ReplayConfig, ReplayReport, replay
-from radixmesh.common.block_pool.eviction import DEFAULT_EVICTION
 from radixmesh.node_agent import resolve_model
 
 
@@ -63,14 +61,14 @@ def replay_command(trace: str, local_nodes: int | None, url: str | None, speedup
     """Replay TRACE (Mooncake JSONL) through the cluster's router."""
     if (local_nodes is None) == (url is None):
         raise click.UsageError("give exactly one of --local N and --url URL")
-    if url is not None and (eviction != DEFAULT_EVICTION or handoff):
+    if url is not None and given("eviction", "handoff"):
         raise click.UsageError("--eviction and --handoff set up the agents of --local; a running "
                                "deployment keeps the ones it was started with")
     try:
         requests = read_trace(trace, speedup=speedup, limit=limit)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    if url is not None and click.get_current_context().get_parameter_source("model_spec") is not ParameterSource.DEFAULT:
+    if url is not None and given("model_spec"):
         raise click.UsageError("--model names the agents' model of --local; against --url, the router says which "
                                "model it serves (or give --served-model-name)")
     if url is not None:

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from radixmesh.cluster.cli.main import main
 from radixmesh.cluster.launch.config import LauncherConfig
 from radixmesh.common.block_pool.config import PoolConfig
+from radixmesh.common.block_pool.eviction import DEFAULT_EVICTION, DEFAULT_HANDOFF
 from radixmesh.node_agent.agent import NodeAgent
 from radixmesh.node_agent.config import AgentConfig
 from radixmesh.node_agent.engine.config import EngineConfig
@@ -41,17 +42,17 @@ def test_an_unknown_eviction_order_is_a_usage_error(home: Path, args: list[str])
 
 
 def test_replay_of_a_running_deployment_refuses_agent_settings(home: Path) -> None:
-    for option in (["--handoff"], ["--eviction", "lru"]):
+    for option in (["--handoff"], ["--no-handoff"], ["--eviction", "lru"]):  # given either way, not the value
         result = CliRunner().invoke(main, ["replay", str(TRACE), "--url", "http://127.0.0.1:9", *option])
         assert result.exit_code == 2 and "a running deployment keeps the ones it was started with" in result.output
 
 
 def test_the_deployment_hands_its_cache_settings_to_every_agent() -> None:
-    config = LauncherConfig(local_nodes=2, eviction="lru", handoff=True)
+    config = LauncherConfig(local_nodes=2, eviction="lru", handoff=not DEFAULT_HANDOFF)
     agent = config.agent_config(NodeId("node-1"), "127.0.0.1:1", "127.0.0.1")
-    assert (agent.engine.memory.pool.eviction, agent.handoff) == ("lru", True)
+    assert (agent.engine.memory.pool.eviction, agent.handoff) == ("lru", not DEFAULT_HANDOFF)
     default = LauncherConfig().agent_config(NodeId("node-0"), "127.0.0.1:1", "127.0.0.1")
-    assert (default.engine.memory.pool.eviction, default.handoff) == ("adaptive", False)
+    assert (default.engine.memory.pool.eviction, default.handoff) == (DEFAULT_EVICTION, DEFAULT_HANDOFF)
 
 
 def test_a_deployment_with_an_unknown_order_is_refused() -> None:

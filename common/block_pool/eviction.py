@@ -82,10 +82,14 @@ blocks come from, and was chosen on the tuning half of bench/workload_hit_rate.p
 (within 0.7% of the better of lru and s3fifo in every cell there); the held-out half is reported
 beside it in the README."""
 
-DEFAULT_HANDOFF = False
+DEFAULT_HANDOFF = True
 """Whether an agent hands the blocks it evicts to a peer (AgentConfig.handoff; the launcher and the
-simulator read it too, so `radixmesh sim` runs what `radixmesh up` runs): off until measured on real
-traffic (the simulator's best row uses it)."""
+simulators read it too, so `radixmesh sim` and `bench --simulate` run what `radixmesh up` runs). On
+since 2026-12-08: a pull copies a conversation onto the puller, and without hand-off both copies stay
+and evict other conversations. Live on the real engine past the knee it kept `cost`'s hit rate at
+affinity's (44.8-44.9% against 41.2% and 43.9% without); in the engine simulator at tight memory it
+gave convo's lost 1.1 points back and changed no goodput by more than 2%; in the trace simulator it
+raised the held-out cells (docs/benchmarks.md#hand-off-on-by-default-2026-12-08)."""
 
 
 def make_eviction_order(name: str, ref: list[int], hashes: list[BlockHash | None]) -> EvictionOrder:

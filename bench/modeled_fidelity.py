@@ -11,8 +11,9 @@ issue's bar is within 15% (a ratio in [0.85, 1.15]). Writes OUT/modeled_fidelity
 side's bench.json and picture under OUT/real and OUT/modeled.
 
 --smoke: one agent, one rate, a 2 s window, the tiny model on both sides (cpu-smollm2's figures with
-the tiny model, written to OUT/tiny-profile.yaml: loading SmolLM2 doubled the smoke's time) so the
-script cannot rot; not a measurement, marked "smoke": true.
+the tiny model, written to OUT/tiny-profile.yaml: loading SmolLM2 doubled the smoke's time), the two
+sides at once (each its own Ray; one after the other took twice the wall time) so the script cannot
+rot; not a measurement, marked "smoke": true.
 """
 
 import argparse
@@ -24,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from radixmesh.cluster.launch.ray_auth import require_ray_token
 from radixmesh.node_agent.model.modeled.profile import PROFILES_DIR
 
 RESULTS = Path(__file__).parent / "results" / "modeled_fidelity"
@@ -95,6 +97,31 @@ def tiny_profile(out: Path) -> Path:
     return path
 
 
+def run_sides(args: argparse.Namespace, sides: dict[str, list[str]]) -> dict[str, Any]:
+    """Each side's `radixmesh bench` to its end, one after the other (a measurement: neither loads the
+    box under the other), or at once in a smoke; each side's bench.json."""
+    if args.smoke:
+        require_ray_token()  # made once here: two sides making a missing one at once could disagree on it
+    commands = {side: bench_command(args, engine, args.out / side) for side, engine in sides.items()}
+    running: dict[str, subprocess.Popen[bytes]] = {}
+    for side, command in commands.items():
+        print(f"{side}: {' '.join(command[2:])}", flush=True)
+        running[side] = subprocess.Popen(command)
+        if not args.smoke:
+            running[side].wait()
+    exits = {side: proc.wait() for side, proc in running.items()}  # both ended before either is judged
+    for side, code in exits.items():
+        if code != 0:
+            raise subprocess.CalledProcessError(code, commands[side])
+    benches: dict[str, Any] = {}
+    for side in sides:
+        path = args.out / side / "bench.json"
+        benches[side] = json.loads(path.read_text())
+        if args.smoke:  # so that no smoke figure is read as a measurement, the sides' files included
+            path.write_text(json.dumps({**benches[side], "smoke": True}, indent=2) + "\n")
+    return benches
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -103,15 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sides = {"real": ["--engine", "real", "--model", "smollm2-135m-instruct"],
                  "modeled": ["--engine", f"modeled:{PROFILE}", "--speedup", "1"]}
-    benches: dict[str, Any] = {}
-    for side, engine in sides.items():
-        out = args.out / side
-        command = bench_command(args, engine, out)
-        print(f"{side}: {' '.join(command[2:])}", flush=True)
-        subprocess.run(command, check=True)
-        benches[side] = json.loads((out / "bench.json").read_text())
-        if args.smoke:  # so that no smoke figure is read as a measurement, the sides' files included
-            (out / "bench.json").write_text(json.dumps({**benches[side], "smoke": True}, indent=2) + "\n")
+    benches = run_sides(args, sides)
     rows = compare(benches["real"], benches["modeled"])
     result = {
         "smoke": args.smoke,

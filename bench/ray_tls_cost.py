@@ -129,17 +129,28 @@ def arm_environment(home: Path, tls: RayTlsFiles | None) -> dict[str, str]:
     return {**env, **(tls.environment() if tls is not None else {})}
 
 
-def spawn_arm(calls: int, env: dict[str, str]) -> ArmRun:
+def spawn_arm(calls: int, env: dict[str, str]) -> subprocess.Popen[str]:
     """This script with --arm-calls in `env`: one run of one arm, in a process of its own."""
-    run = subprocess.run([sys.executable, __file__, "--arm-calls", str(calls)], env=env, capture_output=True,
-                         text=True, timeout=ARM_TIMEOUT_S, check=False)
-    if run.returncode != 0:
-        raise RuntimeError(f"an arm exited {run.returncode}:\n{run.stderr[-4000:]}")
-    answered, samples = json.loads(run.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, __file__, "--arm-calls", str(calls)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def arm_run(proc: subprocess.Popen[str]) -> ArmRun:
+    """What an arm's process printed, once it has ended."""
+    try:
+        stdout, stderr = proc.communicate(timeout=ARM_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"an arm exited {proc.returncode}:\n{stderr[-4000:]}")
+    answered, samples = json.loads(stdout.strip().splitlines()[-1])
     return ArmRun(answered, samples)
 
 
-def main(calls: int, rounds: int) -> dict[str, object]:
+def main(calls: int, rounds: int, at_once: bool = False) -> dict[str, object]:
+    """`at_once`: the runs side by side, each its own Ray (a smoke: its figures are not a measurement)."""
     load_before = os.getloadavg()
     samples: dict[str, dict[str, list[float]]] = {"actor_call": {"plain": [], "tls": []},
                                                   "move_4mib": {"plain": [], "tls": []}}
@@ -147,8 +158,20 @@ def main(calls: int, rounds: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as d:
         tls = ray_tls_files(ClusterSecret(secrets.token_bytes(32)), [HOST], Path(d) / "ray-tls")
         order = [arm for r in range(rounds) for arm in (("plain", "tls") if r % 2 == 0 else ("tls", "plain"))]
-        for i, arm in enumerate(order):
-            run = spawn_arm(calls, arm_environment(Path(d) / f"home-{i}", tls if arm == "tls" else None))
+        procs: list[subprocess.Popen[str]] = []
+        arm_runs: list[ArmRun] = []
+        try:
+            for i, arm in enumerate(order):
+                procs.append(spawn_arm(calls, arm_environment(Path(d) / f"home-{i}", tls if arm == "tls" else None)))
+                if not at_once:  # one run at a time: neither loads the box under the other
+                    arm_runs.append(arm_run(procs[-1]))
+            arm_runs += [arm_run(proc) for proc in procs[len(arm_runs):]]
+        finally:
+            for proc in procs:  # an arm that failed leaves none running
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+        for arm, run in zip(order, arm_runs, strict=True):
             if run.plain_text_answered != (arm == "plain"):
                 raise RuntimeError(f"the {arm} arm's GCS {'did not answer' if arm == 'plain' else 'answered'} "
                                    "plain text: it did not run as the arm says")
@@ -174,13 +197,14 @@ if __name__ == "__main__":
     ap.add_argument("--calls", type=int, default=CALLS, help="timed calls of each kind per run")
     ap.add_argument("--rounds", type=int, default=ROUNDS, help="pairs of runs: plain and TLS, then TLS and plain, ...")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results", help="folder for ray_tls_cost.json")
-    ap.add_argument("--smoke", action="store_true", help=f"tiny run: one run per arm, {SMOKE_CALLS} calls of each kind")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"tiny run: one run per arm, both at once, {SMOKE_CALLS} calls of each kind")
     ap.add_argument("--arm-calls", type=int, default=None, help=argparse.SUPPRESS)  # one arm, in its subprocess
     args = ap.parse_args()
     if args.arm_calls is not None:
         print(json.dumps(run_arm(args.arm_calls)))
         sys.exit(0)
-    result = main(SMOKE_CALLS, 1) if args.smoke else main(args.calls, args.rounds)
+    result = main(SMOKE_CALLS, 1, at_once=True) if args.smoke else main(args.calls, args.rounds)
     for key, value in result.items():
         if isinstance(value, list):
             print("\n".join(f"{key:11s} {run}" for run in value))

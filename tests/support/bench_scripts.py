@@ -24,7 +24,8 @@ gpu_cluster's), so running it again in the full environment would take ~13 s for
 SMOKE_TIMEOUT_S = 240
 """A smoke run takes seconds on an idle 2-core box; the bound only stops one that hangs."""
 SMOKE_TIMEOUT_S_OF = {"modeled_fidelity": 600}
-"""Smokes that start two clusters one after another (~2 min on an idle box, 4+ under the suite)."""
+"""Smokes that start two clusters (modeled_fidelity's sides, at once: under a minute on a 2-core box at
+load 5, 65-73 s one after the other; the bound is from when they took 4+ min under the suite)."""
 
 
 def load_bench(name: str) -> ModuleType:

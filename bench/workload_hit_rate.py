@@ -80,7 +80,7 @@ def run_cell(job: tuple[str, int | None, str, int, int, int]) -> dict[str, float
     config = SimConfig(nodes=nodes, capacity_blocks=cap, seed=seed)
     r = Simulator(FIXED[row].apply(config) if row in FIXED else config).run(_requests(name, limit))
     return {"hit_rate": r.hit_rate, "global_lru": r.global_lru, "infinite_bound": r.infinite_bound,
-            "max_tokens_over_mean": r.max_tokens_over_mean}
+            "max_tokens_over_mean": r.max_tokens_over_mean, "max_computed_over_mean": r.max_computed_over_mean}
 
 
 _CACHE: dict[tuple[str, int | None], list[SimRequest]] = {}
@@ -125,20 +125,23 @@ def main() -> None:
 
     table, out_cells = [], []
     print("| workload | nodes | memory (blocks/node) | default / global LRU | lru | s3fifo | best fixed | best sim-only |"
-          " load max/mean |")
+          " load (computed) max/mean |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, nodes, memory, cap, n_requests in cells:
         lru_ref = mean(name, "default", nodes, cap, "global_lru")
         over = {row: mean(name, row, nodes, cap, "hit_rate") / lru_ref for row in rows}
         best = max((row for row, f in FIXED.items() if f.runs_in_up), key=lambda row: over[row])
         sim_only = max((row for row, f in FIXED.items() if not f.runs_in_up), key=lambda row: over[row])
-        load = mean(name, "default", nodes, cap, "max_tokens_over_mean")
+        # The load cap bounds the tokens a node computes (what it reuses costs it next to nothing).
+        load = mean(name, "default", nodes, cap, "max_computed_over_mean")
+        routed = mean(name, "default", nodes, cap, "max_tokens_over_mean")
         load_judged = n_requests / nodes >= LOAD_MIN_REQUESTS
         cell = {
             "workload": name, "held_out": name in HELD_OUT, "nodes": nodes, "memory": memory,
             "capacity_blocks": cap, "requests": n_requests, "global_lru": lru_ref,
             "infinite_bound": mean(name, "default", nodes, cap, "infinite_bound"),
-            "over_global_lru": over, "best_fixed": best, "best_sim_only": sim_only, "max_tokens_over_mean": load,
+            "over_global_lru": over, "best_fixed": best, "best_sim_only": sim_only, "max_computed_over_mean": load,
+            "max_tokens_over_mean": routed,
             "met": {
                 "over_global_lru": over["default"] >= GOAL_OVER_LRU,
                 "best_gap": over["default"] >= over[best] - GOAL_BEST_GAP,

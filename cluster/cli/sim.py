@@ -54,8 +54,8 @@ def format_report(r: SimReport) -> str:
             f"infinite bound  {r.infinite_bound:.3f}  achieved/bound {d['achieved_over_bound']:.3f}",
             f"global LRU      {r.global_lru:.3f}  achieved/global LRU {d['achieved_over_global_lru']:.3f}",
             (
-                f"max load/mean   {r.max_tokens_over_mean:.3f} prompt tokens, "
-                f"{r.max_load_over_mean:.3f} requests (routed per node)"
+                f"max load/mean   {r.max_computed_over_mean:.3f} tokens computed, {r.max_tokens_over_mean:.3f} "
+                f"prompt tokens, {r.max_load_over_mean:.3f} requests (routed per node)"
             ),
             (
                 f"TTFT p50 {r.ttft_p50_s * 1e3:.1f} ms  p99 {r.ttft_p99_s * 1e3:.1f} ms  "

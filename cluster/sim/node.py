@@ -159,6 +159,9 @@ class SimNode:
         self.waiting_tokens = 0
         self.routed = 0
         self.routed_tokens = 0
+        self.computed_tokens = 0
+        """Prompt tokens this node prefilled (what it did not reuse): its share of the work, which
+        the load cap bounds (recent work counts computed tokens, InflightTable.record_routed)."""
 
     def _demote(self, on_evict: EvictionHook | None) -> EvictionHook:
         def evicted(blocks: Sequence[EvictedBlock]) -> None:

@@ -75,7 +75,10 @@ class SimReport:
     max_load_over_mean: float
     """Most requests routed to one node / mean per node."""
     max_tokens_over_mean: float
-    """Most prompt tokens routed to one node / mean per node (the work the load cap bounds)."""
+    """Most prompt tokens routed to one node / mean per node (cached ones included)."""
+    max_computed_over_mean: float
+    """Most prompt tokens computed on one node / mean per node: the prefill work, which the load cap
+    bounds (a node routed many tokens it holds does little for them)."""
     ttft_p50_s: float
     ttft_p99_s: float
     route_us_mean: float
@@ -263,6 +266,7 @@ class Simulator:
             self.hits[tier] += n
         self.misses.started(job.hashes[reused:])
         tokens = job.prompt_tokens - reused * TRACE_BLOCK_TOKENS
+        node.computed_tokens += tokens
         pull_s = self.cost.pull_time(job.pull_blocks, self.config.pull_bytes_per_s)
         if plan.pull_from is not None and not job.pull_blocks:
             pull_s = self.config.pull_latency_s  # a pull that got nothing still paid its round trip
@@ -309,6 +313,8 @@ class Simulator:
         mean = sum(routed) / len(routed)
         tokens = [n.routed_tokens for n in self.nodes.values()]
         mean_tokens = sum(tokens) / len(tokens)
+        computed = [n.computed_tokens for n in self.nodes.values()]
+        mean_computed = sum(computed) / len(computed)
         capacity = self.config.nodes * self.config.capacity_blocks
         global_lru, pooled = pooled_lru(prompts, [r.arrival_s for r in requests], capacity)
         return SimReport(
@@ -328,6 +334,7 @@ class Simulator:
                                   if self.config.eviction != "lru" else global_lru),
             max_load_over_mean=max(routed) / mean if mean else 0.0,
             max_tokens_over_mean=max(tokens) / mean_tokens if mean_tokens else 0.0,
+            max_computed_over_mean=max(computed) / mean_computed if mean_computed else 0.0,
             ttft_p50_s=percentile(self.ttfts, 50),
             ttft_p99_s=percentile(self.ttfts, 99),
             route_us_mean=self._route_s / len(requests) * 1e6 if requests else 0.0,

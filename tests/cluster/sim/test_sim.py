@@ -18,7 +18,7 @@ from radixmesh.cluster.policy.base import RouteDecision
 from radixmesh.cluster.sim.config import SimConfig
 from radixmesh.cluster.sim.node import SimJob, SimNode
 from radixmesh.cluster.sim.simulator import SimReport, SimRequest, Simulator, percentile, prepare
-from radixmesh.cluster.sim.trace import TraceRequest
+from radixmesh.cluster.sim.trace import TRACE_BLOCK_TOKENS, TraceRequest
 from radixmesh.proto.block_hash import BlockHash
 from radixmesh.proto.ids import NodeId
 
@@ -132,12 +132,24 @@ def test_bounded_load_spreads_sparse_requests_for_one_hot_prefix_by_the_work_the
     # request computes a block wherever it goes: the work spreads within the cap (eps 0.25), the
     # other node pulling the hot prefix once.
     fresh_tails = run([(10.0 * i, [0, 1, 2, 100 + i]) for i in range(8)], nodes=2, capacity=30, policy="cost")
-    assert fresh_tails.max_tokens_over_mean <= 1.25
+    assert fresh_tails.max_tokens_over_mean <= 1.25 and fresh_tails.max_computed_over_mean <= 1.25
     assert fresh_tails.hits_by_source == {"local": 18, "remote": 3, "miss": 3 + 8}
     # Wholly cached, they bring no prefill work: the holder keeps most of them (before, counted at
     # their prompt's size, they were sent away to pull what the holder had).
     cached = run([(10.0 * i, [0, 1, 2]) for i in range(8)], nodes=2, capacity=30, policy="cost")
     assert cached.max_load_over_mean > 1.25 and cached.hits_by_source["remote"] <= 3
+
+
+def test_the_work_each_node_computed_adds_up_to_the_prompt_tokens_nobody_reused() -> None:
+    """max_computed_over_mean reads the tokens each node prefilled: over the nodes they add up to the
+    prompt tokens less every reused block's, and the report reads the busiest over their mean."""
+    rows = [(10.0 * i, [0, 1, 2, 100 + i]) for i in range(6)] + [(70.0, [0, 1, 2])]
+    s = simulator(nodes=2, capacity=30, policy="cost")
+    r = s.run(trace(rows))
+    computed = [n.computed_tokens for n in s.nodes.values()]
+    reused = r.hits_by_source["local"] + r.hits_by_source["remote"]
+    assert sum(computed) == sum(n.routed_tokens for n in s.nodes.values()) - reused * TRACE_BLOCK_TOKENS
+    assert r.max_computed_over_mean == pytest.approx(max(computed) / (sum(computed) / 2))
 
 
 requests_st = st.lists(
@@ -203,6 +215,7 @@ def test_cli_json_is_one_object_with_the_contract_keys(tmp_path: Path) -> None:
         "hits_by_source",
         "max_load_over_mean",
         "max_tokens_over_mean",
+        "max_computed_over_mean",
         "infinite_bound",
         "global_lru",
     ):

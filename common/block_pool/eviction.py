@@ -83,13 +83,14 @@ blocks come from, and was chosen on the tuning half of bench/workload_hit_rate.p
 beside it in the README."""
 
 DEFAULT_HANDOFF = True
-"""Whether an agent hands the blocks it evicts to a peer (AgentConfig.handoff; the launcher and the
-simulators read it too, so `radixmesh sim` and `bench --simulate` run what `radixmesh up` runs). On
-since 2026-12-08: a pull copies a conversation onto the puller, and without hand-off both copies stay
-and evict other conversations. Live on the real engine past the knee it kept `cost`'s hit rate at
-affinity's (44.8-44.9% against 41.2% and 43.9% without); in the engine simulator at tight memory it
-gave convo's lost 1.1 points back and changed no goodput by more than 2%; in the trace simulator it
-raised the held-out cells (docs/benchmarks.md#hand-off-on-by-default-2026-12-08)."""
+"""Whether an agent that delivered a pull puts those blocks first in its eviction order
+(AgentConfig.handoff, TransferSource._release; the launcher and both simulators read it too, so
+`radixmesh sim` and `bench --simulate` run what `radixmesh up` runs). On since 2026-12-08: a pull
+copies a conversation onto the puller, and without hand-off both copies stay and evict other
+conversations. On the real engine past the knee it kept `cost`'s hit rate at affinity's (44.7-44.9%
+against 41.2% and 43.9% without); in the engine simulator at tight memory it gave convo's lost 1.1
+points back and moved no goodput by more than 2%; the trace simulator is mixed (7 of 36 cells higher,
+7 lower, all at tight memory: docs/benchmarks.md#hand-off-on-by-default-2026-12-08)."""
 
 
 def make_eviction_order(name: str, ref: list[int], hashes: list[BlockHash | None]) -> EvictionOrder:
